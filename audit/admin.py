@@ -1,0 +1,23 @@
+from django.contrib import admin
+
+from audit.models import AuditEvent
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    """Read-only: the trail is appended to by the gateway and never edited by hand."""
+
+    list_display = ("id", "created_at", "kind", "agent_name", "upstream", "tool", "outcome", "error_code",
+                    "duration_ms", "request_id")
+    list_filter = ("kind", "outcome", "upstream")
+    search_fields = ("=request_id", "agent_name", "tool", "error_code")
+    show_full_result_count = False  # no COUNT(*) over a large trail on every page
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

@@ -1,0 +1,33 @@
+"""The one writer of the audit trail."""
+
+import hashlib
+import json
+from typing import Any
+
+from audit.models import AuditEvent
+
+
+def text_safe(value: str) -> str:
+    """A string every database can store: NUL spelled out, lone surrogates escaped rather than lost."""
+    return value.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def json_safe(value: Any) -> Any:
+    if isinstance(value, str):
+        return text_safe(value)
+    if isinstance(value, dict):
+        return {text_safe(str(k)): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def canonical_sha256(value: Any) -> str:
+    """SHA-256 of the canonical JSON form (sorted keys, no spaces), stable across processes."""
+    encoded = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def audit_record(*, kind: str, detail: dict[str, Any] | None = None, **fields: Any) -> AuditEvent:
+    clean = {k: text_safe(v) if isinstance(v, str) else v for k, v in fields.items()}
+    return AuditEvent.objects.create(kind=kind, detail=json_safe(detail or {}), **clean)

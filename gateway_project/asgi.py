@@ -1,0 +1,22 @@
+"""ASGI entry point: HTTP (admin, /mcp) and WebSocket (/mcp/ws) through Channels routing."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
+# Django must be set up before anything imports models.
+django_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
+
+from handoff.consumers import McpWebSocketConsumer  # noqa: E402
+from handoff.http import mcp_http_app  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": URLRouter([path("mcp", mcp_http_app), re_path(r"", django_app)]),
+        "websocket": URLRouter([path("mcp/ws", McpWebSocketConsumer.as_asgi())]),
+    }
+)

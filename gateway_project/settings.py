@@ -1,0 +1,193 @@
+"""Settings, read from the environment. Defaults run on a laptop: SQLite, in-memory channel layer,
+inline executor. DATABASE_URL switches to PostgreSQL; REDIS_URL to Redis and the Celery executor."""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str = "") -> str:
+    """A value from NAME, or from the file named by NAME_FILE (for secrets mounted as files)."""
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return default if value in (None, "") else float(value)
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+VAR_DIR = Path(os.environ.get("SWITCHBOARD_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """An explicit SECRET_KEY, else one generated once and kept in var/ so restarts keep sessions."""
+    explicit = env_str("SECRET_KEY")
+    if explicit:
+        return explicit
+    key_file = VAR_DIR / "secret_key"
+    if not key_file.exists():
+        import secrets
+
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1,http://localhost")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "policy",
+    "registry",
+    "audit",
+    "handoff",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gateway_project.urls"
+ASGI_APPLICATION = "gateway_project.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Databases -------------------------------------------------------------------------------
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+if DATABASE_URL:
+    # Under Daphne every request may run in a different thread: pooled connections, not persistent ones.
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
+    if _db["ENGINE"] == "django.db.backends.postgresql":
+        _db["OPTIONS"] = {"pool": {"min_size": 1, "max_size": env_int("DATABASE_POOL_SIZE", 20), "timeout": 10}}
+else:
+    _db = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("SQLITE_PATH", str(VAR_DIR / "switchboard.sqlite3")),
+        # WAL and IMMEDIATE transactions let the web process and a test process write side by side.
+        "OPTIONS": {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        },
+        "TEST": {"NAME": str(VAR_DIR / "test_switchboard.sqlite3")},
+    }
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis, channel layer, Celery ------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+GATEWAY_EXECUTOR = os.environ.get("GATEWAY_EXECUTOR", "celery" if REDIS_URL else "inline")
+if GATEWAY_EXECUTOR not in ("inline", "celery"):
+    raise ValueError("GATEWAY_EXECUTOR must be 'inline' or 'celery'")
+if GATEWAY_EXECUTOR == "celery" and not REDIS_URL:
+    raise ValueError("GATEWAY_EXECUTOR=celery needs REDIS_URL")
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": "sb:channels:"},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "memory://")
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "upstream"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Replies to the web process travel on Redis lists under this prefix (see registry/executor.py).
+GATEWAY_REDIS_PREFIX = os.environ.get("GATEWAY_REDIS_PREFIX", "sb:")
+
+# --- The gateway ----------------------------------------------------------------------------
+GATEWAY_NAME = os.environ.get("GATEWAY_NAME", "switchboard")
+# Between an upstream's slug and its tool's name. Slugs never contain "_" or ".", so any of these splits cleanly.
+GATEWAY_TOOL_SEPARATOR = os.environ.get("GATEWAY_TOOL_SEPARATOR", "__")
+if GATEWAY_TOOL_SEPARATOR not in ("__", "_", "."):
+    raise ValueError("GATEWAY_TOOL_SEPARATOR must be one of '__', '_', '.'")
+GATEWAY_MAX_TOOL_NAME = env_int("GATEWAY_MAX_TOOL_NAME", 64)
+GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 1_048_576)
+GATEWAY_ALLOWED_ORIGINS = env_list(
+    "GATEWAY_ALLOWED_ORIGINS", "http://127.0.0.1,http://localhost,http://[::1],https://127.0.0.1,https://localhost"
+)
+GATEWAY_DEFAULT_TIMEOUT = env_float("GATEWAY_DEFAULT_TIMEOUT", 30.0)
+GATEWAY_MAX_TIMEOUT = env_float("GATEWAY_MAX_TIMEOUT", 300.0)
+GATEWAY_CONNECT_TIMEOUT = env_float("GATEWAY_CONNECT_TIMEOUT", 20.0)
+GATEWAY_MAX_LEGACY_SESSIONS = env_int("GATEWAY_MAX_LEGACY_SESSIONS", 10_000)
+GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0)
+
+# --- Django basics --------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "mcp": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,57 @@
+"""Who is calling, and whether their request may enter at all: host, origin and API key checks shared by
+every transport."""
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
+
+from policy.services import agent_authenticate
+
+
+@dataclass(frozen=True)
+class Caller:
+    agent_id: int
+    agent_name: str
+    transport: str  # "http" or "ws"
+    session_id: str = ""
+
+
+def header(scope: dict, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def host_allowed(scope: dict) -> bool:
+    host = header(scope, b"host") or ""
+    domain, _port = split_domain_port(host)
+    return bool(domain) and validate_host(domain, settings.ALLOWED_HOSTS)
+
+
+def origin_allowed(scope: dict) -> bool:
+    """Requests without Origin come from non-browser clients; a browser's Origin must be listed.
+    Ports are ignored: local tools such as the Inspector pick them at random."""
+    origin = header(scope, b"origin")
+    if origin is None:
+        return True
+    parts = urlsplit(origin)
+    return f"{parts.scheme}://{parts.hostname}" in settings.GATEWAY_ALLOWED_ORIGINS
+
+
+@database_sync_to_async
+def _authenticate(key: str) -> tuple[int, str] | None:
+    agent = agent_authenticate(key=key)
+    return (agent.id, agent.name) if agent else None
+
+
+async def caller_from_scope(scope: dict, transport: str) -> Caller | None:
+    authorization = header(scope, b"authorization") or ""
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return None
+    found = await _authenticate(key.strip())
+    return Caller(agent_id=found[0], agent_name=found[1], transport=transport) if found else None

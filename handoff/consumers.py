@@ -1,0 +1,76 @@
+"""`/mcp/ws`: JSON-RPC over WebSocket (not an MCP transport in the spec; served for clients that speak
+it). Frames in and out of the same SDK server that serves /mcp; the consumer does framing only."""
+
+import asyncio
+import json
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import anyio
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from mcp import types
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
+from pydantic import ValidationError
+
+from handoff.caller import Caller, caller_from_scope, host_allowed, origin_allowed
+from handoff.dispatcher import server
+
+INBOX_SIZE = 64
+
+
+def _error(request_id: Any, code: int, message: str) -> str:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+
+class McpWebSocketConsumer(AsyncWebsocketConsumer):
+    caller: Caller
+    _serving: asyncio.Task | None = None
+    _pumping: asyncio.Task | None = None
+
+    async def connect(self) -> None:
+        caller = None
+        if host_allowed(self.scope) and origin_allowed(self.scope):
+            caller = await caller_from_scope(self.scope, "ws")
+        if caller is None:
+            await self.close()  # before accept: the handshake is answered 403
+            return
+        self.caller = replace(caller, session_id=f"ws-{uuid.uuid4().hex}")
+        await self.accept()
+        self._inbox, inbox_out = anyio.create_memory_object_stream[SessionMessage | Exception](INBOX_SIZE)
+        outbox_in, self._outbox = anyio.create_memory_object_stream[SessionMessage](INBOX_SIZE)
+        self._serving = asyncio.create_task(server.run(inbox_out, outbox_in, server.create_initialization_options()))
+        self._pumping = asyncio.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        async with self._outbox:
+            async for item in self._outbox:
+                await self.send(text_data=item.message.model_dump_json(by_alias=True, exclude_unset=True))
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
+        if len(raw.encode("utf-8", "surrogatepass")) > settings.GATEWAY_MAX_BODY_BYTES:
+            return await self.send(text_data=_error(None, types.INVALID_REQUEST,
+                                                    f"Message over {settings.GATEWAY_MAX_BODY_BYTES} bytes"))
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            return await self.send(text_data=_error(None, types.PARSE_ERROR, "Parse error: the frame is not JSON"))
+        try:
+            message = types.jsonrpc_message_adapter.validate_python(payload, by_name=False)
+        except ValidationError:
+            request_id = payload.get("id") if isinstance(payload, dict) else None
+            return await self.send(text_data=_error(
+                request_id if isinstance(request_id, str | int) else None, types.INVALID_REQUEST,
+                "Invalid Request: expected one JSON-RPC 2.0 request, notification or response object"))
+        metadata = ServerMessageMetadata(request_context=self.caller)
+        await self._inbox.send(SessionMessage(message, metadata=metadata))
+
+    async def disconnect(self, code: int) -> None:
+        if self._serving is None:
+            return
+        await self._inbox.aclose()
+        for task in (self._serving, self._pumping):
+            task.cancel()
+        await asyncio.gather(self._serving, self._pumping, return_exceptions=True)

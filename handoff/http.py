@@ -1,0 +1,112 @@
+"""`/mcp` over Streamable HTTP: admission (host, origin, key, body size) in front of the SDK's transport,
+which serves both protocol eras and hands every message to the dispatcher."""
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from django.conf import settings
+from mcp import types
+from mcp.server.transport_security import TransportSecuritySettings
+
+from handoff.caller import caller_from_scope, header, host_allowed, origin_allowed
+from handoff.dispatcher import server
+
+logger = logging.getLogger(__name__)
+
+# Host and Origin are checked here, against Django's settings, for every transport alike.
+sdk_app = server.streamable_http_app(
+    max_request_body_size=settings.GATEWAY_MAX_BODY_BYTES,
+    session_idle_timeout=settings.GATEWAY_SESSION_IDLE_SECONDS,
+    max_sessions=settings.GATEWAY_MAX_LEGACY_SESSIONS,
+    transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def _reject(send: Any, status: int, code: int, message: str, headers: list | None = None) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Any, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"".join(chunks)
+        size += len(message.get("body", b""))
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+class SessionManagerRunner:
+    """Daphne runs no ASGI lifespan, so the SDK's session manager is started by the first request and
+    kept open by a task of its own for the life of the process."""
+
+    def __init__(self) -> None:
+        self._ready: asyncio.Future | None = None
+
+    async def ensure_running(self) -> None:
+        if self._ready is None:
+            self._ready = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().create_task(self._run(self._ready))
+        await asyncio.shield(self._ready)
+
+    async def _run(self, ready: asyncio.Future) -> None:
+        try:
+            async with server.session_manager.run():
+                ready.set_result(None)
+                await asyncio.Event().wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+
+
+runner = SessionManagerRunner()
+
+
+async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
+    if not host_allowed(scope):
+        return await _reject(send, 400, types.INVALID_REQUEST, "Host not allowed")
+    if not origin_allowed(scope):
+        return await _reject(send, 403, types.INVALID_REQUEST, "Origin not allowed")
+    caller = await caller_from_scope(scope, "http")
+    if caller is None:
+        return await _reject(send, 401, types.INVALID_REQUEST,
+                             "Missing or invalid API key: send 'Authorization: Bearer <agent key>'",
+                             [(b"www-authenticate", b'Bearer realm="switchboard"')])
+    limit = settings.GATEWAY_MAX_BODY_BYTES
+    declared = header(scope, b"content-length")
+    try:
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge
+        body = await _read_body(receive, limit) if scope["method"] == "POST" else b""
+    except BodyTooLarge:
+        return await _reject(send, 413, types.INVALID_REQUEST, f"Request body over {limit} bytes")
+    scope["switchboard.caller"] = caller
+    await runner.ensure_running()
+    await sdk_app(scope, _replay(body, receive) if scope["method"] == "POST" else receive, send)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    sent = False
+
+    async def replayed() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

@@ -1,0 +1,80 @@
+"""Import of the `mcpServers` JSON that Claude Desktop, Cursor and other clients use."""
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from registry.models import Upstream
+from registry.services import upstream_save
+
+HTTP_TYPES = {"http": "streamable_http", "streamable-http": "streamable_http", "streamableHttp": "streamable_http",
+              "sse": "sse"}
+
+
+@dataclass
+class ImportReport:
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+
+
+def slug_for(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:32].strip("-")
+
+
+def _fields(entry: dict[str, Any]) -> dict[str, Any]:
+    """Upstream fields for one entry; ValueError says what is wrong with it."""
+    if "command" in entry:
+        return {"transport": "stdio", "command": entry["command"], "args": entry.get("args", []),
+                "env": entry.get("env", {}), "cwd": entry.get("cwd", ""), "url": "", "headers": {}}
+    if "url" in entry:
+        kind = entry.get("type") or entry.get("transport") or "http"
+        if kind not in HTTP_TYPES:
+            raise ValueError(f"unknown transport type {kind!r}")
+        return {"transport": HTTP_TYPES[kind], "url": entry["url"], "headers": entry.get("headers", {}),
+                "command": "", "args": [], "env": {}, "cwd": ""}
+    raise ValueError("an entry needs either 'command' (stdio) or 'url' (HTTP)")
+
+
+def mcp_config_import(*, config: Any, actor: str = "") -> ImportReport:
+    report = ImportReport()
+    servers = config.get("mcpServers") if isinstance(config, dict) else None
+    if not isinstance(servers, dict):
+        raise ValueError("The file must be a JSON object with an 'mcpServers' object.")
+    for name, entry in servers.items():
+        if not isinstance(entry, dict):
+            report.rejected.append((name, "the entry is not a JSON object"))
+            continue
+        if entry.get("disabled"):
+            report.skipped.append((name, "marked disabled in the file"))
+            continue
+        _import_one(name, entry, actor, report)
+    return report
+
+
+def _import_one(name: str, entry: dict[str, Any], actor: str, report: ImportReport) -> None:
+    slug = slug_for(name)
+    try:
+        fields = _fields(entry)
+    except ValueError as exc:
+        report.rejected.append((name, str(exc)))
+        return
+    upstream = Upstream.objects.filter(slug=slug).first()
+    created = upstream is None
+    if created:
+        upstream = Upstream(slug=slug, name=name)
+    elif all(getattr(upstream, key) == value for key, value in fields.items()):
+        report.skipped.append((name, f"upstream {slug!r} is already up to date"))
+        return
+    for key, value in fields.items():
+        setattr(upstream, key, value)
+    try:
+        upstream.full_clean()
+    except ValidationError as exc:
+        report.rejected.append((name, "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())))
+        return
+    upstream_save(upstream=upstream, actor=actor, created=created)
+    (report.created if created else report.updated).append(slug)

@@ -1,0 +1,111 @@
+"""The executor: where upstream calls run. One interface, two implementations.
+
+- InlineExecutor (embedded default): the pool thread of this very process runs the call.
+- CeleryExecutor (REDIS_URL set): a worker on queue `upstream` runs it and pushes the outcome onto a
+  one-off Redis list that the caller waits on with BLPOP: no polling, no result backend.
+"""
+
+import asyncio
+import json
+import threading
+import uuid
+from functools import cache
+from typing import Any, Protocol
+
+import redis
+import redis.asyncio as aredis
+from django.conf import settings
+
+from registry.loop import pool_thread
+from registry.pool import Outcome, failure
+
+# How long past the upstream's own timeout a caller waits for the executor before calling it lost.
+EXECUTOR_GRACE_SECONDS = 5.0
+REPLY_TTL_SECONDS = 60
+
+
+class Executor(Protocol):
+    async def call_tool(
+        self, *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], timeout: float
+    ) -> Outcome: ...
+
+    def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome: ...
+
+
+class InlineExecutor:
+    async def call_tool(
+        self, *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], timeout: float
+    ) -> Outcome:
+        runner = pool_thread()
+        return await asyncio.wrap_future(runner.submit(runner.pool.call_tool(upstream_id, revision, tool, arguments)))
+
+    def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
+        runner = pool_thread()
+        wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
+        return runner.submit(runner.pool.list_tools(upstream_id, revision)).result(timeout=wait)
+
+
+def reply_key() -> str:
+    return f"{settings.GATEWAY_REDIS_PREFIX}reply:{uuid.uuid4().hex}"
+
+
+def _lost(timeout: float) -> Outcome:
+    return failure("EXECUTOR_UNAVAILABLE",
+                   "No worker answered for this call. The gateway may be overloaded; try later.",
+                   f"no reply from a Celery worker within {timeout:g}s")
+
+
+@cache
+def sync_redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+class CeleryExecutor:
+    def __init__(self) -> None:
+        # redis.asyncio clients belong to one event loop; the web process may run more than one (tests).
+        self._clients: dict[int, aredis.Redis] = {}
+        self._lock = threading.Lock()
+
+    def _async_redis(self) -> aredis.Redis:
+        loop_id = id(asyncio.get_running_loop())
+        with self._lock:
+            if loop_id not in self._clients:
+                self._clients[loop_id] = aredis.Redis.from_url(settings.REDIS_URL)
+            return self._clients[loop_id]
+
+    async def call_tool(
+        self, *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], timeout: float
+    ) -> Outcome:
+        from registry.tasks import call_tool_task  # tasks import the executor's helpers
+
+        key = reply_key()
+        kwargs = {"upstream_id": upstream_id, "revision": revision, "tool": tool, "arguments": arguments,
+                  "reply_to": key}
+        # Publishing is blocking socket I/O in kombu: keep it off the event loop.
+        await asyncio.to_thread(call_tool_task.apply_async, kwargs=kwargs, queue="upstream")
+        wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
+        reply = await self._async_redis().blpop([key], timeout=wait)
+        return json.loads(reply[1]) if reply else _lost(wait)
+
+    def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
+        from registry.tasks import list_tools_task  # tasks import the executor's helpers
+
+        key = reply_key()
+        list_tools_task.apply_async(kwargs={"upstream_id": upstream_id, "revision": revision, "reply_to": key},
+                                    queue="upstream")
+        wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
+        reply = sync_redis().blpop([key], timeout=wait)
+        return json.loads(reply[1]) if reply else _lost(wait)
+
+
+def send_reply(key: str, outcome: Outcome) -> None:
+    """Worker side: hand the outcome to whoever waits on `key`; it expires if nobody does."""
+    with sync_redis().pipeline() as pipe:
+        pipe.rpush(key, json.dumps(outcome))
+        pipe.expire(key, REPLY_TTL_SECONDS)
+        pipe.execute()
+
+
+@cache
+def get_executor() -> Executor:
+    return CeleryExecutor() if settings.GATEWAY_EXECUTOR == "celery" else InlineExecutor()

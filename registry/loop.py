@@ -1,0 +1,63 @@
+"""The executor's event loop: one thread per process, started on first use (so after any fork), which
+holds the upstream pool for the life of the process."""
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import anyio
+from channels.db import database_sync_to_async
+
+from registry.models import Upstream
+from registry.pool import UpstreamPool
+from registry.spec import UpstreamSpec
+
+T = TypeVar("T")
+
+
+@database_sync_to_async
+def load_spec(upstream_id: int) -> UpstreamSpec:
+    return UpstreamSpec.from_model(Upstream.objects.get(pk=upstream_id))
+
+
+class PoolThread:
+    def __init__(self) -> None:
+        self.pool = UpstreamPool(load_spec)
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, args=(ready,), name="upstream-pool", daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def _main(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve(ready))
+
+    async def _serve(self, ready: threading.Event) -> None:
+        async with anyio.create_task_group() as tg:
+            self._scope = tg.cancel_scope
+            await tg.start(self.pool.serve)
+            ready.set()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> "concurrent.futures.Future[T]":
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self._scope.cancel)
+        self._thread.join(timeout=10)
+
+
+_lock = threading.Lock()
+_instance: tuple[int, PoolThread] | None = None
+
+
+def pool_thread() -> PoolThread:
+    """This process's pool thread; a forked child gets a fresh one, never its parent's."""
+    global _instance
+    with _lock:
+        if _instance is None or _instance[0] != os.getpid():
+            _instance = (os.getpid(), PoolThread())
+        return _instance[1]

@@ -1,0 +1,34 @@
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from registry.config_import import mcp_config_import
+from registry.models import Upstream
+from registry.services import upstream_catalog_sync
+
+
+class Command(BaseCommand):
+    help = "Import upstreams from an mcpServers JSON file (the format of Claude Desktop and other clients)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("file", type=Path)
+        parser.add_argument("--no-sync", action="store_true", help="Do not fetch the new upstreams' tools now")
+
+    def handle(self, *args, file: Path, no_sync: bool, **options) -> None:
+        try:
+            config = json.loads(file.read_text())
+            report = mcp_config_import(config=config, actor="manage.py import_mcp_config")
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"{file}: {exc}") from exc
+        for slug in report.created:
+            self.stdout.write(f"created  {slug}")
+        for slug in report.updated:
+            self.stdout.write(f"updated  {slug}")
+        for name, why in report.skipped:
+            self.stdout.write(f"skipped  {name}: {why}")
+        for name, why in report.rejected:
+            self.stdout.write(f"rejected {name}: {why}")
+        if not no_sync:
+            for upstream in Upstream.objects.filter(slug__in=report.created + report.updated, enabled=True):
+                self.stdout.write(upstream_catalog_sync(upstream=upstream).summary())

@@ -1,0 +1,95 @@
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+
+from policy.models import ServerGroup
+
+# Slugs never contain "_" or ".", so every allowed separator splits an exposed name unambiguously.
+slug_validator = RegexValidator(
+    r"^[a-z][a-z0-9]*(-[a-z0-9]+)*\Z",
+    "Lower-case letters and digits in words joined by single hyphens, starting with a letter.",
+)
+
+
+class Upstream(models.Model):
+    class Transport(models.TextChoices):
+        STDIO = "stdio", "stdio subprocess"
+        STREAMABLE_HTTP = "streamable_http", "Streamable HTTP"
+        SSE = "sse", "HTTP+SSE (2024-11-05)"
+
+    slug = models.CharField(
+        max_length=32, unique=True, validators=[slug_validator], help_text="Namespace of this upstream's tools"
+    )
+    name = models.CharField(max_length=128, blank=True)
+    transport = models.CharField(max_length=16, choices=Transport.choices)
+    command = models.CharField(max_length=512, blank=True)
+    args = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True, help_text="Environment for a stdio server")
+    cwd = models.CharField(max_length=512, blank=True)
+    url = models.URLField(max_length=1024, blank=True)
+    headers = models.JSONField(default=dict, blank=True, help_text="HTTP headers sent to the upstream")
+    group = models.ForeignKey(
+        ServerGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="upstreams"
+    )
+    enabled = models.BooleanField(default=True)
+    timeout = models.FloatField(
+        default=settings.GATEWAY_DEFAULT_TIMEOUT,
+        validators=[MinValueValidator(0.1), MaxValueValidator(settings.GATEWAY_MAX_TIMEOUT)],
+        help_text="Seconds a tool call may take",
+    )
+    # Bumped on every change of how to reach the upstream, so executors reconnect.
+    revision = models.PositiveIntegerField(default=1)
+    last_synced_at = models.DateTimeField(null=True, blank=True)
+    last_sync_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    CONNECTION_FIELDS = ("transport", "command", "args", "env", "cwd", "url", "headers")
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        if self.transport == self.Transport.STDIO and not self.command:
+            raise ValidationError({"command": "A stdio upstream needs a command."})
+        if self.transport != self.Transport.STDIO and not self.url:
+            raise ValidationError({"url": "An HTTP upstream needs a URL."})
+        for field in ("env", "headers"):
+            value = getattr(self, field)
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise ValidationError({field: "A JSON object of strings."})
+        if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
+            raise ValidationError({"args": "A JSON list of strings."})
+
+    @property
+    def is_reachable(self) -> bool:
+        """Enabled, and not switched off through its group."""
+        return self.enabled and (self.group is None or self.group.enabled)
+
+
+class Tool(models.Model):
+    """One tool of one upstream, as last seen by catalog sync."""
+
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="tools")
+    name = models.CharField(max_length=256)
+    title = models.CharField(max_length=512, blank=True)
+    description = models.TextField(blank=True)
+    input_schema = models.JSONField(default=dict)
+    output_schema = models.JSONField(null=True, blank=True)
+    annotations = models.JSONField(null=True, blank=True)
+    definition = models.JSONField(help_text="The tool as the upstream listed it")
+    definition_sha256 = models.CharField(max_length=64)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["upstream__slug", "name"]
+        constraints = [models.UniqueConstraint(fields=["upstream", "name"], name="tool_unique_per_upstream")]
+
+    def __str__(self) -> str:
+        return f"{self.upstream.slug}/{self.name}"

@@ -1,0 +1,24 @@
+"""Exposed tool names: `<upstream slug><separator><tool name>`, shortened deterministically when too long."""
+
+import hashlib
+
+from django.conf import settings
+
+HASH_CHARS = 8
+
+
+def exposed_name(slug: str, tool: str) -> str:
+    """Unique by construction: slugs are unique and never contain the separator, tool names are unique per
+    upstream, and a shortened name ends in a hash of the full tool name."""
+    name = f"{slug}{settings.GATEWAY_TOOL_SEPARATOR}{tool}"
+    limit = settings.GATEWAY_MAX_TOOL_NAME
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(tool.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+    return f"{name[: limit - HASH_CHARS - 1]}_{digest}"
+
+
+def split_exposed_name(name: str) -> tuple[str, str] | None:
+    """(slug, tool part) of an exposed name, or None when it carries no namespace."""
+    slug, sep, rest = name.partition(settings.GATEWAY_TOOL_SEPARATOR)
+    return (slug, rest) if sep and slug and rest else None

@@ -1,0 +1,157 @@
+"""The upstream pool: live upstream sessions, each opened and closed by its own owner task.
+
+Runs on the executor's event loop (registry/loop.py). Every result leaves as plain JSON (an `Outcome`),
+so the inline and the Celery executor hand the dispatcher exactly the same thing.
+"""
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any, TypedDict
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from django.conf import settings
+from mcp import types
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+from registry.spec import UpstreamSpec
+
+logger = logging.getLogger(__name__)
+
+SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+# Connection-level failures: the session is gone and must be reopened (a stdio server that died, say).
+CONNECTION_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
+
+
+class Outcome(TypedDict, total=False):
+    ok: bool
+    result: Any  # the upstream's result, JSON, when ok
+    code: str  # when not ok: a stable error code
+    message: str  # when not ok: for the model (redacted later)
+    detail: str  # when not ok: the full story, for the audit only
+
+
+def failure(code: str, message: str, detail: str = "") -> Outcome:
+    return {"ok": False, "code": code, "message": message, "detail": detail or message}
+
+
+class UpstreamConnection:
+    """One upstream session. `run` is its owner task: it enters and exits the client."""
+
+    def __init__(self, spec: UpstreamSpec) -> None:
+        self.spec = spec
+        self.client: Any = None
+        self.alive = False
+        self._stop = anyio.Event()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        started = False
+        try:
+            async with AsyncExitStack() as stack:
+                self.client = await self.spec.connect(stack)
+                self.alive = started = True
+                task_status.started()
+                await self._stop.wait()
+        except Exception:
+            if not started:
+                raise
+            # The owner must never take the pool down with it; the next call reconnects.
+            logger.warning("upstream %s: session ended with an error", self.spec.slug, exc_info=True)
+        finally:
+            self.alive = False
+
+    def stop(self) -> None:
+        self.alive = False
+        self._stop.set()
+
+
+class UpstreamPool:
+    """Shared sessions, one per upstream, reopened when the upstream's revision changes or it dies."""
+
+    def __init__(self, load_spec: Callable[[int], Awaitable[UpstreamSpec]]) -> None:
+        self._load_spec = load_spec
+        self._connections: dict[int, UpstreamConnection] = {}
+        self._locks: dict[int, anyio.Lock] = {}
+        self._task_group: TaskGroup | None = None
+
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Hold the task group that every owner task runs in, until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._task_group = tg
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                for connection in self._connections.values():
+                    connection.stop()
+
+    async def _connection(self, upstream_id: int, revision: int) -> UpstreamConnection:
+        lock = self._locks.setdefault(upstream_id, anyio.Lock())
+        async with lock:
+            current = self._connections.get(upstream_id)
+            if current and current.alive and current.spec.revision >= revision:
+                return current
+            if current:
+                current.stop()
+            spec = await self._load_spec(upstream_id)
+            connection = UpstreamConnection(spec)
+            assert self._task_group is not None, "the pool is not serving"
+            with anyio.fail_after(settings.GATEWAY_CONNECT_TIMEOUT):
+                await self._task_group.start(connection.run)
+            self._connections[upstream_id] = connection
+            return connection
+
+    async def _run(self, upstream_id: int, revision: int, action: Callable[[Any], Awaitable[Any]]) -> Outcome:
+        """Run one request on the upstream's session and turn every failure into a specific Outcome."""
+        try:
+            connection = await self._connection(upstream_id, revision)
+        except TimeoutError:
+            return failure("UPSTREAM_CONNECT_TIMEOUT", "The service did not answer while connecting. Try later.")
+        except Exception as exc:  # any way a connect can fail: spawn, DNS, handshake, HTTP status
+            return failure("UPSTREAM_UNAVAILABLE", "The service could not be reached. Try later.", repr(exc))
+        spec = connection.spec
+        try:
+            with anyio.fail_after(spec.timeout):
+                return {"ok": True, "result": await action(connection.client)}
+        except TimeoutError:
+            return failure("UPSTREAM_TIMEOUT", f"The service did not answer within {spec.timeout:g} seconds.")
+        except MCPError as exc:
+            if exc.code == types.CONNECTION_CLOSED:
+                connection.stop()
+                return failure("UPSTREAM_UNAVAILABLE",
+                               "The service closed its connection during the call; it will be restarted. "
+                               "Retry only if the call is safe to repeat.", repr(exc))
+            return failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
+        except ValidationError as exc:
+            return failure("UPSTREAM_INVALID_RESPONSE", "The service sent a malformed response.", str(exc))
+        except CONNECTION_ERRORS as exc:
+            connection.stop()
+            return failure("UPSTREAM_UNAVAILABLE",
+                           "The service's connection broke during the call; it will be restarted. "
+                           "Retry only if the call is safe to repeat.", repr(exc))
+
+    async def call_tool(self, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any]) -> Outcome:
+        async def call(client: Any) -> dict[str, Any]:
+            result = await client.call_tool(tool, arguments)
+            wire = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+            meta = {k: v for k, v in (wire.pop("_meta", None) or {}).items() if k != SERVER_INFO_KEY}
+            return wire | ({"_meta": meta} if meta else {})
+
+        return await self._run(upstream_id, revision, call)
+
+    async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
+        async def walk(client: Any) -> list[dict[str, Any]]:
+            tools, cursor = [], None
+            while True:
+                page = await client.list_tools(cursor=cursor)
+                tools += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools]
+                if not (cursor := page.next_cursor):
+                    return tools
+
+        return await self._run(upstream_id, revision, walk)
+
+    async def close(self, upstream_id: int) -> None:
+        if connection := self._connections.pop(upstream_id, None):
+            connection.stop()

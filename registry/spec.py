@@ -1,0 +1,50 @@
+"""How to reach an upstream: plain data built from the model, read only by the executor."""
+
+import os
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+
+
+@dataclass(frozen=True)
+class UpstreamSpec:
+    id: int
+    revision: int
+    slug: str
+    transport: str
+    timeout: float
+    command: str = ""
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    url: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_model(cls, upstream: Any) -> "UpstreamSpec":
+        return cls(
+            id=upstream.id, revision=upstream.revision, slug=upstream.slug, transport=upstream.transport,
+            timeout=upstream.timeout, command=upstream.command, args=list(upstream.args), env=dict(upstream.env),
+            cwd=upstream.cwd, url=upstream.url, headers=dict(upstream.headers),
+        )
+
+    async def connect(self, stack: AsyncExitStack) -> Client:
+        """An open `mcp.Client` whose resources `stack` owns; the caller's task must exit the stack."""
+        if self.transport == "stdio":
+            # PATH comes along so that commands like `npx` and `uvx` resolve as they would in a shell.
+            env = {"PATH": os.environ.get("PATH", "")} | self.env
+            target: Any = StdioServerParameters(command=self.command, args=self.args, env=env, cwd=self.cwd or None)
+        elif self.transport == "sse":
+            target = sse_client(self.url, headers=self.headers, timeout=self.timeout)
+        else:
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(headers=self.headers, timeout=httpx2.Timeout(self.timeout, read=None))
+            )
+            target = streamable_http_client(self.url, http_client=http)
+        # No response cache: the catalog must see what the upstream says now.
+        return await stack.enter_async_context(Client(target, cache=None))
