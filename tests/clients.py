@@ -1,0 +1,58 @@
+"""MCP clients for the tests: the official SDK client, and raw HTTP/WebSocket for the error paths."""
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx2
+import websockets
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+TIMEOUT = 5.0
+INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+              "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                         "clientInfo": {"name": "switchboard-tests", "version": "1"}}}
+
+
+@asynccontextmanager
+async def sdk_client(base_url: str, key: str, mode: str) -> AsyncIterator[Client]:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=TIMEOUT) as http:
+        async with Client(streamable_http_client(f"{base_url}/mcp", http_client=http), mode=mode) as client:
+            yield client
+
+
+class WebSocketSession:
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self._next_id = 0
+
+    async def request(self, method: str, params: dict | None = None) -> dict:
+        self._next_id += 1
+        await self.ws.send(json.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method,
+                                       "params": params or {}}))
+        return await self.receive()
+
+    async def send_raw(self, frame: str) -> dict:
+        await self.ws.send(frame)
+        return await self.receive()
+
+    async def receive(self) -> dict:
+        with anyio.fail_after(TIMEOUT):
+            return json.loads(await self.ws.recv())
+
+
+@asynccontextmanager
+async def ws_session(base_url: str, key: str, initialize: bool = True) -> AsyncIterator[WebSocketSession]:
+    url = base_url.replace("http://", "ws://") + "/mcp/ws"
+    async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {key}"},
+                                  open_timeout=TIMEOUT) as ws:
+        session = WebSocketSession(ws)
+        if initialize:
+            await ws.send(json.dumps(INITIALIZE))
+            reply = await session.receive()
+            assert reply["result"]["protocolVersion"] == "2025-11-25", reply
+            await ws.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        yield session

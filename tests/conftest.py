@@ -1,0 +1,134 @@
+"""Shared fixtures. The database is the one pytest-django creates; the gateways under test are real
+Daphne processes reading it, so data made here is committed (no per-test transactions) and visible there."""
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests import servers
+
+REQUIRE_SERVICES = os.environ.get("SWITCHBOARD_REQUIRE_SERVICES") == "1"
+BIN = Path(sys.executable).parent
+
+
+def needs(condition: bool, reason: str) -> None:
+    """Skip without a service, or fail where CI demands every service."""
+    if not condition:
+        if REQUIRE_SERVICES:
+            pytest.fail(f"SWITCHBOARD_REQUIRE_SERVICES=1 but {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def db(django_db_setup, django_db_blocker) -> Iterator[None]:
+    with django_db_blocker.unblock():
+        yield
+
+
+@pytest.fixture(scope="session")
+def logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def server_env(db) -> dict[str, str]:
+    """The environment of every process under test: same database, same Redis, same secret."""
+    from django.conf import settings
+    from django.db import connection
+
+    env = {k: v for k, v in os.environ.items() if k != "GATEWAY_EXECUTOR"}
+    env |= {"DJANGO_SETTINGS_MODULE": "gateway_project.settings", "SECRET_KEY": settings.SECRET_KEY}
+    name = connection.settings_dict["NAME"]
+    if connection.vendor == "sqlite":
+        env.pop("DATABASE_URL", None)
+        env["SQLITE_PATH"] = str(name)
+    else:
+        env["DATABASE_URL"] = urlsplit(os.environ["DATABASE_URL"])._replace(path=f"/{name}").geturl()
+    return env
+
+
+@pytest.fixture(scope="session")
+def everything_http(logs) -> Iterator[str]:
+    needs(servers.EVERYTHING_JS.exists(), "npm packages are not installed (run: npm ci)")
+    running = servers.start_everything_http(logs / "everything.log")
+    yield running.url
+    running.stop()
+
+
+@dataclass
+class World:
+    key: str  # alice, an enabled agent
+    disabled_key: str  # mallory, whose agent is disabled
+    upstreams: dict[str, int]
+
+
+def _stdio(slug: str, command: str, args: list[str], **extra) -> "object":
+    from registry.models import Upstream
+    from registry.services import upstream_catalog_sync, upstream_save
+
+    upstream = Upstream(slug=slug, transport="stdio", command=command, args=args, **extra)
+    upstream.full_clean()
+    upstream_save(upstream=upstream, created=True)
+    report = upstream_catalog_sync(upstream=upstream)
+    assert report.ok, report.summary()
+    return upstream
+
+
+@pytest.fixture(scope="session")
+def world(db, everything_http) -> World:
+    """Agents and upstreams every gateway test shares: mcp-server-time and the demo server over stdio,
+    server-everything over Streamable HTTP, and a demo server with a one-second timeout."""
+    from policy.models import Agent
+    from policy.services import agent_create
+    from registry.models import Upstream
+    from registry.services import upstream_catalog_sync, upstream_save
+
+    alice = agent_create(name="alice")
+    mallory = agent_create(name="mallory")
+    Agent.objects.filter(pk=mallory.agent.pk).update(enabled=False)
+    demo = [str(servers.ROOT / "examples/demo_upstream.py")]
+    made = [
+        _stdio("time", str(BIN / "mcp-server-time"), ["--local-timezone", "UTC"]),
+        _stdio("demo", sys.executable, demo),
+        _stdio("slow", sys.executable, demo, timeout=1.0),
+    ]
+    every = Upstream(slug="every", transport="streamable_http", url=everything_http)
+    upstream_save(upstream=every, created=True)
+    assert upstream_catalog_sync(upstream=every).ok
+    made.append(every)
+    return World(key=alice.key, disabled_key=mallory.key, upstreams={u.slug: u.id for u in made})
+
+
+@pytest.fixture(scope="session")
+def inline_gateway(server_env, world, logs) -> Iterator[servers.Running]:
+    running = servers.start_gateway(server_env | {"GATEWAY_EXECUTOR": "inline"}, logs / "gateway-inline.log")
+    running.executor_pid = running.process.pid
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def celery_worker(server_env, logs) -> Iterator[servers.Running]:
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Redis, so no Celery executor")
+    running = servers.start_worker(server_env | {"GATEWAY_EXECUTOR": "celery"}, logs / "worker.log")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def celery_gateway(server_env, world, celery_worker, logs) -> Iterator[servers.Running]:
+    running = servers.start_gateway(server_env | {"GATEWAY_EXECUTOR": "celery"}, logs / "gateway-celery.log")
+    running.executor_pid = celery_worker.process.pid
+    yield running
+    running.stop()
+
+
+@pytest.fixture(params=["inline", "celery"])
+def gateway(request) -> servers.Running:
+    """The same test against both executors."""
+    return request.getfixturevalue(f"{request.param}_gateway")

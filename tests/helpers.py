@@ -1,0 +1,32 @@
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+
+from audit.models import AuditEvent
+
+T = TypeVar("T")
+
+
+def run(scenario: Callable[[], Awaitable[T]]) -> T:
+    """Run an async client scenario with a bound; the ORM is then used outside any event loop."""
+
+    async def bounded() -> T:
+        with anyio.fail_after(60):
+            return await scenario()
+
+    return anyio.run(bounded)
+
+
+def audit_mark() -> int:
+    return AuditEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def audit_since(mark: int) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(id__gt=mark).order_by("id"))
+
+
+def parent_pid(pid: int) -> int:
+    # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after the last ")".
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

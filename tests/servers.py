@@ -1,0 +1,86 @@
+"""Real processes for the tests: Daphne gateways, a Celery worker, upstream MCP servers.
+Every one listens on 127.0.0.1, is waited for with a bound, and is stopped at the end."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EVERYTHING_JS = ROOT / "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+LOOPBACK_JS = ROOT / "tests/support/loopback.cjs"
+START_TIMEOUT = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listened on {port} within {START_TIMEOUT}s:\n{log.read_text()[-3000:]}")
+
+
+@dataclass
+class Running:
+    process: subprocess.Popen
+    log: Path
+    url: str = ""
+    executor_pid: int = 0  # for a gateway: the process that runs its upstream calls
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+
+def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    # A process group of its own, so that stopping it also stops the upstreams it spawned.
+    return subprocess.Popen(command, env=env, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def start_gateway(env: dict[str, str], log: Path) -> Running:
+    port = free_port()
+    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+               "gateway_project.asgi:application"]
+    process = start(command, env, log)
+    wait_for_port(port, process, log)
+    return Running(process, log, f"http://127.0.0.1:{port}")
+
+
+def start_worker(env: dict[str, str], log: Path) -> Running:
+    command = [sys.executable, "-m", "celery", "-A", "gateway_project", "worker", "-Q", "upstream",
+               "-P", "threads", "-c", "16", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
+    process = start(command, env, log)
+    deadline = time.monotonic() + START_TIMEOUT
+    while b"ready." not in log.read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"Celery worker did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+    return Running(process, log)
+
+
+def start_everything_http(log: Path) -> Running:
+    port = free_port()
+    env = os.environ | {"PORT": str(port)}
+    process = start(["node", "--require", str(LOOPBACK_JS), str(EVERYTHING_JS), "streamableHttp"], env, log)
+    wait_for_port(port, process, log)
+    return Running(process, log, f"http://127.0.0.1:{port}/mcp")
