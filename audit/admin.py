@@ -7,8 +7,18 @@ from audit.models import AuditEvent
 class AuditEventAdmin(admin.ModelAdmin):
     """Read-only: the trail is appended to by the gateway and never edited by hand."""
 
-    list_display = ("id", "created_at", "kind", "agent_name", "upstream", "tool", "outcome", "error_code",
-                    "duration_ms", "request_id")
+    list_display = (
+        "id",
+        "created_at",
+        "kind",
+        "agent_name",
+        "upstream",
+        "tool",
+        "outcome",
+        "error_code",
+        "duration_ms",
+        "request_id",
+    )
     list_filter = ("kind", "outcome", "upstream")
     search_fields = ("=request_id", "agent_name", "tool", "error_code")
     show_full_result_count = False  # no COUNT(*) over a large trail on every page

@@ -11,17 +11,35 @@ from mcp import types
 from mcp.server import Server
 
 TOOLS = [
-    types.Tool(name="echo", description="Return the text you send.",
-               input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
-    types.Tool(name="add", description="Add two numbers.",
-               input_schema={"type": "object", "required": ["a", "b"],
-                             "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}),
-    types.Tool(name="fail", description="Always report a tool error (for trying error handling).",
-               input_schema={"type": "object", "properties": {}}),
-    types.Tool(name="sleep", description="Wait for the given number of seconds, then answer.",
-               input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}}),
-    types.Tool(name="crash", description="Exit the server process mid-call (for trying restarts).",
-               input_schema={"type": "object", "properties": {}}),
+    types.Tool(
+        name="echo",
+        description="Return the text you send.",
+        input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    ),
+    types.Tool(
+        name="add",
+        description="Add two numbers.",
+        input_schema={
+            "type": "object",
+            "required": ["a", "b"],
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        },
+    ),
+    types.Tool(
+        name="fail",
+        description="Always report a tool error (for trying error handling).",
+        input_schema={"type": "object", "properties": {}},
+    ),
+    types.Tool(
+        name="sleep",
+        description="Wait for the given number of seconds, then answer.",
+        input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}},
+    ),
+    types.Tool(
+        name="crash",
+        description="Exit the server process mid-call (for trying restarts).",
+        input_schema={"type": "object", "properties": {}},
+    ),
     types.Tool(name="pid", description="The server's process id.", input_schema={"type": "object", "properties": {}}),
 ]
 

@@ -2,10 +2,8 @@
 it). Frames in and out of the same SDK server that serves /mcp; the consumer does framing only."""
 
 import asyncio
-import json
 import uuid
 from dataclasses import replace
-from typing import Any
 
 import anyio
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -16,12 +14,9 @@ from pydantic import ValidationError
 
 from handoff.caller import Caller, caller_from_scope, host_allowed, origin_allowed
 from handoff.dispatcher import server
+from handoff.frames import FrameError, parse_frame
 
 INBOX_SIZE = 64
-
-
-def _error(request_id: Any, code: int, message: str) -> str:
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
 
 
 class McpWebSocketConsumer(AsyncWebsocketConsumer):
@@ -51,19 +46,24 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
         if len(raw.encode("utf-8", "surrogatepass")) > settings.GATEWAY_MAX_BODY_BYTES:
-            return await self.send(text_data=_error(None, types.INVALID_REQUEST,
-                                                    f"Message over {settings.GATEWAY_MAX_BODY_BYTES} bytes"))
+            return await self.send(
+                text_data=FrameError(
+                    types.INVALID_REQUEST, f"Message over {settings.GATEWAY_MAX_BODY_BYTES} bytes"
+                ).body()
+            )
         try:
-            payload = json.loads(raw)
-        except ValueError:
-            return await self.send(text_data=_error(None, types.PARSE_ERROR, "Parse error: the frame is not JSON"))
-        try:
+            payload = parse_frame(raw)
             message = types.jsonrpc_message_adapter.validate_python(payload, by_name=False)
+        except FrameError as exc:
+            return await self.send(text_data=exc.body())
         except ValidationError:
-            request_id = payload.get("id") if isinstance(payload, dict) else None
-            return await self.send(text_data=_error(
-                request_id if isinstance(request_id, str | int) else None, types.INVALID_REQUEST,
-                "Invalid Request: expected one JSON-RPC 2.0 request, notification or response object"))
+            return await self.send(
+                text_data=FrameError(
+                    types.INVALID_REQUEST,
+                    "Invalid Request: the message does not match any JSON-RPC 2.0 shape",
+                    payload.get("id"),
+                ).body()
+            )
         metadata = ServerMessageMetadata(request_context=self.caller)
         await self._inbox.send(SessionMessage(message, metadata=metadata))
 

@@ -42,11 +42,12 @@ def caller_of(ctx: ServerRequestContext) -> Caller:
 
 @database_sync_to_async
 def _plan_and_record(caller: Caller, name: str, audit: dict[str, Any]) -> tuple[Denial | None, Route | None]:
-    """Route, decide, and write the approval or denial, in one trip to the database."""
+    """Route, decide, and write the approval or denial, in one trip to the database.
+    Fills in `audit` with the upstream and tool, for the completion row that shares it."""
     target, route = tool_route(name=name)
     agent_enabled = Agent.objects.filter(pk=caller.agent_id, enabled=True).exists()
     denial = policy_decide(agent_enabled=agent_enabled, target=target)
-    audit |= {"upstream": target.upstream_slug or "", "tool": route.tool if route else ""}
+    audit.update(upstream=target.upstream_slug or "", tool=route.tool if route else "")
     if denial:
         audit_record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit)
     else:
@@ -72,26 +73,37 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     caller = caller_of(ctx)
     arguments = params.arguments or {}
     audit = {
-        "request_id": uuid.uuid4(), "agent_id": caller.agent_id, "agent_name": caller.agent_name,
-        "session_id": caller.session_id, "transport": caller.transport, "exposed_name": params.name,
+        "request_id": uuid.uuid4(),
+        "agent_id": caller.agent_id,
+        "agent_name": caller.agent_name,
+        "session_id": caller.session_id,
+        "transport": caller.transport,
+        "exposed_name": params.name,
         "arguments_sha256": canonical_sha256(arguments),
     }
     denial, route = await _plan_and_record(caller, params.name, audit)
     if denial:
-        raise MCPError(denial.jsonrpc_code, denial.message, {"code": denial.code, "requestId": str(audit["request_id"])})
+        data = {"code": denial.code, "requestId": str(audit["request_id"])}
+        raise MCPError(denial.jsonrpc_code, denial.message, data)
     assert route is not None
     started = time.perf_counter()
     outcome = await get_executor().call_tool(
-        upstream_id=route.upstream_id, revision=route.revision, tool=route.tool, arguments=arguments,
+        upstream_id=route.upstream_id,
+        revision=route.revision,
+        tool=route.tool,
+        arguments=arguments,
         timeout=route.timeout,
     )
     duration_ms = (time.perf_counter() - started) * 1000
     result = outcome["result"] if outcome["ok"] else _error_result(params.name, outcome)
     failed = not outcome["ok"] or bool(result.get("isError"))
     await record_async(
-        kind="completed", duration_ms=duration_ms, response_bytes=len(json.dumps(result)),
+        kind="completed",
+        duration_ms=duration_ms,
+        response_bytes=len(json.dumps(result)),
         outcome=("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok",
-        error_code=outcome.get("code", "TOOL_ERROR" if failed else ""), error_detail=outcome.get("detail", ""),
+        error_code=outcome.get("code", "TOOL_ERROR" if failed else ""),
+        error_detail=outcome.get("detail", ""),
         **audit,
     )
     return _finish(ctx, result)

@@ -2,7 +2,6 @@
 which serves both protocol eras and hands every message to the dispatcher."""
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -12,6 +11,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from handoff.caller import caller_from_scope, header, host_allowed, origin_allowed
 from handoff.dispatcher import server
+from handoff.frames import FrameError, parse_frame
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +28,17 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def _reject(send: Any, status: int, code: int, message: str, headers: list | None = None) -> None:
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), *(headers or [])]})
+async def _reject(
+    send: Any, status: int, code: int, message: str, headers: list | None = None, request_id: Any = None
+) -> None:
+    body = FrameError(code, message, request_id).body().encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *(headers or [])],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -83,17 +90,25 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
         return await _reject(send, 403, types.INVALID_REQUEST, "Origin not allowed")
     caller = await caller_from_scope(scope, "http")
     if caller is None:
-        return await _reject(send, 401, types.INVALID_REQUEST,
-                             "Missing or invalid API key: send 'Authorization: Bearer <agent key>'",
-                             [(b"www-authenticate", b'Bearer realm="switchboard"')])
+        return await _reject(
+            send,
+            401,
+            types.INVALID_REQUEST,
+            "Missing or invalid API key: send 'Authorization: Bearer <agent key>'",
+            [(b"www-authenticate", b'Bearer realm="switchboard"')],
+        )
     limit = settings.GATEWAY_MAX_BODY_BYTES
     declared = header(scope, b"content-length")
     try:
         if declared and declared.isdigit() and int(declared) > limit:
             raise BodyTooLarge
         body = await _read_body(receive, limit) if scope["method"] == "POST" else b""
+        if body:
+            parse_frame(body)
     except BodyTooLarge:
         return await _reject(send, 413, types.INVALID_REQUEST, f"Request body over {limit} bytes")
+    except FrameError as exc:
+        return await _reject(send, 400, exc.code, exc.message, request_id=exc.request_id)
     scope["switchboard.caller"] = caller
     await runner.ensure_running()
     await sdk_app(scope, _replay(body, receive) if scope["method"] == "POST" else receive, send)

@@ -15,8 +15,11 @@ class ServerGroupAdmin(admin.ModelAdmin):
     def _set_enabled(self, request: HttpRequest, queryset, enabled: bool) -> None:
         for group in queryset:
             ServerGroup.objects.filter(pk=group.pk).update(enabled=enabled)
-            audit_record(kind="admin_change", actor=request.user.get_username(),
-                         detail={"action": "group_enabled" if enabled else "group_disabled", "group": group.name})
+            audit_record(
+                kind="admin_change",
+                actor=request.user.get_username(),
+                detail={"action": "group_enabled" if enabled else "group_disabled", "group": group.name},
+            )
         self.message_user(request, f"{queryset.count()} group(s) {'enabled' if enabled else 'disabled'}.")
 
     @admin.action(description="Enable selected groups")
@@ -50,8 +53,9 @@ class AgentAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if not change:
             issued = agent_key_issue(agent=obj, actor=request.user.get_username())
-            self.message_user(request, f"API key for {obj.name} (shown once, copy it now): {issued.key}",
-                              messages.WARNING)
+            self.message_user(
+                request, f"API key for {obj.name} (shown once, copy it now): {issued.key}", messages.WARNING
+            )
 
     @admin.action(description="Issue a new API key (shown once)")
     def issue_key(self, request, queryset):

@@ -29,16 +29,21 @@ def agent_key_issue(*, agent: Agent, label: str = "", actor: str = "") -> Issued
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():
         AgentKey.objects.create(agent=agent, prefix=prefix, digest=_digest(secret), label=label)
-        audit_record(kind="admin_change", actor=actor, agent_name=agent.name,
-                     detail={"action": "agent_key_issued", "prefix": prefix})
+        audit_record(
+            kind="admin_change",
+            actor=actor,
+            agent_name=agent.name,
+            detail={"action": "agent_key_issued", "prefix": prefix},
+        )
     return IssuedKey(agent=agent, key=f"{KEY_PREFIX}{prefix}_{secret}")
 
 
 def agent_create(*, name: str, actor: str = "") -> IssuedKey:
     with transaction.atomic():
         agent = Agent.objects.create(name=name)
-        audit_record(kind="admin_change", actor=actor, agent_id=agent.id, agent_name=name,
-                     detail={"action": "agent_created"})
+        audit_record(
+            kind="admin_change", actor=actor, agent_id=agent.id, agent_name=name, detail={"action": "agent_created"}
+        )
         return agent_key_issue(agent=agent, actor=actor)
 
 
@@ -46,7 +51,7 @@ def agent_authenticate(*, key: str) -> Agent | None:
     """The enabled agent holding this key, or None. The digest comparison is constant-time."""
     if not key.startswith(KEY_PREFIX):
         return None
-    prefix, _, secret = key[len(KEY_PREFIX):].partition("_")
+    prefix, _, secret = key[len(KEY_PREFIX) :].partition("_")
     if not prefix or not secret:
         return None
     record = AgentKey.objects.select_related("agent").filter(prefix=prefix, revoked=False).first()

@@ -9,8 +9,12 @@ from django.core.exceptions import ValidationError
 from registry.models import Upstream
 from registry.services import upstream_save
 
-HTTP_TYPES = {"http": "streamable_http", "streamable-http": "streamable_http", "streamableHttp": "streamable_http",
-              "sse": "sse"}
+HTTP_TYPES = {
+    "http": "streamable_http",
+    "streamable-http": "streamable_http",
+    "streamableHttp": "streamable_http",
+    "sse": "sse",
+}
 
 
 @dataclass
@@ -28,14 +32,28 @@ def slug_for(name: str) -> str:
 def _fields(entry: dict[str, Any]) -> dict[str, Any]:
     """Upstream fields for one entry; ValueError says what is wrong with it."""
     if "command" in entry:
-        return {"transport": "stdio", "command": entry["command"], "args": entry.get("args", []),
-                "env": entry.get("env", {}), "cwd": entry.get("cwd", ""), "url": "", "headers": {}}
+        return {
+            "transport": "stdio",
+            "command": entry["command"],
+            "args": entry.get("args", []),
+            "env": entry.get("env", {}),
+            "cwd": entry.get("cwd", ""),
+            "url": "",
+            "headers": {},
+        }
     if "url" in entry:
         kind = entry.get("type") or entry.get("transport") or "http"
         if kind not in HTTP_TYPES:
             raise ValueError(f"unknown transport type {kind!r}")
-        return {"transport": HTTP_TYPES[kind], "url": entry["url"], "headers": entry.get("headers", {}),
-                "command": "", "args": [], "env": {}, "cwd": ""}
+        return {
+            "transport": HTTP_TYPES[kind],
+            "url": entry["url"],
+            "headers": entry.get("headers", {}),
+            "command": "",
+            "args": [],
+            "env": {},
+            "cwd": "",
+        }
     raise ValueError("an entry needs either 'command' (stdio) or 'url' (HTTP)")
 
 

@@ -50,9 +50,11 @@ def reply_key() -> str:
 
 
 def _lost(timeout: float) -> Outcome:
-    return failure("EXECUTOR_UNAVAILABLE",
-                   "No worker answered for this call. The gateway may be overloaded; try later.",
-                   f"no reply from a Celery worker within {timeout:g}s")
+    return failure(
+        "EXECUTOR_UNAVAILABLE",
+        "No worker answered for this call. The gateway may be overloaded; try later.",
+        f"no reply from a Celery worker within {timeout:g}s",
+    )
 
 
 @cache
@@ -79,8 +81,13 @@ class CeleryExecutor:
         from registry.tasks import call_tool_task  # tasks import the executor's helpers
 
         key = reply_key()
-        kwargs = {"upstream_id": upstream_id, "revision": revision, "tool": tool, "arguments": arguments,
-                  "reply_to": key}
+        kwargs = {
+            "upstream_id": upstream_id,
+            "revision": revision,
+            "tool": tool,
+            "arguments": arguments,
+            "reply_to": key,
+        }
         # Publishing is blocking socket I/O in kombu: keep it off the event loop.
         await asyncio.to_thread(call_tool_task.apply_async, kwargs=kwargs, queue="upstream")
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
@@ -91,8 +98,9 @@ class CeleryExecutor:
         from registry.tasks import list_tools_task  # tasks import the executor's helpers
 
         key = reply_key()
-        list_tools_task.apply_async(kwargs={"upstream_id": upstream_id, "revision": revision, "reply_to": key},
-                                    queue="upstream")
+        list_tools_task.apply_async(
+            kwargs={"upstream_id": upstream_id, "revision": revision, "reply_to": key}, queue="upstream"
+        )
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
         reply = sync_redis().blpop([key], timeout=wait)
         return json.loads(reply[1]) if reply else _lost(wait)

@@ -28,9 +28,7 @@ class Upstream(models.Model):
     cwd = models.CharField(max_length=512, blank=True)
     url = models.URLField(max_length=1024, blank=True)
     headers = models.JSONField(default=dict, blank=True, help_text="HTTP headers sent to the upstream")
-    group = models.ForeignKey(
-        ServerGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="upstreams"
-    )
+    group = models.ForeignKey(ServerGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="upstreams")
     enabled = models.BooleanField(default=True)
     timeout = models.FloatField(
         default=settings.GATEWAY_DEFAULT_TIMEOUT,

@@ -1,10 +1,13 @@
 """Exposed tool names: `<upstream slug><separator><tool name>`, shortened deterministically when too long."""
 
 import hashlib
+import re
 
 from django.conf import settings
 
 HASH_CHARS = 8
+# The spec's tool-name alphabet, matched in full and in ASCII only.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}", re.ASCII)
 
 
 def exposed_name(slug: str, tool: str) -> str:
@@ -19,6 +22,8 @@ def exposed_name(slug: str, tool: str) -> str:
 
 
 def split_exposed_name(name: str) -> tuple[str, str] | None:
-    """(slug, tool part) of an exposed name, or None when it carries no namespace."""
+    """(slug, tool part) of an exposed name, or None when it carries no namespace or cannot be a tool name."""
+    if not TOOL_NAME.fullmatch(name):
+        return None
     slug, sep, rest = name.partition(settings.GATEWAY_TOOL_SEPARATOR)
     return (slug, rest) if sep and slug and rest else None

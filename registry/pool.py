@@ -120,17 +120,23 @@ class UpstreamPool:
         except MCPError as exc:
             if exc.code == types.CONNECTION_CLOSED:
                 connection.stop()
-                return failure("UPSTREAM_UNAVAILABLE",
-                               "The service closed its connection during the call; it will be restarted. "
-                               "Retry only if the call is safe to repeat.", repr(exc))
+                return failure(
+                    "UPSTREAM_UNAVAILABLE",
+                    "The service closed its connection during the call; it will be restarted. "
+                    "Retry only if the call is safe to repeat.",
+                    repr(exc),
+                )
             return failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
         except ValidationError as exc:
             return failure("UPSTREAM_INVALID_RESPONSE", "The service sent a malformed response.", str(exc))
         except CONNECTION_ERRORS as exc:
             connection.stop()
-            return failure("UPSTREAM_UNAVAILABLE",
-                           "The service's connection broke during the call; it will be restarted. "
-                           "Retry only if the call is safe to repeat.", repr(exc))
+            return failure(
+                "UPSTREAM_UNAVAILABLE",
+                "The service's connection broke during the call; it will be restarted. "
+                "Retry only if the call is safe to repeat.",
+                repr(exc),
+            )
 
     async def call_tool(self, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any]) -> Outcome:
         async def call(client: Any) -> dict[str, Any]:

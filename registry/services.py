@@ -1,7 +1,6 @@
 """Everything that writes upstreams and their catalog."""
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,11 +10,9 @@ from django.utils import timezone
 from audit.services import audit_record, canonical_sha256
 from registry.executor import get_executor
 from registry.models import Tool, Upstream
+from registry.naming import TOOL_NAME
 
 logger = logging.getLogger(__name__)
-
-# The spec's tool-name alphabet, matched in full and in ASCII only.
-TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}", re.ASCII)
 
 
 @dataclass
@@ -31,8 +28,10 @@ class SyncReport:
     def summary(self) -> str:
         if not self.ok:
             return f"{self.upstream}: catalog sync failed: {self.error}"
-        return (f"{self.upstream}: {len(self.added)} added, {len(self.changed)} changed, "
-                f"{len(self.removed)} removed, {len(self.rejected)} rejected")
+        return (
+            f"{self.upstream}: {len(self.added)} added, {len(self.changed)} changed, "
+            f"{len(self.removed)} removed, {len(self.rejected)} rejected"
+        )
 
 
 def _tool_fields(definition: dict[str, Any]) -> dict[str, Any]:
@@ -89,8 +88,12 @@ def _catalog_store(upstream: Upstream, definitions: list[dict[str, Any]], report
 def upstream_set_enabled(*, upstream: Upstream, enabled: bool, actor: str = "") -> None:
     with transaction.atomic():
         Upstream.objects.filter(pk=upstream.pk).update(enabled=enabled, updated_at=timezone.now())
-        audit_record(kind="admin_change", actor=actor, upstream=upstream.slug,
-                     detail={"action": "upstream_enabled" if enabled else "upstream_disabled"})
+        audit_record(
+            kind="admin_change",
+            actor=actor,
+            upstream=upstream.slug,
+            detail={"action": "upstream_enabled" if enabled else "upstream_disabled"},
+        )
     upstream.enabled = enabled
 
 
@@ -103,7 +106,15 @@ def upstream_save(*, upstream: Upstream, actor: str = "", created: bool = False)
                 upstream.revision += 1
         upstream.save()
         # Only field names: env values and headers may hold credentials.
-        audit_record(kind="admin_change", actor=actor, upstream=upstream.slug,
-                     detail={"action": "upstream_created" if created else "upstream_saved",
-                             "transport": upstream.transport, "revision": upstream.revision,
-                             "env_keys": sorted(upstream.env), "header_keys": sorted(upstream.headers)})
+        audit_record(
+            kind="admin_change",
+            actor=actor,
+            upstream=upstream.slug,
+            detail={
+                "action": "upstream_created" if created else "upstream_saved",
+                "transport": upstream.transport,
+                "revision": upstream.revision,
+                "env_keys": sorted(upstream.env),
+                "header_keys": sorted(upstream.headers),
+            },
+        )

@@ -28,9 +28,17 @@ class UpstreamSpec:
     @classmethod
     def from_model(cls, upstream: Any) -> "UpstreamSpec":
         return cls(
-            id=upstream.id, revision=upstream.revision, slug=upstream.slug, transport=upstream.transport,
-            timeout=upstream.timeout, command=upstream.command, args=list(upstream.args), env=dict(upstream.env),
-            cwd=upstream.cwd, url=upstream.url, headers=dict(upstream.headers),
+            id=upstream.id,
+            revision=upstream.revision,
+            slug=upstream.slug,
+            transport=upstream.transport,
+            timeout=upstream.timeout,
+            command=upstream.command,
+            args=list(upstream.args),
+            env=dict(upstream.env),
+            cwd=upstream.cwd,
+            url=upstream.url,
+            headers=dict(upstream.headers),
         )
 
     async def connect(self, stack: AsyncExitStack) -> Client:

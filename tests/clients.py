@@ -12,9 +12,16 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 TIMEOUT = 5.0
-INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
-              "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                         "clientInfo": {"name": "switchboard-tests", "version": "1"}}}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "switchboard-tests", "version": "1"},
+    },
+}
 
 
 @asynccontextmanager
@@ -31,8 +38,9 @@ class WebSocketSession:
 
     async def request(self, method: str, params: dict | None = None) -> dict:
         self._next_id += 1
-        await self.ws.send(json.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method,
-                                       "params": params or {}}))
+        await self.ws.send(
+            json.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params or {}})
+        )
         return await self.receive()
 
     async def send_raw(self, frame: str) -> dict:
@@ -47,8 +55,9 @@ class WebSocketSession:
 @asynccontextmanager
 async def ws_session(base_url: str, key: str, initialize: bool = True) -> AsyncIterator[WebSocketSession]:
     url = base_url.replace("http://", "ws://") + "/mcp/ws"
-    async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {key}"},
-                                  open_timeout=TIMEOUT) as ws:
+    async with websockets.connect(
+        url, additional_headers={"Authorization": f"Bearer {key}"}, open_timeout=TIMEOUT
+    ) as ws:
         session = WebSocketSession(ws)
         if initialize:
             await ws.send(json.dumps(INITIALIZE))

@@ -53,22 +53,37 @@ class Running:
 
 def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     # A process group of its own, so that stopping it also stops the upstreams it spawned.
-    return subprocess.Popen(command, env=env, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, env=env, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def start_gateway(env: dict[str, str], log: Path) -> Running:
     port = free_port()
-    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-               "gateway_project.asgi:application"]
+    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "gateway_project.asgi:application"]
     process = start(command, env, log)
     wait_for_port(port, process, log)
     return Running(process, log, f"http://127.0.0.1:{port}")
 
 
 def start_worker(env: dict[str, str], log: Path) -> Running:
-    command = [sys.executable, "-m", "celery", "-A", "gateway_project", "worker", "-Q", "upstream",
-               "-P", "threads", "-c", "16", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "gateway_project",
+        "worker",
+        "-Q",
+        "upstream",
+        "-P",
+        "threads",
+        "-c",
+        "16",
+        "--loglevel=INFO",
+        "--without-gossip",
+        "--without-mingle",
+    ]
     process = start(command, env, log)
     deadline = time.monotonic() + START_TIMEOUT
     while b"ready." not in log.read_bytes():

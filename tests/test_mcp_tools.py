@@ -52,8 +52,9 @@ def test_websocket_lists_and_calls_tools_of_two_upstreams(gateway, world):
     async def scenario():
         async with ws_session(gateway.url, world.key) as ws:
             listed = await ws.request("tools/list")
-            now = await ws.request("tools/call", {"name": "time__get_current_time",
-                                                  "arguments": {"timezone": "Europe/Paris"}})
+            now = await ws.request(
+                "tools/call", {"name": "time__get_current_time", "arguments": {"timezone": "Europe/Paris"}}
+            )
             echo = await ws.request("tools/call", {"name": "every__echo", "arguments": {"message": "ws"}})
             return listed, now, echo
 

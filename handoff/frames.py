@@ -1,0 +1,43 @@
+"""The first look at an incoming JSON-RPC frame, shared by every transport: is it JSON, and is it one
+JSON-RPC 2.0 message? Anything finer is the SDK's to check."""
+
+import json
+from typing import Any
+
+from mcp import types
+
+
+class FrameError(Exception):
+    def __init__(self, code: int, message: str, request_id: Any = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.request_id = code, message, request_id
+
+    def body(self) -> str:
+        return json.dumps(
+            {"jsonrpc": "2.0", "id": self.request_id, "error": {"code": self.code, "message": self.message}}
+        )
+
+
+def parse_frame(raw: bytes | str) -> dict[str, Any]:
+    """The frame as a dict, or FrameError with the JSON-RPC code and a message a client can act on."""
+    try:
+        payload = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise FrameError(types.PARSE_ERROR, "Parse error: the body is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise FrameError(
+            types.INVALID_REQUEST, "Invalid Request: send one JSON-RPC 2.0 object (batches are not part of MCP)"
+        )
+    request_id = payload.get("id")
+    request_id = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
+    is_message = isinstance(payload.get("method"), str) or (
+        "id" in payload and ("result" in payload or "error" in payload)
+    )
+    if payload.get("jsonrpc") != "2.0" or not is_message:
+        raise FrameError(
+            types.INVALID_REQUEST,
+            "Invalid Request: expected a JSON-RPC 2.0 request, notification "
+            'or response ("jsonrpc": "2.0" and a "method")',
+            request_id,
+        )
+    return payload

@@ -1,0 +1,58 @@
+"""The audit trail: one approval and one completion per call, sharing a request id; any text is storable."""
+
+from collections import Counter
+
+from mcp.shared.exceptions import MCPError
+
+from audit.models import AuditEvent
+from audit.services import audit_record, canonical_sha256
+from tests.clients import sdk_client
+from tests.helpers import audit_mark, audit_since, run
+
+CALLS = [
+    ("demo__add", {"a": 1, "b": 2}),
+    ("demo__fail", {}),
+    ("time__get_current_time", {"timezone": "UTC"}),
+    ("every__get-sum", {"a": 3, "b": 4}),
+    ("demo__echo", {"text": "x"}),
+]
+
+
+def test_every_call_has_exactly_one_approval_and_one_completion_sharing_a_request_id(gateway, world):
+    mark = audit_mark()
+
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, "2026-07-28") as client:
+            for name, arguments in CALLS:
+                await client.call_tool(name, arguments)
+            try:
+                await client.call_tool("nowhere__tool", {})
+            except MCPError:
+                pass
+
+    run(scenario)
+    rows = [r for r in audit_since(mark) if r.kind != "admin_change"]
+    by_request = {}
+    for row in rows:
+        by_request.setdefault(row.request_id, []).append(row.kind)
+    assert sorted(Counter(tuple(kinds) for kinds in by_request.values()).items()) == [
+        (("approved", "completed"), len(CALLS)),
+        (("denied",), 1),
+    ]
+    completed = [r for r in rows if r.kind == "completed"]
+    assert [r.exposed_name for r in completed] == [name for name, _ in CALLS]
+    assert all(r.agent_name == "alice" and r.duration_ms > 0 and r.response_bytes > 0 for r in completed)
+    assert completed[0].arguments_sha256 == canonical_sha256({"a": 1, "b": 2})
+
+
+def test_nul_characters_and_lone_surrogates_do_not_break_an_audit_write(db):
+    nasty = "tool\x00name\ud800end"
+    row = audit_record(kind="denied", tool=nasty, error_detail=nasty, detail={"k\x00": [nasty, {"x": "\udfff"}]})
+    stored = AuditEvent.objects.get(pk=row.pk)
+    assert stored.tool == "tool\\u0000name\\ud800end"
+    assert stored.detail == {"k\\u0000": ["tool\\u0000name\\ud800end", {"x": "\\udfff"}]}
+
+
+def test_canonical_hash_ignores_key_order_and_spacing():
+    assert canonical_sha256({"b": 1, "a": [1, 2]}) == canonical_sha256({"a": [1, 2], "b": 1})
+    assert canonical_sha256({"a": 1}) != canonical_sha256({"a": "1"})

@@ -1,0 +1,191 @@
+"""Every way a request can be refused at /mcp and /mcp/ws, with the exact status and JSON-RPC error."""
+
+import json
+
+import httpx2
+import pytest
+import websockets
+from mcp.shared.exceptions import MCPError
+
+from audit.models import AuditEvent
+from tests.clients import TIMEOUT, sdk_client, ws_session
+from tests.helpers import audit_mark, audit_since, run
+
+HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+
+
+def post(gateway, body: bytes | str, **headers: str) -> httpx2.Response:
+    return httpx2.post(f"{gateway.url}/mcp", content=body, headers=HEADERS | headers, timeout=TIMEOUT)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def test_a_request_without_an_api_key_is_401_with_www_authenticate(inline_gateway):
+    response = post(inline_gateway, json.dumps(LIST))
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == 'Bearer realm="switchboard"'
+    assert response.json()["error"]["code"] == -32600
+    assert "Authorization: Bearer" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("key", ["sb_000000000000_wrong", "not-a-key", "sb_", "sb__x"])
+def test_a_wrong_api_key_is_401(inline_gateway, world, key):
+    assert post(inline_gateway, json.dumps(LIST), **bearer(key)).status_code == 401
+
+
+def test_a_right_key_with_a_changed_secret_is_401(inline_gateway, world):
+    tampered = world.key[:-4] + ("AAAA" if not world.key.endswith("AAAA") else "BBBB")
+    assert post(inline_gateway, json.dumps(LIST), **bearer(tampered)).status_code == 401
+
+
+def test_the_key_of_a_disabled_agent_is_401(inline_gateway, world):
+    assert post(inline_gateway, json.dumps(LIST), **bearer(world.disabled_key)).status_code == 401
+
+
+def test_a_foreign_origin_is_403(inline_gateway, world):
+    response = post(inline_gateway, json.dumps(LIST), origin="http://evil.example", **bearer(world.key))
+    assert response.status_code == 403
+    assert response.json()["error"] == {"code": -32600, "message": "Origin not allowed"}
+
+
+def test_a_local_origin_on_any_port_is_allowed(inline_gateway, world):
+    headers = {"origin": "http://localhost:6274", "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    body = LIST | {"params": {"_meta": meta}}
+    response = post(inline_gateway, json.dumps(body), **headers, **bearer(world.key))
+    assert response.status_code == 200, response.text
+    assert any(tool["name"] == "demo__echo" for tool in response.json()["result"]["tools"])
+
+
+def test_an_oversized_body_is_413(inline_gateway, world):
+    response = post(inline_gateway, b"x" * (1_048_576 + 1), **bearer(world.key))
+    assert response.status_code == 413
+    assert response.json()["error"]["message"] == "Request body over 1048576 bytes"
+
+
+def test_malformed_json_is_a_parse_error(inline_gateway, world):
+    response = post(inline_gateway, "{not json", **bearer(world.key))
+    assert response.status_code == 400
+    assert response.json()["error"] == {"code": -32700, "message": "Parse error: the body is not valid JSON"}
+
+
+@pytest.mark.parametrize("body", ['{"id": 7, "foo": 1}', '{"jsonrpc": "1.0", "id": 7, "method": "tools/list"}'])
+def test_a_json_object_that_is_not_json_rpc_is_an_invalid_request(inline_gateway, world, body):
+    error = post(inline_gateway, body, **bearer(world.key)).json()
+    assert error["id"] == 7 and error["error"]["code"] == -32600
+
+
+def test_a_batch_is_an_invalid_request(inline_gateway, world):
+    error = post(inline_gateway, json.dumps([LIST]), **bearer(world.key)).json()["error"]
+    assert error["code"] == -32600 and "batches" in error["message"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_an_unknown_tool_is_refused_with_its_own_error_and_an_audit_row(inline_gateway, world, mode):
+    mark = audit_mark()
+
+    async def scenario():
+        async with sdk_client(inline_gateway.url, world.key, mode) as client:
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("demo__no_such_tool", {})
+            return refused.value
+
+    error = run(scenario)
+    assert error.code == -32602
+    assert error.message == "Unknown tool: 'demo__no_such_tool'. Call tools/list for the tools this gateway offers."
+    assert error.data["code"] == "TOOL_NOT_FOUND"
+    rows = audit_since(mark)
+    assert [(r.kind, r.error_code, r.upstream) for r in rows] == [("denied", "TOOL_NOT_FOUND", "demo")]
+    assert str(rows[0].request_id) == error.data["requestId"]
+
+
+def test_a_tool_name_with_nul_and_a_lone_surrogate_is_refused_and_still_audited(inline_gateway, world):
+    mark = audit_mark()
+    body = '{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"demo__echo\\u0000\\ud800","arguments":{}}}'
+
+    async def scenario():
+        async with ws_session(inline_gateway.url, world.key) as ws:
+            return await ws.send_raw(body)
+
+    reply = run(scenario)
+    assert reply["error"]["code"] == -32602 and reply["error"]["data"]["code"] == "TOOL_NOT_FOUND"
+    (row,) = audit_since(mark)
+    assert row.kind == "denied" and row.exposed_name == "demo__echo\\u0000\\ud800"
+
+
+def test_websocket_without_a_key_is_refused_at_the_handshake(inline_gateway):
+    async def scenario():
+        url = inline_gateway.url.replace("http://", "ws://") + "/mcp/ws"
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+            async with websockets.connect(url, open_timeout=TIMEOUT):
+                pass
+        return refused.value.response.status_code
+
+    assert run(scenario) == 403
+
+
+def test_websocket_with_a_foreign_origin_is_refused_at_the_handshake(inline_gateway, world):
+    async def scenario():
+        url = inline_gateway.url.replace("http://", "ws://") + "/mcp/ws"
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+            async with websockets.connect(
+                url, origin="http://evil.example", open_timeout=TIMEOUT, additional_headers=bearer(world.key)
+            ):
+                pass
+        return refused.value.response.status_code
+
+    assert run(scenario) == 403
+
+
+def test_websocket_bad_frames_get_errors_and_the_session_goes_on(inline_gateway, world):
+    async def scenario():
+        async with ws_session(inline_gateway.url, world.key) as ws:
+            parse = await ws.send_raw("{not json")
+            invalid = await ws.send_raw('{"id": 9, "foo": 1}')
+            works = await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 2, "b": 3}})
+            return parse, invalid, works
+
+    parse, invalid, works = run(scenario)
+    assert parse["error"] == {"code": -32700, "message": "Parse error: the body is not valid JSON"}
+    assert invalid["id"] == 9 and invalid["error"]["code"] == -32600
+    assert works["result"]["content"][0]["text"] == "5"
+
+
+def test_an_oversized_websocket_message_drops_that_socket_only(inline_gateway, world):
+    """Daphne refuses messages over its own 1 MiB limit (the gateway's cap) by dropping the connection."""
+
+    async def scenario():
+        async with ws_session(inline_gateway.url, world.key) as bystander:
+            with pytest.raises(websockets.exceptions.ConnectionClosed):
+                async with ws_session(inline_gateway.url, world.key) as ws:
+                    await ws.send_raw(
+                        json.dumps({"jsonrpc": "2.0", "id": 10, "method": "ping", "params": {"pad": "x" * 1_048_576}})
+                    )
+            return await bystander.request("tools/call", {"name": "demo__add", "arguments": {"a": 2, "b": 3}})
+
+    assert run(scenario)["result"]["content"][0]["text"] == "5"
+
+
+def test_a_disabled_agent_is_refused_on_an_open_websocket(inline_gateway, world):
+    from policy.models import Agent
+
+    async def scenario(step):
+        async with ws_session(inline_gateway.url, world.key) as ws:
+            first = await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 1, "b": 1}})
+            await step()
+            second = await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 1, "b": 1}})
+            return first, second
+
+    from channels.db import database_sync_to_async
+
+    disable = database_sync_to_async(lambda: Agent.objects.filter(name="alice").update(enabled=False))
+    try:
+        first, second = run(lambda: scenario(disable))
+    finally:
+        Agent.objects.filter(name="alice").update(enabled=True)
+    assert first["result"]["content"][0]["text"] == "2"
+    assert second["error"]["code"] == -32001 and second["error"]["data"]["code"] == "AGENT_DISABLED"
+    assert AuditEvent.objects.filter(kind="denied", error_code="AGENT_DISABLED", agent_name="alice").exists()
