@@ -1,0 +1,147 @@
+"""Upstream registration: the mcpServers import, catalog sync through both executors, exposed names."""
+
+import json
+import sys
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from registry.executor import CeleryExecutor
+from registry.models import Tool, Upstream
+from registry.naming import exposed_name, split_exposed_name
+from registry.services import upstream_catalog_sync, upstream_save
+from tests.conftest import BIN
+from tests.servers import ROOT
+
+
+def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tmp_path, capsys):
+    config = {
+        "mcpServers": {
+            "Imported Time": {"command": str(BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
+            "remote-docs": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer s3cret"}},
+            "legacy-sse": {"url": "http://127.0.0.1:9/sse", "type": "sse"},
+            "off": {"command": "true", "disabled": True},
+            "neither": {"foo": 1},
+            "odd-type": {"url": "http://127.0.0.1:9/x", "type": "carrier-pigeon"},
+        }
+    }
+    path = tmp_path / "claude_desktop_config.json"
+    path.write_text(json.dumps(config))
+    try:
+        call_command("import_mcp_config", str(path), "--no-sync")
+        first = capsys.readouterr().out.splitlines()
+        config["mcpServers"]["remote-docs"]["url"] = "http://127.0.0.1:9/v2/mcp"
+        path.write_text(json.dumps(config))
+        call_command("import_mcp_config", str(path), "--no-sync")
+        second = capsys.readouterr().out.splitlines()
+        assert first == [
+            "created  imported-time",
+            "created  remote-docs",
+            "created  legacy-sse",
+            "skipped  off: marked disabled in the file",
+            "rejected neither: an entry needs either 'command' (stdio) or 'url' (HTTP)",
+            "rejected odd-type: unknown transport type 'carrier-pigeon'",
+        ]
+        assert (
+            "updated  remote-docs" in second
+            and "skipped  Imported Time: upstream 'imported-time' is already up to date" in second
+        )
+        docs = Upstream.objects.get(slug="remote-docs")
+        assert (docs.transport, docs.revision, docs.headers) == (
+            "streamable_http",
+            2,
+            {"Authorization": "Bearer s3cret"},
+        )
+        assert Upstream.objects.get(slug="legacy-sse").transport == "sse"
+        assert "s3cret" not in json.dumps(list(docs_audit_details()))
+    finally:
+        Upstream.objects.filter(slug__in=["imported-time", "remote-docs", "legacy-sse"]).delete()
+
+
+def docs_audit_details():
+    from audit.models import AuditEvent
+
+    return AuditEvent.objects.filter(upstream="remote-docs").values_list("detail", flat=True)
+
+
+def test_import_then_sync_lists_the_new_upstreams_tools(db, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    demo = [str(ROOT / "examples/demo_upstream.py")]
+    path.write_text(json.dumps({"mcpServers": {"demo-two": {"command": sys.executable, "args": demo}}}))
+    try:
+        call_command("import_mcp_config", str(path))
+        assert capsys.readouterr().out.splitlines()[-1] == "demo-two: 6 added, 0 changed, 0 removed, 0 rejected"
+        assert set(Tool.objects.filter(upstream__slug="demo-two").values_list("name", flat=True)) == {
+            "echo",
+            "add",
+            "fail",
+            "sleep",
+            "crash",
+            "pid",
+        }
+    finally:
+        Upstream.objects.filter(slug="demo-two").delete()
+
+
+def test_an_unreachable_upstream_fails_sync_with_a_reason_and_no_secrets(db):
+    upstream = Upstream(slug="ghost", transport="stdio", command="/nonexistent/server", env={"API_TOKEN": "hunter2"})
+    upstream_save(upstream=upstream, created=True)
+    try:
+        report = upstream_catalog_sync(upstream=upstream)
+        upstream.refresh_from_db()
+    finally:
+        upstream.delete()
+    assert not report.ok
+    assert (
+        report.summary()
+        == "ghost: catalog sync failed: UPSTREAM_UNAVAILABLE: The service could not be reached. Try later."
+    )
+    assert "hunter2" not in upstream.last_sync_error
+
+
+def test_catalog_sync_runs_on_the_celery_worker_too(world, celery_worker):
+    demo = Upstream.objects.get(slug="demo")
+    with override_settings(GATEWAY_EXECUTOR="celery"):
+        outcome = CeleryExecutor().list_tools(upstream_id=demo.id, revision=demo.revision, timeout=5)
+    assert outcome["ok"], outcome
+    assert {tool["name"] for tool in outcome["result"]} == {"echo", "add", "fail", "sleep", "crash", "pid"}
+
+
+def test_a_changed_connection_bumps_the_revision_so_executors_reconnect(db):
+    upstream = Upstream(slug="rev", transport="stdio", command="a")
+    upstream_save(upstream=upstream, created=True)
+    try:
+        upstream.timeout = 5
+        upstream_save(upstream=upstream)
+        assert upstream.revision == 1
+        upstream.args = ["--verbose"]
+        upstream_save(upstream=upstream)
+        assert Upstream.objects.get(pk=upstream.pk).revision == 2
+    finally:
+        upstream.delete()
+
+
+@pytest.mark.parametrize("slug", ["Time", "my_server", "a.b", "-x", "x-", "1abc", "a--b", ""])
+def test_slugs_that_could_blur_the_namespace_are_refused(slug):
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError):
+        Upstream(slug=slug, transport="stdio", command="x").full_clean(exclude=["group"])
+
+
+def test_long_names_are_shortened_deterministically_and_stay_distinct():
+    a = exposed_name("github", "x" * 80 + "_list_issues")
+    b = exposed_name("github", "x" * 80 + "_list_pulls")
+    assert len(a) == len(b) == 64
+    assert a != b and a == exposed_name("github", "x" * 80 + "_list_issues")
+    assert a.startswith("github__xxx")
+    assert exposed_name("time", "get_current_time") == "time__get_current_time"
+
+
+def test_exposed_names_split_at_the_first_separator_only():
+    assert split_exposed_name("my-api__get__thing") == ("my-api", "get__thing")
+    assert split_exposed_name("notnamespaced") is None
+    assert split_exposed_name("bad name__x") is None
+    with override_settings(GATEWAY_TOOL_SEPARATOR="."):
+        assert split_exposed_name("time.get_current_time") == ("time", "get_current_time")
