@@ -9,6 +9,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
 django_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from handoff.consumers import McpWebSocketConsumer  # noqa: E402
@@ -16,7 +17,8 @@ from handoff.http import mcp_http_app  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": URLRouter([path("mcp", mcp_http_app), re_path(r"", django_app)]),
+        # The admin's few static files are served by Django itself, so one process needs nothing in front.
+        "http": URLRouter([path("mcp", mcp_http_app), re_path(r"", ASGIStaticFilesHandler(django_app))]),
         "websocket": URLRouter([path("mcp/ws", McpWebSocketConsumer.as_asgi())]),
     }
 )
