@@ -1,5 +1,4 @@
 from django.contrib import admin, messages
-from django.db import transaction
 
 from registry.models import Tool, Upstream
 from registry.services import upstream_catalog_sync, upstream_save, upstream_set_enabled
@@ -48,7 +47,7 @@ class UpstreamAdmin(admin.ModelAdmin):
     def enable(self, request, queryset):
         for upstream in queryset:
             upstream_set_enabled(upstream=upstream, enabled=True, actor=request.user.get_username())
-        transaction.on_commit(lambda: self._sync(request, list(queryset)))
+        self._sync(request, list(queryset))
 
     @admin.action(description="Disable selected upstreams")
     def disable(self, request, queryset):
