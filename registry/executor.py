@@ -57,9 +57,13 @@ def _lost(timeout: float) -> Outcome:
     )
 
 
+# BLPOP waits as long as a call may take; redis-py's default 5 s socket timeout would cut it short.
+REDIS_OPTIONS = {"socket_timeout": None, "socket_connect_timeout": 5}
+
+
 @cache
 def sync_redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
+    return redis.Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS)
 
 
 class CeleryExecutor:
@@ -72,7 +76,7 @@ class CeleryExecutor:
         loop_id = id(asyncio.get_running_loop())
         with self._lock:
             if loop_id not in self._clients:
-                self._clients[loop_id] = aredis.Redis.from_url(settings.REDIS_URL)
+                self._clients[loop_id] = aredis.Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS)
             return self._clients[loop_id]
 
     async def call_tool(

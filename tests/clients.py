@@ -25,8 +25,8 @@ INITIALIZE = {
 
 
 @asynccontextmanager
-async def sdk_client(base_url: str, key: str, mode: str) -> AsyncIterator[Client]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=TIMEOUT) as http:
+async def sdk_client(base_url: str, key: str, mode: str, timeout: float = TIMEOUT) -> AsyncIterator[Client]:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=timeout) as http:
         async with Client(streamable_http_client(f"{base_url}/mcp", http_client=http), mode=mode) as client:
             yield client
 

@@ -110,3 +110,14 @@ def test_a_call_over_the_upstream_timeout_is_cut_off(gateway, world):
     assert result.content[0].text == "slow__sleep: The service did not answer within 1 seconds."
     row = next(e for e in audit_since(mark) if e.kind == "completed")
     assert (row.outcome, row.error_code) == ("timeout", "UPSTREAM_TIMEOUT")
+
+
+def test_a_call_longer_than_the_redis_socket_timeout_completes_through_celery(celery_gateway, world):
+    """redis-py gives up on a socket after 5 s by default; the reply wait must not."""
+
+    async def scenario():
+        async with sdk_client(celery_gateway.url, world.key, "legacy", timeout=15) as client:
+            return await client.call_tool("demo__sleep", {"seconds": 6})
+
+    result = run(scenario)
+    assert not result.is_error and result.content[0].text == "slept"

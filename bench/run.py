@@ -1,0 +1,170 @@
+"""tools/call latency and throughput, in one run, against:
+
+- direct:  the demo upstream over stdio, one subprocess per client session (no gateway at all);
+- proxy:   the same stdio upstream behind mcp-proxy, the minimal pass-through proxy (our floor);
+- inline:  Switchboard with the inline executor;
+- celery:  Switchboard with the Celery executor and a worker;
+
+both Switchboard targets with audit on PostgreSQL. Every target is driven by the official SDK client
+(2025-11-25, the one era mcp-proxy speaks) at 1, 8 and 32 concurrent sessions. Figures are printed as a
+Markdown table, with ratios to the proxy measured in the same run, and saved as JSON.
+
+    bench/run            # see bench/run for the environment it sets up
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
+os.environ["GATEWAY_EXECUTOR"] = "inline"  # this process syncs the catalog itself; targets get their own
+
+from tests import servers  # noqa: E402  (the process helpers the tests use)
+
+DEMO = [sys.executable, str(ROOT / "examples/demo_upstream.py")]
+PROXY = ROOT / ".venv-proxy/bin/mcp-proxy"
+ARGUMENTS = {"text": "benchmark"}
+
+
+def setup_database() -> str:
+    """A migrated benchmark database with one agent and the demo upstream; returns the agent's key."""
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    from audit.models import AuditEvent
+    from policy.models import Agent
+    from policy.services import agent_create
+    from registry.models import Upstream
+    from registry.services import upstream_catalog_sync, upstream_save
+
+    call_command("migrate", verbosity=0)
+    Agent.objects.filter(name="bench").delete()
+    Upstream.objects.filter(slug="demo").delete()
+    AuditEvent.objects.all().delete()
+    upstream = Upstream(slug="demo", transport="stdio", command=DEMO[0], args=DEMO[1:])
+    upstream_save(upstream=upstream, created=True)
+    assert upstream_catalog_sync(upstream=upstream).ok
+    return agent_create(name="bench").key
+
+
+@asynccontextmanager
+async def http_session(url: str, headers: dict[str, str]) -> AsyncIterator[Client]:
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+            yield client
+
+
+def stdio_session() -> Client:
+    return Client(StdioServerParameters(command=DEMO[0], args=DEMO[1:]), mode="legacy")
+
+
+async def measure(open_session: Callable, tool: str, sessions: int, calls: int, warmup: int) -> dict:
+    """`calls` calls spread over `sessions` concurrent sessions, after `warmup` calls on each."""
+    latencies: list[float] = []
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(open_session()) for _ in range(sessions)]
+
+        async def drive(client: Client, count: int, record: bool) -> None:
+            for _ in range(count):
+                started = time.perf_counter()
+                result = await client.call_tool(tool, ARGUMENTS)
+                if record:
+                    latencies.append(time.perf_counter() - started)
+                assert not result.is_error, result
+
+        await asyncio.gather(*(drive(client, warmup, False) for client in clients))
+        started = time.perf_counter()
+        await asyncio.gather(*(drive(client, calls // sessions, True) for client in clients))
+        wall = time.perf_counter() - started
+    cut = statistics.quantiles(latencies, n=100)
+    return {"sessions": sessions, "calls": len(latencies), "p50_ms": cut[49] * 1000, "p90_ms": cut[89] * 1000,
+            "p99_ms": cut[98] * 1000, "calls_per_s": len(latencies) / wall}
+
+
+def start_targets(key: str, logs: Path) -> tuple[dict, list]:
+    env = dict(os.environ)
+    started = []
+    proxy_port = servers.free_port()
+    proxy = servers.start([str(PROXY), "--port", str(proxy_port), "--host", "127.0.0.1", "--", *DEMO], env,
+                          logs / "proxy.log")
+    servers.wait_for_port(proxy_port, proxy, logs / "proxy.log")
+    started.append(servers.Running(proxy, logs / "proxy.log"))
+    inline = servers.start_gateway(env | {"GATEWAY_EXECUTOR": "inline"}, logs / "inline.log")
+    worker = servers.start_worker(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "worker.log")
+    celery = servers.start_gateway(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "celery.log")
+    started += [inline, worker, celery]
+    auth = {"Authorization": f"Bearer {key}"}
+    targets = {
+        "direct": (stdio_session, "echo"),
+        "proxy": (lambda: http_session(f"http://127.0.0.1:{proxy_port}/mcp", {}), "echo"),
+        "inline": (lambda: http_session(f"{inline.url}/mcp", auth), "demo__echo"),
+        "celery": (lambda: http_session(f"{celery.url}/mcp", auth), "demo__echo"),
+    }
+    return targets, started
+
+
+def table(results: list[dict]) -> str:
+    floor = {r["sessions"]: r for r in results if r["target"] == "proxy"}
+    lines = ["| target | sessions | p50 ms | p90 ms | p99 ms | calls/s | p50 / proxy | calls/s / proxy |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        base = floor[r["sessions"]]
+        lines.append(f"| {r['target']} | {r['sessions']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
+                     f"{r['p99_ms']:.2f} | {r['calls_per_s']:.0f} | {r['p50_ms'] / base['p50_ms']:.2f} | "
+                     f"{r['calls_per_s'] / base['calls_per_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=640, help="measured calls per target and concurrency")
+    parser.add_argument("--warmup", type=int, default=10, help="unmeasured calls per session first")
+    parser.add_argument("--sessions", default="1,8,32")
+    parser.add_argument("--targets", default="direct,proxy,inline,celery")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/latest.json")
+    args = parser.parse_args()
+    database = urlsplit(os.environ["DATABASE_URL"]).path
+    print(f"database {database}, redis {os.environ['REDIS_URL']}", file=sys.stderr)
+    key = setup_database()
+    logs = args.out.parent
+    logs.mkdir(parents=True, exist_ok=True)
+    targets, started = start_targets(key, logs)
+    try:
+        results = asyncio.run(measure_all(targets, args))
+    finally:
+        for running in started:
+            running.stop()
+    args.out.write_text(json.dumps(results, indent=2))
+    print(table(results))
+
+
+async def measure_all(targets: dict, args: argparse.Namespace) -> list[dict]:
+    results = []
+    # Interleave targets within each concurrency so drifts in machine load hit all of them alike.
+    for sessions in (int(s) for s in args.sessions.split(",")):
+        for name in args.targets.split(","):
+            open_session, tool = targets[name]
+            result = await measure(open_session, tool, sessions, args.calls, args.warmup)
+            results.append({"target": name, **result})
+            print(f"{name:7} {sessions:3} sessions  p50 {result['p50_ms']:.2f} ms  "
+                  f"{result['calls_per_s']:.0f} calls/s", file=sys.stderr)
+    return results
+
+
+if __name__ == "__main__":
+    main()
