@@ -4,10 +4,10 @@ every transport."""
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from handoff.db import database_async
 from policy.services import agent_authenticate
 
 
@@ -42,7 +42,7 @@ def origin_allowed(scope: dict) -> bool:
     return f"{parts.scheme}://{parts.hostname}" in settings.GATEWAY_ALLOWED_ORIGINS
 
 
-@database_sync_to_async
+@database_async
 def _authenticate(key: str) -> tuple[int, str] | None:
     agent = agent_authenticate(key=key)
     return (agent.id, agent.name) if agent else None

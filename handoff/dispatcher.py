@@ -7,7 +7,6 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from mcp import types
 from mcp.server import Server
@@ -18,8 +17,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.services import audit_record, canonical_sha256
 from handoff.caller import Caller
+from handoff.db import database_async
 from policy.decisions import Denial, policy_decide
-from policy.models import Agent
 from registry.executor import get_executor
 from registry.pool import Outcome
 from registry.selectors import Route, catalog_list_visible, tool_route
@@ -40,12 +39,11 @@ def caller_of(ctx: ServerRequestContext) -> Caller:
     return replace(caller, session_id=session_id) if session_id else caller
 
 
-@database_sync_to_async
+@database_async
 def _plan_and_record(caller: Caller, name: str, audit: dict[str, Any]) -> tuple[Denial | None, Route | None]:
     """Route, decide, and write the approval or denial, in one trip to the database.
     Fills in `audit` with the upstream and tool, for the completion row that shares it."""
-    target, route = tool_route(name=name)
-    agent_enabled = Agent.objects.filter(pk=caller.agent_id, enabled=True).exists()
+    target, route, agent_enabled = tool_route(name=name, agent_id=caller.agent_id)
     denial = policy_decide(agent_enabled=agent_enabled, target=target)
     audit.update(upstream=target.upstream_slug or "", tool=route.tool if route else "")
     if denial:
@@ -55,7 +53,7 @@ def _plan_and_record(caller: Caller, name: str, audit: dict[str, Any]) -> tuple[
     return denial, route
 
 
-record_async = database_sync_to_async(audit_record)
+record_async = database_async(audit_record)
 
 
 def _finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +109,8 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
 
 async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict[str, Any]:
     caller_of(ctx)  # every request carries an authenticated caller; fail loudly if a transport forgot
-    return _finish(ctx, {"tools": await database_sync_to_async(catalog_list_visible)()})
+    tools = await database_async(catalog_list_visible)()
+    return _finish(ctx, {"tools": tools})
 
 
 def build_server() -> Server:
