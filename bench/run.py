@@ -92,16 +92,23 @@ async def measure(open_session: Callable, tool: str, sessions: int, calls: int, 
         await asyncio.gather(*(drive(client, calls // sessions, True) for client in clients))
         wall = time.perf_counter() - started
     cut = statistics.quantiles(latencies, n=100)
-    return {"sessions": sessions, "calls": len(latencies), "p50_ms": cut[49] * 1000, "p90_ms": cut[89] * 1000,
-            "p99_ms": cut[98] * 1000, "calls_per_s": len(latencies) / wall}
+    return {
+        "sessions": sessions,
+        "calls": len(latencies),
+        "p50_ms": cut[49] * 1000,
+        "p90_ms": cut[89] * 1000,
+        "p99_ms": cut[98] * 1000,
+        "calls_per_s": len(latencies) / wall,
+    }
 
 
 def start_targets(key: str, logs: Path) -> tuple[dict, list]:
     env = dict(os.environ)
     started = []
     proxy_port = servers.free_port()
-    proxy = servers.start([str(PROXY), "--port", str(proxy_port), "--host", "127.0.0.1", "--", *DEMO], env,
-                          logs / "proxy.log")
+    proxy = servers.start(
+        [str(PROXY), "--port", str(proxy_port), "--host", "127.0.0.1", "--", *DEMO], env, logs / "proxy.log"
+    )
     servers.wait_for_port(proxy_port, proxy, logs / "proxy.log")
     started.append(servers.Running(proxy, logs / "proxy.log"))
     inline = servers.start_gateway(env | {"GATEWAY_EXECUTOR": "inline"}, logs / "inline.log")
@@ -120,13 +127,17 @@ def start_targets(key: str, logs: Path) -> tuple[dict, list]:
 
 def table(results: list[dict]) -> str:
     floor = {r["sessions"]: r for r in results if r["target"] == "proxy"}
-    lines = ["| target | sessions | p50 ms | p90 ms | p99 ms | calls/s | p50 / proxy | calls/s / proxy |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| target | sessions | p50 ms | p90 ms | p99 ms | calls/s | p50 / proxy | calls/s / proxy |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         base = floor[r["sessions"]]
-        lines.append(f"| {r['target']} | {r['sessions']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
-                     f"{r['p99_ms']:.2f} | {r['calls_per_s']:.0f} | {r['p50_ms'] / base['p50_ms']:.2f} | "
-                     f"{r['calls_per_s'] / base['calls_per_s']:.2f} |")
+        lines.append(
+            f"| {r['target']} | {r['sessions']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
+            f"{r['p99_ms']:.2f} | {r['calls_per_s']:.0f} | {r['p50_ms'] / base['p50_ms']:.2f} | "
+            f"{r['calls_per_s'] / base['calls_per_s']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -161,8 +172,10 @@ async def measure_all(targets: dict, args: argparse.Namespace) -> list[dict]:
             open_session, tool = targets[name]
             result = await measure(open_session, tool, sessions, args.calls, args.warmup)
             results.append({"target": name, **result})
-            print(f"{name:7} {sessions:3} sessions  p50 {result['p50_ms']:.2f} ms  "
-                  f"{result['calls_per_s']:.0f} calls/s", file=sys.stderr)
+            print(
+                f"{name:7} {sessions:3} sessions  p50 {result['p50_ms']:.2f} ms  {result['calls_per_s']:.0f} calls/s",
+                file=sys.stderr,
+            )
     return results
 
 

@@ -1,6 +1,18 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_delete, post_save
 
 
 class HandoffConfig(AppConfig):
     name = "handoff"
     verbose_name = "MCP sessions and routing"
+
+    def ready(self) -> None:
+        from handoff.snapshot import on_routing_row_changed
+        from policy.models import Agent, AgentKey, ServerGroup
+        from registry.models import Tool, Upstream
+
+        # Every saved or deleted row that routing reads moves the snapshot version, in its own transaction,
+        # whatever saved it (a service, an admin form, a shell). Queryset updates call config_changed().
+        for model in (Agent, AgentKey, ServerGroup, Upstream, Tool):
+            post_save.connect(on_routing_row_changed, sender=model, dispatch_uid=f"snapshot-{model.__name__}-save")
+            post_delete.connect(on_routing_row_changed, sender=model, dispatch_uid=f"snapshot-{model.__name__}-del")

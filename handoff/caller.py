@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
-from handoff.db import database_async
-from policy.services import agent_authenticate
+from handoff.snapshot import snapshot
+from policy.keys import key_matches, key_split
 
 
 @dataclass(frozen=True)
@@ -42,16 +42,13 @@ def origin_allowed(scope: dict) -> bool:
     return f"{parts.scheme}://{parts.hostname}" in settings.GATEWAY_ALLOWED_ORIGINS
 
 
-@database_async
-def _authenticate(key: str) -> tuple[int, str] | None:
-    agent = agent_authenticate(key=key)
-    return (agent.id, agent.name) if agent else None
-
-
 async def caller_from_scope(scope: dict, transport: str) -> Caller | None:
     authorization = header(scope, b"authorization") or ""
     scheme, _, key = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    parts = key_split(key.strip()) if scheme.lower() == "bearer" else None
+    if parts is None:
         return None
-    found = await _authenticate(key.strip())
-    return Caller(agent_id=found[0], agent_name=found[1], transport=transport) if found else None
+    entry = (await snapshot.get()).keys.get(parts[0])
+    if not key_matches(entry.digest if entry else None, parts[1]):
+        return None
+    return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport)

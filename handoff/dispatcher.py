@@ -18,10 +18,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from audit.services import audit_record, canonical_sha256
 from handoff.caller import Caller
 from handoff.db import database_async
-from policy.decisions import Denial, policy_decide
+from handoff.snapshot import Route, Snapshot, snapshot
+from policy.decisions import Denial, Target, policy_decide
 from registry.executor import get_executor
+from registry.naming import split_exposed_name
 from registry.pool import Outcome
-from registry.selectors import Route, catalog_list_visible, tool_route
 
 INSTRUCTIONS = (
     "This is a gateway to several services. Tool names are '<service>{sep}<tool>'; "
@@ -39,18 +40,17 @@ def caller_of(ctx: ServerRequestContext) -> Caller:
     return replace(caller, session_id=session_id) if session_id else caller
 
 
-@database_async
-def _plan_and_record(caller: Caller, name: str, audit: dict[str, Any]) -> tuple[Denial | None, Route | None]:
-    """Route, decide, and write the approval or denial, in one trip to the database.
-    Fills in `audit` with the upstream and tool, for the completion row that shares it."""
-    target, route, agent_enabled = tool_route(name=name, agent_id=caller.agent_id)
-    denial = policy_decide(agent_enabled=agent_enabled, target=target)
-    audit.update(upstream=target.upstream_slug or "", tool=route.tool if route else "")
-    if denial:
-        audit_record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit)
+def _plan(snap: Snapshot, caller: Caller, name: str) -> tuple[Denial | None, Route | None, str]:
+    """The decision, the route when there is one, and the upstream the name points at (for the audit)."""
+    entry = snap.tool_for(name)
+    if entry:
+        target = Target(name, entry.route.upstream_slug, entry.reachable, True)
     else:
-        audit_record(kind="approved", **audit)
-    return denial, route
+        parts = split_exposed_name(name)
+        slug = parts[0] if parts and parts[0] in snap.upstreams else None
+        target = Target(name, slug, snap.upstreams.get(slug or "", False), False)
+    denial = policy_decide(agent_enabled=caller.agent_id in snap.enabled_agents, target=target)
+    return denial, entry.route if entry else None, target.upstream_slug or ""
 
 
 record_async = database_async(audit_record)
@@ -79,11 +79,16 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         "exposed_name": params.name,
         "arguments_sha256": canonical_sha256(arguments),
     }
-    denial, route = await _plan_and_record(caller, params.name, audit)
+    denial, route, upstream = _plan(await snapshot.get(), caller, params.name)
+    audit.update(upstream=upstream, tool=route.tool if route else "")
     if denial:
+        await record_async(
+            kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit
+        )
         data = {"code": denial.code, "requestId": str(audit["request_id"])}
         raise MCPError(denial.jsonrpc_code, denial.message, data)
     assert route is not None
+    await record_async(kind="approved", **audit)  # before the upstream is touched
     started = time.perf_counter()
     outcome = await get_executor().call_tool(
         upstream_id=route.upstream_id,
@@ -109,8 +114,7 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
 
 async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict[str, Any]:
     caller_of(ctx)  # every request carries an authenticated caller; fail loudly if a transport forgot
-    tools = await database_async(catalog_list_visible)()
-    return _finish(ctx, {"tools": tools})
+    return _finish(ctx, {"tools": list((await snapshot.get()).visible)})
 
 
 def build_server() -> Server:

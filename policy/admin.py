@@ -1,9 +1,8 @@
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from audit.services import audit_record
 from policy.models import Agent, AgentKey, ServerGroup
-from policy.services import agent_key_issue
+from policy.services import agent_key_issue, group_set_enabled
 
 
 @admin.register(ServerGroup)
@@ -14,12 +13,7 @@ class ServerGroupAdmin(admin.ModelAdmin):
 
     def _set_enabled(self, request: HttpRequest, queryset, enabled: bool) -> None:
         for group in queryset:
-            ServerGroup.objects.filter(pk=group.pk).update(enabled=enabled)
-            audit_record(
-                kind="admin_change",
-                actor=request.user.get_username(),
-                detail={"action": "group_enabled" if enabled else "group_disabled", "group": group.name},
-            )
+            group_set_enabled(group=group, enabled=enabled, actor=request.user.get_username())
         self.message_user(request, f"{queryset.count()} group(s) {'enabled' if enabled else 'disabled'}.")
 
     @admin.action(description="Enable selected groups")

@@ -1,16 +1,14 @@
-"""Agents and their API keys."""
+"""Agents, their API keys, and server groups: everything here that writes."""
 
-import hashlib
-import hmac
 import secrets
 from dataclasses import dataclass
 
 from django.db import transaction
 
 from audit.services import audit_record
-from policy.models import Agent, AgentKey
-
-KEY_PREFIX = "sb_"
+from handoff.snapshot import config_changed
+from policy.keys import KEY_PREFIX, key_digest, key_matches, key_split
+from policy.models import Agent, AgentKey, ServerGroup
 
 
 @dataclass(frozen=True)
@@ -19,16 +17,12 @@ class IssuedKey:
     key: str
 
 
-def _digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
 def agent_key_issue(*, agent: Agent, label: str = "", actor: str = "") -> IssuedKey:
     """A new key for the agent. The plain key exists only in the return value: show it once."""
     prefix = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():
-        AgentKey.objects.create(agent=agent, prefix=prefix, digest=_digest(secret), label=label)
+        AgentKey.objects.create(agent=agent, prefix=prefix, digest=key_digest(secret), label=label)
         audit_record(
             kind="admin_change",
             actor=actor,
@@ -47,16 +41,43 @@ def agent_create(*, name: str, actor: str = "") -> IssuedKey:
         return agent_key_issue(agent=agent, actor=actor)
 
 
+def agent_set_enabled(*, agent: Agent, enabled: bool, actor: str = "") -> None:
+    with transaction.atomic():
+        Agent.objects.filter(pk=agent.pk).update(enabled=enabled)
+        config_changed()
+        audit_record(
+            kind="admin_change",
+            actor=actor,
+            agent_id=agent.id,
+            agent_name=agent.name,
+            detail={"action": "agent_enabled" if enabled else "agent_disabled"},
+        )
+    agent.enabled = enabled
+
+
+def agent_key_revoke(*, prefix: str, actor: str = "") -> None:
+    with transaction.atomic():
+        AgentKey.objects.filter(prefix=prefix).update(revoked=True)
+        config_changed()
+        audit_record(kind="admin_change", actor=actor, detail={"action": "agent_key_revoked", "prefix": prefix})
+
+
 def agent_authenticate(*, key: str) -> Agent | None:
-    """The enabled agent holding this key, or None. The digest comparison is constant-time."""
-    if not key.startswith(KEY_PREFIX):
-        return None
-    prefix, _, secret = key[len(KEY_PREFIX) :].partition("_")
-    if not prefix or not secret:
-        return None
-    record = AgentKey.objects.select_related("agent").filter(prefix=prefix, revoked=False).first()
-    # Compare against a dummy digest on a miss so a wrong prefix costs the same as a wrong secret.
-    expected = record.digest if record else _digest("")
-    if not hmac.compare_digest(expected, _digest(secret)) or record is None:
+    """The enabled agent holding this key, or None (from the database; the web path uses the snapshot)."""
+    parts = key_split(key)
+    record = AgentKey.objects.select_related("agent").filter(prefix=parts[0], revoked=False).first() if parts else None
+    if not parts or not key_matches(record.digest if record else None, parts[1]):
         return None
     return record.agent if record.agent.enabled else None
+
+
+def group_set_enabled(*, group: ServerGroup, enabled: bool, actor: str = "") -> None:
+    with transaction.atomic():
+        ServerGroup.objects.filter(pk=group.pk).update(enabled=enabled)
+        config_changed()
+        audit_record(
+            kind="admin_change",
+            actor=actor,
+            detail={"action": "group_enabled" if enabled else "group_disabled", "group": group.name},
+        )
+    group.enabled = enabled

@@ -8,6 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record, canonical_sha256
+from handoff.snapshot import config_changed
 from registry.executor import get_executor
 from registry.models import Tool, Upstream
 from registry.naming import TOOL_NAME
@@ -83,11 +84,13 @@ def _catalog_store(upstream: Upstream, definitions: list[dict[str, Any]], report
     report.removed = sorted(set(existing) - seen)
     upstream.tools.filter(name__in=report.removed).delete()
     Upstream.objects.filter(pk=upstream.pk).update(last_synced_at=now, last_sync_error="")
+    config_changed()
 
 
 def upstream_set_enabled(*, upstream: Upstream, enabled: bool, actor: str = "") -> None:
     with transaction.atomic():
         Upstream.objects.filter(pk=upstream.pk).update(enabled=enabled, updated_at=timezone.now())
+        config_changed()
         audit_record(
             kind="admin_change",
             actor=actor,

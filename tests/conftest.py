@@ -83,14 +83,13 @@ def _stdio(slug: str, command: str, args: list[str], **extra) -> "object":
 def world(db, everything_http) -> World:
     """Agents and upstreams every gateway test shares: mcp-server-time and the demo server over stdio,
     server-everything over Streamable HTTP, and a demo server with a one-second timeout."""
-    from policy.models import Agent
-    from policy.services import agent_create
+    from policy.services import agent_create, agent_set_enabled
     from registry.models import Upstream
     from registry.services import upstream_catalog_sync, upstream_save
 
     alice = agent_create(name="alice")
     mallory = agent_create(name="mallory")
-    Agent.objects.filter(pk=mallory.agent.pk).update(enabled=False)
+    agent_set_enabled(agent=mallory.agent, enabled=False)
     demo = [str(servers.ROOT / "examples/demo_upstream.py")]
     made = [
         _stdio("time", str(BIN / "mcp-server-time"), ["--local-timezone", "UTC"]),

@@ -1,3 +1,4 @@
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -17,6 +18,16 @@ def run(scenario: Callable[[], Awaitable[T]]) -> T:
             return await scenario()
 
     return anyio.run(bounded)
+
+
+def eventually(check: Callable[[], T], timeout: float = 5.0) -> T:
+    """Poll `check` until it returns something truthy: another process sees a change within a bound
+    (GATEWAY_SNAPSHOT_CHECK_SECONDS, 1 s by default), not at once."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert value, f"still {value!r} after {timeout} s"
+    return value
 
 
 def audit_mark() -> int:

@@ -5,7 +5,7 @@ import hashlib
 from django.core.management import call_command
 
 from policy.models import Agent, AgentKey
-from policy.services import agent_authenticate
+from policy.services import agent_authenticate, agent_create, agent_key_revoke
 
 
 def test_create_agent_prints_a_key_once_and_stores_only_its_hash(db, capsys):
@@ -37,11 +37,11 @@ def test_create_agent_refuses_a_duplicate_name(db):
         Agent.objects.filter(name="dup").delete()
 
 
-def test_a_revoked_key_no_longer_authenticates(world):
-    prefix = world.key.split("_")[1]
-    AgentKey.objects.filter(prefix=prefix).update(revoked=True)
+def test_a_revoked_key_no_longer_authenticates(db):
+    issued = agent_create(name="short-lived")
     try:
-        assert agent_authenticate(key=world.key) is None
+        assert agent_authenticate(key=issued.key).name == "short-lived"
+        agent_key_revoke(prefix=issued.key.split("_")[1])
+        assert agent_authenticate(key=issued.key) is None
     finally:
-        AgentKey.objects.filter(prefix=prefix).update(revoked=False)
-    assert agent_authenticate(key=world.key).name == "alice"
+        Agent.objects.filter(name="short-lived").delete()

@@ -2,14 +2,16 @@
 
 import json
 
+import anyio
 import httpx2
 import pytest
 import websockets
+from channels.db import database_sync_to_async
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
 from tests.clients import TIMEOUT, sdk_client, ws_session
-from tests.helpers import audit_mark, audit_since, run
+from tests.helpers import audit_mark, audit_since, eventually, run
 
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
@@ -21,6 +23,13 @@ def post(gateway, body: bytes | str, **headers: str) -> httpx2.Response:
 
 def bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
+
+
+def list_status(gateway, key: str) -> int:
+    """HTTP status of a complete, stateless (2026-07-28) tools/list."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
+    return post(gateway, json.dumps(LIST | {"params": {"_meta": meta}}), **headers, **bearer(key)).status_code
 
 
 def test_a_request_without_an_api_key_is_401_with_www_authenticate(inline_gateway):
@@ -171,21 +180,38 @@ def test_an_oversized_websocket_message_drops_that_socket_only(inline_gateway, w
 
 def test_a_disabled_agent_is_refused_on_an_open_websocket(inline_gateway, world):
     from policy.models import Agent
+    from policy.services import agent_set_enabled
 
-    async def scenario(step):
+    alice = Agent.objects.get(name="alice")
+    add = {"name": "demo__add", "arguments": {"a": 1, "b": 1}}
+
+    async def scenario():
         async with ws_session(inline_gateway.url, world.key) as ws:
-            first = await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 1, "b": 1}})
-            await step()
-            second = await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 1, "b": 1}})
-            return first, second
+            first = await ws.request("tools/call", add)
+            await database_sync_to_async(agent_set_enabled)(agent=alice, enabled=False, actor="tests")
+            deadline = anyio.current_time() + 5
+            while "error" not in (later := await ws.request("tools/call", add)) and anyio.current_time() < deadline:
+                await anyio.sleep(0.1)
+            return first, later
 
-    from channels.db import database_sync_to_async
-
-    disable = database_sync_to_async(lambda: Agent.objects.filter(name="alice").update(enabled=False))
     try:
-        first, second = run(lambda: scenario(disable))
+        first, later = run(scenario)
     finally:
-        Agent.objects.filter(name="alice").update(enabled=True)
+        agent_set_enabled(agent=alice, enabled=True, actor="tests")
     assert first["result"]["content"][0]["text"] == "2"
-    assert second["error"]["code"] == -32001 and second["error"]["data"]["code"] == "AGENT_DISABLED"
+    assert later["error"]["code"] == -32001 and later["error"]["data"]["code"] == "AGENT_DISABLED"
     assert AuditEvent.objects.filter(kind="denied", error_code="AGENT_DISABLED", agent_name="alice").exists()
+    eventually(lambda: list_status(inline_gateway, world.key) == 200)
+
+
+def test_a_revoked_key_is_refused_by_the_gateway(inline_gateway, db):
+    from policy.models import Agent
+    from policy.services import agent_create, agent_key_revoke
+
+    issued = agent_create(name="revokee")
+    try:
+        eventually(lambda: list_status(inline_gateway, issued.key) == 200)
+        agent_key_revoke(prefix=issued.key.split("_")[1], actor="tests")
+        eventually(lambda: list_status(inline_gateway, issued.key) == 401)
+    finally:
+        Agent.objects.filter(name="revokee").delete()

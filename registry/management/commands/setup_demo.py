@@ -20,16 +20,21 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         bin_dir = Path(sys.executable).parent
-        config = {"mcpServers": {
-            "time": {"command": str(bin_dir / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
-            "demo": {"command": sys.executable, "args": [str(settings.BASE_DIR / "examples/demo_upstream.py")]},
-        }}
+        config = {
+            "mcpServers": {
+                "time": {"command": str(bin_dir / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
+                "demo": {"command": sys.executable, "args": [str(settings.BASE_DIR / "examples/demo_upstream.py")]},
+            }
+        }
         mcp_config_import(config=config, actor="setup_demo")
         for upstream in Upstream.objects.filter(slug__in=["time", "demo"], enabled=True):
             self.stdout.write(upstream_catalog_sync(upstream=upstream).summary())
         agent = Agent.objects.filter(name=DEMO_AGENT).first()
-        issued = agent_key_issue(agent=agent, actor="setup_demo") if agent else agent_create(
-            name=DEMO_AGENT, actor="setup_demo")
+        issued = (
+            agent_key_issue(agent=agent, actor="setup_demo")
+            if agent
+            else agent_create(name=DEMO_AGENT, actor="setup_demo")
+        )
         self.stdout.write(f"\nAgent '{DEMO_AGENT}' API key (shown once; keys are stored hashed):\n  {issued.key}\n")
         self._admin_user()
 
