@@ -166,6 +166,8 @@ GATEWAY_MAX_TIMEOUT = env_float("GATEWAY_MAX_TIMEOUT", 300.0)
 GATEWAY_CONNECT_TIMEOUT = env_float("GATEWAY_CONNECT_TIMEOUT", 20.0)
 GATEWAY_MAX_LEGACY_SESSIONS = env_int("GATEWAY_MAX_LEGACY_SESSIONS", 10_000)
 GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0)
+# Connections of each web process's async audit writer (PostgreSQL only).
+GATEWAY_AUDIT_POOL_SIZE = env_int("GATEWAY_AUDIT_POOL_SIZE", 10)
 # How stale a process's view of upstreams, agents and keys may get after an admin's change.
 GATEWAY_SNAPSHOT_CHECK_SECONDS = env_float("GATEWAY_SNAPSHOT_CHECK_SECONDS", 1.0)
 

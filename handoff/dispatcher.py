@@ -15,9 +15,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from audit.services import audit_record, canonical_sha256
+from audit.services import audit_writer, canonical_sha256
 from handoff.caller import Caller
-from handoff.db import database_async
 from handoff.snapshot import Route, Snapshot, snapshot
 from policy.decisions import Denial, Target, policy_decide
 from registry.executor import get_executor
@@ -53,9 +52,6 @@ def _plan(snap: Snapshot, caller: Caller, name: str) -> tuple[Denial | None, Rou
     return denial, entry.route if entry else None, target.upstream_slug or ""
 
 
-record_async = database_async(audit_record)
-
-
 def _finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
     """The SDK fills cache hints and validates, but a plain-dict result must carry its own 2026 `resultType`."""
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
@@ -82,13 +78,13 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     denial, route, upstream = _plan(await snapshot.get(), caller, params.name)
     audit.update(upstream=upstream, tool=route.tool if route else "")
     if denial:
-        await record_async(
+        await audit_writer.record(
             kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit
         )
         data = {"code": denial.code, "requestId": str(audit["request_id"])}
         raise MCPError(denial.jsonrpc_code, denial.message, data)
     assert route is not None
-    await record_async(kind="approved", **audit)  # before the upstream is touched
+    await audit_writer.record(kind="approved", **audit)  # before the upstream is touched
     started = time.perf_counter()
     outcome = await get_executor().call_tool(
         upstream_id=route.upstream_id,
@@ -100,7 +96,7 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     duration_ms = (time.perf_counter() - started) * 1000
     result = outcome["result"] if outcome["ok"] else _error_result(params.name, outcome)
     failed = not outcome["ok"] or bool(result.get("isError"))
-    await record_async(
+    await audit_writer.record(
         kind="completed",
         duration_ms=duration_ms,
         response_bytes=len(json.dumps(result)),
