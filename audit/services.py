@@ -80,8 +80,9 @@ class AsyncAuditWriter:
                 "host": params["HOST"],
                 "port": params["PORT"] or None,
             }
+            # Autocommit: each row is one round trip, with nothing to commit or reset on return to the pool.
             pool = AsyncConnectionPool(
-                kwargs={k: v for k, v in kwargs.items() if v},
+                kwargs={k: v for k, v in kwargs.items() if v} | {"autocommit": True},
                 min_size=1,
                 max_size=settings.GATEWAY_AUDIT_POOL_SIZE,
                 open=False,
