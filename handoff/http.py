@@ -3,6 +3,7 @@ which serves both protocol eras and hands every message to the dispatcher."""
 
 import asyncio
 import logging
+from collections import OrderedDict
 from typing import Any
 
 from django.conf import settings
@@ -83,6 +84,39 @@ class SessionManagerRunner:
 runner = SessionManagerRunner()
 
 
+class SessionOwners:
+    """Which agent opened each 2025-11-25 session in this process. The SDK's session manager knows no
+    principals: without this, any valid key could drive another agent's session if it learned the id."""
+
+    def __init__(self, capacity: int) -> None:
+        self._owners: OrderedDict[str, int] = OrderedDict()
+        self._capacity = capacity
+
+    def claim(self, session_id: str, agent_id: int) -> None:
+        self._owners[session_id] = agent_id
+        while len(self._owners) > self._capacity:
+            self._owners.popitem(last=False)
+
+    def may_use(self, session_id: str, agent_id: int) -> bool:
+        owner = self._owners.get(session_id)
+        return owner is None or owner == agent_id  # unknown ids are the SDK's to refuse
+
+    def recording(self, send: Any, agent_id: int) -> Any:
+        """`send`, noting the owner of a session id the response hands out."""
+
+        async def send_and_claim(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                for name, value in message.get("headers", []):
+                    if name.lower() == b"mcp-session-id":
+                        self.claim(value.decode("latin-1"), agent_id)
+            await send(message)
+
+        return send_and_claim
+
+
+owners = SessionOwners(settings.GATEWAY_MAX_LEGACY_SESSIONS)
+
+
 async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
     if not host_allowed(scope):
         return await _reject(send, 400, types.INVALID_REQUEST, "Host not allowed")
@@ -109,9 +143,14 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
         return await _reject(send, 413, types.INVALID_REQUEST, f"Request body over {limit} bytes")
     except FrameError as exc:
         return await _reject(send, 400, exc.code, exc.message, request_id=exc.request_id)
+    session_id = header(scope, b"mcp-session-id")
+    if session_id and not owners.may_use(session_id, caller.agent_id):
+        # The same answer as for an id that does not exist: nothing tells the caller whose it is.
+        return await _reject(send, 404, types.INVALID_REQUEST, "Session not found")
     scope["switchboard.caller"] = caller
     await runner.ensure_running()
-    await sdk_app(scope, _replay(body, receive) if scope["method"] == "POST" else receive, send)
+    replayed = _replay(body, receive) if scope["method"] == "POST" else receive
+    await sdk_app(scope, replayed, owners.recording(send, caller.agent_id) if not session_id else send)
 
 
 def _replay(body: bytes, receive: Any) -> Any:

@@ -215,3 +215,28 @@ def test_a_revoked_key_is_refused_by_the_gateway(inline_gateway, db):
         eventually(lambda: list_status(inline_gateway, issued.key) == 401)
     finally:
         Agent.objects.filter(name="revokee").delete()
+
+
+def test_a_session_opened_by_one_agent_cannot_be_used_by_another(inline_gateway, world, db):
+    from policy.models import Agent
+    from policy.services import agent_create
+
+    bob = agent_create(name="bob")
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    try:
+        opened = post(inline_gateway, json.dumps(init), **bearer(world.key))
+        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        eventually(lambda: list_status(inline_gateway, bob.key) == 200)
+        stolen = post(inline_gateway, json.dumps(LIST), **session, **bearer(bob.key))
+        unknown = post(inline_gateway, json.dumps(LIST), **(session | {"mcp-session-id": "f" * 32}), **bearer(bob.key))
+        owned = post(inline_gateway, json.dumps(LIST), **session, **bearer(world.key))
+    finally:
+        Agent.objects.filter(name="bob").delete()
+    assert (stolen.status_code, stolen.json()) == (unknown.status_code, unknown.json())
+    assert stolen.status_code == 404 and stolen.json()["error"]["message"] == "Session not found"
+    assert owned.status_code == 200
