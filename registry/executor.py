@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 import uuid
+from collections.abc import Awaitable
 from functools import cache
 from typing import Any, Protocol
 
@@ -66,19 +67,20 @@ def sync_redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS)
 
 
+# redis.asyncio clients belong to one event loop; a process may run several (web, pool thread, tests).
+_async_clients: dict[int, aredis.Redis] = {}
+_async_clients_lock = threading.Lock()
+
+
+def async_redis() -> aredis.Redis:
+    loop_id = id(asyncio.get_running_loop())
+    with _async_clients_lock:
+        if loop_id not in _async_clients:
+            _async_clients[loop_id] = aredis.Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS)
+        return _async_clients[loop_id]
+
+
 class CeleryExecutor:
-    def __init__(self) -> None:
-        # redis.asyncio clients belong to one event loop; the web process may run more than one (tests).
-        self._clients: dict[int, aredis.Redis] = {}
-        self._lock = threading.Lock()
-
-    def _async_redis(self) -> aredis.Redis:
-        loop_id = id(asyncio.get_running_loop())
-        with self._lock:
-            if loop_id not in self._clients:
-                self._clients[loop_id] = aredis.Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS)
-            return self._clients[loop_id]
-
     async def call_tool(
         self, *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], timeout: float
     ) -> Outcome:
@@ -95,7 +97,7 @@ class CeleryExecutor:
         # Publishing is blocking socket I/O in kombu: keep it off the event loop.
         await asyncio.to_thread(call_tool_task.apply_async, kwargs=kwargs, queue="upstream")
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
-        reply = await self._async_redis().blpop([key], timeout=wait)
+        reply = await async_redis().blpop([key], timeout=wait)
         return json.loads(reply[1]) if reply else _lost(wait)
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
@@ -110,12 +112,14 @@ class CeleryExecutor:
         return json.loads(reply[1]) if reply else _lost(wait)
 
 
-def send_reply(key: str, outcome: Outcome) -> None:
-    """Worker side: hand the outcome to whoever waits on `key`; it expires if nobody does."""
-    with sync_redis().pipeline() as pipe:
+async def reply_after(key: str, work: Awaitable[Outcome]) -> None:
+    """Worker side, on the pool's loop: run `work` and hand its outcome to whoever waits on `key` at once
+    (it expires if nobody does), without waking the task's thread first."""
+    outcome = await work
+    async with async_redis().pipeline(transaction=False) as pipe:
         pipe.rpush(key, json.dumps(outcome))
         pipe.expire(key, REPLY_TTL_SECONDS)
-        pipe.execute()
+        await pipe.execute()
 
 
 @cache
