@@ -43,7 +43,10 @@ class InlineExecutor:
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         runner = pool_thread()
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
-        return runner.submit(runner.pool.list_tools(upstream_id, revision)).result(timeout=wait)
+        try:
+            return runner.submit(runner.pool.list_tools(upstream_id, revision)).result(timeout=wait)
+        except TimeoutError:
+            return _lost(wait)
 
 
 def reply_key() -> str:
@@ -53,8 +56,9 @@ def reply_key() -> str:
 def _lost(timeout: float) -> Outcome:
     return failure(
         "EXECUTOR_UNAVAILABLE",
-        "No worker answered for this call. The gateway may be overloaded; try later.",
-        f"no reply from a Celery worker within {timeout:g}s",
+        "No answer from the gateway's workers in time: the call may or may not have run. "
+        "Check its effect before repeating it.",
+        f"no reply from an executor within {timeout:g}s",
     )
 
 
@@ -94,8 +98,11 @@ class CeleryExecutor:
             "arguments": arguments,
             "reply_to": key,
         }
-        # Publishing is blocking socket I/O in kombu: keep it off the event loop.
-        await asyncio.to_thread(call_tool_task.apply_async, kwargs=kwargs, queue="upstream")
+        # Publishing is blocking socket I/O in kombu: keep it off the event loop. A task that no worker
+        # starts within the grace period could no longer answer in time: it expires rather than run late.
+        await asyncio.to_thread(
+            call_tool_task.apply_async, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS
+        )
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
         reply = await async_redis().blpop([key], timeout=wait)
         return json.loads(reply[1]) if reply else _lost(wait)
@@ -105,7 +112,9 @@ class CeleryExecutor:
 
         key = reply_key()
         list_tools_task.apply_async(
-            kwargs={"upstream_id": upstream_id, "revision": revision, "reply_to": key}, queue="upstream"
+            kwargs={"upstream_id": upstream_id, "revision": revision, "reply_to": key},
+            queue="upstream",
+            expires=EXECUTOR_GRACE_SECONDS,
         )
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
         reply = sync_redis().blpop([key], timeout=wait)

@@ -88,8 +88,9 @@ class UpstreamPool:
                     connection.stop()
 
     async def _connection(self, upstream_id: int, revision: int) -> UpstreamConnection:
-        lock = self._locks.setdefault(upstream_id, anyio.Lock())
-        async with lock:
+        if upstream_id not in self._locks:
+            self._locks[upstream_id] = anyio.Lock()
+        async with self._locks[upstream_id]:
             current = self._connections.get(upstream_id)
             if current and current.alive and current.spec.revision >= revision:
                 return current
@@ -157,7 +158,3 @@ class UpstreamPool:
                     return tools
 
         return await self._run(upstream_id, revision, walk)
-
-    async def close(self, upstream_id: int) -> None:
-        if connection := self._connections.pop(upstream_id, None):
-            connection.stop()

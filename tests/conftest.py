@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import redis
 
 from tests import servers
 
@@ -125,6 +126,18 @@ def celery_gateway(server_env, world, celery_worker, logs) -> Iterator[servers.R
     running.executor_pid = celery_worker.process.pid
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def workerless_gateway(server_env, world, logs) -> Iterator[servers.Running]:
+    """A Celery gateway whose broker no worker listens on (another Redis database): workers down."""
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Redis, so no Celery executor")
+    broker = urlsplit(os.environ["REDIS_URL"])._replace(path="/13").geturl()
+    env = server_env | {"GATEWAY_EXECUTOR": "celery", "REDIS_URL": broker, "GATEWAY_CONNECT_TIMEOUT": "1"}
+    running = servers.start_gateway(env, logs / "gateway-workerless.log")
+    yield running
+    running.stop()
+    redis.Redis.from_url(broker).flushdb()  # the expired task nobody took
 
 
 @pytest.fixture(params=["inline", "celery"])

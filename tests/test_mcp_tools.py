@@ -121,3 +121,24 @@ def test_a_call_longer_than_the_redis_socket_timeout_completes_through_celery(ce
 
     result = run(scenario)
     assert not result.is_error and result.content[0].text == "slept"
+
+
+def test_with_no_worker_the_agent_gets_a_specific_error_not_a_hang(workerless_gateway, world):
+    mark = audit_mark()
+
+    async def scenario():
+        async with sdk_client(workerless_gateway.url, world.key, "legacy", timeout=20) as client:
+            return await client.call_tool("slow__sleep", {"seconds": 0})
+
+    result = run(scenario)
+    assert result.is_error
+    assert result.content[0].text == (
+        "slow__sleep: No answer from the gateway's workers in time: the call may or may not have run. "
+        "Check its effect before repeating it."
+    )
+    row = next(e for e in audit_since(mark) if e.kind == "completed")
+    assert (row.outcome, row.error_code, row.error_detail) == (
+        "error",
+        "EXECUTOR_UNAVAILABLE",
+        "no reply from an executor within 7s",
+    )
