@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from handoff.caller import Caller, caller_from_scope, host_allowed, origin_allowed
 from handoff.dispatcher import server
-from handoff.frames import FrameError, parse_frame
+from handoff.frames import FrameError, frame_id, parse_frame
 
 INBOX_SIZE = 64
 
@@ -61,7 +61,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
                 text_data=FrameError(
                     types.INVALID_REQUEST,
                     "Invalid Request: the message does not match any JSON-RPC 2.0 shape",
-                    payload.get("id"),
+                    frame_id(payload),
                 ).body()
             )
         metadata = ServerMessageMetadata(request_context=self.caller)

@@ -18,6 +18,12 @@ class FrameError(Exception):
         )
 
 
+def frame_id(payload: dict[str, Any]) -> str | int | None:
+    """The id to answer with: the frame's own when it is a valid JSON-RPC id, else null."""
+    request_id = payload.get("id")
+    return request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
+
+
 def parse_frame(raw: bytes | str) -> dict[str, Any]:
     """The frame as a dict, or FrameError with the JSON-RPC code and a message a client can act on."""
     try:
@@ -28,11 +34,12 @@ def parse_frame(raw: bytes | str) -> dict[str, Any]:
         raise FrameError(
             types.INVALID_REQUEST, "Invalid Request: send one JSON-RPC 2.0 object (batches are not part of MCP)"
         )
-    request_id = payload.get("id")
-    request_id = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
+    request_id = frame_id(payload)
     is_message = isinstance(payload.get("method"), str) or (
         "id" in payload and ("result" in payload or "error" in payload)
     )
+    if payload.get("id") is not None and request_id is None:
+        raise FrameError(types.INVALID_REQUEST, 'Invalid Request: "id" must be a string or an integer')
     if payload.get("jsonrpc") != "2.0" or not is_message:
         raise FrameError(
             types.INVALID_REQUEST,

@@ -2,7 +2,6 @@
 which serves both protocol eras and hands every message to the dispatcher."""
 
 import asyncio
-import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -13,8 +12,6 @@ from mcp.server.transport_security import TransportSecuritySettings
 from handoff.caller import caller_from_scope, header, host_allowed, origin_allowed
 from handoff.dispatcher import server
 from handoff.frames import FrameError, parse_frame
-
-logger = logging.getLogger(__name__)
 
 # Host and Origin are checked here, against Django's settings, for every transport alike.
 sdk_app = server.streamable_http_app(
@@ -63,11 +60,12 @@ class SessionManagerRunner:
 
     def __init__(self) -> None:
         self._ready: asyncio.Future | None = None
+        self._task: asyncio.Task | None = None  # held: the loop keeps only weak references to tasks
 
     async def ensure_running(self) -> None:
         if self._ready is None:
             self._ready = asyncio.get_running_loop().create_future()
-            asyncio.get_running_loop().create_task(self._run(self._ready))
+            self._task = asyncio.get_running_loop().create_task(self._run(self._ready))
         await asyncio.shield(self._ready)
 
     async def _run(self, ready: asyncio.Future) -> None:

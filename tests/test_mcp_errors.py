@@ -87,6 +87,17 @@ def test_a_json_object_that_is_not_json_rpc_is_an_invalid_request(inline_gateway
     assert error["id"] == 7 and error["error"]["code"] == -32600
 
 
+@pytest.mark.parametrize("request_id", ["{}", "[1]", "true", "1.5"])
+def test_a_request_id_that_is_not_a_string_or_integer_is_an_invalid_request(inline_gateway, world, request_id):
+    body = f'{{"jsonrpc": "2.0", "id": {request_id}, "method": "tools/list"}}'
+    error = post(inline_gateway, body, **bearer(world.key)).json()
+    assert error == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32600, "message": 'Invalid Request: "id" must be a string or an integer'},
+    }
+
+
 def test_a_batch_is_an_invalid_request(inline_gateway, world):
     error = post(inline_gateway, json.dumps([LIST]), **bearer(world.key)).json()["error"]
     assert error["code"] == -32600 and "batches" in error["message"]
@@ -154,12 +165,18 @@ def test_websocket_bad_frames_get_errors_and_the_session_goes_on(inline_gateway,
         async with ws_session(inline_gateway.url, world.key) as ws:
             parse = await ws.send_raw("{not json")
             invalid = await ws.send_raw('{"id": 9, "foo": 1}')
+            odd_id = await ws.send_raw('{"jsonrpc": "2.0", "id": {"x": 1}, "method": "tools/list"}')
             works = await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 2, "b": 3}})
-            return parse, invalid, works
+            return parse, invalid, odd_id, works
 
-    parse, invalid, works = run(scenario)
+    parse, invalid, odd_id, works = run(scenario)
     assert parse["error"] == {"code": -32700, "message": "Parse error: the body is not valid JSON"}
     assert invalid["id"] == 9 and invalid["error"]["code"] == -32600
+    assert odd_id == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32600, "message": 'Invalid Request: "id" must be a string or an integer'},
+    }
     assert works["result"]["content"][0]["text"] == "5"
 
 
