@@ -41,6 +41,11 @@ TOOLS = [
         input_schema={"type": "object", "properties": {}},
     ),
     types.Tool(name="pid", description="The server's process id.", input_schema={"type": "object", "properties": {}}),
+    types.Tool(
+        name="header",
+        description="Over HTTP: the value of the named request header (to check what a gateway sends).",
+        input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    ),
 ]
 
 
@@ -68,6 +73,9 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
             os._exit(3)
         case "pid":
             return text(str(os.getpid()))
+        case "header":
+            headers = ctx.request.headers if ctx.request is not None else {}
+            return text(headers.get(str(args["name"]), ""))
     raise ValueError(f"Unknown tool: {params.name}")
 
 

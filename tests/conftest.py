@@ -56,7 +56,7 @@ def server_env(db) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def everything_http(logs) -> Iterator[str]:
     needs(servers.EVERYTHING_JS.exists(), "npm packages are not installed (run: npm ci)")
-    running = servers.start_everything_http(logs / "everything.log")
+    running = servers.start_everything("streamableHttp", logs / "everything.log")
     yield running.url
     running.stop()
 

@@ -93,9 +93,17 @@ def start_worker(env: dict[str, str], log: Path) -> Running:
     return Running(process, log)
 
 
-def start_everything_http(log: Path) -> Running:
+def start_everything(mode: str, log: Path) -> Running:
+    """server-everything over `streamableHttp` (at /mcp) or the older `sse` transport (at /sse)."""
     port = free_port()
     env = os.environ | {"PORT": str(port)}
-    process = start(["node", "--require", str(LOOPBACK_JS), str(EVERYTHING_JS), "streamableHttp"], env, log)
+    process = start(["node", "--require", str(LOOPBACK_JS), str(EVERYTHING_JS), mode], env, log)
+    wait_for_port(port, process, log)
+    return Running(process, log, f"http://127.0.0.1:{port}/{'sse' if mode == 'sse' else 'mcp'}")
+
+
+def start_demo_http(log: Path) -> Running:
+    port = free_port()
+    process = start([sys.executable, str(ROOT / "examples/demo_upstream.py"), "http", str(port)], dict(os.environ), log)
     wait_for_port(port, process, log)
     return Running(process, log, f"http://127.0.0.1:{port}/mcp")

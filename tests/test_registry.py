@@ -14,6 +14,8 @@ from registry.services import upstream_catalog_sync, upstream_save
 from tests.conftest import BIN
 from tests.servers import ROOT
 
+DEMO_TOOLS = {"echo", "add", "fail", "sleep", "crash", "pid", "header"}
+
 
 def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tmp_path, capsys):
     config = {
@@ -71,15 +73,8 @@ def test_import_then_sync_lists_the_new_upstreams_tools(db, tmp_path, capsys):
     path.write_text(json.dumps({"mcpServers": {"demo-two": {"command": sys.executable, "args": demo}}}))
     try:
         call_command("import_mcp_config", str(path))
-        assert capsys.readouterr().out.splitlines()[-1] == "demo-two: 6 added, 0 changed, 0 removed, 0 rejected"
-        assert set(Tool.objects.filter(upstream__slug="demo-two").values_list("name", flat=True)) == {
-            "echo",
-            "add",
-            "fail",
-            "sleep",
-            "crash",
-            "pid",
-        }
+        assert capsys.readouterr().out.splitlines()[-1] == "demo-two: 7 added, 0 changed, 0 removed, 0 rejected"
+        assert set(Tool.objects.filter(upstream__slug="demo-two").values_list("name", flat=True)) == DEMO_TOOLS
     finally:
         Upstream.objects.filter(slug="demo-two").delete()
 
@@ -105,7 +100,7 @@ def test_catalog_sync_runs_on_the_celery_worker_too(world, celery_worker):
     with override_settings(GATEWAY_EXECUTOR="celery"):
         outcome = CeleryExecutor().list_tools(upstream_id=demo.id, revision=demo.revision, timeout=5)
     assert outcome["ok"], outcome
-    assert {tool["name"] for tool in outcome["result"]} == {"echo", "add", "fail", "sleep", "crash", "pid"}
+    assert {tool["name"] for tool in outcome["result"]} == DEMO_TOOLS
 
 
 def test_a_changed_connection_bumps_the_revision_so_executors_reconnect(db):
