@@ -164,6 +164,8 @@ GATEWAY_ALLOWED_ORIGINS = env_list(
 GATEWAY_DEFAULT_TIMEOUT = env_float("GATEWAY_DEFAULT_TIMEOUT", 30.0)
 GATEWAY_MAX_TIMEOUT = env_float("GATEWAY_MAX_TIMEOUT", 300.0)
 GATEWAY_CONNECT_TIMEOUT = env_float("GATEWAY_CONNECT_TIMEOUT", 20.0)
+# An upstream session unused this long is closed (a stdio server stopped); the next call reopens it.
+GATEWAY_UPSTREAM_IDLE_SECONDS = env_float("GATEWAY_UPSTREAM_IDLE_SECONDS", 600.0)
 GATEWAY_MAX_LEGACY_SESSIONS = env_int("GATEWAY_MAX_LEGACY_SESSIONS", 10_000)
 GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0)
 # Connections of each web process's async audit writer (PostgreSQL only).

@@ -44,6 +44,8 @@ class UpstreamConnection:
         self.spec = spec
         self.client: Any = None
         self.alive = False
+        self.last_used = anyio.current_time()
+        self.in_flight = 0
         self._stop = anyio.Event()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -77,15 +79,27 @@ class UpstreamPool:
         self._task_group: TaskGroup | None = None
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Hold the task group that every owner task runs in, until cancelled."""
+        """Hold the task group that every owner task runs in, and close idle sessions, until cancelled."""
+        idle = settings.GATEWAY_UPSTREAM_IDLE_SECONDS
         async with anyio.create_task_group() as tg:
             self._task_group = tg
             task_status.started()
             try:
-                await anyio.sleep_forever()
+                while True:
+                    await anyio.sleep(min(idle / 2, 60))
+                    self.close_idle(idle)
             finally:
                 for connection in self._connections.values():
                     connection.stop()
+
+    def close_idle(self, idle_seconds: float) -> None:
+        """Stop sessions unused for `idle_seconds` (and so the stdio servers behind them); the next call
+        reopens one. Upstreams that were deleted or disabled go away this way too."""
+        now = anyio.current_time()
+        for upstream_id, connection in list(self._connections.items()):
+            if not connection.in_flight and now - connection.last_used >= idle_seconds:
+                connection.stop()
+                del self._connections[upstream_id]
 
     async def _connection(self, upstream_id: int, revision: int) -> UpstreamConnection:
         if upstream_id not in self._locks:
@@ -93,6 +107,7 @@ class UpstreamPool:
         async with self._locks[upstream_id]:
             current = self._connections.get(upstream_id)
             if current and current.alive and current.spec.revision >= revision:
+                current.last_used = anyio.current_time()
                 return current
             if current:
                 current.stop()
@@ -113,6 +128,7 @@ class UpstreamPool:
         except Exception as exc:  # any way a connect can fail: spawn, DNS, handshake, HTTP status
             return failure("UPSTREAM_UNAVAILABLE", "The service could not be reached. Try later.", repr(exc))
         spec = connection.spec
+        connection.in_flight += 1
         try:
             with anyio.fail_after(spec.timeout):
                 return {"ok": True, "result": await action(connection.client)}
@@ -138,6 +154,9 @@ class UpstreamPool:
                 "Retry only if the call is safe to repeat.",
                 repr(exc),
             )
+        finally:
+            connection.in_flight -= 1
+            connection.last_used = anyio.current_time()
 
     async def call_tool(self, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any]) -> Outcome:
         async def call(client: Any) -> dict[str, Any]:

@@ -1,0 +1,57 @@
+"""The upstream pool on its own, in this process, against the real demo server over stdio."""
+
+import os
+import sys
+
+import anyio
+
+from registry.pool import UpstreamPool
+from registry.spec import UpstreamSpec
+from tests.servers import ROOT
+
+DEMO = UpstreamSpec(
+    id=1,
+    revision=1,
+    slug="demo",
+    transport="stdio",
+    timeout=5,
+    command=sys.executable,
+    args=[str(ROOT / "examples/demo_upstream.py")],
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
+    async def load_spec(upstream_id: int) -> UpstreamSpec:
+        return DEMO
+
+    async def scenario():
+        pool = UpstreamPool(load_spec)
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.serve)
+            first = int((await pool.call_tool(1, 1, "pid", {}))["result"]["content"][0]["text"])
+            pool.close_idle(3600)
+            kept = int((await pool.call_tool(1, 1, "pid", {}))["result"]["content"][0]["text"])
+            async with anyio.create_task_group() as calls:
+                calls.start_soon(pool.call_tool, 1, 1, "sleep", {"seconds": 0.5})
+                await anyio.sleep(0.2)
+                pool.close_idle(0)  # the sleep is in flight: nothing may close under it
+                assert _alive(first)
+            pool.close_idle(0)
+            with anyio.fail_after(5):
+                while _alive(first):
+                    await anyio.sleep(0.05)
+            reopened = int((await pool.call_tool(1, 1, "pid", {}))["result"]["content"][0]["text"])
+            tg.cancel_scope.cancel()
+        return first, kept, reopened
+
+    first, kept, reopened = anyio.run(scenario)
+    assert kept == first, "a session in use must stay open"
+    assert reopened != first and not _alive(first)
