@@ -2,6 +2,7 @@
 Every transport (Streamable HTTP in both eras, WebSocket) feeds this same server."""
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import replace
@@ -15,13 +16,17 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from audit.services import audit_writer, canonical_sha256
+from audit.services import canonical_sha256
+from audit.writer import AuditUnavailable, audit_writer
 from handoff.caller import Caller
 from handoff.snapshot import Route, Snapshot, snapshot
 from policy.decisions import Denial, Target, policy_decide
 from registry.executor import get_executor
 from registry.naming import split_exposed_name
 from registry.pool import Outcome
+
+logger = logging.getLogger(__name__)
+AUDIT_UNAVAILABLE = -32002
 
 INSTRUCTIONS = (
     "This is a gateway to several services. Tool names are '<service>{sep}<tool>'; "
@@ -52,6 +57,17 @@ def _plan(snap: Snapshot, caller: Caller, name: str) -> tuple[Denial | None, Rou
     return denial, entry.route if entry else None, target.upstream_slug or ""
 
 
+async def _record(*, kind: str, **fields: Any) -> None:
+    """Write the row or refuse to go on: a call never runs, nor is its result shown, unrecorded."""
+    try:
+        await audit_writer.record(kind=kind, **fields)
+    except AuditUnavailable as exc:
+        logger.error("audit write failed (%s row, request %s): %s", kind, fields.get("request_id"), exc)
+        ran = "ran, but its result is withheld" if kind == "completed" else "was not run"
+        message = f"The gateway could not record this call, so it {ran}. Try again shortly."
+        raise MCPError(AUDIT_UNAVAILABLE, message, {"code": "AUDIT_UNAVAILABLE"}) from exc
+
+
 def _finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
     """The SDK fills cache hints and validates, but a plain-dict result must carry its own 2026 `resultType`."""
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
@@ -78,13 +94,11 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     denial, route, upstream = _plan(await snapshot.get(), caller, params.name)
     audit.update(upstream=upstream, tool=route.tool if route else "")
     if denial:
-        await audit_writer.record(
-            kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit
-        )
+        await _record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit)
         data = {"code": denial.code, "requestId": str(audit["request_id"])}
         raise MCPError(denial.jsonrpc_code, denial.message, data)
     assert route is not None
-    await audit_writer.record(kind="approved", **audit)  # before the upstream is touched
+    await _record(kind="approved", **audit)  # before the upstream is touched
     started = time.perf_counter()
     outcome = await get_executor().call_tool(
         upstream_id=route.upstream_id,
@@ -96,7 +110,7 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     duration_ms = (time.perf_counter() - started) * 1000
     result = outcome["result"] if outcome["ok"] else _error_result(params.name, outcome)
     failed = not outcome["ok"] or bool(result.get("isError"))
-    await audit_writer.record(
+    await _record(
         kind="completed",
         duration_ms=duration_ms,
         response_bytes=len(json.dumps(result)),

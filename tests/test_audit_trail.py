@@ -7,6 +7,7 @@ from mcp.shared.exceptions import MCPError
 from audit.models import AuditEvent
 from audit.services import audit_record, canonical_sha256
 from tests.clients import sdk_client
+from tests.conftest import needs
 from tests.helpers import audit_mark, audit_since, run
 
 CALLS = [
@@ -56,3 +57,32 @@ def test_nul_characters_and_lone_surrogates_do_not_break_an_audit_write(db):
 def test_canonical_hash_ignores_key_order_and_spacing():
     assert canonical_sha256({"b": 1, "a": [1, 2]}) == canonical_sha256({"a": [1, 2], "b": 1})
     assert canonical_sha256({"a": 1}) != canonical_sha256({"a": "1"})
+
+
+def test_a_lost_audit_connection_fails_one_call_closed_and_the_next_works(inline_gateway, world):
+    from django.db import connection
+
+    needs(connection.vendor == "postgresql", "the async audit writer's own connections exist on PostgreSQL only")
+    mark = audit_mark()
+
+    async def call(text):
+        async with sdk_client(inline_gateway.url, world.key, "legacy") as client:
+            try:
+                return await client.call_tool("demo__echo", {"text": text})
+            except MCPError as refused:
+                return refused
+
+    assert run(lambda: call("before")).content[0].text == "before"
+    with connection.cursor() as cursor:  # what a database restart does to the gateway's audit connections
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            [f"switchboard-audit-{inline_gateway.process.pid}"],
+        )
+        assert cursor.fetchone()[0] >= 1
+    refused = run(lambda: call("lost"))
+    after = run(lambda: call("after"))
+    assert isinstance(refused, MCPError) and refused.code == -32002 and refused.data["code"] == "AUDIT_UNAVAILABLE"
+    assert refused.message == "The gateway could not record this call, so it was not run. Try again shortly."
+    assert after.content[0].text == "after"
+    lost = canonical_sha256({"text": "lost"})
+    assert not [r for r in audit_since(mark) if r.arguments_sha256 == lost], "an unrecorded call must not run"
