@@ -42,6 +42,17 @@ TOOLS = [
     ),
     types.Tool(name="pid", description="The server's process id.", input_schema={"type": "object", "properties": {}}),
     types.Tool(
+        name="raise",
+        description="Raise an exception inside the server (a JSON-RPC error results).",
+        input_schema={"type": "object", "properties": {}},
+    ),
+    types.Tool(
+        name="bad_output",
+        description="Answer with structured content that breaks its own output schema.",
+        input_schema={"type": "object", "properties": {}},
+        output_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+    ),
+    types.Tool(
         name="header",
         description="Over HTTP: the value of the named request header (to check what a gateway sends).",
         input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
@@ -73,6 +84,12 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
             os._exit(3)
         case "pid":
             return text(str(os.getpid()))
+        case "raise":
+            raise RuntimeError("the demo server failed on purpose")
+        case "bad_output":
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text="n?")], structured_content={"n": "not a number"}
+            )
         case "header":
             headers = ctx.request.headers if ctx.request is not None else {}
             return text(headers.get(str(args["name"]), ""))

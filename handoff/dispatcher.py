@@ -23,7 +23,7 @@ from handoff.snapshot import Route, Snapshot, snapshot
 from policy.decisions import Denial, Target, policy_decide
 from registry.executor import get_executor
 from registry.naming import split_exposed_name
-from registry.pool import Outcome
+from registry.pool import Outcome, failure
 
 logger = logging.getLogger(__name__)
 AUDIT_UNAVAILABLE = -32002
@@ -55,6 +55,24 @@ def _plan(snap: Snapshot, caller: Caller, name: str) -> tuple[Denial | None, Rou
         target = Target(name, slug, snap.upstreams.get(slug or "", False), False)
     denial = policy_decide(agent_enabled=caller.agent_id in snap.enabled_agents, target=target)
     return denial, entry.route if entry else None, target.upstream_slug or ""
+
+
+async def _execute(route: Route, arguments: dict[str, Any]) -> Outcome:
+    """The executor's outcome; if it fails in a way it did not foresee, an outcome all the same, so that
+    every approved call gets its completion row."""
+    try:
+        return await get_executor().call_tool(
+            upstream_id=route.upstream_id,
+            revision=route.revision,
+            tool=route.tool,
+            arguments=arguments,
+            timeout=route.timeout,
+        )
+    except Exception as exc:
+        logger.exception("executor failed on %s/%s", route.upstream_slug, route.tool)
+        return failure(
+            "GATEWAY_ERROR", "The gateway failed while running this call; it may or may not have run.", repr(exc)
+        )
 
 
 async def _record(*, kind: str, **fields: Any) -> None:
@@ -100,13 +118,7 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     assert route is not None
     await _record(kind="approved", **audit)  # before the upstream is touched
     started = time.perf_counter()
-    outcome = await get_executor().call_tool(
-        upstream_id=route.upstream_id,
-        revision=route.revision,
-        tool=route.tool,
-        arguments=arguments,
-        timeout=route.timeout,
-    )
+    outcome = await _execute(route, arguments)
     duration_ms = (time.perf_counter() - started) * 1000
     result = outcome["result"] if outcome["ok"] else _error_result(params.name, outcome)
     failed = not outcome["ok"] or bool(result.get("isError"))

@@ -144,7 +144,9 @@ class UpstreamPool:
                     repr(exc),
                 )
             return failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
-        except ValidationError as exc:
+        except (ValidationError, RuntimeError) as exc:
+            # The SDK client raises RuntimeError when structured content is missing or breaks the tool's
+            # own output schema (ClientSession.validate_tool_result), ValidationError for malformed results.
             return failure("UPSTREAM_INVALID_RESPONSE", "The service sent a malformed response.", str(exc))
         except CONNECTION_ERRORS as exc:
             connection.stop()

@@ -142,3 +142,24 @@ def test_with_no_worker_the_agent_gets_a_specific_error_not_a_hang(workerless_ga
         "EXECUTOR_UNAVAILABLE",
         "no reply from an executor within 7s",
     )
+
+
+@pytest.mark.parametrize(
+    ("tool", "code", "message"),
+    [
+        ("demo__raise", "UPSTREAM_ERROR", "demo__raise: The service refused the request: Internal server error"),
+        ("demo__bad_output", "UPSTREAM_INVALID_RESPONSE", "demo__bad_output: The service sent a malformed response."),
+    ],
+)
+def test_an_upstream_that_misbehaves_gives_an_error_result_and_a_completion_row(gateway, world, tool, code, message):
+    mark = audit_mark()
+
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, "legacy") as client:
+            return await client.call_tool(tool, {})
+
+    result = run(scenario)
+    assert result.is_error and result.content[0].text == message
+    rows = audit_since(mark)
+    assert [r.kind for r in rows] == ["approved", "completed"]
+    assert (rows[1].outcome, rows[1].error_code) == ("error", code) and rows[1].error_detail

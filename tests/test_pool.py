@@ -4,6 +4,7 @@ import os
 import sys
 
 import anyio
+from django.test import override_settings
 
 from registry.pool import UpstreamPool
 from registry.spec import UpstreamSpec
@@ -55,3 +56,23 @@ def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
     first, kept, reopened = anyio.run(scenario)
     assert kept == first, "a session in use must stay open"
     assert reopened != first and not _alive(first)
+
+
+@override_settings(GATEWAY_CONNECT_TIMEOUT=1)
+def test_an_upstream_that_never_answers_the_handshake_is_a_connect_timeout():
+    silent = UpstreamSpec(id=2, revision=1, slug="silent", transport="stdio", timeout=5, command="sleep", args=["30"])
+
+    async def load_spec(upstream_id: int) -> UpstreamSpec:
+        return silent
+
+    async def scenario():
+        pool = UpstreamPool(load_spec)
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.serve)
+            outcome = await pool.call_tool(2, 1, "anything", {})
+            tg.cancel_scope.cancel()
+        return outcome
+
+    outcome = anyio.run(scenario)
+    assert (outcome["ok"], outcome["code"]) == (False, "UPSTREAM_CONNECT_TIMEOUT")
+    assert outcome["message"] == "The service did not answer while connecting. Try later."
