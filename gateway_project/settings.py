@@ -136,7 +136,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": "sb:channels:"},
+            # channels_redis blocks 5 s per receive; redis-py's default 5 s socket timeout would cut that
+            # read short and crash every idle consumer. Longer than the pop, still short of a dead Redis.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "prefix": "sb:channels:"},
         }
     }
 else:

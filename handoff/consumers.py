@@ -2,6 +2,7 @@
 it). Frames in and out of the same SDK server that serves /mcp; the consumer does framing only."""
 
 import asyncio
+import time
 import uuid
 from dataclasses import replace
 
@@ -23,6 +24,8 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
     caller: Caller
     _serving: asyncio.Task | None = None
     _pumping: asyncio.Task | None = None
+    _watching: asyncio.Task | None = None
+    _last_frame = 0.0
 
     async def connect(self) -> None:
         caller = None
@@ -37,13 +40,24 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         outbox_in, self._outbox = anyio.create_memory_object_stream[SessionMessage](INBOX_SIZE)
         self._serving = asyncio.create_task(server.run(inbox_out, outbox_in, server.create_initialization_options()))
         self._pumping = asyncio.create_task(self._pump())
+        self._last_frame = time.monotonic()
+        self._watching = asyncio.create_task(self._close_when_idle())
+
+    async def _close_when_idle(self) -> None:
+        """A socket with no frame either way for GATEWAY_SESSION_IDLE_SECONDS is closed, as a normal closure:
+        Daphne accepts only 1000 or 3000-4999 from an application."""
+        while (left := self._last_frame + settings.GATEWAY_SESSION_IDLE_SECONDS - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+        await self.close(code=1000, reason="idle")
 
     async def _pump(self) -> None:
         async with self._outbox:
             async for item in self._outbox:
+                self._last_frame = time.monotonic()
                 await self.send(text_data=item.message.model_dump_json(by_alias=True, exclude_unset=True))
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        self._last_frame = time.monotonic()
         raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
         if len(raw.encode("utf-8", "surrogatepass")) > settings.GATEWAY_MAX_BODY_BYTES:
             return await self.send(
@@ -71,6 +85,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         if self._serving is None:
             return
         await self._inbox.aclose()
-        for task in (self._serving, self._pumping):
+        tasks = [task for task in (self._serving, self._pumping, self._watching) if task is not asyncio.current_task()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(self._serving, self._pumping, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)

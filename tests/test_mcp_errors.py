@@ -10,6 +10,7 @@ from channels.db import database_sync_to_async
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
+from tests import servers
 from tests.clients import TIMEOUT, sdk_client, ws_session
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -257,3 +258,37 @@ def test_a_session_opened_by_one_agent_cannot_be_used_by_another(inline_gateway,
     assert (stolen.status_code, stolen.json()) == (unknown.status_code, unknown.json())
     assert stolen.status_code == 404 and stolen.json()["error"]["message"] == "Session not found"
     assert owned.status_code == 200
+
+
+def test_an_idle_websocket_is_closed_and_the_gateway_serves_the_next(server_env, world, logs):
+    env = server_env | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_SESSION_IDLE_SECONDS": "1"}
+    gateway = servers.start_gateway(env, logs / "gateway-idle.log")
+
+    async def scenario():
+        async with ws_session(gateway.url, world.key) as ws:
+            busy = await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 1, "b": 2}})
+            with anyio.fail_after(5), pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                await ws.ws.recv()
+        async with ws_session(gateway.url, world.key) as ws:
+            again = await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 2, "b": 2}})
+        return busy, closed.value, again
+
+    try:
+        busy, closed, again = run(scenario)
+    finally:
+        gateway.stop()
+    assert busy["result"]["content"][0]["text"] == "3"
+    assert closed.rcvd.code == 1000  # Daphne passes no close reason on
+    assert again["result"]["content"][0]["text"] == "4"
+
+
+def test_a_websocket_on_the_redis_channel_layer_survives_six_idle_seconds(celery_gateway, world):
+    """channels_redis blocks 5 s per receive; redis-py's default 5 s socket timeout used to crash every
+    consumer that stayed quiet that long (close code 1011)."""
+
+    async def scenario():
+        async with ws_session(celery_gateway.url, world.key) as ws:
+            await anyio.sleep(6)  # the idleness is what is under test
+            return await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 3, "b": 3}})
+
+    assert run(scenario)["result"]["content"][0]["text"] == "6"
