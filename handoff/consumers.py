@@ -2,6 +2,7 @@
 it). Frames in and out of the same SDK server that serves /mcp; the consumer does framing only."""
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import replace
@@ -18,6 +19,13 @@ from handoff.dispatcher import server
 from handoff.frames import FrameError, frame_id, parse_frame
 
 INBOX_SIZE = 64
+logger = logging.getLogger(__name__)
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    """The session's tasks are awaited only at disconnect: without this their failures would go unseen."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.error("websocket session task %s failed", task.get_name(), exc_info=exc)
 
 
 class McpWebSocketConsumer(AsyncWebsocketConsumer):
@@ -42,6 +50,8 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         self._pumping = asyncio.create_task(self._pump())
         self._last_frame = time.monotonic()
         self._watching = asyncio.create_task(self._close_when_idle())
+        for task in (self._serving, self._pumping, self._watching):
+            task.add_done_callback(_log_failure)
 
     async def _close_when_idle(self) -> None:
         """A socket with no frame either way for GATEWAY_SESSION_IDLE_SECONDS is closed, as a normal closure:
