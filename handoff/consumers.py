@@ -34,6 +34,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
     _pumping: asyncio.Task | None = None
     _watching: asyncio.Task | None = None
     _last_frame = 0.0
+    _pending: set  # ids of the client's requests not answered yet
 
     async def connect(self) -> None:
         caller = None
@@ -49,21 +50,25 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         self._serving = asyncio.create_task(server.run(inbox_out, outbox_in, server.create_initialization_options()))
         self._pumping = asyncio.create_task(self._pump())
         self._last_frame = time.monotonic()
+        self._pending = set()
         self._watching = asyncio.create_task(self._close_when_idle())
         for task in (self._serving, self._pumping, self._watching):
             task.add_done_callback(_log_failure)
 
     async def _close_when_idle(self) -> None:
-        """A socket with no frame either way for GATEWAY_SESSION_IDLE_SECONDS is closed, as a normal closure:
-        Daphne accepts only 1000 or 3000-4999 from an application."""
-        while (left := self._last_frame + settings.GATEWAY_SESSION_IDLE_SECONDS - time.monotonic()) > 0:
-            await asyncio.sleep(left)
+        """A socket with no request pending and no frame either way for GATEWAY_SESSION_IDLE_SECONDS is
+        closed, as a normal closure: Daphne accepts only 1000 or 3000-4999 from an application."""
+        idle = settings.GATEWAY_SESSION_IDLE_SECONDS
+        while self._pending or (left := self._last_frame + idle - time.monotonic()) > 0:
+            await asyncio.sleep(idle if self._pending else left)
         await self.close(code=1000, reason="idle")
 
     async def _pump(self) -> None:
         async with self._outbox:
             async for item in self._outbox:
                 self._last_frame = time.monotonic()
+                if isinstance(item.message, types.JSONRPCResponse | types.JSONRPCError):
+                    self._pending.discard(item.message.id)
                 await self.send(text_data=item.message.model_dump_json(by_alias=True, exclude_unset=True))
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -88,6 +93,8 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
                     frame_id(payload),
                 ).body()
             )
+        if isinstance(message, types.JSONRPCRequest):
+            self._pending.add(message.id)
         metadata = ServerMessageMetadata(request_context=self.caller)
         await self._inbox.send(SessionMessage(message, metadata=metadata))
 

@@ -8,6 +8,7 @@ import pytest
 import websockets
 from channels.db import database_sync_to_async
 from mcp.shared.exceptions import MCPError
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from audit.models import AuditEvent
 from tests import servers
@@ -140,7 +141,7 @@ def test_a_tool_name_with_nul_and_a_lone_surrogate_is_refused_and_still_audited(
 def test_websocket_without_a_key_is_refused_at_the_handshake(inline_gateway):
     async def scenario():
         url = inline_gateway.url.replace("http://", "ws://") + "/mcp/ws"
-        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        with pytest.raises(InvalidStatus) as refused:
             async with websockets.connect(url, open_timeout=TIMEOUT):
                 pass
         return refused.value.response.status_code
@@ -151,7 +152,7 @@ def test_websocket_without_a_key_is_refused_at_the_handshake(inline_gateway):
 def test_websocket_with_a_foreign_origin_is_refused_at_the_handshake(inline_gateway, world):
     async def scenario():
         url = inline_gateway.url.replace("http://", "ws://") + "/mcp/ws"
-        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        with pytest.raises(InvalidStatus) as refused:
             async with websockets.connect(
                 url, origin="http://evil.example", open_timeout=TIMEOUT, additional_headers=bearer(world.key)
             ):
@@ -186,7 +187,7 @@ def test_an_oversized_websocket_message_drops_that_socket_only(inline_gateway, w
 
     async def scenario():
         async with ws_session(inline_gateway.url, world.key) as bystander:
-            with pytest.raises(websockets.exceptions.ConnectionClosed):
+            with pytest.raises(ConnectionClosed):
                 async with ws_session(inline_gateway.url, world.key) as ws:
                     await ws.send_raw(
                         json.dumps({"jsonrpc": "2.0", "id": 10, "method": "ping", "params": {"pad": "x" * 1_048_576}})
@@ -266,8 +267,9 @@ def test_an_idle_websocket_is_closed_and_the_gateway_serves_the_next(server_env,
 
     async def scenario():
         async with ws_session(gateway.url, world.key) as ws:
-            busy = await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 1, "b": 2}})
-            with anyio.fail_after(5), pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+            # Longer than the idle limit, with no frame meanwhile: a pending request keeps the socket open.
+            busy = await ws.request("tools/call", {"name": "demo__sleep", "arguments": {"seconds": 2}})
+            with anyio.fail_after(5), pytest.raises(ConnectionClosed) as closed:
                 await ws.ws.recv()
         async with ws_session(gateway.url, world.key) as ws:
             again = await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 2, "b": 2}})
@@ -277,7 +279,7 @@ def test_an_idle_websocket_is_closed_and_the_gateway_serves_the_next(server_env,
         busy, closed, again = run(scenario)
     finally:
         gateway.stop()
-    assert busy["result"]["content"][0]["text"] == "3"
+    assert busy["result"]["content"][0]["text"] == "slept"
     assert closed.rcvd.code == 1000  # Daphne passes no close reason on
     assert again["result"]["content"][0]["text"] == "4"
 
