@@ -8,6 +8,7 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+import anyio
 from django.conf import settings
 from mcp import types
 from mcp.server import Server
@@ -118,7 +119,19 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     assert route is not None
     await _record(kind="approved", **audit)  # before the upstream is touched
     started = time.perf_counter()
-    outcome = await _execute(route, arguments)
+    try:
+        outcome = await _execute(route, arguments)
+    except anyio.get_cancelled_exc_class():  # the client left or cancelled: the call's end is recorded all the same
+        with anyio.CancelScope(shield=True):
+            await _record(
+                kind="completed",
+                outcome="error",
+                error_code="CANCELLED",
+                error_detail="cancelled before the upstream answered",
+                duration_ms=(time.perf_counter() - started) * 1000,
+                **audit,
+            )
+        raise
     duration_ms = (time.perf_counter() - started) * 1000
     result = outcome["result"] if outcome["ok"] else _error_result(params.name, outcome)
     failed = not outcome["ok"] or bool(result.get("isError"))

@@ -1,14 +1,16 @@
 """The audit trail: one approval and one completion per call, sharing a request id; any text is storable."""
 
+import json
 from collections import Counter
 
+import anyio
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
 from audit.services import audit_record, canonical_sha256
-from tests.clients import sdk_client
+from tests.clients import sdk_client, ws_session
 from tests.conftest import needs
-from tests.helpers import audit_mark, audit_since, run
+from tests.helpers import audit_mark, audit_since, eventually, run
 
 CALLS = [
     ("demo__add", {"a": 1, "b": 2}),
@@ -86,3 +88,30 @@ def test_a_lost_audit_connection_fails_one_call_closed_and_the_next_works(inline
     assert after.content[0].text == "after"
     lost = canonical_sha256({"text": "lost"})
     assert not [r for r in audit_since(mark) if r.arguments_sha256 == lost], "an unrecorded call must not run"
+
+
+def test_a_call_whose_client_leaves_still_gets_its_completion_row(inline_gateway, world):
+    mark = audit_mark()
+
+    async def scenario():
+        async with ws_session(inline_gateway.url, world.key) as ws:
+            await ws.ws.send(
+                json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 7,
+                        "method": "tools/call",
+                        "params": {"name": "demo__sleep", "arguments": {"seconds": 3}},
+                    }
+                )
+            )
+            await anyio.sleep(0.5)  # let the call reach the upstream, then leave without waiting
+
+    def both_rows():
+        rows = [r for r in audit_since(mark) if r.tool == "sleep"]
+        return rows if len(rows) == 2 else None
+
+    run(scenario)
+    rows = eventually(both_rows)
+    assert [(r.kind, r.error_code) for r in rows] == [("approved", ""), ("completed", "CANCELLED")]
+    assert rows[0].request_id == rows[1].request_id
