@@ -2,6 +2,8 @@
 
 import os
 import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 from django.test import override_settings
@@ -21,6 +23,24 @@ DEMO = UpstreamSpec(
 )
 
 
+def with_pool(spec: UpstreamSpec, body: Callable[[UpstreamPool], Awaitable[Any]]) -> Any:
+    """Run `body` against a serving pool whose only upstream is `spec`, then stop the pool."""
+
+    async def load_spec(upstream_id: int) -> UpstreamSpec:
+        return spec
+
+    async def scenario() -> Any:
+        pool = UpstreamPool(load_spec)
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.serve)
+            try:
+                return await body(pool)
+            finally:
+                tg.cancel_scope.cancel()
+
+    return anyio.run(scenario)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -30,30 +50,25 @@ def _alive(pid: int) -> bool:
 
 
 def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
-    async def load_spec(upstream_id: int) -> UpstreamSpec:
-        return DEMO
+    async def pid(pool: UpstreamPool) -> int:
+        return int((await pool.call_tool(1, 1, "pid", {}))["result"]["content"][0]["text"])
 
-    async def scenario():
-        pool = UpstreamPool(load_spec)
-        async with anyio.create_task_group() as tg:
-            await tg.start(pool.serve)
-            first = int((await pool.call_tool(1, 1, "pid", {}))["result"]["content"][0]["text"])
-            pool.close_idle(3600)
-            kept = int((await pool.call_tool(1, 1, "pid", {}))["result"]["content"][0]["text"])
-            async with anyio.create_task_group() as calls:
-                calls.start_soon(pool.call_tool, 1, 1, "sleep", {"seconds": 0.5})
-                await anyio.sleep(0.2)
-                pool.close_idle(0)  # the sleep is in flight: nothing may close under it
-                assert _alive(first)
-            pool.close_idle(0)
-            with anyio.fail_after(5):
-                while _alive(first):
-                    await anyio.sleep(0.05)
-            reopened = int((await pool.call_tool(1, 1, "pid", {}))["result"]["content"][0]["text"])
-            tg.cancel_scope.cancel()
-        return first, kept, reopened
+    async def body(pool: UpstreamPool) -> tuple[int, int, int]:
+        first = await pid(pool)
+        pool.close_idle(3600)
+        kept = await pid(pool)
+        async with anyio.create_task_group() as calls:
+            calls.start_soon(pool.call_tool, 1, 1, "sleep", {"seconds": 0.5})
+            await anyio.sleep(0.2)
+            pool.close_idle(0)  # the sleep is in flight: nothing may close under it
+            assert _alive(first)
+        pool.close_idle(0)
+        with anyio.fail_after(5):
+            while _alive(first):
+                await anyio.sleep(0.05)
+        return first, kept, await pid(pool)
 
-    first, kept, reopened = anyio.run(scenario)
+    first, kept, reopened = with_pool(DEMO, body)
     assert kept == first, "a session in use must stay open"
     assert reopened != first and not _alive(first)
 
@@ -61,18 +76,6 @@ def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
 @override_settings(GATEWAY_CONNECT_TIMEOUT=1)
 def test_an_upstream_that_never_answers_the_handshake_is_a_connect_timeout():
     silent = UpstreamSpec(id=2, revision=1, slug="silent", transport="stdio", timeout=5, command="sleep", args=["30"])
-
-    async def load_spec(upstream_id: int) -> UpstreamSpec:
-        return silent
-
-    async def scenario():
-        pool = UpstreamPool(load_spec)
-        async with anyio.create_task_group() as tg:
-            await tg.start(pool.serve)
-            outcome = await pool.call_tool(2, 1, "anything", {})
-            tg.cancel_scope.cancel()
-        return outcome
-
-    outcome = anyio.run(scenario)
+    outcome = with_pool(silent, lambda pool: pool.call_tool(2, 1, "anything", {}))
     assert (outcome["ok"], outcome["code"]) == (False, "UPSTREAM_CONNECT_TIMEOUT")
     assert outcome["message"] == "The service did not answer while connecting. Try later."
