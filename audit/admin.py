@@ -11,6 +11,7 @@ class AuditEventAdmin(admin.ModelAdmin):
         "id",
         "created_at",
         "kind",
+        "action",
         "agent_name",
         "upstream",
         "tool",
@@ -22,6 +23,11 @@ class AuditEventAdmin(admin.ModelAdmin):
     list_filter = ("kind", "outcome", "upstream")
     search_fields = ("=request_id", "agent_name", "tool", "error_code")
     show_full_result_count = False  # no COUNT(*) over a large trail on every page
+
+    @admin.display(description="Action")
+    def action(self, event: AuditEvent) -> str:
+        """What an admin change did (upstream_disabled, agent_key_issued, ...); blank for calls."""
+        return event.detail.get("action", "")
 
     def has_add_permission(self, request) -> bool:
         return False

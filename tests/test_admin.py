@@ -69,3 +69,9 @@ def test_the_audit_trail_cannot_be_added_changed_or_deleted_in_the_admin(admin_c
     assert admin_client.get(f"/admin/audit/auditevent/{row.pk}/delete/").status_code == 403
     admin_client.post(f"/admin/audit/auditevent/{row.pk}/change/", {"kind": "denied"})
     assert AuditEvent.objects.get(pk=row.pk).kind == row.kind
+
+
+def test_the_audit_list_says_what_an_admin_change_did_and_the_root_leads_to_the_console(admin_client, world):
+    page = admin_client.get("/admin/audit/auditevent/?kind=admin_change").content.decode()
+    assert "agent_key_issued" in page
+    assert admin_client.get("/").headers["location"] == "/admin/"
