@@ -1,5 +1,6 @@
 from django.contrib import admin, messages
 
+from registry.forms import UpstreamForm
 from registry.models import Tool, Upstream
 from registry.services import upstream_catalog_sync, upstream_save, upstream_set_enabled
 
@@ -18,6 +19,7 @@ class ToolInline(admin.TabularInline):
 
 @admin.register(Upstream)
 class UpstreamAdmin(admin.ModelAdmin):
+    form = UpstreamForm
     list_display = ("slug", "transport", "group", "enabled", "timeout", "last_synced_at", "last_sync_error")
     list_filter = ("transport", "enabled", "group")
     search_fields = ("slug", "name")

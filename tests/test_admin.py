@@ -1,6 +1,8 @@
 """The admin: switches go through the services (and so the audit), keys are shown once, the trail is
 read-only."""
 
+import json
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
@@ -75,3 +77,47 @@ def test_the_audit_list_says_what_an_admin_change_did_and_the_root_leads_to_the_
     page = admin_client.get("/admin/audit/auditevent/?kind=admin_change").content.decode()
     assert "agent_key_issued" in page
     assert admin_client.get("/").headers["location"] == "/admin/"
+
+
+def _upstream_form(upstream: Upstream, **changes: str) -> dict[str, str]:
+    data = {
+        "slug": upstream.slug,
+        "name": upstream.name,
+        "transport": upstream.transport,
+        "command": upstream.command,
+        "args": json.dumps(upstream.args),
+        "cwd": upstream.cwd,
+        "url": upstream.url,
+        "timeout": str(upstream.timeout),
+        "enabled": "on",
+        "group": "",
+        "tools-TOTAL_FORMS": "0",
+        "tools-INITIAL_FORMS": "0",
+    }
+    return data | changes
+
+
+def test_upstream_secrets_never_reach_the_browser_and_survive_an_edit(admin_client, db):
+    upstream = Upstream.objects.create(
+        slug="vault", transport="stdio", command="true", env={"API_TOKEN": "s3cr3t-value", "REGION": "eu"}
+    )
+    try:
+        page = admin_client.get(f"/admin/registry/upstream/{upstream.pk}/change/").content.decode()
+        assert "s3cr3t-value" not in page and "API_TOKEN" in page
+        # The form comes back with the mask for the token, a new region, and a new key.
+        env = json.dumps({"API_TOKEN": "********", "REGION": "us", "DEBUG": "1"})
+        response = admin_client.post(
+            f"/admin/registry/upstream/{upstream.pk}/change/", _upstream_form(upstream, env=env, headers="{}")
+        )
+        assert response.status_code == 302, response.content.decode()[:2000]
+        upstream.refresh_from_db()
+        assert upstream.env == {"API_TOKEN": "s3cr3t-value", "REGION": "us", "DEBUG": "1"}
+        masked_new_key = json.dumps({"NEW_KEY": "********"})
+        refused = admin_client.post(
+            f"/admin/registry/upstream/{upstream.pk}/change/",
+            _upstream_form(upstream, env=masked_new_key, headers="{}"),
+        )
+        assert "Enter a value for NEW_KEY: nothing is stored for it yet." in refused.content.decode()
+        assert "s3cr3t-value" not in refused.content.decode()
+    finally:
+        upstream.delete()
