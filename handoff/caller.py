@@ -8,7 +8,6 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from handoff.snapshot import snapshot
-from policy.keys import key_matches, key_split
 
 
 @dataclass(frozen=True)
@@ -43,12 +42,8 @@ def origin_allowed(scope: dict) -> bool:
 
 
 async def caller_from_scope(scope: dict, transport: str) -> Caller | None:
-    authorization = header(scope, b"authorization") or ""
-    scheme, _, key = authorization.partition(" ")
-    parts = key_split(key.strip()) if scheme.lower() == "bearer" else None
-    if parts is None:
+    scheme, _, key = (header(scope, b"authorization") or "").partition(" ")
+    if scheme.lower() != "bearer":
         return None
-    entry = (await snapshot.get()).keys.get(parts[0])
-    if not key_matches(entry.digest if entry else None, parts[1]):
-        return None
-    return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport)
+    entry = (await snapshot.get()).key_holder(key.strip())
+    return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport) if entry else None

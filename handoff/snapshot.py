@@ -16,6 +16,7 @@ from django.db.models import F
 
 from handoff.db import database_async
 from handoff.models import ConfigVersion
+from policy.keys import key_matches, key_split
 from policy.models import AgentKey
 from registry.models import Tool, Upstream
 from registry.naming import exposed_name
@@ -56,6 +57,12 @@ class Snapshot:
 
     def tool_for(self, name: str) -> ToolEntry | None:
         return self.tools.get(name)
+
+    def key_holder(self, key: str) -> KeyEntry | None:
+        """The enabled agent holding this API key, or None; constant-time (policy/keys.py)."""
+        parts = key_split(key)
+        entry = self.keys.get(parts[0]) if parts else None
+        return entry if parts and key_matches(entry.digest if entry else None, parts[1]) else None
 
 
 def config_changed() -> None:

@@ -7,7 +7,7 @@ from django.db import transaction
 
 from audit.services import audit_record
 from handoff.snapshot import config_changed
-from policy.keys import KEY_PREFIX, key_digest, key_matches, key_split
+from policy.keys import KEY_PREFIX, key_digest
 from policy.models import Agent, AgentKey, ServerGroup
 
 
@@ -60,15 +60,6 @@ def agent_key_revoke(*, prefix: str, actor: str = "") -> None:
         AgentKey.objects.filter(prefix=prefix).update(revoked=True)
         config_changed()
         audit_record(kind="admin_change", actor=actor, detail={"action": "agent_key_revoked", "prefix": prefix})
-
-
-def agent_authenticate(*, key: str) -> Agent | None:
-    """The enabled agent holding this key, or None (from the database; the web path uses the snapshot)."""
-    parts = key_split(key)
-    record = AgentKey.objects.select_related("agent").filter(prefix=parts[0], revoked=False).first() if parts else None
-    if not parts or not key_matches(record.digest if record else None, parts[1]):
-        return None
-    return record.agent if record.agent.enabled else None
 
 
 def group_set_enabled(*, group: ServerGroup, enabled: bool, actor: str = "") -> None:

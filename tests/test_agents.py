@@ -4,8 +4,9 @@ import hashlib
 
 from django.core.management import call_command
 
+from handoff.snapshot import snapshot_compile
 from policy.models import Agent, AgentKey
-from policy.services import agent_authenticate, agent_create, agent_key_revoke
+from policy.services import agent_create, agent_key_revoke
 
 
 def test_create_agent_prints_a_key_once_and_stores_only_its_hash(db, capsys):
@@ -17,7 +18,8 @@ def test_create_agent_prints_a_key_once_and_stores_only_its_hash(db, capsys):
         secret = key.split("_", 2)[2]
         assert stored.digest == hashlib.sha256(secret.encode()).hexdigest()
         assert secret not in str(AgentKey.objects.filter(pk=stored.pk).values().first())
-        assert agent_authenticate(key=key).name == "cursor-laptop"
+        assert snapshot_compile().key_holder(key).agent_name == "cursor-laptop"
+        assert snapshot_compile().key_holder(key[:-2] + ("xx" if not key.endswith("xx") else "yy")) is None
     finally:
         Agent.objects.filter(name="cursor-laptop").delete()
 
@@ -40,8 +42,8 @@ def test_create_agent_refuses_a_duplicate_name(db):
 def test_a_revoked_key_no_longer_authenticates(db):
     issued = agent_create(name="short-lived")
     try:
-        assert agent_authenticate(key=issued.key).name == "short-lived"
+        assert snapshot_compile().key_holder(issued.key).agent_name == "short-lived"
         agent_key_revoke(prefix=issued.key.split("_")[1])
-        assert agent_authenticate(key=issued.key) is None
+        assert snapshot_compile().key_holder(issued.key) is None
     finally:
         Agent.objects.filter(name="short-lived").delete()
