@@ -55,6 +55,25 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+
+
+def _credential_keys() -> list[str]:
+    """Private keys that open upstream credentials (registry/credentials.py), newest first. A process given
+    only GATEWAY_CREDENTIAL_PUBLIC_KEY holds none; with neither variable, one is made once in var/."""
+    keys = [k.strip() for k in env_str("GATEWAY_CREDENTIAL_KEYS").split(",") if k.strip()]
+    if keys or env_str("GATEWAY_CREDENTIAL_PUBLIC_KEY"):
+        return keys
+    key_file = VAR_DIR / "credential_key"
+    if not key_file.exists():
+        from registry.credentials import key_generate
+
+        key_file.write_text(key_generate())
+        key_file.chmod(0o600)
+    return [key_file.read_text().strip()]
+
+
+GATEWAY_CREDENTIAL_KEYS = _credential_keys()
+GATEWAY_CREDENTIAL_PUBLIC_KEY = env_str("GATEWAY_CREDENTIAL_PUBLIC_KEY")
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1,http://localhost")
@@ -174,6 +193,21 @@ GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0)
 GATEWAY_AUDIT_POOL_SIZE = env_int("GATEWAY_AUDIT_POOL_SIZE", 10)
 # How stale a process's view of upstreams, agents and keys may get after an admin's change.
 GATEWAY_SNAPSHOT_CHECK_SECONDS = env_float("GATEWAY_SNAPSHOT_CHECK_SECONDS", 1.0)
+
+# --- Policy: the stance with no matching rule, and a default for every limit ------------------------
+GATEWAY_POLICY_DEFAULT = os.environ.get("GATEWAY_POLICY_DEFAULT", "allow")
+if GATEWAY_POLICY_DEFAULT not in ("allow", "deny"):
+    raise ValueError("GATEWAY_POLICY_DEFAULT must be 'allow' or 'deny'")
+GATEWAY_AGENT_CALLS_PER_MINUTE = env_int("GATEWAY_AGENT_CALLS_PER_MINUTE", 600)
+GATEWAY_UPSTREAM_CALLS_PER_MINUTE = env_int("GATEWAY_UPSTREAM_CALLS_PER_MINUTE", 6000)
+GATEWAY_SESSION_MAX_CALLS = env_int("GATEWAY_SESSION_MAX_CALLS", 5000)
+GATEWAY_UPSTREAM_MAX_CONCURRENT = env_int("GATEWAY_UPSTREAM_MAX_CONCURRENT", 64)
+GATEWAY_BREAKER_FAILURES = env_int("GATEWAY_BREAKER_FAILURES", 5)
+GATEWAY_BREAKER_RECOVERY_SECONDS = env_float("GATEWAY_BREAKER_RECOVERY_SECONDS", 30.0)
+# What an upstream may put in front of a model: longer text is cut, larger schemas refuse the tool.
+GATEWAY_MAX_DESCRIPTION_CHARS = env_int("GATEWAY_MAX_DESCRIPTION_CHARS", 4096)
+GATEWAY_MAX_TITLE_CHARS = env_int("GATEWAY_MAX_TITLE_CHARS", 256)
+GATEWAY_MAX_SCHEMA_BYTES = env_int("GATEWAY_MAX_SCHEMA_BYTES", 65_536)
 
 # --- Django basics --------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -15,7 +15,14 @@ class Caller:
     agent_id: int
     agent_name: str
     transport: str  # "http" or "ws"
+    key_prefix: str  # the public part of the API key the request carried
     session_id: str = ""
+
+    @property
+    def session_key(self) -> str:
+        """What session state (group lock, call count) is bound to: the MCP session, or for stateless
+        2026-07-28 requests, which have none, the API key."""
+        return self.session_id or f"key-{self.key_prefix}"
 
 
 def header(scope: dict, name: bytes) -> str | None:
@@ -46,4 +53,6 @@ async def caller_from_scope(scope: dict, transport: str) -> Caller | None:
     if scheme.lower() != "bearer":
         return None
     entry = (await snapshot.get()).key_holder(key.strip())
-    return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport) if entry else None
+    if entry is None:
+        return None
+    return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport, key_prefix=entry.prefix)

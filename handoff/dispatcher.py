@@ -5,7 +5,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -21,9 +21,10 @@ from audit.services import canonical_sha256
 from audit.writer import AuditUnavailable, audit_writer
 from handoff.caller import Caller
 from handoff.snapshot import Route, Snapshot, snapshot
-from policy.decisions import Denial, Target, policy_decide
-from registry.executor import get_executor
-from registry.naming import split_exposed_name
+from policy.decisions import Denial
+from policy.limits import Admission, Health, health_of, limit_store, limits_denial
+from policy.redaction import redact, redact_error_result
+from registry.executor import EXECUTOR_GRACE_SECONDS, get_executor
 from registry.pool import Outcome, failure
 
 logger = logging.getLogger(__name__)
@@ -43,19 +44,6 @@ def caller_of(ctx: ServerRequestContext) -> Caller:
     caller: Caller = request.scope["switchboard.caller"]
     session_id = request.headers.get("mcp-session-id")
     return replace(caller, session_id=session_id) if session_id else caller
-
-
-def _plan(snap: Snapshot, caller: Caller, name: str) -> tuple[Denial | None, Route | None, str]:
-    """The decision, the route when there is one, and the upstream the name points at (for the audit)."""
-    entry = snap.tool_for(name)
-    if entry:
-        target = Target(name, entry.route.upstream_slug, entry.reachable, True)
-    else:
-        parts = split_exposed_name(name)
-        slug = parts[0] if parts and parts[0] in snap.upstreams else None
-        target = Target(name, slug, snap.upstreams.get(slug or "", False), False)
-    denial = policy_decide(agent_enabled=caller.agent_id in snap.enabled_agents, target=target)
-    return denial, entry.route if entry else None, target.upstream_slug or ""
 
 
 async def _execute(route: Route, arguments: dict[str, Any]) -> Outcome:
@@ -94,34 +82,111 @@ def _finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]
     return result
 
 
-def _error_result(name: str, outcome: Outcome) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": f"{name}: {outcome['message']}"}], "isError": True}
+def _for_model(name: str, outcome: Outcome) -> dict[str, Any]:
+    """What the model sees: results as the upstream sent them, errors redacted (the audit has them whole)."""
+    if outcome["ok"]:
+        result = outcome["result"]
+        return redact_error_result(result) if result.get("isError") else result
+    message = outcome["message"] if outcome.get("validation") else redact(outcome["message"])
+    return {"content": [{"type": "text", "text": f"{name}: {message}"}], "isError": True}
+
+
+def _error_text(result: dict[str, Any]) -> str:
+    return "\n".join(item.get("text", "") for item in result.get("content") or [] if item.get("type") == "text")
+
+
+def _admission(snap: Snapshot, caller: Caller, route: Route, request_id: str) -> Admission:
+    agent = snap.agents[caller.agent_id]
+    return Admission(
+        request_id=request_id,
+        session=f"{caller.agent_id}:{caller.session_key}",
+        agent_id=caller.agent_id,
+        agent_calls_per_minute=agent.calls_per_minute,
+        session_max_calls=agent.max_calls_per_session,
+        upstream_id=route.upstream_id,
+        upstream_slug=route.upstream_slug,
+        strict_group=route.strict_group,
+        group_name=route.group_name,
+        upstream_calls_per_minute=route.calls_per_minute,
+        upstream_max_concurrent=route.max_concurrent,
+        breaker_failures=route.breaker_failures,
+        breaker_recovery=route.breaker_recovery,
+        probe_seconds=route.timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS,
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    upstream: str  # the upstream the name points at, for the audit
+    route: Route | None = None
+    denial: Denial | None = None
+    admission: Admission | None = None  # held while the call runs; given back by release
+    probing: bool = False  # this call is the half-open circuit's one probe
+
+
+async def _decide(caller: Caller, name: str, request_id: str) -> Decision:
+    """The static decision over the snapshot, then admission against shared state (isolation, breaker,
+    limits), which takes the call's share of every limit when it admits it."""
+    snap = await snapshot.get()
+    denial, entry, upstream = snap.decide(caller.agent_id, name)
+    if denial or entry is None:
+        return Decision(upstream, entry.route if entry else None, denial)
+    admission = _admission(snap, caller, entry.route, request_id)
+    verdict = await limit_store().admit(admission)
+    if verdict.code:
+        return Decision(upstream, entry.route, limits_denial(admission, verdict, name))
+    return Decision(upstream, entry.route, admission=admission, probing=verdict.probing)
 
 
 async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> dict[str, Any]:
     caller = caller_of(ctx)
     arguments = params.arguments or {}
+    request_id = uuid.uuid4()
+    decision = await _decide(caller, params.name, str(request_id))
+    route, denial, admission = decision.route, decision.denial, decision.admission
     audit = {
-        "request_id": uuid.uuid4(),
+        "request_id": request_id,
         "agent_id": caller.agent_id,
         "agent_name": caller.agent_name,
         "session_id": caller.session_id,
         "transport": caller.transport,
         "exposed_name": params.name,
         "arguments_sha256": canonical_sha256(arguments),
+        "upstream": decision.upstream,
+        "tool": route.tool if route else "",
     }
-    denial, route, upstream = _plan(await snapshot.get(), caller, params.name)
-    audit.update(upstream=upstream, tool=route.tool if route else "")
     if denial:
         await _record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit)
-        data = {"code": denial.code, "requestId": str(audit["request_id"])}
-        raise MCPError(denial.jsonrpc_code, denial.message, data)
-    assert route is not None
-    await _record(kind="approved", **audit)  # before the upstream is touched
+        raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)})
+    assert route is not None and admission is not None
+    health: Health = "none"
+    try:
+        await _record(kind="approved", **audit)  # before the upstream is touched
+        outcome, duration_ms = await _run(route, arguments, audit)
+        health = health_of(outcome.get("code"))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await limit_store().release(admission, health, decision.probing)
+    result = _for_model(params.name, outcome)
+    failed = not outcome["ok"] or bool(result.get("isError"))
+    await _record(
+        kind="completed",
+        duration_ms=duration_ms,
+        response_bytes=len(json.dumps(result)),
+        outcome=("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok",
+        error_code=outcome.get("code", "TOOL_ERROR" if failed else ""),
+        error_detail=outcome.get("detail") or (_error_text(outcome["result"]) if failed else ""),
+        **audit,
+    )
+    return _finish(ctx, result)
+
+
+async def _run(route: Route, arguments: dict[str, Any], audit: dict[str, Any]) -> tuple[Outcome, float]:
+    """The outcome and its duration; a cancelled call (the client left) gets its completion row all the same."""
     started = time.perf_counter()
     try:
         outcome = await _execute(route, arguments)
-    except anyio.get_cancelled_exc_class():  # the client left or cancelled: the call's end is recorded all the same
+    except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
             await _record(
                 kind="completed",
@@ -132,24 +197,12 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
                 **audit,
             )
         raise
-    duration_ms = (time.perf_counter() - started) * 1000
-    result = outcome["result"] if outcome["ok"] else _error_result(params.name, outcome)
-    failed = not outcome["ok"] or bool(result.get("isError"))
-    await _record(
-        kind="completed",
-        duration_ms=duration_ms,
-        response_bytes=len(json.dumps(result)),
-        outcome=("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok",
-        error_code=outcome.get("code", "TOOL_ERROR" if failed else ""),
-        error_detail=outcome.get("detail", ""),
-        **audit,
-    )
-    return _finish(ctx, result)
+    return outcome, (time.perf_counter() - started) * 1000
 
 
 async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict[str, Any]:
-    caller_of(ctx)  # every request carries an authenticated caller; fail loudly if a transport forgot
-    return _finish(ctx, {"tools": list((await snapshot.get()).visible)})
+    caller = caller_of(ctx)
+    return _finish(ctx, {"tools": list((await snapshot.get()).visible_for(caller.agent_id))})
 
 
 def build_server() -> Server:

@@ -16,21 +16,29 @@ from django.db.models import F
 
 from handoff.db import database_async
 from handoff.models import ConfigVersion
+from policy.decisions import CompiledRule, Denial, Policy, Target, policy_decide
 from policy.keys import key_matches, key_split
-from policy.models import AgentKey
+from policy.manifest import manifest_sanitize
+from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
 from registry.models import Tool, Upstream
-from registry.naming import exposed_name
+from registry.naming import exposed_name, split_exposed_name
 
 
 @dataclass(frozen=True)
 class Route:
-    """Where an exposed tool name leads."""
+    """Where an exposed tool name leads, and the limits that apply on the way."""
 
     upstream_id: int
     upstream_slug: str
     revision: int
     timeout: float
     tool: str
+    strict_group: int | None  # the upstream's group, when that group is strict
+    group_name: str
+    calls_per_minute: int
+    max_concurrent: int
+    breaker_failures: int
+    breaker_recovery: float
 
 
 @dataclass(frozen=True)
@@ -38,31 +46,68 @@ class KeyEntry:
     digest: str
     agent_id: int
     agent_name: str
+    prefix: str
+
+
+@dataclass(frozen=True)
+class AgentEntry:
+    calls_per_minute: int
+    max_calls_per_session: int
 
 
 @dataclass(frozen=True)
 class ToolEntry:
     route: Route
-    reachable: bool
+    target: Target
+    definition: dict[str, Any]  # sanitised, under its exposed name
 
 
 @dataclass(frozen=True)
 class Snapshot:
     version: int
     keys: dict[str, KeyEntry] = field(default_factory=dict)  # key prefix -> key of an enabled agent
-    enabled_agents: frozenset[int] = frozenset()
+    agents: dict[int, AgentEntry] = field(default_factory=dict)  # enabled agents
     tools: dict[str, ToolEntry] = field(default_factory=dict)  # exposed name -> every upstream's tools
     upstreams: dict[str, bool] = field(default_factory=dict)  # slug -> reachable
-    visible: tuple[dict[str, Any], ...] = ()  # the tools/list payload
-
-    def tool_for(self, name: str) -> ToolEntry | None:
-        return self.tools.get(name)
+    policy: Policy = Policy()
+    # Per-agent results, filled on first use; bounded by agents × known tools.
+    _decisions: dict[tuple[int, str], Denial | None] = field(default_factory=dict, compare=False)
+    _visible: dict[int, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
 
     def key_holder(self, key: str) -> KeyEntry | None:
         """The enabled agent holding this API key, or None; constant-time (policy/keys.py)."""
         parts = key_split(key)
         entry = self.keys.get(parts[0]) if parts else None
         return entry if parts and key_matches(entry.digest if entry else None, parts[1]) else None
+
+    def decide(self, agent_id: int, name: str) -> tuple[Denial | None, ToolEntry | None, str]:
+        """The static decision for this agent and exposed name (policy/decisions.py), the tool when the
+        name is known, and the upstream the name points at (for the audit)."""
+        entry = self.tools.get(name)
+        if entry is None:
+            target = self._unknown(name)
+            return self._decide(agent_id, target), None, target.upstream_slug or ""
+        key = (agent_id, name)
+        if key not in self._decisions:
+            self._decisions[key] = self._decide(agent_id, entry.target)
+        return self._decisions[key], entry, entry.route.upstream_slug
+
+    def visible_for(self, agent_id: int) -> tuple[dict[str, Any], ...]:
+        """The tools/list payload for this agent: only what it may call."""
+        if agent_id not in self._visible:
+            self._visible[agent_id] = tuple(
+                entry.definition for name, entry in self.tools.items() if self.decide(agent_id, name)[0] is None
+            )
+        return self._visible[agent_id]
+
+    def _decide(self, agent_id: int, target: Target) -> Denial | None:
+        enabled = agent_id in self.agents
+        return policy_decide(policy=self.policy, agent_id=agent_id, agent_enabled=enabled, target=target)
+
+    def _unknown(self, name: str) -> Target:
+        parts = split_exposed_name(name)
+        slug = parts[0] if parts and parts[0] in self.upstreams else None
+        return Target(name, slug, self.upstreams.get(slug or "", False), False)
 
 
 def config_changed() -> None:
@@ -72,33 +117,90 @@ def config_changed() -> None:
 
 
 def on_routing_row_changed(**kwargs: Any) -> None:
-    """Receiver for post_save and post_delete of the models routing reads (connected in apps.py)."""
-    config_changed()
+    """Receiver for post_save, post_delete and m2m_changed of the models routing reads (apps.py)."""
+    if kwargs.get("action", "post_").startswith("post_"):
+        config_changed()
 
 
 def config_version() -> int:
     return ConfigVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
 
 
-def snapshot_compile() -> Snapshot:
-    version = config_version()  # read first: a change racing the compile leaves the version behind, not ahead
-    keys = AgentKey.objects.filter(revoked=False, agent__enabled=True).select_related("agent")
-    upstreams = {u.id: u for u in Upstream.objects.select_related("group")}
-    tools, visible = {}, []
+def _route(upstream: Upstream, tool: Tool) -> Route:
+    group = upstream.group
+    return Route(
+        upstream_id=upstream.id,
+        upstream_slug=upstream.slug,
+        revision=upstream.revision,
+        timeout=min(upstream.timeout, settings.GATEWAY_MAX_TIMEOUT),
+        tool=tool.name,
+        strict_group=group.id if group and group.isolation == ServerGroup.Isolation.STRICT else None,
+        group_name=group.name if group else "",
+        calls_per_minute=upstream.calls_per_minute or settings.GATEWAY_UPSTREAM_CALLS_PER_MINUTE,
+        max_concurrent=upstream.max_concurrent or settings.GATEWAY_UPSTREAM_MAX_CONCURRENT,
+        breaker_failures=upstream.breaker_failures or settings.GATEWAY_BREAKER_FAILURES,
+        breaker_recovery=upstream.breaker_recovery or settings.GATEWAY_BREAKER_RECOVERY_SECONDS,
+    )
+
+
+def _tools(upstreams: dict[int, Upstream]) -> dict[str, ToolEntry]:
+    tools = {}
     for tool in Tool.objects.order_by("upstream__slug", "name"):
         upstream = upstreams[tool.upstream_id]
         name = exposed_name(upstream.slug, tool.name)
-        route = Route(upstream.id, upstream.slug, upstream.revision, upstream.timeout, tool.name)
-        tools[name] = ToolEntry(route, upstream.is_reachable)
-        if upstream.is_reachable:
-            visible.append(tool.definition | {"name": name})
+        target = Target(
+            exposed_name=name,
+            upstream_slug=upstream.slug,
+            upstream_enabled=upstream.is_reachable,
+            tool_known=True,
+            upstream_id=upstream.id,
+            server_group_id=upstream.group_id,
+            tool=tool.name,
+            approved=tool.is_approved,
+        )
+        tools[name] = ToolEntry(_route(upstream, tool), target, manifest_sanitize(tool.definition) | {"name": name})
+    return tools
+
+
+def _policy() -> Policy:
+    members: dict[int, set[int]] = {}
+    for group_id, agent_id in AgentGroup.agents.through.objects.values_list("agentgroup_id", "agent_id"):
+        members.setdefault(group_id, set()).add(agent_id)
+    rules = []
+    for rule in Rule.objects.filter(enabled=True):
+        agents = None
+        if rule.agent_id or rule.agent_group_id:
+            agents = frozenset(({rule.agent_id} if rule.agent_id else set()) | members.get(rule.agent_group_id, set()))
+        rules.append(
+            CompiledRule.build(
+                allow=rule.effect == Rule.Effect.ALLOW,
+                agents=agents,
+                upstream_id=rule.upstream_id,
+                server_group_id=rule.server_group_id,
+                tool_pattern=rule.tool_pattern,
+            )
+        )
+    return Policy(rules=tuple(rules), default_allow=settings.GATEWAY_POLICY_DEFAULT == "allow")
+
+
+def snapshot_compile() -> Snapshot:
+    version = config_version()  # read first: a change racing the compile leaves the version behind, not ahead
+    keys = AgentKey.objects.filter(revoked=False, agent__enabled=True).select_related("agent")
+    agents = Agent.objects.filter(enabled=True)
+    upstreams = {u.id: u for u in Upstream.objects.select_related("group")}
     return Snapshot(
         version=version,
-        keys={k.prefix: KeyEntry(k.digest, k.agent_id, k.agent.name) for k in keys},
-        enabled_agents=frozenset(k.agent_id for k in keys),
-        tools=tools,
+        keys={k.prefix: KeyEntry(k.digest, k.agent_id, k.agent.name, k.prefix) for k in keys},
+        agents={
+            a.id: AgentEntry(
+                calls_per_minute=a.calls_per_minute or settings.GATEWAY_AGENT_CALLS_PER_MINUTE,
+                max_calls_per_session=a.max_calls_per_session or settings.GATEWAY_SESSION_MAX_CALLS,
+            )
+            for a in agents
+        },
+        tools=_tools(upstreams),
         upstreams={u.slug: u.is_reachable for u in upstreams.values()},
-        visible=tuple(visible),
+        policy=_policy(),
     )
 
 

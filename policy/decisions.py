@@ -1,12 +1,17 @@
-"""The call decision: a pure function of what is known about the caller and the target."""
+"""The call decision: a pure function of the compiled policy, the caller and the target."""
 
+import fnmatch
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from mcp import types
 
-# JSON-RPC codes: unknown tools are invalid params (the spec's choice); refusals sit in the server range.
+# JSON-RPC codes: unknown tools are invalid params (the spec's choice); refusals sit in the server range:
+# a policy refusal will not change by retrying, a limit or an open circuit will, after `retryAfter`.
 INVALID_PARAMS = types.INVALID_PARAMS
 POLICY_DENIED = -32001
+RETRY_LATER = -32003
 
 
 @dataclass(frozen=True)
@@ -14,6 +19,13 @@ class Denial:
     code: str
     message: str
     jsonrpc_code: int = POLICY_DENIED
+    retry_after: float | None = None  # seconds, for refusals that lift with time
+
+    def data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"code": self.code}
+        if self.retry_after is not None:
+            data["retryAfter"] = round(self.retry_after, 3)
+        return data
 
 
 @dataclass(frozen=True)
@@ -24,22 +36,76 @@ class Target:
     upstream_slug: str | None
     upstream_enabled: bool
     tool_known: bool
+    upstream_id: int | None = None
+    server_group_id: int | None = None
+    tool: str = ""  # the upstream's own name for it
+    approved: bool = True
 
 
-def policy_decide(*, agent_enabled: bool, target: Target) -> Denial | None:
+@dataclass(frozen=True)
+class CompiledRule:
+    allow: bool
+    agents: frozenset[int] | None  # None: any agent (the rule names no agent and no agent group)
+    upstream_id: int | None
+    server_group_id: int | None
+    pattern: re.Pattern[str]
+
+    @classmethod
+    def build(cls, *, allow: bool, agents: frozenset[int] | None, upstream_id: int | None,
+              server_group_id: int | None, tool_pattern: str) -> "CompiledRule":  # fmt: skip
+        return cls(allow, agents, upstream_id, server_group_id, re.compile(fnmatch.translate(tool_pattern)))
+
+    def matches(self, agent_id: int, target: Target) -> bool:
+        return (
+            (self.agents is None or agent_id in self.agents)
+            and (self.upstream_id is None or self.upstream_id == target.upstream_id)
+            and (self.server_group_id is None or self.server_group_id == target.server_group_id)
+            and self.pattern.match(target.tool) is not None
+        )
+
+
+@dataclass(frozen=True)
+class Policy:
+    rules: tuple[CompiledRule, ...] = ()
+    default_allow: bool = True
+
+    def permits(self, agent_id: int, target: Target) -> bool:
+        """Deny wins; an allow lets through; with neither, the deployment's stance decides."""
+        allowed = False
+        for rule in self.rules:
+            if rule.matches(agent_id, target):
+                if not rule.allow:
+                    return False
+                allowed = True
+        return allowed or self.default_allow
+
+
+def policy_decide(*, policy: Policy, agent_id: int, agent_enabled: bool, target: Target) -> Denial | None:
     """None when the call may go ahead, else the reason it may not, written for the model."""
+    name = target.exposed_name
     if not agent_enabled:
         return Denial("AGENT_DISABLED", "This agent has been disabled by an administrator.")
     if target.upstream_slug is None or not target.tool_known:
         return Denial(
             "TOOL_NOT_FOUND",
-            f"Unknown tool: {target.exposed_name!r}. Call tools/list for the tools this gateway offers.",
+            f"Unknown tool: {name!r}. Call tools/list for the tools this gateway offers.",
             INVALID_PARAMS,
         )
     if not target.upstream_enabled:
         return Denial(
             "UPSTREAM_DISABLED",
-            f"The tool {target.exposed_name!r} belongs to the service {target.upstream_slug!r}, "
+            f"The tool {name!r} belongs to the service {target.upstream_slug!r}, "
             "which an administrator has disabled. Do not retry; choose another tool.",
+        )
+    if not policy.permits(agent_id, target):
+        return Denial(
+            "POLICY_DENIED",
+            f"The gateway's policy does not let this agent use {name!r}. Do not retry; choose another tool.",
+        )
+    if not target.approved:
+        return Denial(
+            "TOOL_PENDING_APPROVAL",
+            f"The tool {name!r} changed since an administrator approved it and is held until they review "
+            "the change. Choose another tool.",
         )
     return None

@@ -1,3 +1,4 @@
+from django.core.validators import MinValueValidator
 from django.db import models
 
 
@@ -19,11 +20,18 @@ class ServerGroup(models.Model):
         return self.name
 
 
+def limit_field(help_text: str) -> models.PositiveIntegerField:
+    """A per-object limit; empty means the deployment's default (settings.GATEWAY_*)."""
+    return models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)], help_text=help_text)
+
+
 class Agent(models.Model):
     """A client of the gateway (an MCP host such as Claude Desktop or an automation)."""
 
     name = models.CharField(max_length=64, unique=True)
     enabled = models.BooleanField(default=True)
+    calls_per_minute = limit_field("Tool calls in any 60 seconds; empty: GATEWAY_AGENT_CALLS_PER_MINUTE")
+    max_calls_per_session = limit_field("Tool calls in one session; empty: GATEWAY_SESSION_MAX_CALLS")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -49,3 +57,50 @@ class AgentKey(models.Model):
 
     def __str__(self) -> str:
         return f"sb_{self.prefix}_…"
+
+
+class AgentGroup(models.Model):
+    """Agents that rules treat alike (a team, say)."""
+
+    name = models.CharField(max_length=64, unique=True)
+    agents = models.ManyToManyField(Agent, blank=True, related_name="agent_groups")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Rule(models.Model):
+    """Allow or deny matching calls. Empty subject fields match everything; deny wins over allow, and with
+    no matching rule the deployment's stance (GATEWAY_POLICY_DEFAULT) decides."""
+
+    class Effect(models.TextChoices):
+        ALLOW = "allow", "Allow"
+        DENY = "deny", "Deny"
+
+    effect = models.CharField(max_length=5, choices=Effect.choices)
+    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
+    agent_group = models.ForeignKey(AgentGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
+    upstream = models.ForeignKey(
+        "registry.Upstream", null=True, blank=True, on_delete=models.CASCADE, related_name="rules"
+    )
+    server_group = models.ForeignKey(ServerGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
+    tool_pattern = models.CharField(
+        max_length=128,
+        default="*",
+        help_text="Shell-style pattern over the upstream's own tool name, e.g. delete_* or get_?",
+    )
+    enabled = models.BooleanField(default=True)
+    note = models.CharField(max_length=256, blank=True, help_text="Why this rule exists")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["effect", "id"]
+
+    def __str__(self) -> str:
+        who = self.agent or self.agent_group or "any agent"
+        where = self.upstream or self.server_group or "any service"
+        return f"{self.effect} {who} → {where} / {self.tool_pattern}"

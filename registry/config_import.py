@@ -73,6 +73,15 @@ def mcp_config_import(*, config: Any, actor: str = "") -> ImportReport:
     return report
 
 
+def _up_to_date(upstream: Upstream, fields: dict[str, Any]) -> bool:
+    """Sealed credentials cannot be compared here (only the executor opens them): an entry that carries
+    any is imported again."""
+    credentials = ("env", "headers")
+    if any(fields[name] or getattr(upstream, name) for name in credentials):
+        return False
+    return all(getattr(upstream, key) == value for key, value in fields.items() if key not in credentials)
+
+
 def _import_one(name: str, entry: dict[str, Any], actor: str, report: ImportReport) -> None:
     slug = slug_for(name)
     try:
@@ -84,7 +93,7 @@ def _import_one(name: str, entry: dict[str, Any], actor: str, report: ImportRepo
     created = upstream is None
     if created:
         upstream = Upstream(slug=slug, name=name)
-    elif all(getattr(upstream, key) == value for key, value in fields.items()):
+    elif _up_to_date(upstream, fields):
         report.skipped.append((name, f"upstream {slug!r} is already up to date"))
         return
     for key, value in fields.items():

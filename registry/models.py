@@ -2,7 +2,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from policy.models import ServerGroup
+from policy.models import ServerGroup, limit_field
 
 # Slugs never contain "_" or ".", so every allowed separator splits an exposed name unambiguously.
 slug_validator = RegexValidator(
@@ -17,6 +17,10 @@ class Upstream(models.Model):
         STREAMABLE_HTTP = "streamable_http", "Streamable HTTP"
         SSE = "sse", "HTTP+SSE (2024-11-05)"
 
+    class NewTools(models.TextChoices):
+        HOLD = "hold", "Hold for an administrator's approval"
+        APPROVE = "approve", "Approve automatically"
+
     slug = models.CharField(
         max_length=32, unique=True, validators=[slug_validator], help_text="Namespace of this upstream's tools"
     )
@@ -30,10 +34,31 @@ class Upstream(models.Model):
     headers = models.JSONField(default=dict, blank=True, help_text="HTTP headers sent to the upstream")
     group = models.ForeignKey(ServerGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="upstreams")
     enabled = models.BooleanField(default=True)
+    internal = models.BooleanField(
+        default=False,
+        help_text="Allow a private, loopback or link-local address (an upstream inside your own network)",
+    )
+    new_tools = models.CharField(
+        max_length=8,
+        choices=NewTools.choices,
+        default=NewTools.HOLD,
+        help_text="What happens to a tool that appears after the first catalog sync",
+    )
     timeout = models.FloatField(
         default=settings.GATEWAY_DEFAULT_TIMEOUT,
         validators=[MinValueValidator(0.1), MaxValueValidator(settings.GATEWAY_MAX_TIMEOUT)],
-        help_text="Seconds a tool call may take",
+        help_text="Seconds a tool call may take; progress notifications do not extend it",
+    )
+    calls_per_minute = limit_field("Tool calls in any 60 seconds; empty: GATEWAY_UPSTREAM_CALLS_PER_MINUTE")
+    max_concurrent = limit_field("Calls running at once; empty: GATEWAY_UPSTREAM_MAX_CONCURRENT")
+    breaker_failures = limit_field(
+        "Consecutive failures or timeouts that open the circuit; empty: GATEWAY_BREAKER_FAILURES"
+    )
+    breaker_recovery = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.1)],
+        help_text="Seconds an open circuit waits before one probe call; empty: GATEWAY_BREAKER_RECOVERY_SECONDS",
     )
     # Bumped on every change of how to reach the upstream, so executors reconnect.
     revision = models.PositiveIntegerField(default=1)
@@ -82,6 +107,11 @@ class Tool(models.Model):
     annotations = models.JSONField(null=True, blank=True)
     definition = models.JSONField(help_text="The tool as the upstream listed it")
     definition_sha256 = models.CharField(max_length=64)
+    # The pin: the definition an administrator approved. A tool is offered only while the two hashes agree.
+    approved_definition = models.JSONField(null=True, blank=True)
+    approved_sha256 = models.CharField(max_length=64, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approved_by = models.CharField(max_length=150, blank=True)
     first_seen_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField()
 
@@ -91,3 +121,7 @@ class Tool(models.Model):
 
     def __str__(self) -> str:
         return f"{self.upstream.slug}/{self.name}"
+
+    @property
+    def is_approved(self) -> bool:
+        return self.approved_sha256 == self.definition_sha256

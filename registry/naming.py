@@ -1,13 +1,12 @@
 """Exposed tool names: `<upstream slug><separator><tool name>`, shortened deterministically when too long."""
 
 import hashlib
-import re
 
 from django.conf import settings
 
+from policy.manifest import TOOL_NAME
+
 HASH_CHARS = 8
-# The spec's tool-name alphabet, matched in full and in ASCII only.
-TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}", re.ASCII)
 
 
 def exposed_name(slug: str, tool: str) -> str:

@@ -31,6 +31,7 @@ class Outcome(TypedDict, total=False):
     code: str  # when not ok: a stable error code
     message: str  # when not ok: for the model (redacted later)
     detail: str  # when not ok: the full story, for the audit only
+    validation: bool  # when not ok: the message judges the call's arguments (kept whole for the model)
 
 
 def failure(code: str, message: str, detail: str = "") -> Outcome:
@@ -143,7 +144,9 @@ class UpstreamPool:
                     "Retry only if the call is safe to repeat.",
                     repr(exc),
                 )
-            return failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
+            refused = failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
+            # The upstream judged the arguments: its words tell the model how to fix them, so redaction spares them.
+            return refused | {"validation": True} if exc.code == types.INVALID_PARAMS else refused
         except (ValidationError, RuntimeError) as exc:
             # The SDK client raises RuntimeError when structured content is missing or breaks the tool's
             # own output schema (ClientSession.validate_tool_result), ValidationError for malformed results.

@@ -9,11 +9,15 @@ from django.utils import timezone
 
 from audit.services import audit_record, canonical_sha256
 from handoff.snapshot import config_changed
+from policy.manifest import schema_problem, tool_name_problem
+from registry.credentials import credentials_seal
 from registry.executor import get_executor
 from registry.models import Tool, Upstream
-from registry.naming import TOOL_NAME
 
 logger = logging.getLogger(__name__)
+
+
+SYNC_ACTOR = "catalog sync"
 
 
 @dataclass
@@ -23,16 +27,20 @@ class SyncReport:
     added: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
-    rejected: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)  # added or changed, waiting for an administrator's approval
+    rejected: list[str] = field(default_factory=list)  # "name: why"
     error: str = ""
 
     def summary(self) -> str:
         if not self.ok:
             return f"{self.upstream}: catalog sync failed: {self.error}"
-        return (
+        text = (
             f"{self.upstream}: {len(self.added)} added, {len(self.changed)} changed, "
             f"{len(self.removed)} removed, {len(self.rejected)} rejected"
         )
+        held = f"; held for approval: {', '.join(self.held)}" if self.held else ""
+        rejected = f"; rejected: {'; '.join(self.rejected)}" if self.rejected else ""
+        return text + held + rejected
 
 
 def _tool_fields(definition: dict[str, Any]) -> dict[str, Any]:
@@ -47,7 +55,16 @@ def _tool_fields(definition: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def upstream_catalog_sync(*, upstream: Upstream) -> SyncReport:
+def _approval(definition: dict[str, Any], actor: str) -> dict[str, Any]:
+    return {
+        "approved_definition": definition,
+        "approved_sha256": canonical_sha256(definition),
+        "approved_at": timezone.now(),
+        "approved_by": actor,
+    }
+
+
+def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> SyncReport:
     """Fetch every page of the upstream's tools through the executor and store them."""
     report = SyncReport(upstream=upstream.slug, ok=False)
     outcome = get_executor().list_tools(upstream_id=upstream.id, revision=upstream.revision, timeout=upstream.timeout)
@@ -56,35 +73,87 @@ def upstream_catalog_sync(*, upstream: Upstream) -> SyncReport:
         logger.warning("catalog sync of %s failed: %s", upstream.slug, outcome.get("detail"))
         Upstream.objects.filter(pk=upstream.pk).update(last_sync_error=report.error)
         return report
-    _catalog_store(upstream, outcome["result"], report)
+    _catalog_store(upstream, outcome["result"], report, actor)
     report.ok = True
     return report
 
 
+def _refusal(definition: Any, seen: set[str]) -> str | None:
+    if not isinstance(definition, dict):
+        return "not a tool definition"
+    name = definition.get("name")
+    problem = tool_name_problem(name)
+    if problem is None and name in seen:
+        problem = "listed twice"
+    return problem or schema_problem(definition)
+
+
 @transaction.atomic
-def _catalog_store(upstream: Upstream, definitions: list[dict[str, Any]], report: SyncReport) -> None:
+def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncReport, actor: str) -> None:
+    """Store the listing. The first sync approves what the administrator registered; afterwards a new tool
+    follows the upstream's `new_tools` setting and a changed definition is held until approved."""
     now = timezone.now()
+    first_sync = upstream.last_synced_at is None and not upstream.tools.exists()
     existing = {tool.name: tool for tool in upstream.tools.all()}
-    seen = set()
+    seen: set[str] = set()
     for definition in definitions:
-        name = definition.get("name", "")
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name) or name in seen:
-            report.rejected.append(str(name)[:128])
+        if problem := _refusal(definition, seen):
+            name = definition.get("name") if isinstance(definition, dict) else None
+            report.rejected.append(f"{str(name)[:128]!r}: {problem}")
             continue
+        name = definition["name"]
         seen.add(name)
         fields = _tool_fields(definition)
+        sha256 = fields["definition_sha256"]
         tool = existing.get(name)
         if tool is None:
-            Tool.objects.create(upstream=upstream, name=name, last_seen_at=now, **fields)
+            approved = first_sync or upstream.new_tools == Upstream.NewTools.APPROVE
+            pin = _approval(definition, actor) if approved else {}
+            Tool.objects.create(upstream=upstream, name=name, last_seen_at=now, **fields, **pin)
             report.added.append(name)
-            continue
-        if tool.definition_sha256 != fields["definition_sha256"]:
-            report.changed.append(name)
-        Tool.objects.filter(pk=tool.pk).update(last_seen_at=now, **fields)
+            action = "tool_added"
+        else:
+            approved = tool.approved_sha256 == sha256
+            Tool.objects.filter(pk=tool.pk).update(last_seen_at=now, **fields)
+            action = "tool_changed" if tool.definition_sha256 != sha256 else ""
+            if action:
+                report.changed.append(name)
+        if not approved:
+            report.held.append(name)
+        if action:
+            _catalog_event(upstream, action, name, sha256, held=not approved, actor=actor)
     report.removed = sorted(set(existing) - seen)
+    for name in report.removed:
+        _catalog_event(upstream, "tool_removed", name, existing[name].definition_sha256, held=False, actor=actor)
     upstream.tools.filter(name__in=report.removed).delete()
     Upstream.objects.filter(pk=upstream.pk).update(last_synced_at=now, last_sync_error="")
+    upstream.last_synced_at = now
     config_changed()
+
+
+def _catalog_event(upstream: Upstream, action: str, tool: str, sha256: str, *, held: bool, actor: str) -> None:
+    detail = {"action": action, "definition_sha256": sha256, "held_for_approval": held}
+    audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, tool=tool, detail=detail)
+
+
+def tool_approve(*, tool: Tool, actor: str) -> None:
+    """Pin the tool's current definition: agents see it again."""
+    with transaction.atomic():
+        previous = tool.approved_sha256
+        Tool.objects.filter(pk=tool.pk).update(**_approval(tool.definition, actor))
+        config_changed()
+        audit_record(
+            kind="admin_change",
+            actor=actor,
+            upstream=tool.upstream.slug,
+            tool=tool.name,
+            detail={
+                "action": "tool_approved",
+                "definition_sha256": tool.definition_sha256,
+                "previous_sha256": previous,
+            },
+        )
+    tool.approved_sha256 = tool.definition_sha256
 
 
 def upstream_set_enabled(*, upstream: Upstream, enabled: bool, actor: str = "") -> None:
@@ -101,7 +170,10 @@ def upstream_set_enabled(*, upstream: Upstream, enabled: bool, actor: str = "") 
 
 
 def upstream_save(*, upstream: Upstream, actor: str = "", created: bool = False) -> None:
-    """Save an upstream; a change in how to reach it bumps its revision so executors reconnect."""
+    """Save an upstream, its credentials sealed; a change in how to reach it bumps its revision so executors
+    reconnect."""
+    upstream.env = credentials_seal(upstream.env)
+    upstream.headers = credentials_seal(upstream.headers)
     with transaction.atomic():
         if not created:
             before = Upstream.objects.filter(pk=upstream.pk).values(*Upstream.CONNECTION_FIELDS).first()

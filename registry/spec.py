@@ -1,4 +1,4 @@
-"""How to reach an upstream: plain data built from the model, read only by the executor."""
+"""How to reach an upstream: plain data built from the model, credentials opened, read only by the executor."""
 
 import os
 from contextlib import AsyncExitStack
@@ -9,6 +9,8 @@ import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+
+from registry.credentials import credentials_open
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,10 @@ class UpstreamSpec:
             timeout=upstream.timeout,
             command=upstream.command,
             args=list(upstream.args),
-            env=dict(upstream.env),
+            env=credentials_open(upstream.env),
             cwd=upstream.cwd,
             url=upstream.url,
-            headers=dict(upstream.headers),
+            headers=credentials_open(upstream.headers),
         )
 
     async def connect(self, stack: AsyncExitStack) -> Client:

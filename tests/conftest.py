@@ -37,7 +37,15 @@ def logs(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server_env(db) -> dict[str, str]:
+def shared_state() -> None:
+    """A clean Redis database: breakers, rate windows and group locks of an earlier run name rows that the
+    new test database reuses."""
+    if os.environ.get("REDIS_URL"):
+        redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
+
+
+@pytest.fixture(scope="session")
+def server_env(db, shared_state) -> dict[str, str]:
     """The environment of every process under test: same database, same Redis, same secret."""
     from django.conf import settings
     from django.db import connection
@@ -95,7 +103,8 @@ def world(db, everything_http) -> World:
     made = [
         _stdio("time", str(BIN / "mcp-server-time"), ["--local-timezone", "UTC"]),
         _stdio("demo", sys.executable, demo),
-        _stdio("slow", sys.executable, demo, timeout=1.0),
+        # Its timeouts are the point of the tests that use it: they must not open its circuit.
+        _stdio("slow", sys.executable, demo, timeout=1.0, breaker_failures=1000),
     ]
     every = Upstream(slug="every", transport="streamable_http", url=everything_http)
     upstream_save(upstream=every, created=True)

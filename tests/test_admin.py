@@ -9,7 +9,9 @@ from django.test import Client
 
 from audit.models import AuditEvent
 from policy.models import Agent, AgentKey, ServerGroup
+from registry.credentials import credentials_open
 from registry.models import Upstream
+from registry.services import upstream_save
 from tests.helpers import audit_mark, audit_since
 
 
@@ -91,6 +93,7 @@ def _upstream_form(upstream: Upstream, **changes: str) -> dict[str, str]:
         "timeout": str(upstream.timeout),
         "enabled": "on",
         "group": "",
+        "new_tools": upstream.new_tools,
         "tools-TOTAL_FORMS": "0",
         "tools-INITIAL_FORMS": "0",
     }
@@ -98,9 +101,10 @@ def _upstream_form(upstream: Upstream, **changes: str) -> dict[str, str]:
 
 
 def test_upstream_secrets_never_reach_the_browser_and_survive_an_edit(admin_client, db):
-    upstream = Upstream.objects.create(
+    upstream = Upstream(
         slug="vault", transport="stdio", command="true", env={"API_TOKEN": "s3cr3t-value", "REGION": "eu"}
     )
+    upstream_save(upstream=upstream, created=True)
     try:
         page = admin_client.get(f"/admin/registry/upstream/{upstream.pk}/change/").content.decode()
         assert "s3cr3t-value" not in page and "API_TOKEN" in page
@@ -111,7 +115,8 @@ def test_upstream_secrets_never_reach_the_browser_and_survive_an_edit(admin_clie
         )
         assert response.status_code == 302, response.content.decode()[:2000]
         upstream.refresh_from_db()
-        assert upstream.env == {"API_TOKEN": "s3cr3t-value", "REGION": "us", "DEBUG": "1"}
+        assert credentials_open(upstream.env) == {"API_TOKEN": "s3cr3t-value", "REGION": "us", "DEBUG": "1"}
+        assert "s3cr3t-value" not in json.dumps(upstream.env)
         masked_new_key = json.dumps({"NEW_KEY": "********"})
         refused = admin_client.post(
             f"/admin/registry/upstream/{upstream.pk}/change/",

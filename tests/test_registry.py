@@ -8,6 +8,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from registry.executor import CeleryExecutor
+from registry.credentials import credentials_open
 from registry.models import Tool, Upstream
 from registry.naming import exposed_name, split_exposed_name
 from registry.services import upstream_catalog_sync, upstream_save
@@ -50,11 +51,9 @@ def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tm
             and "skipped  Imported Time: upstream 'imported-time' is already up to date" in second
         )
         docs = Upstream.objects.get(slug="remote-docs")
-        assert (docs.transport, docs.revision, docs.headers) == (
-            "streamable_http",
-            2,
-            {"Authorization": "Bearer s3cret"},
-        )
+        assert (docs.transport, docs.revision, list(docs.headers)) == ("streamable_http", 2, ["Authorization"])
+        assert "s3cret" not in docs.headers["Authorization"]  # sealed at rest; only the executor opens it
+        assert credentials_open(docs.headers) == {"Authorization": "Bearer s3cret"}
         assert Upstream.objects.get(slug="legacy-sse").transport == "sse"
         assert "s3cret" not in json.dumps(list(docs_audit_details()))
     finally:

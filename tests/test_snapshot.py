@@ -28,6 +28,9 @@ def test_a_compiled_snapshot_holds_only_keys_of_enabled_agents_and_reachable_too
     snap = snapshot_compile()
     names = {entry.agent_name for entry in snap.keys.values()}
     assert "alice" in names and "mallory" not in names
-    assert snap.tool_for("demo__echo").route.tool == "echo"
-    assert {tool["name"] for tool in snap.visible} >= {"demo__echo", "time__get_current_time", "every__echo"}
+    alice = next(entry.agent_id for entry in snap.keys.values() if entry.agent_name == "alice")
+    denial, entry, upstream = snap.decide(alice, "demo__echo")
+    assert (denial, entry.route.tool, upstream) == (None, "echo", "demo")
+    names = {tool["name"] for tool in snap.visible_for(alice)}
+    assert names >= {"demo__echo", "time__get_current_time", "every__echo"}
     assert snap.version == config_version()

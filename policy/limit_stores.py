@@ -1,0 +1,228 @@
+"""The two homes of admission state (policy/limits.py): Redis, shared by every process, and this process's
+memory for the single-process embedded default. Each check runs in this order and an admitted call takes
+its share of every limit at once, so a refused call counts against nothing."""
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import redis
+from django.conf import settings
+
+from policy.limits import WINDOW_SECONDS, Admission, BreakerStatus, Health, Verdict
+from registry.executor import async_redis, sync_redis
+
+logger = logging.getLogger(__name__)
+SWEEP_SECONDS = 10.0
+
+# KEYS: group lock, session calls, agent window, upstream window, upstream busy, breaker.
+# ARGV: strict group ('' if none), session ttl, session max, agent rate, upstream rate, max concurrent,
+#       request id, busy ttl, probe seconds, window seconds.
+ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local group, ttl, window = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[10])
+if group ~= '' then
+  local held = redis.call('GET', KEYS[1])
+  if held and held ~= group then return {'POLICY_GROUP_ISOLATION', '0', '0'} end
+end
+local probing = '0'
+local open_until = tonumber(redis.call('HGET', KEYS[6], 'open_until') or '0')
+if open_until > 0 then
+  if now < open_until then return {'UPSTREAM_CIRCUIT_OPEN', tostring(open_until - now), '0'} end
+  local probe_until = tonumber(redis.call('HGET', KEYS[6], 'probe_until') or '0')
+  if now < probe_until then return {'UPSTREAM_CIRCUIT_OPEN', tostring(probe_until - now), '0'} end
+  probing = '1'
+end
+if tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[3]) then return {'SESSION_CALL_LIMIT', '0', '0'} end
+local windows = {
+  {KEYS[3], tonumber(ARGV[4]), 'AGENT_RATE_LIMITED'},
+  {KEYS[4], tonumber(ARGV[5]), 'UPSTREAM_RATE_LIMITED'},
+}
+for _, w in ipairs(windows) do
+  redis.call('ZREMRANGEBYSCORE', w[1], '-inf', now - window)
+  if redis.call('ZCARD', w[1]) >= w[2] then
+    local oldest = redis.call('ZRANGE', w[1], 0, 0, 'WITHSCORES')
+    return {w[3], tostring(tonumber(oldest[2]) + window - now), '0'}
+  end
+end
+if tonumber(redis.call('GET', KEYS[5]) or '0') >= tonumber(ARGV[6]) then return {'UPSTREAM_BUSY', '1', '0'} end
+if group ~= '' then redis.call('SET', KEYS[1], group, 'EX', ttl) else redis.call('EXPIRE', KEYS[1], ttl) end
+redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ttl)
+for _, w in ipairs(windows) do
+  redis.call('ZADD', w[1], now, ARGV[7])
+  redis.call('EXPIRE', w[1], window + 1)
+end
+redis.call('INCR', KEYS[5])
+redis.call('EXPIRE', KEYS[5], ARGV[8])
+if probing == '1' then redis.call('HSET', KEYS[6], 'probe_until', now + tonumber(ARGV[9])) end
+return {'', '0', probing}
+"""
+
+# KEYS: upstream busy, breaker. ARGV: health, failures that open, recovery seconds, probing.
+RELEASE = """
+if redis.call('DECR', KEYS[1]) < 0 then redis.call('SET', KEYS[1], 0) end
+local health, probing = ARGV[1], ARGV[4] == '1'
+if health == 'ok' then
+  redis.call('DEL', KEYS[2])
+elseif health == 'fail' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  local failures = redis.call('HINCRBY', KEYS[2], 'failures', 1)
+  local open = redis.call('HEXISTS', KEYS[2], 'open_until') == 1
+  if probing or (not open and failures >= tonumber(ARGV[2])) then
+    redis.call('HSET', KEYS[2], 'open_until', now + tonumber(ARGV[3]))
+    redis.call('HDEL', KEYS[2], 'probe_until')
+  end
+elseif probing then
+  redis.call('HDEL', KEYS[2], 'probe_until')
+end
+"""
+
+
+def _status(failures: int, open_until: float, now: float) -> BreakerStatus:
+    if not open_until:
+        return BreakerStatus("closed", failures, 0.0)
+    if now < open_until:
+        return BreakerStatus("open", failures, open_until - now)
+    return BreakerStatus("half-open", failures, 0.0)
+
+
+class RedisLimitStore:
+    def __init__(self) -> None:
+        self.prefix = settings.GATEWAY_REDIS_PREFIX
+
+    def _breaker_key(self, upstream_id: int) -> str:
+        return f"{self.prefix}breaker:{upstream_id}"
+
+    async def admit(self, a: Admission) -> Verdict:
+        p = self.prefix
+        keys = [
+            f"{p}lock:{a.session}",
+            f"{p}calls:{a.session}",
+            f"{p}rate:agent:{a.agent_id}",
+            f"{p}rate:upstream:{a.upstream_id}",
+            f"{p}busy:{a.upstream_id}",
+            self._breaker_key(a.upstream_id),
+        ]
+        args = [
+            "" if a.strict_group is None else str(a.strict_group),
+            int(settings.GATEWAY_SESSION_IDLE_SECONDS),
+            a.session_max_calls,
+            a.agent_calls_per_minute,
+            a.upstream_calls_per_minute,
+            a.upstream_max_concurrent,
+            a.request_id,
+            int(a.probe_seconds) + 1,
+            a.probe_seconds,
+            WINDOW_SECONDS,
+        ]
+        try:
+            code, retry_after, probing = await async_redis().eval(ADMIT, len(keys), *keys, *args)
+        except redis.RedisError:
+            logger.exception("admission state unavailable")
+            return Verdict("LIMITS_UNAVAILABLE", 1.0)
+        return Verdict(code.decode(), float(retry_after), probing == b"1")
+
+    async def release(self, a: Admission, health: Health, probing: bool) -> None:
+        keys = [f"{self.prefix}busy:{a.upstream_id}", self._breaker_key(a.upstream_id)]
+        args = [health, a.breaker_failures, a.breaker_recovery, "1" if probing else "0"]
+        try:
+            await async_redis().eval(RELEASE, len(keys), *keys, *args)
+        except redis.RedisError:  # the busy counter expires on its own; the breaker misses one reading
+            logger.exception("could not release admission of request %s", a.request_id)
+
+    def breaker(self, upstream_id: int) -> BreakerStatus:
+        client = sync_redis()
+        failures, open_until = client.hmget(self._breaker_key(upstream_id), ["failures", "open_until"])
+        seconds, micros = client.time()
+        return _status(int(failures or 0), float(open_until or 0), seconds + micros / 1e6)
+
+    def breaker_reset(self, upstream_id: int) -> None:
+        sync_redis().delete(self._breaker_key(upstream_id))
+
+
+@dataclass
+class _Breaker:
+    failures: int = 0
+    open_until: float = 0.0
+    probe_until: float = 0.0
+
+
+@dataclass
+class LocalLimitStore:
+    """The same rules for one process; entries of idle sessions are dropped as they expire."""
+
+    locks: dict[str, tuple[int, float]] = field(default_factory=dict)  # session -> (group, expiry)
+    calls: dict[str, tuple[int, float]] = field(default_factory=dict)  # session -> (count, expiry)
+    windows: dict[str, deque[float]] = field(default_factory=dict)
+    busy: dict[int, int] = field(default_factory=dict)
+    breakers: dict[int, _Breaker] = field(default_factory=dict)
+    swept_at: float = 0.0
+
+    async def admit(self, a: Admission) -> Verdict:
+        now = time.time()
+        if now - self.swept_at > SWEEP_SECONDS:
+            self._expire(now)
+        held = self.locks.get(a.session)
+        held = held if held and held[1] > now else None
+        if a.strict_group is not None and held and held[0] != a.strict_group:
+            return Verdict("POLICY_GROUP_ISOLATION")
+        breaker = self.breakers.get(a.upstream_id, _Breaker())
+        if breaker.open_until and now < max(breaker.open_until, breaker.probe_until):
+            return Verdict("UPSTREAM_CIRCUIT_OPEN", max(breaker.open_until, breaker.probe_until) - now)
+        count, expiry = self.calls.get(a.session, (0, 0.0))
+        count = count if expiry > now else 0
+        if count >= a.session_max_calls:
+            return Verdict("SESSION_CALL_LIMIT")
+        windows = [
+            (f"agent:{a.agent_id}", a.agent_calls_per_minute, "AGENT_RATE_LIMITED"),
+            (f"upstream:{a.upstream_id}", a.upstream_calls_per_minute, "UPSTREAM_RATE_LIMITED"),
+        ]
+        for key, limit, code in windows:
+            window = self.windows.setdefault(key, deque())
+            while window and window[0] <= now - WINDOW_SECONDS:
+                window.popleft()
+            if len(window) >= limit:
+                return Verdict(code, window[0] + WINDOW_SECONDS - now)
+        if self.busy.get(a.upstream_id, 0) >= a.upstream_max_concurrent:
+            return Verdict("UPSTREAM_BUSY", 1.0)
+        expiry = now + settings.GATEWAY_SESSION_IDLE_SECONDS
+        if a.strict_group is not None or held:
+            self.locks[a.session] = (a.strict_group if a.strict_group is not None else held[0], expiry)
+        self.calls[a.session] = (count + 1, expiry)
+        for key, _, _ in windows:
+            self.windows[key].append(now)
+        self.busy[a.upstream_id] = self.busy.get(a.upstream_id, 0) + 1
+        probing = bool(breaker.open_until)
+        if probing:
+            breaker.probe_until = now + a.probe_seconds
+            self.breakers[a.upstream_id] = breaker
+        return Verdict("", 0.0, probing)
+
+    async def release(self, a: Admission, health: Health, probing: bool) -> None:
+        self.busy[a.upstream_id] = max(0, self.busy.get(a.upstream_id, 0) - 1)
+        breaker = self.breakers.setdefault(a.upstream_id, _Breaker())
+        if health == "ok":
+            del self.breakers[a.upstream_id]
+        elif health == "fail":
+            breaker.failures += 1
+            if probing or (not breaker.open_until and breaker.failures >= a.breaker_failures):
+                breaker.open_until, breaker.probe_until = time.time() + a.breaker_recovery, 0.0
+        elif probing:
+            breaker.probe_until = 0.0
+
+    def breaker(self, upstream_id: int) -> BreakerStatus:
+        breaker = self.breakers.get(upstream_id, _Breaker())
+        return _status(breaker.failures, breaker.open_until, time.time())
+
+    def breaker_reset(self, upstream_id: int) -> None:
+        self.breakers.pop(upstream_id, None)
+
+    def _expire(self, now: float) -> None:
+        self.swept_at = now
+        for table in (self.locks, self.calls):
+            for session in [s for s, (_, expiry) in table.items() if expiry <= now]:
+                del table[session]

@@ -1,0 +1,141 @@
+"""Admission against shared state: group isolation, circuit breakers, call limits and rates.
+
+These checks need state that every web process must see (which strict group a session entered, how many
+calls an agent made in the last minute, whether an upstream's circuit is open). With REDIS_URL they are one
+Lua script per call in Redis, atomic across processes; the embedded default is a single process, and keeps
+the same state in its memory (policy/limit_stores.py). Both apply the same rules in the same order.
+"""
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal, Protocol
+
+from django.conf import settings
+
+from policy.decisions import POLICY_DENIED, RETRY_LATER, Denial
+
+# What an outcome says about the upstream's health: it answered, it failed (timeout, dead connection), or
+# nothing either way (the caller left, the executor was lost).
+Health = Literal["ok", "fail", "none"]
+FAILURE_CODES = frozenset({"UPSTREAM_TIMEOUT", "UPSTREAM_UNAVAILABLE", "UPSTREAM_CONNECT_TIMEOUT"})
+NEUTRAL_CODES = frozenset({"EXECUTOR_UNAVAILABLE", "GATEWAY_ERROR", "CANCELLED", "UPSTREAM_INVALID_RESPONSE"})
+WINDOW_SECONDS = 60.0
+
+
+def health_of(code: str | None) -> Health:
+    """The breaker's reading of an outcome's error code (None or "" for a call that went through)."""
+    if code in FAILURE_CODES:
+        return "fail"
+    return "none" if code in NEUTRAL_CODES else "ok"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One call's claim on shared state, with the limits that apply to it."""
+
+    request_id: str
+    session: str  # unique across agents
+    agent_id: int
+    agent_calls_per_minute: int
+    session_max_calls: int
+    upstream_id: int
+    upstream_slug: str
+    strict_group: int | None
+    group_name: str
+    upstream_calls_per_minute: int
+    upstream_max_concurrent: int
+    breaker_failures: int
+    breaker_recovery: float
+    probe_seconds: float  # how long a half-open probe may take before another may go
+
+
+@dataclass(frozen=True)
+class Verdict:
+    code: str  # "" when admitted
+    retry_after: float = 0.0
+    probing: bool = False  # admitted as the half-open circuit's one probe
+
+
+@dataclass(frozen=True)
+class BreakerStatus:
+    state: Literal["closed", "open", "half-open"]
+    failures: int
+    retry_after: float  # seconds until an open circuit lets a probe through
+
+
+class LimitStore(Protocol):
+    async def admit(self, a: Admission) -> Verdict: ...
+
+    async def release(self, a: Admission, health: Health, probing: bool) -> None: ...
+
+    def breaker(self, upstream_id: int) -> BreakerStatus: ...
+
+    def breaker_reset(self, upstream_id: int) -> None: ...
+
+
+@cache
+def limit_store() -> LimitStore:
+    from policy.limit_stores import LocalLimitStore, RedisLimitStore  # the stores import this module's types
+
+    return RedisLimitStore() if settings.REDIS_URL else LocalLimitStore()
+
+
+def _seconds(value: float) -> str:
+    return f"{max(1, round(value + 0.5))} seconds"
+
+
+def limits_denial(a: Admission, verdict: Verdict, tool: str) -> Denial:
+    """The refusal for a verdict, written for the model."""
+    wait = _seconds(verdict.retry_after)
+    match verdict.code:
+        case "POLICY_GROUP_ISOLATION":
+            return Denial(
+                "POLICY_GROUP_ISOLATION",
+                f"This session already used another isolated server group, so {tool!r} (group "
+                f"{a.group_name!r}) is out of its reach: isolated groups never share a session. "
+                "Use a new session for it.",
+            )
+        case "UPSTREAM_CIRCUIT_OPEN":
+            return Denial(
+                "UPSTREAM_CIRCUIT_OPEN",
+                f"The service {a.upstream_slug!r} failed repeatedly and is paused. Retry after {wait}.",
+                RETRY_LATER,
+                verdict.retry_after,
+            )
+        case "SESSION_CALL_LIMIT":
+            return Denial(
+                "SESSION_CALL_LIMIT",
+                f"This session has made the {a.session_max_calls} tool calls it may make. Start a new session.",
+                POLICY_DENIED,
+            )
+        case "AGENT_RATE_LIMITED":
+            return Denial(
+                "AGENT_RATE_LIMITED",
+                f"This agent may make {a.agent_calls_per_minute} tool calls a minute. Retry after {wait}.",
+                RETRY_LATER,
+                verdict.retry_after,
+            )
+        case "UPSTREAM_RATE_LIMITED":
+            return Denial(
+                "UPSTREAM_RATE_LIMITED",
+                f"The service {a.upstream_slug!r} takes {a.upstream_calls_per_minute} calls a minute. "
+                f"Retry after {wait}.",
+                RETRY_LATER,
+                verdict.retry_after,
+            )
+        case "UPSTREAM_BUSY":
+            return Denial(
+                "UPSTREAM_BUSY",
+                f"The service {a.upstream_slug!r} is running its maximum of {a.upstream_max_concurrent} calls "
+                f"at once. Retry after {wait}.",
+                RETRY_LATER,
+                verdict.retry_after,
+            )
+        case "LIMITS_UNAVAILABLE":
+            return Denial(
+                "LIMITS_UNAVAILABLE",
+                f"The gateway cannot check its limits right now, so {tool!r} was not run. Retry after {wait}.",
+                RETRY_LATER,
+                verdict.retry_after,
+            )
+    raise ValueError(f"unknown verdict {verdict.code!r}")
