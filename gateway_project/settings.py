@@ -208,6 +208,8 @@ GATEWAY_BREAKER_RECOVERY_SECONDS = env_float("GATEWAY_BREAKER_RECOVERY_SECONDS",
 GATEWAY_MAX_DESCRIPTION_CHARS = env_int("GATEWAY_MAX_DESCRIPTION_CHARS", 4096)
 GATEWAY_MAX_TITLE_CHARS = env_int("GATEWAY_MAX_TITLE_CHARS", 256)
 GATEWAY_MAX_SCHEMA_BYTES = env_int("GATEWAY_MAX_SCHEMA_BYTES", 65_536)
+# Networks HTTP upstreams may reach without being marked internal (CIDRs); public addresses always may.
+GATEWAY_EGRESS_ALLOWED_NETWORKS = env_list("GATEWAY_EGRESS_ALLOWED_NETWORKS", "")
 
 # --- Django basics --------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

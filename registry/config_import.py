@@ -57,7 +57,8 @@ def _fields(entry: dict[str, Any]) -> dict[str, Any]:
     raise ValueError("an entry needs either 'command' (stdio) or 'url' (HTTP)")
 
 
-def mcp_config_import(*, config: Any, actor: str = "") -> ImportReport:
+def mcp_config_import(*, config: Any, actor: str = "", internal: bool = False) -> ImportReport:
+    """Create or update an upstream per entry; `internal` lets HTTP entries reach private addresses."""
     report = ImportReport()
     servers = config.get("mcpServers") if isinstance(config, dict) else None
     if not isinstance(servers, dict):
@@ -69,7 +70,7 @@ def mcp_config_import(*, config: Any, actor: str = "") -> ImportReport:
         if entry.get("disabled"):
             report.skipped.append((name, "marked disabled in the file"))
             continue
-        _import_one(name, entry, actor, report)
+        _import_one(name, entry, actor, report, internal)
     return report
 
 
@@ -82,10 +83,10 @@ def _up_to_date(upstream: Upstream, fields: dict[str, Any]) -> bool:
     return all(getattr(upstream, key) == value for key, value in fields.items() if key not in credentials)
 
 
-def _import_one(name: str, entry: dict[str, Any], actor: str, report: ImportReport) -> None:
+def _import_one(name: str, entry: dict[str, Any], actor: str, report: ImportReport, internal: bool) -> None:
     slug = slug_for(name)
     try:
-        fields = _fields(entry)
+        fields = _fields(entry) | {"internal": internal and "url" in entry}
     except ValueError as exc:
         report.rejected.append((name, str(exc)))
         return

@@ -3,6 +3,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from policy.models import ServerGroup, limit_field
+from registry.egress import url_problem
 
 # Slugs never contain "_" or ".", so every allowed separator splits an exposed name unambiguously.
 slug_validator = RegexValidator(
@@ -82,6 +83,8 @@ class Upstream(models.Model):
             raise ValidationError({"command": "A stdio upstream needs a command."})
         if self.transport != self.Transport.STDIO and not self.url:
             raise ValidationError({"url": "An HTTP upstream needs a URL."})
+        if self.transport != self.Transport.STDIO and not self.internal and (problem := url_problem(self.url)):
+            raise ValidationError({"url": f"{problem}. Mark the upstream as internal to allow it."})
         for field in ("env", "headers"):
             value = getattr(self, field)
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):

@@ -16,6 +16,7 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from registry.egress import EgressRefused
 from registry.spec import UpstreamSpec
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,15 @@ class Outcome(TypedDict, total=False):
 
 def failure(code: str, message: str, detail: str = "") -> Outcome:
     return {"ok": False, "code": code, "message": message, "detail": detail or message}
+
+
+def _egress_refusal(exc: BaseException) -> EgressRefused | None:
+    """The guard's refusal wherever the transport's task groups and wrappers put it."""
+    if isinstance(exc, EgressRefused):
+        return exc
+    inner = list(exc.exceptions) if isinstance(exc, BaseExceptionGroup) else []
+    inner += [e for e in (exc.__cause__, exc.__context__) if e is not None]
+    return next((found for e in inner if (found := _egress_refusal(e))), None)
 
 
 class UpstreamConnection:
@@ -126,7 +136,13 @@ class UpstreamPool:
             connection = await self._connection(upstream_id, revision)
         except TimeoutError:
             return failure("UPSTREAM_CONNECT_TIMEOUT", "The service did not answer while connecting. Try later.")
-        except Exception as exc:  # any way a connect can fail: spawn, DNS, handshake, HTTP status
+        except Exception as exc:  # any way a connect can fail: spawn, DNS, handshake, HTTP status, egress guard
+            if refused := _egress_refusal(exc):
+                return failure(
+                    "UPSTREAM_ADDRESS_REFUSED",
+                    "The gateway does not connect to this service's network address. Do not retry.",
+                    str(refused),
+                )
             return failure("UPSTREAM_UNAVAILABLE", "The service could not be reached. Try later.", repr(exc))
         spec = connection.spec
         connection.in_flight += 1

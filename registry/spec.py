@@ -11,6 +11,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
 from registry.credentials import credentials_open
+from registry.egress import guarded_client
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class UpstreamSpec:
     cwd: str = ""
     url: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    internal: bool = False
 
     @classmethod
     def from_model(cls, upstream: Any) -> "UpstreamSpec":
@@ -41,7 +43,11 @@ class UpstreamSpec:
             cwd=upstream.cwd,
             url=upstream.url,
             headers=credentials_open(upstream.headers),
+            internal=upstream.internal,
         )
+
+    def _http_client(self, **kwargs: Any) -> httpx2.AsyncClient:
+        return guarded_client(internal=self.internal, **kwargs)
 
     async def connect(self, stack: AsyncExitStack) -> Client:
         """An open `mcp.Client` whose resources `stack` owns; the caller's task must exit the stack."""
@@ -50,10 +56,12 @@ class UpstreamSpec:
             env = {"PATH": os.environ.get("PATH", "")} | self.env
             target: Any = StdioServerParameters(command=self.command, args=self.args, env=env, cwd=self.cwd or None)
         elif self.transport == "sse":
-            target = sse_client(self.url, headers=self.headers, timeout=self.timeout)
+            target = sse_client(
+                self.url, headers=self.headers, timeout=self.timeout, httpx_client_factory=self._http_client
+            )
         else:
             http = await stack.enter_async_context(
-                httpx2.AsyncClient(headers=self.headers, timeout=httpx2.Timeout(self.timeout, read=None))
+                self._http_client(headers=self.headers, timeout=httpx2.Timeout(self.timeout, read=None))
             )
             target = streamable_http_client(self.url, http_client=http)
         # No response cache: the catalog must see what the upstream says now.

@@ -106,7 +106,7 @@ def world(db, everything_http) -> World:
         # Its timeouts are the point of the tests that use it: they must not open its circuit.
         _stdio("slow", sys.executable, demo, timeout=1.0, breaker_failures=1000),
     ]
-    every = Upstream(slug="every", transport="streamable_http", url=everything_http)
+    every = Upstream(slug="every", transport="streamable_http", url=everything_http, internal=True)
     upstream_save(upstream=every, created=True)
     assert upstream_catalog_sync(upstream=every).ok
     made.append(every)

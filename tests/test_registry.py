@@ -7,8 +7,8 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from registry.executor import CeleryExecutor
 from registry.credentials import credentials_open
+from registry.executor import CeleryExecutor
 from registry.models import Tool, Upstream
 from registry.naming import exposed_name, split_exposed_name
 from registry.services import upstream_catalog_sync, upstream_save
@@ -24,6 +24,7 @@ def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tm
             "Imported Time": {"command": str(BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
             "remote-docs": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer s3cret"}},
             "legacy-sse": {"url": "http://127.0.0.1:9/sse", "type": "sse"},
+            "metadata": {"url": "http://169.254.169.254/latest/mcp"},
             "off": {"command": "true", "disabled": True},
             "neither": {"foo": 1},
             "odd-type": {"url": "http://127.0.0.1:9/x", "type": "carrier-pigeon"},
@@ -32,16 +33,17 @@ def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tm
     path = tmp_path / "claude_desktop_config.json"
     path.write_text(json.dumps(config))
     try:
-        call_command("import_mcp_config", str(path), "--no-sync")
+        call_command("import_mcp_config", str(path), "--no-sync", "--internal")
         first = capsys.readouterr().out.splitlines()
         config["mcpServers"]["remote-docs"]["url"] = "http://127.0.0.1:9/v2/mcp"
         path.write_text(json.dumps(config))
-        call_command("import_mcp_config", str(path), "--no-sync")
+        call_command("import_mcp_config", str(path), "--no-sync", "--internal")
         second = capsys.readouterr().out.splitlines()
         assert first == [
             "created  imported-time",
             "created  remote-docs",
             "created  legacy-sse",
+            "created  metadata",
             "skipped  off: marked disabled in the file",
             "rejected neither: an entry needs either 'command' (stdio) or 'url' (HTTP)",
             "rejected odd-type: unknown transport type 'carrier-pigeon'",
@@ -57,7 +59,17 @@ def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tm
         assert Upstream.objects.get(slug="legacy-sse").transport == "sse"
         assert "s3cret" not in json.dumps(list(docs_audit_details()))
     finally:
-        Upstream.objects.filter(slug__in=["imported-time", "remote-docs", "legacy-sse"]).delete()
+        Upstream.objects.filter(slug__in=["imported-time", "remote-docs", "legacy-sse", "metadata"]).delete()
+
+
+def test_import_refuses_private_addresses_unless_told_they_are_internal(db, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"mcpServers": {"metadata": {"url": "http://169.254.169.254/latest/mcp"}}}))
+    call_command("import_mcp_config", str(path), "--no-sync")
+    assert capsys.readouterr().out.splitlines() == [
+        "rejected metadata: url: 169.254.169.254 is not a public address. Mark the upstream as internal to allow it."
+    ]
+    assert not Upstream.objects.filter(slug="metadata").exists()
 
 
 def docs_audit_details():

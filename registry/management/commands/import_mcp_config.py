@@ -14,11 +14,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("file", type=Path)
         parser.add_argument("--no-sync", action="store_true", help="Do not fetch the new upstreams' tools now")
+        parser.add_argument(
+            "--internal",
+            action="store_true",
+            help="Mark HTTP upstreams as internal: they may reach private and loopback addresses",
+        )
 
-    def handle(self, *args, file: Path, no_sync: bool, **options) -> None:
+    def handle(self, *args, file: Path, no_sync: bool, internal: bool, **options) -> None:
         try:
             config = json.loads(file.read_text())
-            report = mcp_config_import(config=config, actor="manage.py import_mcp_config")
+            report = mcp_config_import(config=config, actor="manage.py import_mcp_config", internal=internal)
         except (OSError, ValueError) as exc:
             raise CommandError(f"{file}: {exc}") from exc
         for slug in report.created:
