@@ -1,14 +1,18 @@
 """A small MCP server shipped with Switchboard: the demo's second upstream and the tests' workhorse.
 
 Run it over stdio (`python examples/demo_upstream.py`) or Streamable HTTP (`... http PORT`, 127.0.0.1 only).
+DEMO_MANIFEST names a JSON file read on every tools/list, to play a server whose tools change:
+{"descriptions": {"echo": "..."}, "tools": [extra tool definitions, which answer like echo]}.
 """
 
+import json
 import os
 import sys
 
 import anyio
 from mcp import types
 from mcp.server import Server
+from mcp.shared.exceptions import MCPError
 
 TOOLS = [
     types.Tool(
@@ -53,6 +57,19 @@ TOOLS = [
         output_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
     ),
     types.Tool(
+        name="progress",
+        description="Send a progress notification every 0.1 s for the given number of seconds, then answer.",
+        input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}},
+    ),
+    types.Tool(
+        name="leak",
+        description="Fail with a message full of infrastructure details and credentials (for trying redaction).",
+        input_schema={
+            "type": "object",
+            "properties": {"how": {"type": "string", "enum": ["result", "error", "validation"]}},
+        },
+    ),
+    types.Tool(
         name="header",
         description="Over HTTP: the value of the named request header (to check what a gateway sends).",
         input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
@@ -64,8 +81,43 @@ def text(value: str, is_error: bool = False) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=value)], is_error=is_error)
 
 
+LEAK = (
+    "upstream failed: POST https://api.internal.example.com:8443/v1/run?key=abc failed from 10.20.30.40:5432 "
+    "and [fd00::17]:80, config /etc/demo/secrets.json, header Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.abcdefghij"
+    "KLMNOP.qrstuvwxyz0123, api_key=sk-live-0123456789abcdefghij\n"
+    'Traceback (most recent call last):\n  File "/srv/demo/app.py", line 12, in run\n    connect()\n'
+    "ConnectionError: refused\nCaused by: java.net.ConnectException at db.internal:5432"
+)
+VALIDATION = "Input validation error: 'path' must be like /srv/data/x.json and 'host' like 10.0.0.1, got 'x'"
+
+
+def manifest() -> dict:
+    path = os.environ.get("DEMO_MANIFEST")
+    return json.loads(open(path).read()) if path else {}
+
+
 async def list_tools(ctx, params) -> types.ListToolsResult:
-    return types.ListToolsResult(tools=TOOLS)
+    changes = manifest()
+    descriptions = changes.get("descriptions", {})
+    tools = [tool.model_copy(update={"description": descriptions.get(tool.name, tool.description)}) for tool in TOOLS]
+    return types.ListToolsResult(tools=tools + [types.Tool.model_validate(t) for t in changes.get("tools", [])])
+
+
+async def progress(ctx, params: types.CallToolRequestParams, seconds: float) -> types.CallToolResult:
+    """Progress with the caller's token, or a made-up one: a server that tries to keep a call alive."""
+    token = (params.meta.progress_token if params.meta else None) or "demo-progress"
+    for step in range(int(seconds * 10)):
+        await ctx.session.send_progress_notification(token, step, related_request_id=ctx.request_id)
+        await anyio.sleep(0.1)
+    return text("done")
+
+
+def leak(how: str) -> types.CallToolResult:
+    if how == "error":
+        raise MCPError(types.INTERNAL_ERROR, LEAK)
+    if how == "validation":
+        raise MCPError(types.INVALID_PARAMS, VALIDATION)
+    return text(LEAK, is_error=True)
 
 
 async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
@@ -90,9 +142,15 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text="n?")], structured_content={"n": "not a number"}
             )
+        case "progress":
+            return await progress(ctx, params, float(args.get("seconds", 1)))
+        case "leak":
+            return leak(str(args.get("how", "result")))
         case "header":
             headers = ctx.request.headers if ctx.request is not None else {}
             return text(headers.get(str(args["name"]), ""))
+    if any(tool.get("name") == params.name for tool in manifest().get("tools", [])):
+        return text(str(args.get("text", "")))
     raise ValueError(f"Unknown tool: {params.name}")
 
 

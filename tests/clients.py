@@ -10,6 +10,7 @@ import httpx2
 import websockets
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 TIMEOUT = 5.0
 INITIALIZE = {
@@ -65,3 +66,21 @@ async def ws_session(base_url: str, key: str, initialize: bool = True) -> AsyncI
             assert reply["result"]["protocolVersion"] == "2025-11-25", reply
             await ws.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
         yield session
+
+
+async def call(base_url: str, key: str, name: str, arguments: dict | None = None, mode: str = "legacy") -> Any:
+    """The result of one call in a session of its own, or the MCPError it was refused with."""
+    async with sdk_client(base_url, key, mode) as client:
+        try:
+            return await client.call_tool(name, arguments or {})
+        except MCPError as refused:
+            return refused
+
+
+async def tool_names(base_url: str, key: str, mode: str = "legacy") -> set[str]:
+    """The names an agent is offered; empty while a gateway does not know its key yet."""
+    try:
+        async with sdk_client(base_url, key, mode) as client:
+            return {tool.name for tool in (await client.list_tools()).tools}
+    except Exception:  # 401 until the gateway's snapshot holds the new key: the caller polls
+        return set()

@@ -76,18 +76,6 @@ class World:
     upstreams: dict[str, int]
 
 
-def _stdio(slug: str, command: str, args: list[str], **extra) -> "object":
-    from registry.models import Upstream
-    from registry.services import upstream_catalog_sync, upstream_save
-
-    upstream = Upstream(slug=slug, transport="stdio", command=command, args=args, **extra)
-    upstream.full_clean()
-    upstream_save(upstream=upstream, created=True)
-    report = upstream_catalog_sync(upstream=upstream)
-    assert report.ok, report.summary()
-    return upstream
-
-
 @pytest.fixture(scope="session")
 def world(db, everything_http) -> World:
     """Agents and upstreams every gateway test shares: mcp-server-time and the demo server over stdio,
@@ -95,16 +83,16 @@ def world(db, everything_http) -> World:
     from policy.services import agent_create, agent_set_enabled
     from registry.models import Upstream
     from registry.services import upstream_catalog_sync, upstream_save
+    from tests.factories import DEMO, stdio_upstream
 
     alice = agent_create(name="alice")
     mallory = agent_create(name="mallory")
     agent_set_enabled(agent=mallory.agent, enabled=False)
-    demo = [str(servers.ROOT / "examples/demo_upstream.py")]
     made = [
-        _stdio("time", str(BIN / "mcp-server-time"), ["--local-timezone", "UTC"]),
-        _stdio("demo", sys.executable, demo),
+        stdio_upstream("time", str(BIN / "mcp-server-time"), ["--local-timezone", "UTC"]),
+        stdio_upstream("demo", sys.executable, DEMO),
         # Its timeouts are the point of the tests that use it: they must not open its circuit.
-        _stdio("slow", sys.executable, demo, timeout=1.0, breaker_failures=1000),
+        stdio_upstream("slow", sys.executable, DEMO, timeout=1.0, breaker_failures=1000),
     ]
     every = Upstream(slug="every", transport="streamable_http", url=everything_http, internal=True)
     upstream_save(upstream=every, created=True)
