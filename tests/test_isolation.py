@@ -1,0 +1,73 @@
+"""Strict server groups: the first call of a session into a strict group locks the session to it; another
+strict group is then out of reach (POLICY_GROUP_ISOLATION), open and ungrouped servers are not. The lock is
+shared state, so every gateway process sees it; 2026-07-28 requests have no session and bind it to their key."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from mcp.shared.exceptions import MCPError
+
+from policy.models import ServerGroup
+from policy.services import agent_key_issue
+from tests.clients import call, sdk_client, tool_names
+from tests.factories import agent, demo_upstream
+from tests.helpers import audit_mark, audit_since, eventually, run
+
+
+@contextmanager
+def two_strict_groups() -> Iterator[None]:
+    vault = ServerGroup.objects.create(name="vault", isolation="strict")
+    outbound = ServerGroup.objects.create(name="outbound", isolation="strict")
+    try:
+        with demo_upstream("secrets", group=vault), demo_upstream("mailer", group=outbound):
+            yield
+    finally:
+        vault.delete()
+        outbound.delete()
+
+
+async def session_calls(url: str, key: str, mode: str, names: list[str]) -> list:
+    """Each call's text, or its refusal's (code, data code, message), all in one session."""
+    outcomes = []
+    async with sdk_client(url, key, mode) as client:
+        for name in names:
+            try:
+                outcomes.append((await client.call_tool(name, {"text": name})).content[0].text)
+            except MCPError as refused:
+                outcomes.append((refused.code, refused.data["code"], str(refused)))
+    return outcomes
+
+
+REFUSED = (
+    -32001,
+    "POLICY_GROUP_ISOLATION",
+    "This session already used another isolated server group, so 'mailer__echo' (group 'outbound') is out of "
+    "its reach: isolated groups never share a session. Use a new session for it.",
+)
+
+
+def test_a_session_that_entered_a_strict_group_cannot_reach_another_but_a_fresh_session_can(gateway, world):
+    with two_strict_groups():
+        eventually(lambda: {"secrets__echo", "mailer__echo"} <= run(lambda: tool_names(gateway.url, world.key)))
+        mark = audit_mark()
+        names = ["secrets__echo", "demo__echo", "secrets__echo", "mailer__echo"]
+        first = run(lambda: session_calls(gateway.url, world.key, "legacy", names))
+        fresh = run(lambda: session_calls(gateway.url, world.key, "legacy", ["mailer__echo", "demo__echo"]))
+    assert first == ["secrets__echo", "demo__echo", "secrets__echo", REFUSED]
+    assert fresh == ["mailer__echo", "demo__echo"]
+    [denied] = [r for r in audit_since(mark) if r.kind == "denied"]
+    assert (denied.upstream, denied.error_code) == ("mailer", "POLICY_GROUP_ISOLATION")
+    assert denied.session_id, "the row names the session that was locked"
+
+
+def test_stateless_requests_bind_the_lock_to_their_api_key(inline_gateway, world):
+    with two_strict_groups(), agent("heidi") as (heidi, key):
+        other_key = agent_key_issue(agent=heidi).key
+        url = inline_gateway.url
+        eventually(lambda: "mailer__echo" in run(lambda: tool_names(url, other_key, "2026-07-28")))
+        first = run(lambda: session_calls(url, key, "2026-07-28", ["secrets__echo"]))
+        same_key = run(lambda: call(url, key, "mailer__echo", {"text": "x"}, mode="2026-07-28"))
+        other = run(lambda: session_calls(url, other_key, "2026-07-28", ["mailer__echo"]))
+    assert first == ["secrets__echo"]
+    assert isinstance(same_key, MCPError) and same_key.data["code"] == "POLICY_GROUP_ISOLATION"
+    assert other == ["mailer__echo"], "another key of the same agent is another stateless session"

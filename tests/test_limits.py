@@ -1,0 +1,93 @@
+"""Limits: calls a minute per agent and per upstream (exact under concurrency), calls per session, calls at
+once per upstream. Each refusal is -32003 (or -32001 for the session cap) with its code, `retryAfter` where
+waiting helps, and a `denied` audit row; nothing refused reaches the upstream."""
+
+import anyio
+from mcp.shared.exceptions import MCPError
+
+from tests.clients import call, sdk_client, tool_names
+from tests.factories import agent, demo_upstream
+from tests.helpers import audit_mark, audit_since, eventually, run
+
+
+def burst(gateway, key: str, name: str, arguments: dict, count: int) -> list:
+    """`count` calls at once, each in a session of its own."""
+
+    async def scenario() -> list:
+        results: list = []
+
+        async def one() -> None:
+            results.append(await call(gateway.url, key, name, arguments))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(count):
+                tg.start_soon(one)
+        return results
+
+    return run(scenario)
+
+
+def refusals(results: list) -> list[MCPError]:
+    return [r for r in results if isinstance(r, MCPError)]
+
+
+def wait_until_offered(gateway, key: str, name: str) -> None:
+    eventually(lambda: name in run(lambda: tool_names(gateway.url, key)))
+
+
+def test_an_agents_rate_limit_admits_exactly_its_calls_per_minute_under_concurrency(gateway, world):
+    with agent("frank", calls_per_minute=5) as (_, key):
+        wait_until_offered(gateway, key, "demo__echo")
+        mark = audit_mark()
+        results = burst(gateway, key, "demo__echo", {"text": "hi"}, 8)
+    refused = refusals(results)
+    assert len(refused) == 3 and len(results) - len(refused) == 5
+    for error in refused:
+        assert (error.code, error.data["code"]) == (-32003, "AGENT_RATE_LIMITED")
+        assert 0 < error.data["retryAfter"] <= 60
+        assert str(error).startswith("This agent may make 5 tool calls a minute. Retry after ")
+    rows = audit_since(mark)
+    assert sorted(r.error_code for r in rows if r.kind == "denied") == ["AGENT_RATE_LIMITED"] * 3
+    assert len([r for r in rows if r.kind == "approved"]) == len([r for r in rows if r.kind == "completed"]) == 5
+
+
+def test_an_upstreams_rate_limit_counts_every_agents_calls(inline_gateway, world):
+    with demo_upstream("metered", calls_per_minute=3):
+        wait_until_offered(inline_gateway, world.key, "metered__echo")
+        results = burst(inline_gateway, world.key, "metered__echo", {"text": "hi"}, 5)
+    refused = refusals(results)
+    assert [(e.code, e.data["code"]) for e in refused] == [(-32003, "UPSTREAM_RATE_LIMITED")] * 2
+    assert "The service 'metered' takes 3 calls a minute. Retry after " in str(refused[0])
+
+
+def test_a_session_may_make_only_its_maximum_of_calls_and_a_new_session_starts_afresh(inline_gateway, world):
+    with agent("grace", max_calls_per_session=2) as (_, key):
+        wait_until_offered(inline_gateway, key, "demo__echo")
+
+        async def one_session() -> list:
+            async with sdk_client(inline_gateway.url, key, "legacy") as client:
+                outcomes = []
+                for _ in range(3):
+                    try:
+                        outcomes.append((await client.call_tool("demo__echo", {"text": "x"})).is_error)
+                    except MCPError as refused:
+                        outcomes.append((refused.code, refused.data["code"], str(refused)))
+                return outcomes
+
+        first, second = run(one_session), run(one_session)
+    message = "This session has made the 2 tool calls it may make. Start a new session."
+    expected = [False, False, (-32001, "SESSION_CALL_LIMIT", message)]
+    assert first == second == expected
+
+
+def test_calls_past_an_upstreams_concurrency_are_refused_as_busy(inline_gateway, world):
+    with demo_upstream("narrow", max_concurrent=1):
+        wait_until_offered(inline_gateway, world.key, "narrow__sleep")
+        mark = audit_mark()
+        results = burst(inline_gateway, world.key, "narrow__sleep", {"seconds": 2}, 2)
+        after = run(lambda: call(inline_gateway.url, world.key, "narrow__echo", {"text": "free again"}))
+    [refused] = refusals(results)
+    assert (refused.code, refused.data["code"], refused.data["retryAfter"]) == (-32003, "UPSTREAM_BUSY", 1.0)
+    assert "is running its maximum of 1 calls at once" in str(refused)
+    assert after.content[0].text == "free again", "the slot was given back"
+    assert [r.error_code for r in audit_since(mark) if r.kind == "denied"] == ["UPSTREAM_BUSY"]
