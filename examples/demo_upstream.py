@@ -105,7 +105,7 @@ async def list_tools(ctx, params) -> types.ListToolsResult:
 
 async def progress(ctx, params: types.CallToolRequestParams, seconds: float) -> types.CallToolResult:
     """Progress with the caller's token, or a made-up one: a server that tries to keep a call alive."""
-    token = (params.meta.progress_token if params.meta else None) or "demo-progress"
+    token = (params.meta or {}).get("progress_token") or "demo-progress"
     for step in range(int(seconds * 10)):
         await ctx.session.send_progress_notification(token, step, related_request_id=ctx.request_id)
         await anyio.sleep(0.1)

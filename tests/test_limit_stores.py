@@ -1,0 +1,107 @@
+"""Both homes of admission state apply the same rules: Redis (shared by processes) and the embedded default's
+memory. The same scenarios run against each."""
+
+import itertools
+import time
+from dataclasses import replace
+
+import anyio
+import pytest
+
+from policy.limit_stores import LocalLimitStore, RedisLimitStore
+from policy.limits import Admission
+from tests.conftest import needs
+
+_ids = itertools.count(int(time.time()) % 1_000_000 * 1000)
+
+
+@pytest.fixture(params=["redis", "local"])
+def store(request, settings, shared_state):
+    if request.param == "redis":
+        needs(bool(settings.REDIS_URL), "REDIS_URL is not set")
+        return RedisLimitStore()
+    return LocalLimitStore()
+
+
+def admission(**changes) -> Admission:
+    unique = next(_ids)
+    base = Admission(
+        request_id=f"r{unique}",
+        session=f"s{unique}",
+        agent_id=unique,
+        agent_calls_per_minute=100,
+        session_max_calls=100,
+        upstream_id=unique,
+        upstream_slug="up",
+        strict_group=None,
+        group_name="",
+        upstream_calls_per_minute=100,
+        upstream_max_concurrent=100,
+        breaker_failures=2,
+        breaker_recovery=0.3,
+        probe_seconds=5.0,
+    )
+    return replace(base, **changes)
+
+
+def admit_all(store, admissions: list[Admission]) -> list[str]:
+    async def scenario() -> list[str]:
+        return [(await store.admit(a)).code for a in admissions]
+
+    return anyio.run(scenario)
+
+
+def release(store, a: Admission, health: str, probing: bool = False) -> None:
+    anyio.run(store.release, a, health, probing)
+
+
+def test_a_session_locked_to_a_strict_group_keeps_out_of_other_strict_groups(store):
+    a = admission(strict_group=1)
+    codes = admit_all(store, [a, replace(a, strict_group=None), replace(a, strict_group=2), replace(a, strict_group=1)])
+    assert codes == ["", "", "POLICY_GROUP_ISOLATION", ""]
+
+
+def test_an_agents_window_counts_only_admitted_calls(store):
+    a = admission(agent_calls_per_minute=2)
+    codes = admit_all(store, [replace(a, request_id=f"{a.request_id}-{i}") for i in range(4)])
+    assert codes == ["", "", "AGENT_RATE_LIMITED", "AGENT_RATE_LIMITED"]
+
+
+def test_sessions_and_concurrency_are_capped_and_a_release_frees_a_slot(store):
+    a = admission(session_max_calls=3, upstream_max_concurrent=1)
+    assert admit_all(store, [a, replace(a, request_id="second")]) == ["", "UPSTREAM_BUSY"]
+    release(store, a, "ok")
+    assert admit_all(store, [replace(a, request_id="third")]) == [""]
+    release(store, a, "ok")
+    assert admit_all(store, [replace(a, request_id="fourth"), replace(a, request_id="fifth")]) == [
+        "",
+        "SESSION_CALL_LIMIT",
+    ]
+
+
+def test_the_breaker_opens_after_its_failures_lets_one_probe_through_and_closes_on_success(store):
+    a = admission()
+    for _ in range(2):
+        assert admit_all(store, [a]) == [""]
+        release(store, a, "fail")
+    assert store.breaker(a.upstream_id).state == "open"
+    assert admit_all(store, [a]) == ["UPSTREAM_CIRCUIT_OPEN"]
+    deadline = time.monotonic() + 5
+    while store.breaker(a.upstream_id).state != "half-open" and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    async def probe_and_follower():
+        return await store.admit(a), await store.admit(a)
+
+    probe, follower = anyio.run(probe_and_follower)
+    assert (probe.code, probe.probing) == ("", True)
+    assert follower.code == "UPSTREAM_CIRCUIT_OPEN", "one probe at a time"
+    release(store, a, "ok", probing=True)
+    assert (store.breaker(a.upstream_id).state, admit_all(store, [a])) == ("closed", [""])
+
+
+def test_neutral_outcomes_neither_open_nor_close_the_breaker(store):
+    a = admission(breaker_failures=1)
+    admit_all(store, [a])
+    release(store, a, "none")
+    assert store.breaker(a.upstream_id).state == "closed"

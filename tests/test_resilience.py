@@ -1,0 +1,69 @@
+"""A hanging or failing upstream is contained: every call is bounded by its upstream's timeout (which progress
+notifications do not extend, and which has a hard maximum); repeated failures open the upstream's circuit,
+shared by every process, so further calls are refused at once; after the recovery time one probe goes
+through and, if the upstream answers, closes it. Other upstreams never notice."""
+
+import pytest
+from django.core.exceptions import ValidationError
+from mcp.shared.exceptions import MCPError
+
+from policy.limits import limit_store
+from registry.models import Upstream
+from tests.clients import call, tool_names
+from tests.factories import demo_upstream
+from tests.helpers import audit_mark, audit_since, eventually, run
+
+
+def test_progress_notifications_do_not_extend_an_upstreams_timeout(gateway, world):
+    mark = audit_mark()
+    result = run(lambda: call(gateway.url, world.key, "slow__progress", {"seconds": 4}))
+    assert result.is_error
+    assert result.content[0].text == "slow__progress: The service did not answer within 1 seconds."
+    [completed] = [r for r in audit_since(mark) if r.kind == "completed"]
+    assert (completed.outcome, completed.error_code) == ("timeout", "UPSTREAM_TIMEOUT")
+
+
+def test_a_timeout_past_the_deployments_maximum_is_refused():
+    upstream = Upstream(slug="patient", transport="stdio", command="x", timeout=301)
+    with pytest.raises(ValidationError) as refused:
+        upstream.full_clean(exclude=["group"])
+    assert refused.value.message_dict["timeout"] == ["Ensure this value is less than or equal to 300.0."]
+
+
+def test_a_hanging_upstream_opens_its_circuit_and_a_probe_closes_it_when_it_recovers(gateway, world):
+    with demo_upstream("flaky", timeout=0.5, breaker_failures=2, breaker_recovery=1.0) as flaky:
+        url, key = gateway.url, world.key
+        eventually(lambda: "flaky__sleep" in run(lambda: tool_names(url, key)))
+        mark = audit_mark()
+        hung = [run(lambda: call(url, key, "flaky__sleep", {"seconds": 3})) for _ in range(2)]
+        assert [r.content[0].text for r in hung] == ["flaky__sleep: The service did not answer within 0.5 seconds."] * 2
+        assert limit_store().breaker(flaky.id).state == "open"
+        refused = run(lambda: call(url, key, "flaky__echo", {"text": "anyone?"}))
+        other = run(lambda: call(url, key, "demo__echo", {"text": "unaffected"}))
+        # After the recovery time one probe goes through; the upstream answers it, which closes the circuit.
+        probe = eventually(lambda: _answered(run(lambda: call(url, key, "flaky__echo", {"text": "back"}))))
+        closed = limit_store().breaker(flaky.id)
+    assert isinstance(refused, MCPError) and (refused.code, refused.data["code"]) == (-32003, "UPSTREAM_CIRCUIT_OPEN")
+    assert 0 < refused.data["retryAfter"] <= 1.0
+    assert str(refused).startswith("The service 'flaky' failed repeatedly and is paused. Retry after ")
+    assert other.content[0].text == "unaffected"
+    assert probe.content[0].text == "back" and (closed.state, closed.failures) == ("closed", 0)
+    denied = [r.error_code for r in audit_since(mark) if r.kind == "denied" and r.upstream == "flaky"]
+    assert denied and set(denied) == {"UPSTREAM_CIRCUIT_OPEN"}
+
+
+def _answered(result):
+    return None if isinstance(result, MCPError) else result
+
+
+def test_a_failed_probe_opens_the_circuit_again(inline_gateway, world):
+    with demo_upstream("shaky", timeout=0.5, breaker_failures=1, breaker_recovery=0.5) as shaky:
+        url, key = inline_gateway.url, world.key
+        eventually(lambda: "shaky__sleep" in run(lambda: tool_names(url, key)))
+        run(lambda: call(url, key, "shaky__sleep", {"seconds": 3}))
+        assert limit_store().breaker(shaky.id).state == "open"
+        eventually(lambda: limit_store().breaker(shaky.id).state == "half-open")
+        probe = run(lambda: call(url, key, "shaky__sleep", {"seconds": 3}))
+        after = limit_store().breaker(shaky.id)
+    assert probe.content[0].text == "shaky__sleep: The service did not answer within 0.5 seconds."
+    assert (after.state, after.failures) == ("open", 2)
