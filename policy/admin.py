@@ -1,13 +1,38 @@
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from policy.models import Agent, AgentKey, ServerGroup
-from policy.services import agent_key_issue, group_set_enabled
+from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
+from policy.services import agent_key_issue, group_set_enabled, rule_delete, rule_save
+
+
+@admin.register(Rule)
+class RuleAdmin(admin.ModelAdmin):
+    """Deny wins over allow; with no matching rule, GATEWAY_POLICY_DEFAULT decides (see docs/policy.md)."""
+
+    list_display = ("effect", "agent", "agent_group", "upstream", "server_group", "tool_pattern", "enabled", "note")
+    list_filter = ("effect", "enabled", "agent", "upstream", "server_group")
+    search_fields = ("tool_pattern", "note")
+
+    def save_model(self, request, obj, form, change) -> None:
+        rule_save(rule=obj, actor=request.user.get_username(), created=not change)
+
+    def delete_model(self, request, obj) -> None:
+        rule_delete(rule=obj, actor=request.user.get_username())
+
+    def delete_queryset(self, request, queryset) -> None:
+        for rule in queryset:
+            rule_delete(rule=rule, actor=request.user.get_username())
+
+
+@admin.register(AgentGroup)
+class AgentGroupAdmin(admin.ModelAdmin):
+    list_display = ("name",)
+    filter_horizontal = ("agents",)
 
 
 @admin.register(ServerGroup)
 class ServerGroupAdmin(admin.ModelAdmin):
-    list_display = ("name", "isolation", "enabled")
+    list_display = ("name", "isolation", "enabled", "upstream_list")
     list_filter = ("isolation", "enabled")
     actions = ("enable", "disable")
 
@@ -15,6 +40,13 @@ class ServerGroupAdmin(admin.ModelAdmin):
         for group in queryset:
             group_set_enabled(group=group, enabled=enabled, actor=request.user.get_username())
         self.message_user(request, f"{queryset.count()} group(s) {'enabled' if enabled else 'disabled'}.")
+
+    @admin.display(description="Upstreams")
+    def upstream_list(self, group: ServerGroup) -> str:
+        return ", ".join(upstream.slug for upstream in group.upstreams.all()) or "—"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("upstreams")
 
     @admin.action(description="Enable selected groups")
     def enable(self, request, queryset):
@@ -38,8 +70,8 @@ class AgentKeyInline(admin.TabularInline):
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
-    list_display = ("name", "enabled", "created_at")
-    list_filter = ("enabled",)
+    list_display = ("name", "enabled", "calls_per_minute", "max_calls_per_session", "created_at")
+    list_filter = ("enabled", "agent_groups")
     inlines = (AgentKeyInline,)
     actions = ("issue_key",)
 

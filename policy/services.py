@@ -1,4 +1,4 @@
-"""Agents, their API keys, and server groups: everything here that writes."""
+"""Agents, their API keys, server groups and rules: everything here that writes."""
 
 import secrets
 from dataclasses import dataclass
@@ -8,7 +8,7 @@ from django.db import transaction
 from audit.services import audit_record
 from handoff.snapshot import config_changed
 from policy.keys import KEY_PREFIX, key_digest
-from policy.models import Agent, AgentKey, ServerGroup
+from policy.models import Agent, AgentKey, Rule, ServerGroup
 
 
 @dataclass(frozen=True)
@@ -72,3 +72,33 @@ def group_set_enabled(*, group: ServerGroup, enabled: bool, actor: str = "") -> 
             detail={"action": "group_enabled" if enabled else "group_disabled", "group": group.name},
         )
     group.enabled = enabled
+
+
+def _rule_detail(rule: Rule, action: str) -> dict:
+    return {
+        "action": action,
+        "rule": rule.pk,
+        "effect": rule.effect,
+        "agent": rule.agent.name if rule.agent else None,
+        "agent_group": rule.agent_group.name if rule.agent_group else None,
+        "upstream": rule.upstream.slug if rule.upstream else None,
+        "server_group": rule.server_group.name if rule.server_group else None,
+        "tool_pattern": rule.tool_pattern,
+        "enabled": rule.enabled,
+    }
+
+
+def rule_save(*, rule: Rule, actor: str = "", created: bool = False) -> None:
+    """Save a rule (its post_save moves the snapshot version) with an audit row of what it now says."""
+    with transaction.atomic():
+        rule.save()
+        audit_record(
+            kind="admin_change", actor=actor, detail=_rule_detail(rule, "rule_created" if created else "rule_saved")
+        )
+
+
+def rule_delete(*, rule: Rule, actor: str = "") -> None:
+    with transaction.atomic():
+        detail = _rule_detail(rule, "rule_deleted")
+        rule.delete()
+        audit_record(kind="admin_change", actor=actor, detail=detail)

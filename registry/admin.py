@@ -1,13 +1,52 @@
-from django.contrib import admin, messages
+import difflib
+import json
 
+from django.contrib import admin, messages
+from django.db.models import F
+from django.utils.html import format_html
+
+from policy.limits import limit_store
 from registry.forms import UpstreamForm
 from registry.models import Tool, Upstream
-from registry.services import upstream_catalog_sync, upstream_save, upstream_set_enabled
+from registry.services import (
+    tool_approve,
+    upstream_breaker_reset,
+    upstream_catalog_sync,
+    upstream_save,
+    upstream_set_enabled,
+)
+
+
+def definition_diff(tool: Tool) -> str:
+    """The change waiting for approval, as a unified diff of the two definitions."""
+
+    def lines(definition: object) -> list[str]:
+        return json.dumps(definition, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
+
+    diff = difflib.unified_diff(
+        lines(tool.approved_definition or {}), lines(tool.definition), "approved", "offered now", lineterm=""
+    )
+    return "\n".join(diff)
+
+
+class PendingFilter(admin.SimpleListFilter):
+    title = "approval"
+    parameter_name = "approval"
+
+    def lookups(self, request, model_admin):
+        return [("pending", "Waiting for approval"), ("approved", "Approved")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "pending":
+            return queryset.exclude(approved_sha256=F("definition_sha256"))
+        if self.value() == "approved":
+            return queryset.filter(approved_sha256=F("definition_sha256"))
+        return queryset
 
 
 class ToolInline(admin.TabularInline):
     model = Tool
-    fields = ("name", "title", "definition_sha256", "first_seen_at", "last_seen_at")
+    fields = ("name", "title", "approved", "definition_sha256", "first_seen_at", "last_seen_at")
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -16,16 +55,33 @@ class ToolInline(admin.TabularInline):
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
+    @admin.display(boolean=True)
+    def approved(self, tool: Tool) -> bool:
+        return tool.is_approved
+
 
 @admin.register(Upstream)
 class UpstreamAdmin(admin.ModelAdmin):
     form = UpstreamForm
-    list_display = ("slug", "transport", "group", "enabled", "timeout", "last_synced_at", "last_sync_error")
+    list_display = ("slug", "transport", "group", "enabled", "circuit", "timeout", "last_synced_at", "last_sync_error")
     list_filter = ("transport", "enabled", "group")
     search_fields = ("slug", "name")
-    readonly_fields = ("revision", "last_synced_at", "last_sync_error")
+    readonly_fields = ("circuit", "revision", "last_synced_at", "last_sync_error")
     inlines = (ToolInline,)
-    actions = ("enable", "disable", "sync_catalog")
+    actions = ("enable", "disable", "sync_catalog", "close_circuit")
+
+    @admin.display(description="Circuit")
+    def circuit(self, upstream: Upstream) -> str:
+        status = limit_store().breaker(upstream.id)
+        if status.state == "open":
+            return f"open ({status.failures} failures; probe in {status.retry_after:.0f} s)"
+        return status.state if not status.failures else f"{status.state} ({status.failures} failures)"
+
+    @admin.action(description="Close the circuit of selected upstreams")
+    def close_circuit(self, request, queryset):
+        for upstream in queryset:
+            upstream_breaker_reset(upstream=upstream, actor=request.user.get_username())
+        self.message_user(request, f"{queryset.count()} circuit(s) closed.")
 
     def save_model(self, request, obj, form, change) -> None:
         upstream_save(upstream=obj, actor=request.user.get_username(), created=not change)
@@ -64,12 +120,37 @@ class UpstreamAdmin(admin.ModelAdmin):
 
 @admin.register(Tool)
 class ToolAdmin(admin.ModelAdmin):
-    list_display = ("name", "upstream", "title", "definition_sha256", "last_seen_at")
-    list_filter = ("upstream",)
+    """The catalog. A tool whose definition changed since its approval is offered to no agent until an
+    administrator reviews the diff and approves it."""
+
+    list_display = ("name", "upstream", "approved", "title", "definition_sha256", "last_seen_at")
+    list_filter = (PendingFilter, "upstream")
     search_fields = ("name", "description")
+    readonly_fields = ("pending_change", "approved_by", "approved_at")
+    actions = ("approve",)
+
+    @admin.display(boolean=True)
+    def approved(self, tool: Tool) -> bool:
+        return tool.is_approved
+
+    @admin.display(description="Change waiting for approval")
+    def pending_change(self, tool: Tool) -> str:
+        if tool.is_approved:
+            return "None: the offered definition is the approved one."
+        return format_html("<pre>{}</pre>", definition_diff(tool))
+
+    @admin.action(description="Approve the current definition of selected tools", permissions=["approve"])
+    def approve(self, request, queryset):
+        pending = [tool for tool in queryset.select_related("upstream") if not tool.is_approved]
+        for tool in pending:
+            tool_approve(tool=tool, actor=request.user.get_username())
+        self.message_user(request, f"{len(pending)} tool version(s) approved.")
+
+    def has_approve_permission(self, request) -> bool:
+        return request.user.has_perm("registry.change_tool")
 
     def has_add_permission(self, request) -> bool:
         return False
 
     def has_change_permission(self, request, obj=None) -> bool:
-        return False
+        return False  # the catalog is what upstreams say; an administrator approves it, never edits it

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from audit.services import audit_record, canonical_sha256
 from handoff.snapshot import config_changed
+from policy.limits import limit_store
 from policy.manifest import schema_problem, tool_name_problem
 from registry.credentials import credentials_seal
 from registry.executor import get_executor
@@ -193,3 +194,9 @@ def upstream_save(*, upstream: Upstream, actor: str = "", created: bool = False)
                 "header_keys": sorted(upstream.headers),
             },
         )
+
+
+def upstream_breaker_reset(*, upstream: Upstream, actor: str) -> None:
+    """Close the upstream's circuit by hand (after fixing what made it fail)."""
+    limit_store().breaker_reset(upstream.id)
+    audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, detail={"action": "breaker_reset"})

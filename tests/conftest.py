@@ -141,3 +141,16 @@ def workerless_gateway(server_env, world, logs) -> Iterator[servers.Running]:
 def gateway(request) -> servers.Running:
     """The same test against both executors."""
     return request.getfixturevalue(f"{request.param}_gateway")
+
+
+@pytest.fixture
+def admin_client(db):
+    """A logged-in superuser, "operator", on Django's test client."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user = get_user_model().objects.create_superuser("operator", password="pw-for-tests-only")
+    client = Client()
+    client.force_login(user)
+    yield client
+    user.delete()

@@ -3,25 +3,12 @@ read-only."""
 
 import json
 
-import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
-
 from audit.models import AuditEvent
 from policy.models import Agent, AgentKey, ServerGroup
 from registry.credentials import credentials_open
 from registry.models import Upstream
 from registry.services import upstream_save
 from tests.helpers import audit_mark, audit_since
-
-
-@pytest.fixture
-def admin_client(db):
-    user = get_user_model().objects.create_superuser("operator", password="pw-for-tests-only")
-    client = Client()
-    client.force_login(user)
-    yield client
-    user.delete()
 
 
 def test_disabling_an_upstream_from_the_admin_is_audited_with_the_operator(admin_client, world):
