@@ -3,8 +3,11 @@ read-only."""
 
 import json
 
+import anyio
+
 from audit.models import AuditEvent
-from policy.models import Agent, AgentKey, ServerGroup
+from policy.limits import Admission, limit_store
+from policy.models import Agent, AgentKey, Rule, ServerGroup
 from registry.credentials import credentials_open
 from registry.models import Upstream
 from registry.services import upstream_save
@@ -113,3 +116,58 @@ def test_upstream_secrets_never_reach_the_browser_and_survive_an_edit(admin_clie
         assert "s3cr3t-value" not in refused.content.decode()
     finally:
         upstream.delete()
+
+
+def test_a_rule_added_in_the_admin_is_audited_with_the_operator_and_listed(admin_client, world):
+    demo = Upstream.objects.get(slug="demo")
+    mark = audit_mark()
+    form = {"effect": "deny", "upstream": demo.pk, "tool_pattern": "crash", "enabled": "on", "note": "no crashes"}
+    response = admin_client.post("/admin/policy/rule/add/", form)
+    rule = Rule.objects.get(note="no crashes")
+    try:
+        assert response.status_code == 302
+        page = admin_client.get("/admin/policy/rule/").content.decode()
+        assert "no crashes" in page and "crash" in page
+        [row] = [r for r in audit_since(mark) if r.kind == "admin_change"]
+        assert (row.actor, row.detail["action"], row.detail["upstream"], row.detail["tool_pattern"]) == (
+            "operator", "rule_created", "demo", "crash"
+        )  # fmt: skip
+    finally:
+        rule.delete()
+
+
+def test_the_upstream_list_shows_an_open_circuit_and_an_operator_can_close_it(admin_client, world):
+    upstream = Upstream(slug="tripped", transport="stdio", command="true")
+    upstream_save(upstream=upstream, created=True)
+    store = limit_store()
+    tripped = _an_admission(upstream)
+    try:
+        assert anyio.run(store.admit, tripped).code == ""
+        anyio.run(store.release, tripped, "fail", False)
+        page = admin_client.get("/admin/registry/upstream/").content.decode()
+        assert "open (1 failures; probe in 60 s)" in page or "open (1 failures; probe in 59 s)" in page
+        mark = audit_mark()
+        admin_client.post("/admin/registry/upstream/", {"action": "close_circuit", "_selected_action": [upstream.pk]})
+        assert store.breaker(upstream.id).state == "closed"
+        assert [r.detail["action"] for r in audit_since(mark)] == ["breaker_reset"]
+    finally:
+        upstream.delete()
+
+
+def _an_admission(upstream: Upstream) -> Admission:
+    return Admission(
+        request_id="admin-test",
+        session="admin-test",
+        agent_id=0,
+        agent_calls_per_minute=10,
+        session_max_calls=10,
+        upstream_id=upstream.id,
+        upstream_slug=upstream.slug,
+        strict_group=None,
+        group_name="",
+        upstream_calls_per_minute=10,
+        upstream_max_concurrent=10,
+        breaker_failures=1,
+        breaker_recovery=60.0,
+        probe_seconds=5.0,
+    )
