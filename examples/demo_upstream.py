@@ -70,6 +70,11 @@ TOOLS = [
         },
     ),
     types.Tool(
+        name="env",
+        description="The value of a DEMO_* environment variable (to check what a gateway passes).",
+        input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    ),
+    types.Tool(
         name="header",
         description="Over HTTP: the value of the named request header (to check what a gateway sends).",
         input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
@@ -146,6 +151,9 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
             return await progress(ctx, params, float(args.get("seconds", 1)))
         case "leak":
             return leak(str(args.get("how", "result")))
+        case "env":
+            name = str(args["name"])
+            return text(os.environ.get(name, "") if name.startswith("DEMO_") else "")
         case "header":
             headers = ctx.request.headers if ctx.request is not None else {}
             return text(headers.get(str(args["name"]), ""))

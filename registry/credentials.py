@@ -14,7 +14,6 @@ ciphertext)>`, bound to the variable's name so that values cannot be swapped bet
 import base64
 import hashlib
 import os
-from functools import cache
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -64,13 +63,11 @@ def _aead_key(shared: bytes, ephemeral: bytes, recipient: bytes) -> AESGCM:
     return AESGCM(derived)
 
 
-@cache
 def _private_keys() -> dict[str, X25519PrivateKey]:
     keys = [X25519PrivateKey.from_private_bytes(_unb64(k)) for k in settings.GATEWAY_CREDENTIAL_KEYS]
     return {_key_id(k.public_key().public_bytes(RAW, serialization.PublicFormat.Raw)): k for k in keys}
 
 
-@cache
 def _public_key() -> bytes:
     if settings.GATEWAY_CREDENTIAL_PUBLIC_KEY:
         return _unb64(settings.GATEWAY_CREDENTIAL_PUBLIC_KEY)
@@ -118,3 +115,8 @@ def credentials_seal(values: dict[str, str]) -> dict[str, str]:
 
 def credentials_open(values: dict[str, str]) -> dict[str, str]:
     return {name: credential_open(value, name=name) for name, value in values.items()}
+
+
+def credentials_reseal(values: dict[str, str]) -> dict[str, str]:
+    """Open and seal again, with the newest key."""
+    return {name: credential_seal(credential_open(value, name=name), name=name) for name, value in values.items()}

@@ -11,7 +11,7 @@ from audit.services import audit_record, canonical_sha256
 from handoff.snapshot import config_changed
 from policy.limits import limit_store
 from policy.manifest import schema_problem, tool_name_problem
-from registry.credentials import credentials_seal
+from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
 from registry.models import Tool, Upstream
 
@@ -200,3 +200,18 @@ def upstream_breaker_reset(*, upstream: Upstream, actor: str) -> None:
     """Close the upstream's circuit by hand (after fixing what made it fail)."""
     limit_store().breaker_reset(upstream.id)
     audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, detail={"action": "breaker_reset"})
+
+
+def upstream_credentials_reseal(*, actor: str) -> int:
+    """Seal every stored credential again with the newest key (after a rotation); the number of upstreams.
+    Opens each value, so it runs where the private keys are, like the executor."""
+    count = 0
+    with transaction.atomic():
+        for upstream in Upstream.objects.select_for_update().exclude(env={}, headers={}):
+            upstream.env = credentials_reseal(upstream.env)
+            upstream.headers = credentials_reseal(upstream.headers)
+            # Same plaintext, same connection: no revision bump, no reconnect.
+            Upstream.objects.filter(pk=upstream.pk).update(env=upstream.env, headers=upstream.headers)
+            count += 1
+        audit_record(kind="admin_change", actor=actor, detail={"action": "credentials_resealed", "upstreams": count})
+    return count

@@ -52,6 +52,7 @@ def server_env(db, shared_state) -> dict[str, str]:
 
     env = {k: v for k, v in os.environ.items() if k != "GATEWAY_EXECUTOR"}
     env |= {"DJANGO_SETTINGS_MODULE": "gateway_project.settings", "SECRET_KEY": settings.SECRET_KEY}
+    env |= {"GATEWAY_CREDENTIAL_KEYS": ",".join(settings.GATEWAY_CREDENTIAL_KEYS)}
     name = connection.settings_dict["NAME"]
     if connection.vendor == "sqlite":
         env.pop("DATABASE_URL", None)
@@ -119,7 +120,12 @@ def celery_worker(server_env, logs) -> Iterator[servers.Running]:
 
 @pytest.fixture(scope="session")
 def celery_gateway(server_env, world, celery_worker, logs) -> Iterator[servers.Running]:
-    running = servers.start_gateway(server_env | {"GATEWAY_EXECUTOR": "celery"}, logs / "gateway-celery.log")
+    """In Celery mode the web process seals credentials but never opens one: it holds the public key only."""
+    from registry.credentials import public_key_of
+
+    public = public_key_of(server_env["GATEWAY_CREDENTIAL_KEYS"].split(",")[0])
+    keys = {"GATEWAY_CREDENTIAL_KEYS": "", "GATEWAY_CREDENTIAL_PUBLIC_KEY": public}
+    running = servers.start_gateway(server_env | keys | {"GATEWAY_EXECUTOR": "celery"}, logs / "gateway-celery.log")
     running.executor_pid = celery_worker.process.pid
     yield running
     running.stop()

@@ -15,7 +15,20 @@ from registry.services import upstream_catalog_sync, upstream_save
 from tests.conftest import BIN
 from tests.servers import ROOT
 
-DEMO_TOOLS = {"echo", "add", "fail", "sleep", "crash", "pid", "raise", "bad_output", "header", "progress", "leak"}
+DEMO_TOOLS = {
+    "echo",
+    "add",
+    "fail",
+    "sleep",
+    "crash",
+    "pid",
+    "raise",
+    "bad_output",
+    "header",
+    "progress",
+    "leak",
+    "env",
+}
 
 
 def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tmp_path, capsys):
@@ -84,7 +97,7 @@ def test_import_then_sync_lists_the_new_upstreams_tools(db, tmp_path, capsys):
     path.write_text(json.dumps({"mcpServers": {"demo-two": {"command": sys.executable, "args": demo}}}))
     try:
         call_command("import_mcp_config", str(path))
-        assert capsys.readouterr().out.splitlines()[-1] == "demo-two: 11 added, 0 changed, 0 removed, 0 rejected"
+        assert capsys.readouterr().out.splitlines()[-1] == "demo-two: 12 added, 0 changed, 0 removed, 0 rejected"
         assert set(Tool.objects.filter(upstream__slug="demo-two").values_list("name", flat=True)) == DEMO_TOOLS
     finally:
         Upstream.objects.filter(slug="demo-two").delete()

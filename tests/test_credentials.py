@@ -1,0 +1,82 @@
+"""Upstream credentials are sealed at rest with the executor's public key; only a process holding a private
+key opens them (the Celery worker; the web process only in the embedded default). Keys rotate. No secret
+appears in a log line, an audit row, an error or the admin."""
+
+import json
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from audit.models import AuditEvent
+from registry.credentials import (
+    CredentialError,
+    credential_open,
+    credential_seal,
+    credentials_open,
+    key_generate,
+    public_key_of,
+)
+from registry.models import Upstream
+from registry.services import upstream_save
+from tests.clients import call, tool_names
+from tests.factories import demo_upstream
+from tests.helpers import eventually, run
+
+CANARY = "canary-7f3a9c-do-not-log"
+
+
+def test_a_sealed_value_holds_no_plaintext_and_opens_only_under_its_own_name():
+    with override_settings(GATEWAY_CREDENTIAL_KEYS=[key_generate()], GATEWAY_CREDENTIAL_PUBLIC_KEY=""):
+        sealed = credential_seal(CANARY, name="API_TOKEN")
+        assert CANARY not in sealed and sealed.startswith("sbx1:")
+        assert credential_open(sealed, name="API_TOKEN") == CANARY
+        assert credential_seal(CANARY, name="API_TOKEN") != sealed, "every sealing is fresh"
+        with pytest.raises(CredentialError, match="does not open: altered, or moved from another name"):
+            credential_open(sealed, name="OTHER_TOKEN")
+
+
+def test_a_process_with_the_public_key_alone_seals_but_cannot_open():
+    private = key_generate()
+    with override_settings(GATEWAY_CREDENTIAL_KEYS=[], GATEWAY_CREDENTIAL_PUBLIC_KEY=public_key_of(private)):
+        sealed = credential_seal(CANARY, name="API_TOKEN")
+        with pytest.raises(CredentialError, match="which this process does not hold"):
+            credential_open(sealed, name="API_TOKEN")
+    with override_settings(GATEWAY_CREDENTIAL_KEYS=[private], GATEWAY_CREDENTIAL_PUBLIC_KEY=""):
+        assert credential_open(sealed, name="API_TOKEN") == CANARY
+
+
+def test_rotation_reseals_every_credential_with_the_newest_key(db, settings, capsys):
+    current, newest = settings.GATEWAY_CREDENTIAL_KEYS[0], key_generate()
+    upstream = Upstream(slug="rotated", transport="stdio", command="true", env={"API_TOKEN": CANARY})
+    upstream_save(upstream=upstream, created=True)
+    try:
+        with override_settings(GATEWAY_CREDENTIAL_KEYS=[newest, current], GATEWAY_CREDENTIAL_PUBLIC_KEY=""):
+            call_command("rotate_credentials")
+        upstream.refresh_from_db()
+        with override_settings(GATEWAY_CREDENTIAL_KEYS=[newest], GATEWAY_CREDENTIAL_PUBLIC_KEY=""):
+            assert credentials_open(upstream.env) == {"API_TOKEN": CANARY}
+        assert upstream.revision == 1, "the same secret: no reconnect"
+        assert "resealed the credentials of 1 upstream(s) with the newest key" in capsys.readouterr().out
+    finally:
+        upstream.delete()
+
+
+def test_a_credential_reaches_the_upstream_and_nothing_else(gateway, world, logs, admin_client, capfd):
+    """Through both executors: with Celery, the web process holds only the public key (conftest), so the
+    worker opened the value."""
+    with demo_upstream("keyed", env={"DEMO_SECRET": CANARY}) as keyed:
+        eventually(lambda: "keyed__env" in run(lambda: tool_names(gateway.url, world.key)))
+        seen = run(lambda: call(gateway.url, world.key, "keyed__env", {"name": "DEMO_SECRET"}))
+        run(lambda: call(gateway.url, world.key, "keyed__leak", {"how": "error"}))
+        page = admin_client.get(f"/admin/registry/upstream/{keyed.pk}/change/").content.decode()
+        stored = json.dumps(Upstream.objects.filter(pk=keyed.pk).values("env").get())
+    assert seen.content[0].text == CANARY
+    assert CANARY not in page and "DEMO_SECRET" in page
+    assert CANARY not in stored
+    for row in AuditEvent.objects.values():
+        assert CANARY not in json.dumps(row, default=str)
+    captured = capfd.readouterr()
+    assert CANARY not in captured.out + captured.err, "the secret is in this process's output"
+    for log in logs.iterdir():
+        assert CANARY not in log.read_text(errors="replace"), f"the secret is in {log.name}"
