@@ -6,6 +6,7 @@ Lua script per call in Redis, atomic across processes; the embedded default is a
 the same state in its memory (policy/limit_stores.py). Both apply the same rules in the same order.
 """
 
+import math
 from dataclasses import dataclass
 from functools import cache
 from typing import Literal, Protocol
@@ -81,7 +82,8 @@ def limit_store() -> LimitStore:
 
 
 def _seconds(value: float) -> str:
-    return f"{max(1, round(value + 0.5))} seconds"
+    whole = max(1, math.ceil(value))
+    return f"{whole} second{'s' if whole != 1 else ''}"
 
 
 def limits_denial(a: Admission, verdict: Verdict, tool: str) -> Denial:

@@ -5,6 +5,7 @@ waiting helps, and a `denied` audit row; nothing refused reaches the upstream.""
 import anyio
 from mcp.shared.exceptions import MCPError
 
+from tests import servers
 from tests.clients import call, sdk_client, tool_names
 from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
@@ -91,3 +92,22 @@ def test_calls_past_an_upstreams_concurrency_are_refused_as_busy(inline_gateway,
     assert "is running its maximum of 1 calls at once" in str(refused)
     assert after.content[0].text == "free again", "the slot was given back"
     assert [r.error_code for r in audit_since(mark) if r.kind == "denied"] == ["UPSTREAM_BUSY"]
+
+
+def test_without_its_shared_state_the_gateway_refuses_calls_rather_than_run_them_unchecked(server_env, world, logs):
+    """Redis gone (here: a port where nothing listens): the call is refused, audited, and the process serves on."""
+    env = server_env | {"GATEWAY_EXECUTOR": "inline", "REDIS_URL": f"redis://127.0.0.1:{servers.free_port()}/0"}
+    gateway = servers.start_gateway(env, logs / "gateway-no-redis.log")
+    try:
+        mark = audit_mark()
+        refused = [run(lambda: call(gateway.url, world.key, "demo__echo", {"text": "x"})) for _ in range(2)]
+    finally:
+        gateway.stop()
+    for error in refused:
+        assert (error.code, error.data["code"], error.data["retryAfter"]) == (-32003, "LIMITS_UNAVAILABLE", 1.0)
+        assert (
+            str(error)
+            == "The gateway cannot check its limits right now, so 'demo__echo' was not run. Retry after 1 second."
+        )
+    rows = audit_since(mark)
+    assert [(r.kind, r.error_code) for r in rows] == [("denied", "LIMITS_UNAVAILABLE")] * 2
