@@ -27,7 +27,7 @@ def stdio_upstream(slug: str, command: str, args: list[str], **fields: Any) -> U
 
 @contextmanager
 def demo_upstream(slug: str, **fields: Any) -> Iterator[Upstream]:
-    upstream = stdio_upstream(slug, sys.executable, DEMO, **fields)
+    upstream = stdio_upstream(slug, sys.executable, fields.pop("args", DEMO), **fields)
     try:
         yield upstream
     finally:

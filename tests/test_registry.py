@@ -13,6 +13,7 @@ from registry.models import Tool, Upstream
 from registry.naming import exposed_name, split_exposed_name
 from registry.services import upstream_catalog_sync, upstream_save
 from tests.conftest import BIN
+from tests.factories import DEMO, demo_upstream
 from tests.servers import ROOT
 
 DEMO_TOOLS = {
@@ -164,3 +165,11 @@ def test_exposed_names_split_at_the_first_separator_only():
     assert split_exposed_name("bad name__x") is None
     with override_settings(GATEWAY_TOOL_SEPARATOR="."):
         assert split_exposed_name("time.get_current_time") == ("time", "get_current_time")
+
+
+def test_stdio_arguments_reach_the_server_as_a_list_never_through_a_shell(db, tmp_path):
+    marker = tmp_path / "shell-ran"
+    args = DEMO + [f"$(touch {marker})", f"; touch {marker}", f"`touch {marker}`"]
+    with demo_upstream("no-shell", args=args) as upstream:  # its first catalog sync started the server
+        assert upstream_catalog_sync(upstream=upstream).ok
+    assert not marker.exists()
