@@ -1,11 +1,15 @@
 """Small factories for committed test data (the gateways under test read it from another process), each
 removed again by its context manager."""
 
+import itertools
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
+from policy.limits import Admission
 from policy.models import Agent
 from policy.services import agent_create
 from registry.models import Upstream
@@ -45,3 +49,28 @@ def agent(name: str, **fields: Any) -> Iterator[tuple[Agent, str]]:
         yield issued.agent, issued.key
     finally:
         issued.agent.delete()
+
+
+_ids = itertools.count(int(time.time()) % 1_000_000 * 1000)
+
+
+def admission(**changes: Any) -> Admission:
+    """A call's claim on admission state, with ids no other test uses."""
+    unique = next(_ids)
+    base = Admission(
+        request_id=f"r{unique}",
+        session=f"s{unique}",
+        agent_id=unique,
+        agent_calls_per_minute=100,
+        session_max_calls=100,
+        upstream_id=unique,
+        upstream_slug="up",
+        strict_group=None,
+        group_name="",
+        upstream_calls_per_minute=100,
+        upstream_max_concurrent=100,
+        breaker_failures=2,
+        breaker_recovery=0.3,
+        probe_seconds=5.0,
+    )
+    return replace(base, **changes)

@@ -6,11 +6,12 @@ import json
 import anyio
 
 from audit.models import AuditEvent
-from policy.limits import Admission, limit_store
+from policy.limits import limit_store
 from policy.models import Agent, AgentKey, Rule, ServerGroup
 from registry.credentials import credentials_open
 from registry.models import Upstream
 from registry.services import upstream_save
+from tests.factories import admission
 from tests.helpers import audit_mark, audit_since
 
 
@@ -140,7 +141,7 @@ def test_the_upstream_list_shows_an_open_circuit_and_an_operator_can_close_it(ad
     upstream = Upstream(slug="tripped", transport="stdio", command="true")
     upstream_save(upstream=upstream, created=True)
     store = limit_store()
-    tripped = _an_admission(upstream)
+    tripped = admission(upstream_id=upstream.id, upstream_slug=upstream.slug, breaker_failures=1, breaker_recovery=60.0)
     try:
         assert anyio.run(store.admit, tripped).code == ""
         anyio.run(store.release, tripped, "fail", False)
@@ -152,22 +153,3 @@ def test_the_upstream_list_shows_an_open_circuit_and_an_operator_can_close_it(ad
         assert [r.detail["action"] for r in audit_since(mark)] == ["breaker_reset"]
     finally:
         upstream.delete()
-
-
-def _an_admission(upstream: Upstream) -> Admission:
-    return Admission(
-        request_id="admin-test",
-        session="admin-test",
-        agent_id=0,
-        agent_calls_per_minute=10,
-        session_max_calls=10,
-        upstream_id=upstream.id,
-        upstream_slug=upstream.slug,
-        strict_group=None,
-        group_name="",
-        upstream_calls_per_minute=10,
-        upstream_max_concurrent=10,
-        breaker_failures=1,
-        breaker_recovery=60.0,
-        probe_seconds=5.0,
-    )

@@ -1,7 +1,6 @@
 """Both homes of admission state apply the same rules: Redis (shared by processes) and the embedded default's
 memory. The same scenarios run against each."""
 
-import itertools
 import time
 from dataclasses import replace
 
@@ -11,8 +10,7 @@ import pytest
 from policy.limit_stores import LocalLimitStore, RedisLimitStore
 from policy.limits import Admission
 from tests.conftest import needs
-
-_ids = itertools.count(int(time.time()) % 1_000_000 * 1000)
+from tests.factories import admission
 
 
 @pytest.fixture(params=["redis", "local"])
@@ -21,27 +19,6 @@ def store(request, settings, shared_state):
         needs(bool(settings.REDIS_URL), "REDIS_URL is not set")
         return RedisLimitStore()
     return LocalLimitStore()
-
-
-def admission(**changes) -> Admission:
-    unique = next(_ids)
-    base = Admission(
-        request_id=f"r{unique}",
-        session=f"s{unique}",
-        agent_id=unique,
-        agent_calls_per_minute=100,
-        session_max_calls=100,
-        upstream_id=unique,
-        upstream_slug="up",
-        strict_group=None,
-        group_name="",
-        upstream_calls_per_minute=100,
-        upstream_max_concurrent=100,
-        breaker_failures=2,
-        breaker_recovery=0.3,
-        probe_seconds=5.0,
-    )
-    return replace(base, **changes)
 
 
 def admit_all(store, admissions: list[Admission]) -> list[str]:
