@@ -56,10 +56,14 @@ def setup_database() -> str:
     Agent.objects.filter(name="bench").delete()
     Upstream.objects.filter(slug="demo").delete()
     AuditEvent.objects.all().delete()
-    upstream = Upstream(slug="demo", transport="stdio", command=DEMO[0], args=DEMO[1:])
+    # Every limit is on, as in production, set high enough that the benchmark measures and never trips one.
+    unlimited = 10**9
+    upstream = Upstream(slug="demo", transport="stdio", command=DEMO[0], args=DEMO[1:], calls_per_minute=unlimited)
     upstream_save(upstream=upstream, created=True)
     assert upstream_catalog_sync(upstream=upstream).ok
-    return agent_create(name="bench").key
+    issued = agent_create(name="bench")
+    Agent.objects.filter(pk=issued.agent.pk).update(calls_per_minute=unlimited, max_calls_per_session=unlimited)
+    return issued.key
 
 
 @asynccontextmanager
