@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
@@ -10,6 +11,16 @@ class RuleAdmin(admin.ModelAdmin):
     """Deny wins over allow; with no matching rule, GATEWAY_POLICY_DEFAULT decides (see docs/policy.md)."""
 
     list_display = ("effect", "agent", "agent_group", "upstream", "server_group", "tool_pattern", "enabled", "note")
+    fieldsets = (
+        (None, {"fields": ("effect", "enabled", "note")}),
+        ("Who: empty means any agent", {"fields": ("agent", "agent_group")}),
+        ("Where: empty means any upstream", {"fields": ("upstream", "server_group", "tool_pattern")}),
+    )
+
+    def changelist_view(self, request, extra_context=None):
+        stance = {"stance": settings.GATEWAY_POLICY_DEFAULT}  # the template says what it means
+        return super().changelist_view(request, (extra_context or {}) | stance)
+
     list_filter = ("effect", "enabled", "agent", "upstream", "server_group")
     search_fields = ("tool_pattern", "note")
 

@@ -3,4 +3,4 @@ from django.apps import AppConfig
 
 class PolicyConfig(AppConfig):
     name = "policy"
-    verbose_name = "Policy: agents and server groups"
+    verbose_name = "Policy: agents, groups and rules"

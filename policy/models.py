@@ -1,3 +1,4 @@
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
@@ -99,6 +100,12 @@ class Rule(models.Model):
 
     class Meta:
         ordering = ["effect", "id"]
+
+    def clean(self) -> None:
+        if self.agent_id and self.agent_group_id:
+            raise ValidationError("Name an agent or an agent group, not both: make two rules.")
+        if self.upstream_id and self.server_group_id:
+            raise ValidationError("Name an upstream or a server group, not both: make two rules.")
 
     def __str__(self) -> str:
         who = self.agent or self.agent_group or "any agent"

@@ -2,7 +2,10 @@ import difflib
 import json
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import F
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import path
 from django.utils.html import format_html
 
 from policy.limits import limit_store
@@ -126,8 +129,31 @@ class ToolAdmin(admin.ModelAdmin):
     list_display = ("name", "upstream", "approved", "title", "definition_sha256", "last_seen_at")
     list_filter = (PendingFilter, "upstream")
     search_fields = ("name", "description")
-    readonly_fields = ("pending_change", "approved_by", "approved_at")
+    fields = (
+        "pending_change", "upstream", "name", "title", "description", "definition", "definition_sha256",
+        "approved_sha256", "approved_by", "approved_at", "first_seen_at", "last_seen_at",
+    )  # fmt: skip
+    readonly_fields = fields
     actions = ("approve",)
+
+    def get_urls(self):
+        approve = path("<int:pk>/approve/", self.admin_site.admin_view(self.approve_view), name="registry_tool_approve")
+        return [approve, *super().get_urls()]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        tool = self.get_object(request, object_id)
+        approvable = bool(tool and not tool.is_approved and self.has_approve_permission(request))
+        return super().change_view(request, object_id, form_url, (extra_context or {}) | {"approvable": approvable})
+
+    def approve_view(self, request, pk: int):
+        """POST from the tool's page: approve the definition shown there."""
+        if request.method != "POST" or not self.has_approve_permission(request):
+            raise PermissionDenied
+        tool = get_object_or_404(Tool.objects.select_related("upstream"), pk=pk)
+        if not tool.is_approved:
+            tool_approve(tool=tool, actor=request.user.get_username())
+            self.message_user(request, f"{tool} approved: agents see this version now.", messages.SUCCESS)
+        return redirect("admin:registry_tool_change", pk)
 
     @admin.display(boolean=True)
     def approved(self, tool: Tool) -> bool:
@@ -151,6 +177,9 @@ class ToolAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # catalog sync removes what an upstream stops listing
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False  # the catalog is what upstreams say; an administrator approves it, never edits it

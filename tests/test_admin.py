@@ -129,6 +129,7 @@ def test_a_rule_added_in_the_admin_is_audited_with_the_operator_and_listed(admin
         assert response.status_code == 302
         page = admin_client.get("/admin/policy/rule/").content.decode()
         assert "no crashes" in page and "crash" in page
+        assert "A call that no enabled rule matches is\n<strong>allowed</strong>" in page
         [row] = [r for r in audit_since(mark) if r.kind == "admin_change"]
         assert (row.actor, row.detail["action"], row.detail["upstream"], row.detail["tool_pattern"]) == (
             "operator", "rule_created", "demo", "crash"
@@ -153,3 +154,14 @@ def test_the_upstream_list_shows_an_open_circuit_and_an_operator_can_close_it(ad
         assert [r.detail["action"] for r in audit_since(mark)] == ["breaker_reset"]
     finally:
         upstream.delete()
+
+
+def test_a_rule_names_one_agent_or_agent_group_and_one_upstream_or_server_group(admin_client, world):
+    demo, group = Upstream.objects.get(slug="demo"), ServerGroup.objects.create(name="both-ways")
+    try:
+        form = {"effect": "deny", "upstream": demo.pk, "server_group": group.pk, "tool_pattern": "*", "enabled": "on"}
+        page = admin_client.post("/admin/policy/rule/add/", form).content.decode()
+    finally:
+        group.delete()
+    assert "Name an upstream or a server group, not both: make two rules." in page
+    assert not Rule.objects.filter(upstream=demo, tool_pattern="*").exists()
