@@ -3,7 +3,14 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
-from policy.services import agent_key_issue, group_set_enabled, rule_delete, rule_save
+from policy.services import (
+    agent_group_members_record,
+    agent_key_issue,
+    group_set_enabled,
+    policy_object_save,
+    rule_delete,
+    rule_save,
+)
 
 
 @admin.register(Rule)
@@ -35,14 +42,25 @@ class RuleAdmin(admin.ModelAdmin):
             rule_delete(rule=rule, actor=request.user.get_username())
 
 
+class AuditedSaveMixin:
+    """Saves through `policy_object_save`, so every change made in the admin is an audit row."""
+
+    def save_model(self, request, obj, form, change) -> None:
+        policy_object_save(obj=obj, actor=request.user.get_username(), created=not change)
+
+
 @admin.register(AgentGroup)
-class AgentGroupAdmin(admin.ModelAdmin):
+class AgentGroupAdmin(AuditedSaveMixin, admin.ModelAdmin):
     list_display = ("name",)
     filter_horizontal = ("agents",)
 
+    def save_related(self, request, form, formsets, change) -> None:
+        super().save_related(request, form, formsets, change)
+        agent_group_members_record(group=form.instance, actor=request.user.get_username())
+
 
 @admin.register(ServerGroup)
-class ServerGroupAdmin(admin.ModelAdmin):
+class ServerGroupAdmin(AuditedSaveMixin, admin.ModelAdmin):
     list_display = ("name", "isolation", "enabled", "upstream_list")
     list_filter = ("isolation", "enabled")
     actions = ("enable", "disable")
@@ -80,14 +98,14 @@ class AgentKeyInline(admin.TabularInline):
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(AuditedSaveMixin, admin.ModelAdmin):
     list_display = ("name", "enabled", "calls_per_minute", "max_calls_per_session", "created_at")
     list_filter = ("enabled", "agent_groups")
     inlines = (AgentKeyInline,)
     actions = ("issue_key",)
 
     def save_model(self, request, obj, form, change) -> None:
-        super().save_model(request, obj, form, change)
+        super().save_model(request, obj, form, change)  # audited (AuditedSaveMixin)
         if not change:
             issued = agent_key_issue(agent=obj, actor=request.user.get_username())
             self.message_user(

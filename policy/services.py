@@ -8,7 +8,7 @@ from django.db import transaction
 from audit.services import audit_record
 from handoff.snapshot import config_changed
 from policy.keys import KEY_PREFIX, key_digest
-from policy.models import Agent, AgentKey, Rule, ServerGroup
+from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
 
 
 @dataclass(frozen=True)
@@ -102,3 +102,24 @@ def rule_delete(*, rule: Rule, actor: str = "") -> None:
         detail = _rule_detail(rule, "rule_deleted")
         rule.delete()
         audit_record(kind="admin_change", actor=actor, detail=detail)
+
+
+def policy_object_save(*, obj: Agent | ServerGroup | AgentGroup, actor: str, created: bool) -> None:
+    """Save an agent or a group as the admin's form left it, with an audit row of its plain fields (none of
+    them secret: keys live in AgentKey, as hashes)."""
+    with transaction.atomic():
+        obj.save()
+        fields = {f.name: f.value_from_object(obj) for f in obj._meta.concrete_fields if not f.is_relation}
+        fields = {name: value for name, value in fields.items() if name not in ("id", "created_at", "updated_at")}
+        action = f"{obj._meta.model_name}_{'created' if created else 'saved'}"
+        audit_record(kind="admin_change", actor=actor, detail={"action": action} | fields)
+
+
+def agent_group_members_record(*, group: AgentGroup, actor: str) -> None:
+    """After the admin saved a group's members: who is in it now."""
+    members = sorted(group.agents.values_list("name", flat=True))
+    audit_record(
+        kind="admin_change",
+        actor=actor,
+        detail={"action": "agentgroup_members", "name": group.name, "members": members},
+    )

@@ -7,11 +7,11 @@ import anyio
 
 from audit.models import AuditEvent
 from policy.limits import limit_store
-from policy.models import Agent, AgentKey, Rule, ServerGroup
+from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
 from registry.credentials import credentials_open
 from registry.models import Upstream
 from registry.services import upstream_save
-from tests.factories import admission
+from tests.factories import admission, agent
 from tests.helpers import audit_mark, audit_since
 
 
@@ -165,3 +165,20 @@ def test_a_rule_names_one_agent_or_agent_group_and_one_upstream_or_server_group(
         group.delete()
     assert "Name an upstream or a server group, not both: make two rules." in page
     assert not Rule.objects.filter(upstream=demo, tool_pattern="*").exists()
+
+
+def test_agents_and_groups_edited_in_the_admin_are_audited_with_their_settings(admin_client, world):
+    mark = audit_mark()
+    with agent("ivan") as (ivan, _):
+        form = {"name": "ivan", "enabled": "on", "calls_per_minute": "30", "max_calls_per_session": "",
+                "keys-TOTAL_FORMS": "0", "keys-INITIAL_FORMS": "0"}  # fmt: skip
+        assert admin_client.post(f"/admin/policy/agent/{ivan.pk}/change/", form).status_code == 302
+        admin_client.post("/admin/policy/servergroup/add/", {"name": "ledgers", "isolation": "strict", "enabled": "on"})
+        admin_client.post("/admin/policy/agentgroup/add/", {"name": "auditors", "agents": [ivan.pk]})
+        rows = [r.detail for r in audit_since(mark) if r.kind == "admin_change" and r.actor == "operator"]
+    ServerGroup.objects.filter(name="ledgers").delete()
+    AgentGroup.objects.filter(name="auditors").delete()
+    assert {"action": "agent_saved", "name": "ivan", "enabled": True, "calls_per_minute": 30,
+            "max_calls_per_session": None} in rows  # fmt: skip
+    assert {"action": "servergroup_created", "name": "ledgers", "isolation": "strict", "enabled": True} in rows
+    assert {"action": "agentgroup_members", "name": "auditors", "members": ["ivan"]} in rows
