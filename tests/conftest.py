@@ -53,6 +53,7 @@ def server_env(db, shared_state) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "GATEWAY_EXECUTOR"}
     env |= {"DJANGO_SETTINGS_MODULE": "gateway_project.settings", "SECRET_KEY": settings.SECRET_KEY}
     env |= {"GATEWAY_CREDENTIAL_KEYS": ",".join(settings.GATEWAY_CREDENTIAL_KEYS)}
+    env |= {"GATEWAY_EGRESS_ALLOWED_NETWORKS": ",".join(settings.GATEWAY_EGRESS_ALLOWED_NETWORKS)}
     name = connection.settings_dict["NAME"]
     if connection.vendor == "sqlite":
         env.pop("DATABASE_URL", None)
@@ -95,7 +96,7 @@ def world(db, everything_http) -> World:
         # Its timeouts are the point of the tests that use it: they must not open its circuit.
         stdio_upstream("slow", sys.executable, DEMO, timeout=1.0, breaker_failures=1000),
     ]
-    every = Upstream(slug="every", transport="streamable_http", url=everything_http, internal=True)
+    every = Upstream(slug="every", transport="streamable_http", url=everything_http)
     upstream_save(upstream=every, created=True)
     assert upstream_catalog_sync(upstream=every).ok
     made.append(every)

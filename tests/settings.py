@@ -4,3 +4,6 @@ The gateways under test are separate Daphne processes with their own environment
 from gateway_project.settings import *  # noqa: F403
 
 GATEWAY_EXECUTOR = "inline"
+# The test servers listen on 127.0.0.1: allowing that one address (and no other private one) lets HTTP
+# upstreams in the tests go through the SSRF guard, as in production, instead of being marked internal.
+GATEWAY_EGRESS_ALLOWED_NETWORKS = ["127.0.0.1/32"]

@@ -6,11 +6,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import anyio
+import httpx2
 import pytest
 from django.core.exceptions import ValidationError
 from django.test import override_settings
 
 from audit.services import canonical_sha256
+from registry.egress import EgressRefused, GuardedTransport
 from registry.models import Tool, Upstream
 from registry.services import upstream_catalog_sync, upstream_save
 from tests.clients import call, tool_names
@@ -23,7 +26,8 @@ from tests.helpers import audit_mark, audit_since, eventually, run
         ("http://169.254.169.254/latest/mcp", "169.254.169.254 is not a public address"),
         ("http://10.0.0.8:8080/mcp", "10.0.0.8 is not a public address"),
         ("http://[::1]/mcp", "::1 is not a public address"),
-        ("http://[::ffff:127.0.0.1]/mcp", "::ffff:7f00:1 is not a public address"),
+        ("http://[::ffff:10.0.0.1]/mcp", "::ffff:a00:1 is not a public address"),
+        ("http://127.0.0.2:8080/mcp", "127.0.0.2 is not a public address"),
         ("http://localhost:3000/mcp", "localhost is a loopback name"),
     ],
 )
@@ -107,3 +111,37 @@ def test_a_redirect_to_a_refused_address_is_refused_before_it_is_followed(db):
                 upstream.delete()
     assert not report.ok, report.summary()
     assert hits == [], "the redirect was followed to a refused address"
+
+
+def test_a_connection_goes_to_the_address_that_was_checked_not_to_a_second_resolution(db):
+    """DNS rebinding: a name that resolves to a public address, then to a private one. The guard resolves
+    once per connection and connects to what it checked; here the test plays the resolver (this machine's
+    DNS cannot be steered), and the server behind the name is a real one on loopback."""
+    answers = iter([["127.0.0.1"], ["10.9.9.9"]])
+    seen: list[str] = []
+
+    class Echo(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers["Host"])
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args) -> None: ...
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return next(answers)
+
+    async def two_connections(port: int) -> list:
+        outcomes = []
+        for _ in range(2):
+            async with httpx2.AsyncClient(transport=GuardedTransport(resolver)) as client:
+                try:
+                    outcomes.append((await client.get(f"http://api.example.test:{port}/")).status_code)
+                except EgressRefused as refused:
+                    outcomes.append(str(refused))
+        return outcomes
+
+    with http_server(Echo, "127.0.0.1") as server:
+        outcomes = anyio.run(two_connections, server.server_address[1])
+    assert outcomes == [204, "api.example.test resolves to 10.9.9.9, which is not a public address"]
+    assert seen == [f"api.example.test:{server.server_address[1]}"], "the request keeps its host name"

@@ -15,10 +15,8 @@ def http_upstreams(world, everything_http, logs):
     sse = servers.start_everything("sse", logs / "everything-sse.log")
     demo = servers.start_demo_http(logs / "demo-http.log")
     made = [
-        Upstream(slug="every-sse", transport="sse", url=sse.url, internal=True),
-        Upstream(
-            slug="demo-http", transport="streamable_http", url=demo.url, headers={"X-Api-Key": "k-123"}, internal=True
-        ),
+        Upstream(slug="every-sse", transport="sse", url=sse.url),
+        Upstream(slug="demo-http", transport="streamable_http", url=demo.url, headers={"X-Api-Key": "k-123"}),
     ]
     for upstream in made:
         upstream_save(upstream=upstream, created=True)
