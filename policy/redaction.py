@@ -7,6 +7,7 @@ then URLs before bare addresses and paths (a URL holds both), then credentials.
 
 import ipaddress
 import re
+from typing import Any
 
 CAUSED_BY = re.compile(r"\s*\bCaused by:.*", re.DOTALL | re.IGNORECASE)
 TRACEBACK = re.compile(r"Traceback \(most recent call last\):.*?(?=^\S|\Z)", re.DOTALL | re.MULTILINE)
@@ -72,12 +73,26 @@ def redact_unless_validation(message: str) -> str:
     return message if INPUT_VALIDATION.search(message) else redact(message)
 
 
+def _redact_strings(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_unless_validation(value)
+    if isinstance(value, dict):
+        return {key: _redact_strings(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_redact_strings(item) for item in value]
+    return value
+
+
 def redact_error_result(result: dict) -> dict:
-    """A tool's own error result (`isError`), its text redacted for the model."""
+    """A tool's own error result (`isError`): the text of its content, and every string of its structured
+    content, redacted for the model."""
     content = [
         item | {"text": redact_unless_validation(item["text"])}
         if item.get("type") == "text" and isinstance(item.get("text"), str)
         else item
         for item in result.get("content") or []
     ]
-    return result | {"content": content}
+    redacted = result | {"content": content}
+    if "structuredContent" in result:
+        redacted["structuredContent"] = _redact_strings(result["structuredContent"])
+    return redacted

@@ -4,7 +4,7 @@ messages pass intact, so the model can fix its call."""
 
 import pytest
 
-from policy.redaction import redact
+from policy.redaction import redact, redact_error_result
 from tests.clients import call
 from tests.helpers import audit_mark, audit_since, run
 
@@ -81,3 +81,16 @@ def test_an_input_validation_message_passes_intact(inline_gateway, world):
         "demo__leak: The service refused the request: Input validation error: 'path' must be like "
         "/srv/data/x.json and 'host' like 10.0.0.1, got 'x'"
     )
+
+
+def test_structured_content_of_an_error_result_is_redacted_too():
+    result = {
+        "content": [{"type": "text", "text": "failed at 10.1.2.3:80"}, {"type": "image", "data": "AAAA"}],
+        "structuredContent": {"error": {"url": "https://internal.example/x", "codes": [1, "see /var/log/app.log"]}},
+        "isError": True,
+    }
+    assert redact_error_result(result) == {
+        "content": [{"type": "text", "text": "failed at [address]"}, {"type": "image", "data": "AAAA"}],
+        "structuredContent": {"error": {"url": "[url]", "codes": [1, "see [path]"]}},
+        "isError": True,
+    }
