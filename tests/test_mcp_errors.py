@@ -1,6 +1,7 @@
 """Every way a request can be refused at /mcp and /mcp/ws, with the exact status and JSON-RPC error."""
 
 import json
+import os
 
 import anyio
 import httpx2
@@ -13,6 +14,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from audit.models import AuditEvent
 from tests import servers
 from tests.clients import TIMEOUT, sdk_client, ws_session
+from tests.conftest import needs
 from tests.helpers import audit_mark, audit_since, eventually, run
 
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
@@ -294,3 +296,33 @@ def test_a_websocket_on_the_redis_channel_layer_survives_six_idle_seconds(celery
             return await ws.request("tools/call", {"name": "demo__add", "arguments": {"a": 3, "b": 3}})
 
     assert run(scenario)["result"]["content"][0]["text"] == "6"
+
+
+def test_an_executor_that_fails_unforeseen_gives_a_gateway_error_result_and_the_gateway_serves_on(
+    server_env, world, logs
+):
+    """The Celery broker unreachable (a port where nothing listens) while Redis itself is up: publishing raises,
+    the call gets GATEWAY_ERROR with its completion row, and the process keeps answering."""
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set")
+    broker = f"redis://127.0.0.1:{servers.free_port()}/0"
+    env = server_env | {"GATEWAY_EXECUTOR": "celery", "CELERY_BROKER_URL": broker}
+    gateway = servers.start_gateway(env, logs / "gateway-no-broker.log")
+
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, "legacy") as client:
+            failed = await client.call_tool("demo__echo", {"text": "x"})
+            return failed, len((await client.list_tools()).tools)
+
+    try:
+        mark = audit_mark()
+        failed, listed = run(scenario)
+    finally:
+        gateway.stop()
+    assert failed.is_error
+    assert failed.content[0].text == (
+        "demo__echo: The gateway failed while running this call; it may or may not have run."
+    )
+    assert listed > 0, "the gateway went on serving"
+    [completed] = [r for r in audit_since(mark) if r.kind == "completed"]
+    assert completed.error_code == "GATEWAY_ERROR" and "OperationalError" in completed.error_detail
+    assert "Traceback" in gateway.log.read_text(), "logged with its traceback"
