@@ -34,20 +34,6 @@ IPV6_CANDIDATE = re.compile(
 HOST_PORT = re.compile(r"\b(?:localhost|[a-z0-9\-]+(?:\.[a-z0-9\-]+)+):\d{2,5}\b", re.IGNORECASE)
 PATH = re.compile(r"(?<![\w/])(?:~|[A-Za-z]:)?(?:[/\\][\w.\-@+]+){2,}[/\\]?|(?<![\w/])~[/\\][\w.\-/\\]+")
 
-REPLACEMENTS = (
-    (TRACEBACK, ""),
-    (STACK_LINE, ""),
-    (URL, "[url]"),
-    (BEARER, r"\1 [redacted]"),
-    (ASSIGNED_SECRET, r"\1\2[redacted]"),
-    (KNOWN_KEY, "[redacted]"),
-    (IPV6_CANDIDATE, lambda m: "[address]" if _is_ipv6(m[1] or m[2]) else m[0]),
-    (IPV4, "[address]"),
-    (HOST_PORT, "[address]"),
-    (PATH, "[path]"),
-    (LONG_TOKEN, "[redacted]"),
-)
-
 
 def _is_ipv6(text: str) -> bool:
     try:
@@ -55,6 +41,32 @@ def _is_ipv6(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _ipv6_replaced(match: re.Match[str]) -> str:
+    """An IPv6 address becomes a placeholder; a bare one may run into a colon of the sentence ("::1: refused")."""
+    if match[1]:
+        return "[address]" if _is_ipv6(match[1]) else match[0]
+    text = match[2]
+    for cut in range(len(text) - len(text.rstrip(":")) + 1):
+        if _is_ipv6(text[: len(text) - cut]):
+            return "[address]" + text[len(text) - cut :]
+    return match[0]
+
+
+REPLACEMENTS = (
+    (TRACEBACK, ""),
+    (STACK_LINE, ""),
+    (URL, "[url]"),
+    (BEARER, r"\1 [redacted]"),
+    (ASSIGNED_SECRET, r"\1\2[redacted]"),
+    (KNOWN_KEY, "[redacted]"),
+    (IPV6_CANDIDATE, _ipv6_replaced),
+    (IPV4, "[address]"),
+    (HOST_PORT, "[address]"),
+    (PATH, "[path]"),
+    (LONG_TOKEN, "[redacted]"),
+)
 
 
 def redact(message: str) -> str:
