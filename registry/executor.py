@@ -72,23 +72,25 @@ def sync_redis() -> redis.Redis:
 
 
 # redis.asyncio clients belong to one event loop; a process may run several (web, pool thread, tests).
-_async_clients: dict[int, aredis.Redis] = {}
+_async_clients: dict[tuple[int, str], aredis.Redis] = {}
 _async_clients_lock = threading.Lock()
 
 
-def async_redis() -> aredis.Redis:
-    loop_id = id(asyncio.get_running_loop())
+def async_redis(url: str = "") -> aredis.Redis:
+    """This event loop's client of REDIS_URL (or of `url`: the Celery broker may live elsewhere)."""
+    key = (id(asyncio.get_running_loop()), url or settings.REDIS_URL)
     with _async_clients_lock:
-        if loop_id not in _async_clients:
-            _async_clients[loop_id] = aredis.Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS)
-        return _async_clients[loop_id]
+        if key not in _async_clients:
+            _async_clients[key] = aredis.Redis.from_url(key[1], **REDIS_OPTIONS)
+        return _async_clients[key]
 
 
 class CeleryExecutor:
     async def call_tool(
         self, *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], timeout: float
     ) -> Outcome:
-        from registry.tasks import call_tool_task  # tasks import the executor's helpers
+        from registry.publish import task_publish  # publish and tasks both import this module
+        from registry.tasks import call_tool_task
 
         key = reply_key()
         kwargs = {
@@ -98,11 +100,9 @@ class CeleryExecutor:
             "arguments": arguments,
             "reply_to": key,
         }
-        # Publishing is blocking socket I/O in kombu: keep it off the event loop. A task that no worker
-        # starts within the grace period could no longer answer in time: it expires rather than run late.
-        await asyncio.to_thread(
-            call_tool_task.apply_async, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS
-        )
+        # A task that no worker starts within the grace period could no longer answer in time: it expires
+        # rather than run late.
+        await task_publish(call_tool_task, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS)
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
         reply = await async_redis().blpop([key], timeout=wait)
         return json.loads(reply[1]) if reply else _lost(wait)

@@ -324,5 +324,5 @@ def test_an_executor_that_fails_unforeseen_gives_a_gateway_error_result_and_the_
     )
     assert listed > 0, "the gateway went on serving"
     [completed] = [r for r in audit_since(mark) if r.kind == "completed"]
-    assert completed.error_code == "GATEWAY_ERROR" and "OperationalError" in completed.error_detail
+    assert completed.error_code == "GATEWAY_ERROR" and "ConnectionError" in completed.error_detail
     assert "Traceback" in gateway.log.read_text(), "logged with its traceback"

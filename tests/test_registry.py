@@ -4,6 +4,7 @@ import json
 import sys
 
 import pytest
+import redis
 from django.core.management import call_command
 from django.test import override_settings
 
@@ -11,8 +12,10 @@ from registry.credentials import credentials_open
 from registry.executor import CeleryExecutor
 from registry.models import Tool, Upstream
 from registry.naming import exposed_name, split_exposed_name
+from registry.publish import task_envelope
 from registry.services import upstream_catalog_sync, upstream_save
-from tests.conftest import BIN
+from registry.tasks import call_tool_task
+from tests.conftest import BIN, needs
 from tests.factories import DEMO, demo_upstream
 from tests.servers import ROOT
 
@@ -173,3 +176,22 @@ def test_stdio_arguments_reach_the_server_as_a_list_never_through_a_shell(db, tm
     with demo_upstream("no-shell", args=args) as upstream:  # its first catalog sync started the server
         assert upstream_catalog_sync(upstream=upstream).ok
     assert not marker.exists()
+
+
+def test_the_event_loop_publishes_exactly_what_apply_async_would(db, settings):
+    """registry/publish.py builds the message kombu would push; if Celery or kombu change it, this says so."""
+    needs(bool(settings.REDIS_URL), "REDIS_URL is not set")
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    kwargs = {"upstream_id": 1, "revision": 2, "tool": "echo", "arguments": {"text": "é"}, "reply_to": "sb:reply:x"}
+    client.delete("publish-probe")
+    call_tool_task.apply_async(kwargs=kwargs, queue="publish-probe", expires=5.0)
+    theirs = json.loads(client.rpop("publish-probe"))
+    ours = json.loads(task_envelope(call_tool_task, kwargs=kwargs, queue="publish-probe", expires=5.0))
+    varying = {"id", "root_id", "expires"}, {"correlation_id", "reply_to", "delivery_tag"}
+    for message in (theirs, ours):
+        assert message["headers"].pop("origin").startswith("gen")
+        for field in varying[0]:
+            message["headers"].pop(field)
+        for field in varying[1]:
+            message["properties"].pop(field)
+    assert ours == theirs
