@@ -92,6 +92,11 @@ def group_enabled(request: HttpRequest, name: str) -> JsonResponse:
     )
 
 
+def _circuit(upstream: Upstream) -> dict[str, Any]:
+    status = limit_store().breaker(upstream.id)
+    return {"state": status.state, "failures": status.failures, "retry_after": round(status.retry_after, 3)}
+
+
 @require_GET
 def upstream_list(request: HttpRequest) -> JsonResponse:
     user = _operator(request, "registry.view_upstream")
@@ -107,7 +112,7 @@ def upstream_list(request: HttpRequest) -> JsonResponse:
                     "group": u.group.name if u.group else None,
                     "enabled": u.enabled,
                     "reachable": u.is_reachable,
-                    "circuit": limit_store().breaker(u.id).state,
+                    "circuit": _circuit(u),
                 }
                 for u in upstreams
             ]

@@ -84,3 +84,17 @@ async def tool_names(base_url: str, key: str, mode: str = "legacy") -> set[str]:
             return {tool.name for tool in (await client.list_tools()).tools}
     except Exception:  # 401 until the gateway's snapshot holds the new key: the caller polls
         return set()
+
+
+OPERATOR = ("operator", "pw-for-tests-only")  # the admin_client fixture's user
+
+
+def api(gateway, method: str, path: str, auth=OPERATOR, **kwargs) -> httpx2.Response:
+    """A request to the registry's HTTP API (registry/api.py)."""
+    return httpx2.request(method, f"{gateway.url}/api/v1/{path}", auth=auth, timeout=TIMEOUT, **kwargs)
+
+
+def circuit(gateway, slug: str) -> dict:
+    """The upstream's circuit as the gateway itself sees it (in the embedded default, only it knows)."""
+    upstreams = api(gateway, "GET", "upstreams").json()["upstreams"]
+    return next(u["circuit"] for u in upstreams if u["slug"] == slug)

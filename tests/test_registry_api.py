@@ -1,20 +1,13 @@
 """The service registry's HTTP API switches upstreams and groups at once, through the audited services, for
 an operator authenticated with HTTP Basic who holds the permission."""
 
-import httpx2
 from django.contrib.auth import get_user_model
 from mcp.shared.exceptions import MCPError
 
 from policy.models import ServerGroup
 from registry.models import Upstream
-from tests.clients import TIMEOUT, call
+from tests.clients import api, call
 from tests.helpers import audit_mark, audit_since, eventually, run
-
-OPERATOR = ("operator", "pw-for-tests-only")
-
-
-def api(gateway, method: str, path: str, auth=OPERATOR, **kwargs) -> httpx2.Response:
-    return httpx2.request(method, f"{gateway.url}/api/v1/{path}", auth=auth, timeout=TIMEOUT, **kwargs)
 
 
 def echo_refusal(gateway, key: str) -> str | None:
@@ -29,8 +22,9 @@ def test_an_operator_switches_an_upstream_off_and_on_and_the_gateway_follows(inl
         assert (off.status_code, off.json()) == (200, {"enabled": False})
         assert eventually(lambda: echo_refusal(inline_gateway, world.key)) == "UPSTREAM_DISABLED"
         listing = api(inline_gateway, "GET", "upstreams").json()["upstreams"]
+        circuit = {"state": "closed", "failures": 0, "retry_after": 0.0}
         assert {"slug": "demo", "transport": "stdio", "group": None, "enabled": False, "reachable": False,
-                "circuit": "closed"} in listing  # fmt: skip
+                "circuit": circuit} in listing  # fmt: skip
     finally:
         on = api(inline_gateway, "POST", "upstreams/demo/enabled", json={"enabled": True})
     assert on.status_code == 200 and Upstream.objects.get(slug="demo").enabled

@@ -7,9 +7,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from mcp.shared.exceptions import MCPError
 
-from policy.limits import limit_store
 from registry.models import Upstream
-from tests.clients import call, tool_names
+from tests.clients import call, circuit, tool_names
 from tests.factories import demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -30,24 +29,24 @@ def test_a_timeout_past_the_deployments_maximum_is_refused():
     assert refused.value.message_dict["timeout"] == ["Ensure this value is less than or equal to 300.0."]
 
 
-def test_a_hanging_upstream_opens_its_circuit_and_a_probe_closes_it_when_it_recovers(gateway, world):
-    with demo_upstream("flaky", timeout=0.5, breaker_failures=2, breaker_recovery=1.0) as flaky:
+def test_a_hanging_upstream_opens_its_circuit_and_a_probe_closes_it_when_it_recovers(gateway, world, admin_client):
+    with demo_upstream("flaky", timeout=0.5, breaker_failures=2, breaker_recovery=1.0):
         url, key = gateway.url, world.key
         eventually(lambda: "flaky__sleep" in run(lambda: tool_names(url, key)))
         mark = audit_mark()
         hung = [run(lambda: call(url, key, "flaky__sleep", {"seconds": 3})) for _ in range(2)]
         assert [r.content[0].text for r in hung] == ["flaky__sleep: The service did not answer within 0.5 seconds."] * 2
-        assert limit_store().breaker(flaky.id).state == "open"
+        assert circuit(gateway, "flaky")["state"] == "open"
         refused = run(lambda: call(url, key, "flaky__echo", {"text": "anyone?"}))
         other = run(lambda: call(url, key, "demo__echo", {"text": "unaffected"}))
         # After the recovery time one probe goes through; the upstream answers it, which closes the circuit.
         probe = eventually(lambda: _answered(run(lambda: call(url, key, "flaky__echo", {"text": "back"}))))
-        closed = limit_store().breaker(flaky.id)
+        closed = circuit(gateway, "flaky")
     assert isinstance(refused, MCPError) and (refused.code, refused.data["code"]) == (-32003, "UPSTREAM_CIRCUIT_OPEN")
     assert 0 < refused.data["retryAfter"] <= 1.0
     assert str(refused).startswith("The service 'flaky' failed repeatedly and is paused. Retry after ")
     assert other.content[0].text == "unaffected"
-    assert probe.content[0].text == "back" and (closed.state, closed.failures) == ("closed", 0)
+    assert probe.content[0].text == "back" and (closed["state"], closed["failures"]) == ("closed", 0)
     denied = [r.error_code for r in audit_since(mark) if r.kind == "denied" and r.upstream == "flaky"]
     assert denied and set(denied) == {"UPSTREAM_CIRCUIT_OPEN"}
 
@@ -56,14 +55,14 @@ def _answered(result):
     return None if isinstance(result, MCPError) else result
 
 
-def test_a_failed_probe_opens_the_circuit_again(inline_gateway, world):
-    with demo_upstream("shaky", timeout=0.5, breaker_failures=1, breaker_recovery=0.5) as shaky:
+def test_a_failed_probe_opens_the_circuit_again(inline_gateway, world, admin_client):
+    with demo_upstream("shaky", timeout=0.5, breaker_failures=1, breaker_recovery=0.5):
         url, key = inline_gateway.url, world.key
         eventually(lambda: "shaky__sleep" in run(lambda: tool_names(url, key)))
         run(lambda: call(url, key, "shaky__sleep", {"seconds": 3}))
-        assert limit_store().breaker(shaky.id).state == "open"
-        eventually(lambda: limit_store().breaker(shaky.id).state == "half-open")
+        assert circuit(inline_gateway, "shaky")["state"] == "open"
+        eventually(lambda: circuit(inline_gateway, "shaky")["state"] == "half-open")
         probe = run(lambda: call(url, key, "shaky__sleep", {"seconds": 3}))
-        after = limit_store().breaker(shaky.id)
+        after = circuit(inline_gateway, "shaky")
     assert probe.content[0].text == "shaky__sleep: The service did not answer within 0.5 seconds."
-    assert (after.state, after.failures) == ("open", 2)
+    assert (after["state"], after["failures"]) == ("open", 2)
