@@ -9,7 +9,7 @@ from mcp.shared.exceptions import MCPError
 
 from policy.models import ServerGroup
 from policy.services import agent_key_issue
-from tests.clients import call, sdk_client, tool_names
+from tests.clients import call, sdk_client, tool_names, ws_session
 from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -71,3 +71,20 @@ def test_stateless_requests_bind_the_lock_to_their_api_key(inline_gateway, world
     assert first == ["secrets__echo"]
     assert isinstance(same_key, MCPError) and same_key.data["code"] == "POLICY_GROUP_ISOLATION"
     assert other == ["mailer__echo"], "another key of the same agent is another stateless session"
+
+
+def test_a_websocket_connection_is_its_own_session_for_the_lock(inline_gateway, world):
+    async def two_connections():
+        async with ws_session(inline_gateway.url, world.key) as ws:
+            entered = await ws.request("tools/call", {"name": "secrets__echo", "arguments": {"text": "in"}})
+            crossed = await ws.request("tools/call", {"name": "mailer__echo", "arguments": {"text": "out"}})
+        async with ws_session(inline_gateway.url, world.key) as ws:
+            fresh = await ws.request("tools/call", {"name": "mailer__echo", "arguments": {"text": "out"}})
+        return entered, crossed, fresh
+
+    with two_strict_groups():
+        eventually(lambda: "mailer__echo" in run(lambda: tool_names(inline_gateway.url, world.key)))
+        entered, crossed, fresh = run(two_connections)
+    assert entered["result"]["content"][0]["text"] == "in"
+    assert crossed["error"]["code"] == -32001 and crossed["error"]["data"]["code"] == "POLICY_GROUP_ISOLATION"
+    assert fresh["result"]["content"][0]["text"] == "out"
