@@ -1,4 +1,7 @@
+from urllib.parse import urlsplit
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
@@ -77,12 +80,13 @@ class Upstream(models.Model):
         return self.slug
 
     def clean(self) -> None:
-        from django.core.exceptions import ValidationError
-
         if self.transport == self.Transport.STDIO and not self.command:
             raise ValidationError({"command": "A stdio upstream needs a command."})
         if self.transport != self.Transport.STDIO and not self.url:
             raise ValidationError({"url": "An HTTP upstream needs a URL."})
+        if urlsplit(self.url).username is not None:
+            clear = "Credentials in the URL would be stored and shown in clear: put them in a header, which is sealed."
+            raise ValidationError({"url": clear})
         if self.transport != self.Transport.STDIO and not self.internal and (problem := url_problem(self.url)):
             raise ValidationError({"url": f"{problem}. Mark the upstream as internal to allow it."})
         for field in ("env", "headers"):
