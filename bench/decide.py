@@ -6,7 +6,7 @@
 - admission: the shared-state checks (isolation, breaker, limits) taken and given back, in Redis (one Lua
   script each way over loopback) and in the embedded default's memory.
 
-    .venv/bin/python bench/decide.py     # REDIS_URL defaults to redis://127.0.0.1:6379/14
+    bench/run decide     # or .venv/bin/python bench/decide.py (REDIS_URL defaults to db 14)
 """
 
 import asyncio
