@@ -1,6 +1,7 @@
 """The transport-free MCP layer: one SDK `Server` whose handlers route, decide, audit and execute.
 Every transport (Streamable HTTP in both eras, WebSocket) feeds this same server."""
 
+import asyncio
 import json
 import logging
 import time
@@ -22,7 +23,7 @@ from audit.writer import AuditUnavailable, audit_writer
 from handoff.caller import Caller
 from handoff.snapshot import Route, Snapshot, snapshot
 from policy.decisions import Denial
-from policy.limits import Admission, Health, health_of, limit_store, limits_denial
+from policy.limits import Admission, health_of, limit_store, limits_denial
 from policy.redaction import redact, redact_error_result
 from registry.executor import EXECUTOR_GRACE_SECONDS, get_executor
 from registry.pool import Outcome, failure
@@ -159,17 +160,16 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         await _record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit)
         raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)})
     assert route is not None and admission is not None
-    health: Health = "none"
     try:
         await _record(kind="approved", **audit)  # before the upstream is touched
         outcome, duration_ms = await _run(route, arguments, audit)
-        health = health_of(outcome.get("code"))
-    finally:
+    except BaseException:  # audit refused, or the client left: the admission goes back all the same
         with anyio.CancelScope(shield=True):
-            await limit_store().release(admission, health, decision.probing)
+            await limit_store().release(admission, "none", decision.probing)
+        raise
     result = _for_model(params.name, outcome)
     failed = not outcome["ok"] or bool(result.get("isError"))
-    await _record(
+    completion = _record(
         kind="completed",
         duration_ms=duration_ms,
         response_bytes=len(json.dumps(result)),
@@ -178,6 +178,10 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         error_detail=outcome.get("detail") or (_error_text(outcome["result"]) if failed else ""),
         **audit,
     )
+    release = limit_store().release(admission, health_of(outcome.get("code")), decision.probing)
+    # Independent writes, so neither waits for the other; shielded, so a client that leaves now loses neither.
+    with anyio.CancelScope(shield=True):
+        await asyncio.gather(completion, release)
     return _finish(ctx, result)
 
 
