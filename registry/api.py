@@ -2,7 +2,7 @@
 and off, effective at once (like the admin's actions, through the same audited services).
 
 Authenticated with HTTP Basic as a Django user who holds the model's change permission; JSON in and out.
-No session cookie is read, so there is no CSRF to defend.
+No session cookie is read; writes demand a JSON content type, which a cross-site form cannot send.
 """
 
 import base64
@@ -47,6 +47,10 @@ def _operator(request: HttpRequest, permission: str) -> Any:
 
 
 def _enabled_from(request: HttpRequest) -> bool | JsonResponse:
+    # A browser that once answered the Basic challenge sends the credentials again by itself; a cross-site form
+    # can only send form or text types. Demanding JSON makes such a request a preflighted one, which fails.
+    if request.content_type != "application/json":
+        return _error(415, "Send Content-Type: application/json.")
     try:
         body = json.loads(request.body or b"null")
     except json.JSONDecodeError:

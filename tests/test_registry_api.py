@@ -55,6 +55,9 @@ def test_the_api_refuses_strangers_users_without_permission_and_bad_requests(inl
         )
         bad_body = api(inline_gateway, "POST", "upstreams/demo/enabled", json={"enabled": "no"})
         unknown = api(inline_gateway, "POST", "upstreams/nowhere/enabled", json={"enabled": False})
+        # What a cross-site form could send, with credentials the browser remembered.
+        form = api(inline_gateway, "POST", "upstreams/demo/enabled", content=b'{"enabled": false}',
+                   headers={"content-type": "text/plain"})  # fmt: skip
     finally:
         clerk.delete()
     assert (anonymous.status_code, anonymous.headers["www-authenticate"]) == (401, 'Basic realm="switchboard"')
@@ -64,4 +67,5 @@ def test_the_api_refuses_strangers_users_without_permission_and_bad_requests(inl
     )  # fmt: skip
     assert (bad_body.status_code, bad_body.json()) == (400, {"error": 'Send a JSON object such as {"enabled": false}.'})
     assert (unknown.status_code, unknown.json()) == (404, {"error": "No such upstream or group."})
+    assert (form.status_code, form.json()) == (415, {"error": "Send Content-Type: application/json."})
     assert Upstream.objects.get(slug="demo").enabled
