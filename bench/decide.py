@@ -26,10 +26,10 @@ import django  # noqa: E402
 
 django.setup()
 
-from handoff.snapshot import AgentEntry, Route, Snapshot, ToolEntry  # noqa: E402
+from handoff.snapshot import Route, Snapshot, ToolEntry  # noqa: E402
 from policy.decisions import CompiledRule, Policy, Target, policy_decide  # noqa: E402
 from policy.limit_stores import LocalLimitStore, RedisLimitStore  # noqa: E402
-from policy.limits import Admission  # noqa: E402
+from policy.limits import Admission, AgentLimits, UpstreamLimits  # noqa: E402
 from registry.executor import async_redis  # noqa: E402
 
 REPEATS = 5
@@ -63,19 +63,22 @@ def per_call_us(action: Callable[[], object], calls: int) -> float:
     return statistics.median(runs)
 
 
+# High limits: the benchmark measures admission, it must never trip it.
+UNLIMITED_AGENT = AgentLimits(calls_per_minute=10**9, max_calls_per_session=10**9)
+FILES = UpstreamLimits(
+    id=999_999, slug="files", strict_group=3, group_name="g", calls_per_minute=10**9, max_concurrent=10**6,
+    breaker_failures=5, breaker_recovery=30.0, probe_seconds=55.0,
+)  # fmt: skip
+
+
 def snapshot() -> Snapshot:
-    route = Route(7, "files", 1, 30.0, "read_file", None, "", 6000, 64, 5, 30.0)
+    route = Route(7, "files", 1, 30.0, "read_file", FILES)
     entry = ToolEntry(route, TARGET, {"name": TARGET.exposed_name})
-    return Snapshot(version=1, agents={1: AgentEntry(600, 5000)}, tools={TARGET.exposed_name: entry}, policy=rules(100))
+    return Snapshot(version=1, agents={1: UNLIMITED_AGENT}, tools={TARGET.exposed_name: entry}, policy=rules(100))
 
 
 def admission(i: int) -> Admission:
-    return Admission(
-        request_id=f"bench-{i}", session="bench-session", agent_id=1, agent_calls_per_minute=10**9,
-        session_max_calls=10**9, upstream_id=999_999, upstream_slug="files", strict_group=3, group_name="g",
-        upstream_calls_per_minute=10**9, upstream_max_concurrent=10**6, breaker_failures=5, breaker_recovery=30.0,
-        probe_seconds=55.0,
-    )  # fmt: skip
+    return Admission(f"bench-{i}", "bench-session", 1, UNLIMITED_AGENT, FILES)
 
 
 async def ping_us(calls: int) -> float:

@@ -21,11 +21,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from audit.services import canonical_sha256
 from audit.writer import AuditUnavailable, audit_writer
 from handoff.caller import Caller
-from handoff.snapshot import Route, Snapshot, snapshot
+from handoff.snapshot import Route, snapshot
 from policy.decisions import Denial
 from policy.limits import Admission, health_of, limit_store, limits_denial
 from policy.redaction import redact, redact_error_result
-from registry.executor import EXECUTOR_GRACE_SECONDS, get_executor
+from registry.executor import get_executor
 from registry.pool import Outcome, failure
 
 logger = logging.getLogger(__name__)
@@ -96,26 +96,6 @@ def _error_text(result: dict[str, Any]) -> str:
     return "\n".join(item.get("text", "") for item in result.get("content") or [] if item.get("type") == "text")
 
 
-def _admission(snap: Snapshot, caller: Caller, route: Route, request_id: str) -> Admission:
-    agent = snap.agents[caller.agent_id]
-    return Admission(
-        request_id=request_id,
-        session=f"{caller.agent_id}:{caller.session_key}",
-        agent_id=caller.agent_id,
-        agent_calls_per_minute=agent.calls_per_minute,
-        session_max_calls=agent.max_calls_per_session,
-        upstream_id=route.upstream_id,
-        upstream_slug=route.upstream_slug,
-        strict_group=route.strict_group,
-        group_name=route.group_name,
-        upstream_calls_per_minute=route.calls_per_minute,
-        upstream_max_concurrent=route.max_concurrent,
-        breaker_failures=route.breaker_failures,
-        breaker_recovery=route.breaker_recovery,
-        probe_seconds=route.timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS,
-    )
-
-
 @dataclass(frozen=True)
 class Decision:
     upstream: str  # the upstream the name points at, for the audit
@@ -132,7 +112,8 @@ async def _decide(caller: Caller, name: str, request_id: str) -> Decision:
     denial, entry, upstream = snap.decide(caller.agent_id, name)
     if denial or entry is None:
         return Decision(upstream, entry.route if entry else None, denial)
-    admission = _admission(snap, caller, entry.route, request_id)
+    session = f"{caller.agent_id}:{caller.session_key}"
+    admission = Admission(request_id, session, caller.agent_id, snap.agents[caller.agent_id], entry.route.limits)
     verdict = await limit_store().admit(admission)
     if verdict.code:
         return Decision(upstream, entry.route, limits_denial(admission, verdict, name))

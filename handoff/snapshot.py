@@ -18,8 +18,10 @@ from handoff.db import database_async
 from handoff.models import ConfigVersion
 from policy.decisions import CompiledRule, Denial, Policy, Target, policy_decide
 from policy.keys import key_matches, key_split
+from policy.limits import AgentLimits, UpstreamLimits
 from policy.manifest import manifest_sanitize
 from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
+from registry.executor import EXECUTOR_GRACE_SECONDS
 from registry.models import Tool, Upstream
 from registry.naming import exposed_name, split_exposed_name
 
@@ -33,12 +35,7 @@ class Route:
     revision: int
     timeout: float
     tool: str
-    strict_group: int | None  # the upstream's group, when that group is strict
-    group_name: str
-    calls_per_minute: int
-    max_concurrent: int
-    breaker_failures: int
-    breaker_recovery: float
+    limits: UpstreamLimits
 
 
 @dataclass(frozen=True)
@@ -47,12 +44,6 @@ class KeyEntry:
     agent_id: int
     agent_name: str
     prefix: str
-
-
-@dataclass(frozen=True)
-class AgentEntry:
-    calls_per_minute: int
-    max_calls_per_session: int
 
 
 @dataclass(frozen=True)
@@ -66,7 +57,7 @@ class ToolEntry:
 class Snapshot:
     version: int
     keys: dict[str, KeyEntry] = field(default_factory=dict)  # key prefix -> key of an enabled agent
-    agents: dict[int, AgentEntry] = field(default_factory=dict)  # enabled agents
+    agents: dict[int, AgentLimits] = field(default_factory=dict)  # enabled agents
     tools: dict[str, ToolEntry] = field(default_factory=dict)  # exposed name -> every upstream's tools
     upstreams: dict[str, bool] = field(default_factory=dict)  # slug -> reachable
     policy: Policy = Policy()
@@ -126,28 +117,30 @@ def config_version() -> int:
     return ConfigVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
 
 
-def _route(upstream: Upstream, tool: Tool) -> Route:
+def _upstream_limits(upstream: Upstream) -> UpstreamLimits:
     group = upstream.group
-    return Route(
-        upstream_id=upstream.id,
-        upstream_slug=upstream.slug,
-        revision=upstream.revision,
-        timeout=min(upstream.timeout, settings.GATEWAY_MAX_TIMEOUT),
-        tool=tool.name,
+    return UpstreamLimits(
+        id=upstream.id,
+        slug=upstream.slug,
         strict_group=group.id if group and group.isolation == ServerGroup.Isolation.STRICT else None,
         group_name=group.name if group else "",
         calls_per_minute=upstream.calls_per_minute or settings.GATEWAY_UPSTREAM_CALLS_PER_MINUTE,
         max_concurrent=upstream.max_concurrent or settings.GATEWAY_UPSTREAM_MAX_CONCURRENT,
         breaker_failures=upstream.breaker_failures or settings.GATEWAY_BREAKER_FAILURES,
         breaker_recovery=upstream.breaker_recovery or settings.GATEWAY_BREAKER_RECOVERY_SECONDS,
+        probe_seconds=upstream.call_timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS,
     )
 
 
 def _tools(upstreams: dict[int, Upstream]) -> dict[str, ToolEntry]:
+    limits = {upstream.id: _upstream_limits(upstream) for upstream in upstreams.values()}
     tools = {}
     for tool in Tool.objects.order_by("upstream__slug", "name"):
         upstream = upstreams[tool.upstream_id]
         name = exposed_name(upstream.slug, tool.name)
+        route = Route(
+            upstream.id, upstream.slug, upstream.revision, upstream.call_timeout, tool.name, limits[upstream.id]
+        )
         target = Target(
             exposed_name=name,
             upstream_slug=upstream.slug,
@@ -158,7 +151,7 @@ def _tools(upstreams: dict[int, Upstream]) -> dict[str, ToolEntry]:
             tool=tool.name,
             approved=tool.is_approved,
         )
-        tools[name] = ToolEntry(_route(upstream, tool), target, manifest_sanitize(tool.definition) | {"name": name})
+        tools[name] = ToolEntry(route, target, manifest_sanitize(tool.definition) | {"name": name})
     return tools
 
 
@@ -192,7 +185,7 @@ def snapshot_compile() -> Snapshot:
         version=version,
         keys={k.prefix: KeyEntry(k.digest, k.agent_id, k.agent.name, k.prefix) for k in keys},
         agents={
-            a.id: AgentEntry(
+            a.id: AgentLimits(
                 calls_per_minute=a.calls_per_minute or settings.GATEWAY_AGENT_CALLS_PER_MINUTE,
                 max_calls_per_session=a.max_calls_per_session or settings.GATEWAY_SESSION_MAX_CALLS,
             )

@@ -103,20 +103,20 @@ class RedisLimitStore:
             f"{p}lock:{a.session}",
             f"{p}calls:{a.session}",
             f"{p}rate:agent:{a.agent_id}",
-            f"{p}rate:upstream:{a.upstream_id}",
-            f"{p}busy:{a.upstream_id}",
-            self._breaker_key(a.upstream_id),
+            f"{p}rate:upstream:{a.upstream.id}",
+            f"{p}busy:{a.upstream.id}",
+            self._breaker_key(a.upstream.id),
         ]
         args = [
-            "" if a.strict_group is None else str(a.strict_group),
+            "" if a.upstream.strict_group is None else str(a.upstream.strict_group),
             int(settings.GATEWAY_SESSION_IDLE_SECONDS),
-            a.session_max_calls,
-            a.agent_calls_per_minute,
-            a.upstream_calls_per_minute,
-            a.upstream_max_concurrent,
+            a.agent.max_calls_per_session,
+            a.agent.calls_per_minute,
+            a.upstream.calls_per_minute,
+            a.upstream.max_concurrent,
             a.request_id,
-            int(a.probe_seconds) + 1,
-            a.probe_seconds,
+            int(a.upstream.probe_seconds) + 1,
+            a.upstream.probe_seconds,
             WINDOW_SECONDS,
         ]
         try:
@@ -127,8 +127,8 @@ class RedisLimitStore:
         return Verdict(code.decode(), float(retry_after), probing == b"1")
 
     async def release(self, a: Admission, health: Health, probing: bool) -> None:
-        keys = [f"{self.prefix}busy:{a.upstream_id}", self._breaker_key(a.upstream_id)]
-        args = [health, a.breaker_failures, a.breaker_recovery, "1" if probing else "0"]
+        keys = [f"{self.prefix}busy:{a.upstream.id}", self._breaker_key(a.upstream.id)]
+        args = [health, a.upstream.breaker_failures, a.upstream.breaker_recovery, "1" if probing else "0"]
         try:
             await async_redis().eval(RELEASE, len(keys), *keys, *args)
         except redis.RedisError:  # the busy counter expires on its own; the breaker misses one reading
@@ -168,18 +168,18 @@ class LocalLimitStore:
             self._expire(now)
         held = self.locks.get(a.session)
         held = held if held and held[1] > now else None
-        if a.strict_group is not None and held and held[0] != a.strict_group:
+        if a.upstream.strict_group is not None and held and held[0] != a.upstream.strict_group:
             return Verdict("POLICY_GROUP_ISOLATION")
-        breaker = self.breakers.get(a.upstream_id, _Breaker())
+        breaker = self.breakers.get(a.upstream.id, _Breaker())
         if breaker.open_until and now < max(breaker.open_until, breaker.probe_until):
             return Verdict("UPSTREAM_CIRCUIT_OPEN", max(breaker.open_until, breaker.probe_until) - now)
         count, expiry = self.calls.get(a.session, (0, 0.0))
         count = count if expiry > now else 0
-        if count >= a.session_max_calls:
+        if count >= a.agent.max_calls_per_session:
             return Verdict("SESSION_CALL_LIMIT")
         windows = [
-            (f"agent:{a.agent_id}", a.agent_calls_per_minute, "AGENT_RATE_LIMITED"),
-            (f"upstream:{a.upstream_id}", a.upstream_calls_per_minute, "UPSTREAM_RATE_LIMITED"),
+            (f"agent:{a.agent_id}", a.agent.calls_per_minute, "AGENT_RATE_LIMITED"),
+            (f"upstream:{a.upstream.id}", a.upstream.calls_per_minute, "UPSTREAM_RATE_LIMITED"),
         ]
         for key, limit, code in windows:
             window = self.windows.setdefault(key, deque())
@@ -187,30 +187,33 @@ class LocalLimitStore:
                 window.popleft()
             if len(window) >= limit:
                 return Verdict(code, window[0] + WINDOW_SECONDS - now)
-        if self.busy.get(a.upstream_id, 0) >= a.upstream_max_concurrent:
+        if self.busy.get(a.upstream.id, 0) >= a.upstream.max_concurrent:
             return Verdict("UPSTREAM_BUSY", 1.0)
         expiry = now + settings.GATEWAY_SESSION_IDLE_SECONDS
-        if a.strict_group is not None or held:
-            self.locks[a.session] = (a.strict_group if a.strict_group is not None else held[0], expiry)
+        if a.upstream.strict_group is not None or held:
+            self.locks[a.session] = (
+                a.upstream.strict_group if a.upstream.strict_group is not None else held[0],
+                expiry,
+            )
         self.calls[a.session] = (count + 1, expiry)
         for key, _, _ in windows:
             self.windows[key].append(now)
-        self.busy[a.upstream_id] = self.busy.get(a.upstream_id, 0) + 1
+        self.busy[a.upstream.id] = self.busy.get(a.upstream.id, 0) + 1
         probing = bool(breaker.open_until)
         if probing:
-            breaker.probe_until = now + a.probe_seconds
-            self.breakers[a.upstream_id] = breaker
+            breaker.probe_until = now + a.upstream.probe_seconds
+            self.breakers[a.upstream.id] = breaker
         return Verdict("", 0.0, probing)
 
     async def release(self, a: Admission, health: Health, probing: bool) -> None:
-        self.busy[a.upstream_id] = max(0, self.busy.get(a.upstream_id, 0) - 1)
-        breaker = self.breakers.setdefault(a.upstream_id, _Breaker())
+        self.busy[a.upstream.id] = max(0, self.busy.get(a.upstream.id, 0) - 1)
+        breaker = self.breakers.setdefault(a.upstream.id, _Breaker())
         if health == "ok":
-            del self.breakers[a.upstream_id]
+            del self.breakers[a.upstream.id]
         elif health == "fail":
             breaker.failures += 1
-            if probing or (not breaker.open_until and breaker.failures >= a.breaker_failures):
-                breaker.open_until, breaker.probe_until = time.time() + a.breaker_recovery, 0.0
+            if probing or (not breaker.open_until and breaker.failures >= a.upstream.breaker_failures):
+                breaker.open_until, breaker.probe_until = time.time() + a.upstream.breaker_recovery, 0.0
         elif probing:
             breaker.probe_until = 0.0
 

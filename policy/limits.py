@@ -31,23 +31,35 @@ def health_of(code: str | None) -> Health:
 
 
 @dataclass(frozen=True)
+class AgentLimits:
+    calls_per_minute: int
+    max_calls_per_session: int
+
+
+@dataclass(frozen=True)
+class UpstreamLimits:
+    """What admission needs of an upstream; compiled once per snapshot and shared by the routes of its tools."""
+
+    id: int
+    slug: str
+    strict_group: int | None  # its group, when that group is strict
+    group_name: str
+    calls_per_minute: int
+    max_concurrent: int
+    breaker_failures: int
+    breaker_recovery: float
+    probe_seconds: float  # how long a half-open probe may take before another may go
+
+
+@dataclass(frozen=True)
 class Admission:
     """One call's claim on shared state, with the limits that apply to it."""
 
     request_id: str
     session: str  # unique across agents
     agent_id: int
-    agent_calls_per_minute: int
-    session_max_calls: int
-    upstream_id: int
-    upstream_slug: str
-    strict_group: int | None
-    group_name: str
-    upstream_calls_per_minute: int
-    upstream_max_concurrent: int
-    breaker_failures: int
-    breaker_recovery: float
-    probe_seconds: float  # how long a half-open probe may take before another may go
+    agent: AgentLimits
+    upstream: UpstreamLimits
 
 
 @dataclass(frozen=True)
@@ -94,33 +106,34 @@ def limits_denial(a: Admission, verdict: Verdict, tool: str) -> Denial:
             return Denial(
                 "POLICY_GROUP_ISOLATION",
                 f"This session already used another isolated server group, so {tool!r} (group "
-                f"{a.group_name!r}) is out of its reach: isolated groups never share a session. "
+                f"{a.upstream.group_name!r}) is out of its reach: isolated groups never share a session. "
                 "Use a new session for it.",
             )
         case "UPSTREAM_CIRCUIT_OPEN":
             return Denial(
                 "UPSTREAM_CIRCUIT_OPEN",
-                f"The service {a.upstream_slug!r} failed repeatedly and is paused. Retry after {wait}.",
+                f"The service {a.upstream.slug!r} failed repeatedly and is paused. Retry after {wait}.",
                 RETRY_LATER,
                 verdict.retry_after,
             )
         case "SESSION_CALL_LIMIT":
             return Denial(
                 "SESSION_CALL_LIMIT",
-                f"This session has made the {a.session_max_calls} tool calls it may make. Start a new session.",
+                f"This session has made the {a.agent.max_calls_per_session} tool calls it may make. "
+                "Start a new session.",
                 POLICY_DENIED,
             )
         case "AGENT_RATE_LIMITED":
             return Denial(
                 "AGENT_RATE_LIMITED",
-                f"This agent may make {a.agent_calls_per_minute} tool calls a minute. Retry after {wait}.",
+                f"This agent may make {a.agent.calls_per_minute} tool calls a minute. Retry after {wait}.",
                 RETRY_LATER,
                 verdict.retry_after,
             )
         case "UPSTREAM_RATE_LIMITED":
             return Denial(
                 "UPSTREAM_RATE_LIMITED",
-                f"The service {a.upstream_slug!r} takes {a.upstream_calls_per_minute} calls a minute. "
+                f"The service {a.upstream.slug!r} takes {a.upstream.calls_per_minute} calls a minute. "
                 f"Retry after {wait}.",
                 RETRY_LATER,
                 verdict.retry_after,
@@ -128,7 +141,7 @@ def limits_denial(a: Admission, verdict: Verdict, tool: str) -> Denial:
         case "UPSTREAM_BUSY":
             return Denial(
                 "UPSTREAM_BUSY",
-                f"The service {a.upstream_slug!r} is running its maximum of {a.upstream_max_concurrent} calls "
+                f"The service {a.upstream.slug!r} is running its maximum of {a.upstream.max_concurrent} calls "
                 f"at once. Retry after {wait}.",
                 RETRY_LATER,
                 verdict.retry_after,

@@ -97,6 +97,12 @@ class Upstream(models.Model):
             raise ValidationError({"args": "A JSON list of strings."})
 
     @property
+    def call_timeout(self) -> float:
+        """The timeout a call gets: the upstream's own, never past the deployment's hard maximum (rows can
+        bypass the form's validation)."""
+        return min(self.timeout, settings.GATEWAY_MAX_TIMEOUT)
+
+    @property
     def is_reachable(self) -> bool:
         """Enabled, and not switched off through its group."""
         return self.enabled and (self.group is None or self.group.enabled)

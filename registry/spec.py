@@ -36,7 +36,7 @@ class UpstreamSpec:
             revision=upstream.revision,
             slug=upstream.slug,
             transport=upstream.transport,
-            timeout=upstream.timeout,
+            timeout=upstream.call_timeout,
             command=upstream.command,
             args=list(upstream.args),
             env=credentials_open(upstream.env),

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from policy.limits import Admission
+from policy.limits import Admission, AgentLimits, UpstreamLimits
 from policy.models import Agent
 from policy.services import agent_create
 from registry.models import Upstream
@@ -54,23 +54,20 @@ def agent(name: str, **fields: Any) -> Iterator[tuple[Agent, str]]:
 _ids = itertools.count(int(time.time()) % 1_000_000 * 1000)
 
 
-def admission(**changes: Any) -> Admission:
-    """A call's claim on admission state, with ids no other test uses."""
+def admission(*, agent: dict[str, Any] | None = None, **upstream: Any) -> Admission:
+    """A call's claim on admission state, with ids no other test uses; `agent` and the keywords change the
+    agent's and the upstream's limits."""
     unique = next(_ids)
-    base = Admission(
-        request_id=f"r{unique}",
-        session=f"s{unique}",
-        agent_id=unique,
-        agent_calls_per_minute=100,
-        session_max_calls=100,
-        upstream_id=unique,
-        upstream_slug="up",
+    limits = UpstreamLimits(
+        id=unique,
+        slug="up",
         strict_group=None,
         group_name="",
-        upstream_calls_per_minute=100,
-        upstream_max_concurrent=100,
+        calls_per_minute=100,
+        max_concurrent=100,
         breaker_failures=2,
         breaker_recovery=0.3,
         probe_seconds=5.0,
     )
-    return replace(base, **changes)
+    agent_limits = replace(AgentLimits(calls_per_minute=100, max_calls_per_session=100), **(agent or {}))
+    return Admission(f"r{unique}", f"s{unique}", unique, agent_limits, replace(limits, **upstream))

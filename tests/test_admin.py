@@ -142,7 +142,7 @@ def test_the_upstream_list_shows_an_open_circuit_and_an_operator_can_close_it(ad
     upstream = Upstream(slug="tripped", transport="stdio", command="true")
     upstream_save(upstream=upstream, created=True)
     store = limit_store()
-    tripped = admission(upstream_id=upstream.id, upstream_slug=upstream.slug, breaker_failures=1, breaker_recovery=60.0)
+    tripped = admission(id=upstream.id, slug=upstream.slug, breaker_failures=1, breaker_recovery=60.0)
     try:
         assert anyio.run(store.admit, tripped).code == ""
         anyio.run(store.release, tripped, "fail", False)

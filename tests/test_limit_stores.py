@@ -34,18 +34,19 @@ def release(store, a: Admission, health: str, probing: bool = False) -> None:
 
 def test_a_session_locked_to_a_strict_group_keeps_out_of_other_strict_groups(store):
     a = admission(strict_group=1)
-    codes = admit_all(store, [a, replace(a, strict_group=None), replace(a, strict_group=2), replace(a, strict_group=1)])
+    in_group = [replace(a, upstream=replace(a.upstream, strict_group=group)) for group in (None, 2, 1)]
+    codes = admit_all(store, [a, *in_group])
     assert codes == ["", "", "POLICY_GROUP_ISOLATION", ""]
 
 
 def test_an_agents_window_counts_only_admitted_calls(store):
-    a = admission(agent_calls_per_minute=2)
+    a = admission(agent={"calls_per_minute": 2})
     codes = admit_all(store, [replace(a, request_id=f"{a.request_id}-{i}") for i in range(4)])
     assert codes == ["", "", "AGENT_RATE_LIMITED", "AGENT_RATE_LIMITED"]
 
 
 def test_sessions_and_concurrency_are_capped_and_a_release_frees_a_slot(store):
-    a = admission(session_max_calls=3, upstream_max_concurrent=1)
+    a = admission(agent={"max_calls_per_session": 3}, max_concurrent=1)
     assert admit_all(store, [a, replace(a, request_id="second")]) == ["", "UPSTREAM_BUSY"]
     release(store, a, "ok")
     assert admit_all(store, [replace(a, request_id="third")]) == [""]
@@ -61,10 +62,10 @@ def test_the_breaker_opens_after_its_failures_lets_one_probe_through_and_closes_
     for _ in range(2):
         assert admit_all(store, [a]) == [""]
         release(store, a, "fail")
-    assert store.breaker(a.upstream_id).state == "open"
+    assert store.breaker(a.upstream.id).state == "open"
     assert admit_all(store, [a]) == ["UPSTREAM_CIRCUIT_OPEN"]
     deadline = time.monotonic() + 5
-    while store.breaker(a.upstream_id).state != "half-open" and time.monotonic() < deadline:
+    while store.breaker(a.upstream.id).state != "half-open" and time.monotonic() < deadline:
         time.sleep(0.05)
 
     async def probe_and_follower():
@@ -74,11 +75,11 @@ def test_the_breaker_opens_after_its_failures_lets_one_probe_through_and_closes_
     assert (probe.code, probe.probing) == ("", True)
     assert follower.code == "UPSTREAM_CIRCUIT_OPEN", "one probe at a time"
     release(store, a, "ok", probing=True)
-    assert (store.breaker(a.upstream_id).state, admit_all(store, [a])) == ("closed", [""])
+    assert (store.breaker(a.upstream.id).state, admit_all(store, [a])) == ("closed", [""])
 
 
 def test_neutral_outcomes_neither_open_nor_close_the_breaker(store):
     a = admission(breaker_failures=1)
     admit_all(store, [a])
     release(store, a, "none")
-    assert store.breaker(a.upstream_id).state == "closed"
+    assert store.breaker(a.upstream.id).state == "closed"
