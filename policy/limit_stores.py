@@ -135,9 +135,10 @@ class RedisLimitStore:
             logger.exception("could not release admission of request %s", a.request_id)
 
     def breaker(self, upstream_id: int) -> BreakerStatus:
-        client = sync_redis()
-        failures, open_until = client.hmget(self._breaker_key(upstream_id), ["failures", "open_until"])
-        seconds, micros = client.time()
+        with sync_redis().pipeline(transaction=False) as pipe:
+            pipe.hmget(self._breaker_key(upstream_id), ["failures", "open_until"])
+            pipe.time()
+            (failures, open_until), (seconds, micros) = pipe.execute()
         return _status(int(failures or 0), float(open_until or 0), seconds + micros / 1e6)
 
     def breaker_reset(self, upstream_id: int) -> None:

@@ -32,6 +32,11 @@ def definition_diff(tool: Tool) -> str:
     return "\n".join(diff)
 
 
+@admin.display(boolean=True, description="approved")
+def approved(tool: Tool) -> bool:
+    return tool.is_approved
+
+
 class PendingFilter(admin.SimpleListFilter):
     title = "approval"
     parameter_name = "approval"
@@ -49,7 +54,7 @@ class PendingFilter(admin.SimpleListFilter):
 
 class ToolInline(admin.TabularInline):
     model = Tool
-    fields = ("name", "title", "approved", "definition_sha256", "first_seen_at", "last_seen_at")
+    fields = ("name", "title", approved, "definition_sha256", "first_seen_at", "last_seen_at")
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -57,10 +62,6 @@ class ToolInline(admin.TabularInline):
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
-
-    @admin.display(boolean=True)
-    def approved(self, tool: Tool) -> bool:
-        return tool.is_approved
 
 
 @admin.register(Upstream)
@@ -126,7 +127,7 @@ class ToolAdmin(admin.ModelAdmin):
     """The catalog. A tool whose definition changed since its approval is offered to no agent until an
     administrator reviews the diff and approves it."""
 
-    list_display = ("name", "upstream", "approved", "title", "definition_sha256", "last_seen_at")
+    list_display = ("name", "upstream", approved, "title", "definition_sha256", "last_seen_at")
     list_filter = (PendingFilter, "upstream")
     search_fields = ("name", "description")
     fields = (
@@ -154,10 +155,6 @@ class ToolAdmin(admin.ModelAdmin):
             tool_approve(tool=tool, actor=request.user.get_username())
             self.message_user(request, f"{tool} approved: agents see this version now.", messages.SUCCESS)
         return redirect("admin:registry_tool_change", pk)
-
-    @admin.display(boolean=True)
-    def approved(self, tool: Tool) -> bool:
-        return tool.is_approved
 
     @admin.display(description="Change waiting for approval")
     def pending_change(self, tool: Tool) -> str:

@@ -56,10 +56,10 @@ def _tool_fields(definition: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _approval(definition: dict[str, Any], actor: str) -> dict[str, Any]:
+def _approval(definition: dict[str, Any], sha256: str, actor: str) -> dict[str, Any]:
     return {
         "approved_definition": definition,
-        "approved_sha256": canonical_sha256(definition),
+        "approved_sha256": sha256,
         "approved_at": timezone.now(),
         "approved_by": actor,
     }
@@ -94,8 +94,8 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
     """Store the listing. The first sync approves what the administrator registered; afterwards a new tool
     follows the upstream's `new_tools` setting and a changed definition is held until approved."""
     now = timezone.now()
-    first_sync = upstream.last_synced_at is None and not upstream.tools.exists()
     existing = {tool.name: tool for tool in upstream.tools.all()}
+    first_sync = upstream.last_synced_at is None and not existing
     seen: set[str] = set()
     for definition in definitions:
         if problem := _refusal(definition, seen):
@@ -109,7 +109,7 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
         tool = existing.get(name)
         if tool is None:
             approved = first_sync or upstream.new_tools == Upstream.NewTools.APPROVE
-            pin = _approval(definition, actor) if approved else {}
+            pin = _approval(definition, sha256, actor) if approved else {}
             Tool.objects.create(upstream=upstream, name=name, last_seen_at=now, **fields, **pin)
             report.added.append(name)
             action = "tool_added"
@@ -141,7 +141,7 @@ def tool_approve(*, tool: Tool, actor: str) -> None:
     """Pin the tool's current definition: agents see it again."""
     with transaction.atomic():
         previous = tool.approved_sha256
-        Tool.objects.filter(pk=tool.pk).update(**_approval(tool.definition, actor))
+        Tool.objects.filter(pk=tool.pk).update(**_approval(tool.definition, tool.definition_sha256, actor))
         config_changed()
         audit_record(
             kind="admin_change",
