@@ -9,6 +9,7 @@ class AuditEvent(models.Model):
         DENIED = "denied"
         COMPLETED = "completed"
         ADMIN_CHANGE = "admin_change"
+        HANDOFF = "handoff"
 
     class Outcome(models.TextChoices):
         OK = "ok"

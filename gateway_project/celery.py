@@ -1,9 +1,35 @@
 import os
 
 from celery import Celery
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
 
 app = Celery("gateway_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+# Handoff tunnels are pinned to the worker process that opened them (registry/worker.py).
+@celeryd_after_setup.connect
+def _consume_own_queue(sender: str, instance, **kwargs) -> None:
+    from registry.worker import worker_consume_own_queue
+
+    worker_consume_own_queue(sender, instance.app)
+
+
+@worker_ready.connect
+def _start_heartbeat(**kwargs) -> None:
+    from registry.worker import heartbeat_start
+
+    heartbeat_start()
+
+
+@worker_shutting_down.connect
+def _close_tunnels(**kwargs) -> None:
+    """Graceful shutdown: the tunnels this worker holds are closed and their agents told."""
+    from handoff.tunnels import tunnels_close_on_shutdown
+    from registry.worker import heartbeat_stop
+
+    heartbeat_stop()
+    tunnels_close_on_shutdown()

@@ -73,11 +73,30 @@ def _credential_keys() -> list[str]:
 
 
 GATEWAY_CREDENTIAL_KEYS = _credential_keys()
+
+
+def _delegation_keys() -> str:
+    """`kid:secret,...` signing handoff delegation tokens (handoff/tokens.py), newest first; shared with the
+    specialist servers that verify them. Without the variable, one key is made once in var/."""
+    explicit = env_str("GATEWAY_DELEGATION_KEYS")
+    if explicit:
+        return explicit
+    key_file = VAR_DIR / "delegation_keys"
+    if not key_file.exists():
+        import secrets
+
+        key_file.write_text(f"k1:{secrets.token_urlsafe(32)}")
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+GATEWAY_DELEGATION_KEYS = _delegation_keys()
 GATEWAY_CREDENTIAL_PUBLIC_KEY = env_str("GATEWAY_CREDENTIAL_PUBLIC_KEY")
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1,http://localhost")
 
+# Apps of your own, such as one holding Python triage tools (handoff/triage.py): GATEWAY_EXTRA_APPS=myapp
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -91,6 +110,7 @@ INSTALLED_APPS = [
     "registry",
     "audit",
     "handoff",
+    *env_list("GATEWAY_EXTRA_APPS", ""),
 ]
 
 MIDDLEWARE = [
@@ -208,6 +228,15 @@ GATEWAY_BREAKER_RECOVERY_SECONDS = env_float("GATEWAY_BREAKER_RECOVERY_SECONDS",
 GATEWAY_MAX_DESCRIPTION_CHARS = env_int("GATEWAY_MAX_DESCRIPTION_CHARS", 4096)
 GATEWAY_MAX_TITLE_CHARS = env_int("GATEWAY_MAX_TITLE_CHARS", 256)
 GATEWAY_MAX_SCHEMA_BYTES = env_int("GATEWAY_MAX_SCHEMA_BYTES", 65_536)
+# Handoff (handoff/): defaults for routes and tunnels; a route's own values win.
+GATEWAY_HANDOFF_CONNECT_TIMEOUT = env_float("GATEWAY_HANDOFF_CONNECT_TIMEOUT", 10.0)
+GATEWAY_HANDOFF_MAX_SESSIONS = env_int("GATEWAY_HANDOFF_MAX_SESSIONS", 100)
+GATEWAY_HANDOFF_IDLE_SECONDS = env_float("GATEWAY_HANDOFF_IDLE_SECONDS", 300.0)
+GATEWAY_HANDOFF_SWEEP_SECONDS = env_float("GATEWAY_HANDOFF_SWEEP_SECONDS", 30.0)
+GATEWAY_HANDOFF_TOKEN_TTL = env_int("GATEWAY_HANDOFF_TOKEN_TTL", 60)
+CELERY_BEAT_SCHEDULE = {
+    "sweep-idle-tunnels": {"task": "handoff.sweep_idle_tunnels", "schedule": GATEWAY_HANDOFF_SWEEP_SECONDS}
+}
 # Networks HTTP upstreams may reach without being marked internal (CIDRs); public addresses always may.
 GATEWAY_EGRESS_ALLOWED_NETWORKS = env_list("GATEWAY_EGRESS_ALLOWED_NETWORKS", "")
 

@@ -1,5 +1,6 @@
 from django.apps import AppConfig
 from django.db.models.signals import m2m_changed, post_delete, post_save
+from django.utils.module_loading import autodiscover_modules
 
 
 class HandoffConfig(AppConfig):
@@ -7,13 +8,15 @@ class HandoffConfig(AppConfig):
     verbose_name = "MCP sessions and routing"
 
     def ready(self) -> None:
+        from handoff.models import HandoffRoute
         from handoff.snapshot import on_routing_row_changed
         from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
         from registry.models import Tool, Upstream
 
         # Every saved or deleted row that routing reads moves the snapshot version, in its own transaction,
         # whatever saved it (a service, an admin form, a shell). Queryset updates call config_changed().
-        for model in (Agent, AgentGroup, AgentKey, Rule, ServerGroup, Upstream, Tool):
+        for model in (Agent, AgentGroup, AgentKey, Rule, ServerGroup, Upstream, Tool, HandoffRoute):
             post_save.connect(on_routing_row_changed, sender=model, dispatch_uid=f"snapshot-{model.__name__}-save")
             post_delete.connect(on_routing_row_changed, sender=model, dispatch_uid=f"snapshot-{model.__name__}-del")
         m2m_changed.connect(on_routing_row_changed, sender=AgentGroup.agents.through, dispatch_uid="snapshot-members")
+        autodiscover_modules("triage")  # Python triage tools (handoff/triage.py)

@@ -1,11 +1,12 @@
 """Who is calling, and whether their request may enter at all: host, origin and API key checks shared by
 every transport."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
+from mcp.server.context import ServerRequestContext
 
 from handoff.snapshot import snapshot
 
@@ -56,3 +57,13 @@ async def caller_from_scope(scope: dict, transport: str) -> Caller | None:
     if entry is None:
         return None
     return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport, key_prefix=entry.prefix)
+
+
+def caller_of(ctx: ServerRequestContext) -> Caller:
+    """The caller the transport attached: a Caller itself (WebSocket) or on the HTTP request's scope."""
+    request = ctx.request
+    if isinstance(request, Caller):
+        return request
+    caller: Caller = request.scope["switchboard.caller"]
+    session_id = request.headers.get("mcp-session-id")
+    return replace(caller, session_id=session_id) if session_id else caller

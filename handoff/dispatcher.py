@@ -6,7 +6,8 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -19,17 +20,28 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.services import canonical_sha256
-from audit.writer import AuditUnavailable, audit_writer
-from handoff.caller import Caller
-from handoff.snapshot import Route, snapshot
-from policy.decisions import Denial
+from handoff.caller import Caller, caller_of
+from handoff.db import database_async
+from handoff.handoffs import (
+    HANDOFF_FAILED,
+    HandoffRefused,
+    connecting,
+    handoff_activate,
+    handoff_return,
+    return_tool_name,
+    tunnel_gone,
+)
+from handoff.notify import subscriptions_listen
+from handoff.recording import record
+from handoff.snapshot import Route, Snapshot, snapshot
+from handoff.tunnels import SessionTunnel, index_session, session_index, tunnel_touch
+from policy.decisions import INVALID_PARAMS, Denial
 from policy.limits import Admission, health_of, limit_store, limits_denial
 from policy.redaction import redact, redact_error_result
 from registry.executor import get_executor
-from registry.pool import Outcome, failure
+from registry.pool import TUNNEL_GONE, Outcome, failure
 
 logger = logging.getLogger(__name__)
-AUDIT_UNAVAILABLE = -32002
 
 INSTRUCTIONS = (
     "This is a gateway to several services. Tool names are '<service>{sep}<tool>'; "
@@ -37,21 +49,20 @@ INSTRUCTIONS = (
 )
 
 
-def caller_of(ctx: ServerRequestContext) -> Caller:
-    """The caller the transport attached: a Caller itself (WebSocket) or on the HTTP request's scope."""
-    request = ctx.request
-    if isinstance(request, Caller):
-        return request
-    caller: Caller = request.scope["switchboard.caller"]
-    session_id = request.headers.get("mcp-session-id")
-    return replace(caller, session_id=session_id) if session_id else caller
-
-
-async def _execute(route: Route, arguments: dict[str, Any]) -> Outcome:
+async def _execute(route: Route, arguments: dict[str, Any], tunnel: SessionTunnel | None) -> Outcome:
     """The executor's outcome; if it fails in a way it did not foresee, an outcome all the same, so that
     every approved call gets its completion row."""
+    executor = get_executor()
     try:
-        return await get_executor().call_tool(
+        if tunnel is not None:
+            return await executor.tunnel_call(
+                tunnel_id=tunnel.tunnel_id,
+                queue=tunnel.queue,
+                tool=route.tool,
+                arguments=arguments,
+                timeout=route.timeout,
+            )
+        return await executor.call_tool(
             upstream_id=route.upstream_id,
             revision=route.revision,
             tool=route.tool,
@@ -63,17 +74,6 @@ async def _execute(route: Route, arguments: dict[str, Any]) -> Outcome:
         return failure(
             "GATEWAY_ERROR", "The gateway failed while running this call; it may or may not have run.", repr(exc)
         )
-
-
-async def _record(*, kind: str, **fields: Any) -> None:
-    """Write the row or refuse to go on: a call never runs, nor is its result shown, unrecorded."""
-    try:
-        await audit_writer.record(kind=kind, **fields)
-    except AuditUnavailable as exc:
-        logger.error("audit write failed (%s row, request %s): %s", kind, fields.get("request_id"), exc)
-        ran = "ran, but its result is withheld" if kind == "completed" else "was not run"
-        message = f"The gateway could not record this call, so it {ran}. Try again shortly."
-        raise MCPError(AUDIT_UNAVAILABLE, message, {"code": "AUDIT_UNAVAILABLE"}) from exc
 
 
 def _finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
@@ -103,28 +103,67 @@ class Decision:
     denial: Denial | None = None
     admission: Admission | None = None  # held while the call runs; given back by release
     probing: bool = False  # this call is the half-open circuit's one probe
+    tunnel: SessionTunnel | None = None  # the handoff tunnel the call goes through
 
 
-async def _decide(caller: Caller, name: str, request_id: str) -> Decision:
-    """The static decision over the snapshot, then admission against shared state (isolation, breaker,
-    limits), which takes the call's share of every limit when it admits it."""
-    snap = await snapshot.get()
+async def _admit(snap: Snapshot, caller: Caller, name: str, route: Route, request_id: str, **found: Any) -> Decision:
+    """Admission against shared state (isolation, breaker, limits), which takes the call's share of every
+    limit when it admits it."""
+    session = index_session(caller.agent_id, caller.session_key)
+    admission = Admission(request_id, session, caller.agent_id, snap.agents[caller.agent_id], route.limits)
+    verdict = await limit_store().admit(admission)
+    if verdict.code:
+        return Decision(route.upstream_slug, route, limits_denial(admission, verdict, name), **found)
+    return Decision(route.upstream_slug, route, admission=admission, probing=verdict.probing, **found)
+
+
+async def _decide(snap: Snapshot, caller: Caller, name: str, request_id: str) -> Decision:
+    """The static decision over the snapshot, then admission."""
     denial, entry, upstream = snap.decide(caller.agent_id, name)
     if denial or entry is None:
         return Decision(upstream, entry.route if entry else None, denial)
-    session = f"{caller.agent_id}:{caller.session_key}"
-    admission = Admission(request_id, session, caller.agent_id, snap.agents[caller.agent_id], entry.route.limits)
-    verdict = await limit_store().admit(admission)
-    if verdict.code:
-        return Decision(upstream, entry.route, limits_denial(admission, verdict, name))
-    return Decision(upstream, entry.route, admission=admission, probing=verdict.probing)
+    return await _admit(snap, caller, name, entry.route, request_id)
+
+
+async def _decide_tunnelled(
+    snap: Snapshot, caller: Caller, tunnel: SessionTunnel, name: str, request_id: str
+) -> Decision:
+    """During a handoff only the specialist's tools exist: anything else is refused, never routed elsewhere."""
+    if not tunnel.is_open:
+        return Decision(tunnel.upstream_slug, denial=connecting())
+    sep = settings.GATEWAY_TOOL_SEPARATOR
+    tool, target = tunnel.tools.get(name), snap.targets.get(tunnel.upstream_slug)
+    if tool is None or target is None:
+        if name.startswith(f"{tunnel.domain}{sep}"):
+            message = f"Unknown tool: {name!r}. Call tools/list for the {tunnel.domain} specialist's tools."
+            return Decision(tunnel.upstream_slug, denial=Denial("TOOL_NOT_FOUND", message, INVALID_PARAMS))
+        message = (
+            f"This session is handed off to {tunnel.domain!r}: only its tools ({tunnel.domain}{sep}*) and "
+            f"{return_tool_name()} can be called now. Call {return_tool_name()} first to use {name!r}."
+        )
+        return Decision(tunnel.upstream_slug, denial=Denial("HANDOFF_NAMESPACE_MISMATCH", message, INVALID_PARAMS))
+    if denial := snap.permits_tunnelled(caller.agent_id, target, name, tool):
+        return Decision(tunnel.upstream_slug, denial=denial)
+    route = Route(target.id, target.slug, target.revision, target.timeout, tool, target.limits)
+    return await _admit(snap, caller, name, route, request_id, tunnel=tunnel)
 
 
 async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> dict[str, Any]:
     caller = caller_of(ctx)
     arguments = params.arguments or {}
     request_id = uuid.uuid4()
-    decision = await _decide(caller, params.name, str(request_id))
+    snap = await snapshot.get()
+    tunnel = await session_index().get(index_session(caller.agent_id, caller.session_key))
+    if tunnel is None and (triage := snap.triage.get(params.name)):
+        move = handoff_activate(ctx, caller, snap, triage, arguments)
+        return _finish(ctx, await _gateway_tool(caller, params.name, request_id, arguments, move))
+    if tunnel is not None and params.name == return_tool_name():
+        move = handoff_return(ctx, caller, snap, tunnel, arguments)
+        return _finish(ctx, await _gateway_tool(caller, params.name, request_id, arguments, move))
+    if tunnel is None:
+        decision = await _decide(snap, caller, params.name, str(request_id))
+    else:
+        decision = await _decide_tunnelled(snap, caller, tunnel, params.name, str(request_id))
     route, denial, admission = decision.route, decision.denial, decision.admission
     audit = {
         "request_id": request_id,
@@ -137,20 +176,22 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         "upstream": decision.upstream,
         "tool": route.tool if route else "",
     }
+    if tunnel is not None:
+        audit["detail"] = {"domain": tunnel.domain, "tunnel_id": tunnel.tunnel_id, "token_id": tunnel.token_id}
     if denial:
-        await _record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit)
+        await record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit)
         raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)})
     assert route is not None and admission is not None
     try:
-        await _record(kind="approved", **audit)  # before the upstream is touched
-        outcome, duration_ms = await _run(route, arguments, audit)
+        await record(kind="approved", **audit)  # before the upstream is touched
+        outcome, duration_ms = await _run(route, arguments, audit, decision.tunnel)
     except BaseException:  # audit refused, or the client left: the admission goes back all the same
         with anyio.CancelScope(shield=True):
             await limit_store().release(admission, "none", decision.probing)
         raise
     result = _for_model(params.name, outcome)
     failed = not outcome["ok"] or bool(result.get("isError"))
-    completion = _record(
+    completion = record(
         kind="completed",
         duration_ms=duration_ms,
         response_bytes=len(json.dumps(result)),
@@ -160,20 +201,70 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         **audit,
     )
     release = limit_store().release(admission, health_of(outcome.get("code")), decision.probing)
-    # Independent writes, so neither waits for the other; shielded, so a client that leaves now loses neither.
+    writes = [completion, release]
+    if decision.tunnel:
+        writes.append(database_async(tunnel_touch)(decision.tunnel.tunnel_id))
+    # Independent writes, so none waits for another; shielded, so a client that leaves now loses none.
     with anyio.CancelScope(shield=True):
-        await asyncio.gather(completion, release)
+        await asyncio.gather(*writes)
+    if decision.tunnel and outcome.get("code") == TUNNEL_GONE:
+        await tunnel_gone(caller, decision.tunnel, TUNNEL_GONE)
+        message = (
+            f"The {decision.tunnel.domain} specialist's connection was lost, so the handoff has ended and your "
+            "own tools are restored (call tools/list). The call may not have run."
+        )
+        raise MCPError(HANDOFF_FAILED, message, {"code": TUNNEL_GONE, "requestId": str(request_id)})
     return _finish(ctx, result)
 
 
-async def _run(route: Route, arguments: dict[str, Any], audit: dict[str, Any]) -> tuple[Outcome, float]:
+async def _gateway_tool(
+    caller: Caller, name: str, request_id: uuid.UUID, arguments: dict[str, Any], move: Awaitable[dict[str, Any]]
+) -> dict[str, Any]:
+    """A handoff move (triage, return) under the same audit as any call: approved, then completed."""
+    audit = {
+        "request_id": request_id,
+        "agent_id": caller.agent_id,
+        "agent_name": caller.agent_name,
+        "session_id": caller.session_id,
+        "transport": caller.transport,
+        "exposed_name": name,
+        "arguments_sha256": canonical_sha256(arguments),
+        "upstream": settings.GATEWAY_NAME,
+        "tool": name,
+    }
+    await record(kind="approved", **audit)
+    started = time.perf_counter()
+    try:
+        result = await move
+    except HandoffRefused as refusal:
+        denial = refusal.denial
+        duration_ms = (time.perf_counter() - started) * 1000
+        await record(
+            kind="completed",
+            outcome="error",
+            error_code=denial.code,
+            error_detail=denial.message,
+            duration_ms=duration_ms,
+            **audit,
+        )
+        raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)}) from None
+    duration_ms = (time.perf_counter() - started) * 1000
+    await record(
+        kind="completed", outcome="ok", duration_ms=duration_ms, response_bytes=len(json.dumps(result)), **audit
+    )
+    return result
+
+
+async def _run(
+    route: Route, arguments: dict[str, Any], audit: dict[str, Any], tunnel: SessionTunnel | None
+) -> tuple[Outcome, float]:
     """The outcome and its duration; a cancelled call (the client left) gets its completion row all the same."""
     started = time.perf_counter()
     try:
-        outcome = await _execute(route, arguments)
+        outcome = await _execute(route, arguments, tunnel)
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
-            await _record(
+            await record(
                 kind="completed",
                 outcome="error",
                 error_code="CANCELLED",
@@ -187,6 +278,9 @@ async def _run(route: Route, arguments: dict[str, Any], audit: dict[str, Any]) -
 
 async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict[str, Any]:
     caller = caller_of(ctx)
+    tunnel = await session_index().get(index_session(caller.agent_id, caller.session_key))
+    if tunnel is not None and tunnel.is_open:
+        return _finish(ctx, {"tools": tunnel.definitions})
     return _finish(ctx, {"tools": list((await snapshot.get()).visible_for(caller.agent_id))})
 
 
@@ -199,6 +293,7 @@ def build_server() -> Server:
         cache_hints={"tools/list": CacheHint(ttl_ms=0, scope="private")},
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_subscriptions_listen=subscriptions_listen,
     )
 
 

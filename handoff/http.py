@@ -9,9 +9,11 @@ from django.conf import settings
 from mcp import types
 from mcp.server.transport_security import TransportSecuritySettings
 
+from handoff.background import ProcessTask
 from handoff.caller import caller_from_scope, header, host_allowed, origin_allowed
 from handoff.dispatcher import server
 from handoff.frames import FrameError, parse_frame
+from handoff.sweeper import background_ensure
 
 # Host and Origin are checked here, against Django's settings, for every transport alike.
 sdk_app = server.streamable_http_app(
@@ -54,32 +56,13 @@ async def _read_body(receive: Any, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-class SessionManagerRunner:
-    """Daphne runs no ASGI lifespan, so the SDK's session manager is started by the first request and
-    kept open by a task of its own for the life of the process."""
-
-    def __init__(self) -> None:
-        self._ready: asyncio.Future | None = None
-        self._task: asyncio.Task | None = None  # held: the loop keeps only weak references to tasks
-
-    async def ensure_running(self) -> None:
-        if self._ready is None:
-            self._ready = asyncio.get_running_loop().create_future()
-            self._task = asyncio.get_running_loop().create_task(self._run(self._ready))
-        await asyncio.shield(self._ready)
-
-    async def _run(self, ready: asyncio.Future) -> None:
-        try:
-            async with server.session_manager.run():
-                ready.set_result(None)
-                await asyncio.Event().wait()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-            raise
+async def _serve_sessions(ready: asyncio.Future) -> None:
+    async with server.session_manager.run():
+        ready.set_result(None)
+        await asyncio.Event().wait()
 
 
-runner = SessionManagerRunner()
+session_manager = ProcessTask(_serve_sessions)
 
 
 class SessionOwners:
@@ -146,7 +129,8 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
         # The same answer as for an id that does not exist: nothing tells the caller whose it is.
         return await _reject(send, 404, types.INVALID_REQUEST, "Session not found")
     scope["switchboard.caller"] = caller
-    await runner.ensure_running()
+    await session_manager.ensure_running()
+    await background_ensure()
     replayed = _replay(body, receive) if scope["method"] == "POST" else receive
     await sdk_app(scope, replayed, owners.recording(send, caller.agent_id) if not session_id else send)
 

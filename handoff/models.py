@@ -1,4 +1,12 @@
+import uuid
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
+from django.utils import timezone
+
+from registry.models import Upstream, slug_validator
 
 
 class ConfigVersion(models.Model):
@@ -9,3 +17,92 @@ class ConfigVersion(models.Model):
 
     def __str__(self) -> str:
         return f"configuration version {self.version}"
+
+
+class HandoffRoute(models.Model):
+    """A triage tool the gateway offers: `<gateway><sep>handoff_to_<domain>` hands the session to the target."""
+
+    domain = models.CharField(
+        max_length=32,
+        unique=True,
+        validators=[slug_validator],
+        help_text="The specialist's domain (finance, devops, ...): the namespace of its tools during a handoff",
+    )
+    description = models.TextField(help_text="When to hand off here: the model reads this to decide")
+    target = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="handoff_routes")
+    enabled = models.BooleanField(default=True)
+    connect_timeout = models.FloatField(
+        default=settings.GATEWAY_HANDOFF_CONNECT_TIMEOUT,
+        validators=[MinValueValidator(0.1)],
+        help_text="Seconds the specialist has to accept the tunnel",
+    )
+    max_sessions = models.PositiveIntegerField(
+        default=settings.GATEWAY_HANDOFF_MAX_SESSIONS, help_text="Tunnels open to this route at once"
+    )
+    idle_timeout = models.FloatField(
+        default=settings.GATEWAY_HANDOFF_IDLE_SECONDS,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds unused before a tunnel is swept",
+    )
+
+    class Meta:
+        ordering = ["domain"]
+
+    def __str__(self) -> str:
+        return f"{self.domain} → {self.target.slug}"
+
+    def clean(self) -> None:
+        if self.domain == settings.GATEWAY_NAME:
+            raise ValidationError({"domain": f"{self.domain!r} is the gateway's own namespace (GATEWAY_NAME)."})
+
+
+class Tunnel(models.Model):
+    """One agent session handed to a specialist: its own upstream session, held by the worker that opened it."""
+
+    class State(models.TextChoices):
+        CONNECTING = "connecting"
+        OPEN = "open"
+        CLOSED = "closed"
+
+    LIVE = (State.CONNECTING, State.OPEN)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey("policy.Agent", on_delete=models.CASCADE, related_name="tunnels")
+    session_key = models.CharField(max_length=160, help_text="The agent's session (or, for stateless requests, key)")
+    domain = models.CharField(max_length=32)
+    route = models.ForeignKey(HandoffRoute, null=True, blank=True, on_delete=models.SET_NULL, related_name="tunnels")
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="tunnels")
+    token_id = models.CharField(max_length=64, help_text="The delegation token's tid")
+    worker_queue = models.CharField(max_length=200, blank=True, help_text="The worker holding the tunnel")
+    state = models.CharField(max_length=12, choices=State.choices, default=State.CONNECTING)
+    idle_timeout = models.FloatField()
+    opened_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(default=timezone.now)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    close_reason = models.CharField(max_length=48, blank=True)
+
+    class Meta:
+        ordering = ["-opened_at"]
+        constraints = [
+            # One live tunnel per agent session: a second activation loses the race instead of sharing.
+            models.UniqueConstraint(
+                fields=["agent", "session_key"],
+                condition=models.Q(state__in=["connecting", "open"]),
+                name="tunnel_one_live_per_session",
+            )
+        ]
+        indexes = [models.Index(fields=["state", "last_used_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.domain} tunnel of {self.session_key}"
+
+    def is_idle(self, now) -> bool:
+        return self.state == self.State.OPEN and (now - self.last_used_at).total_seconds() >= self.idle_timeout
+
+
+class ClaimCheck(models.Model):
+    """Carry-over state waiting for its one redemption (the embedded default's claim-check store)."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    state = models.JSONField()
+    expires_at = models.DateTimeField(db_index=True)

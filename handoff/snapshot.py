@@ -15,15 +15,25 @@ from django.conf import settings
 from django.db.models import F
 
 from handoff.db import database_async
-from handoff.models import ConfigVersion
+from handoff.models import ConfigVersion, HandoffRoute
+from handoff.triage import TriageTool, triage_tools
 from policy.decisions import CompiledRule, Denial, Policy, Target, policy_decide
 from policy.keys import key_matches, key_split
 from policy.limits import AgentLimits, UpstreamLimits
-from policy.manifest import manifest_sanitize
+from policy.manifest import clean_text, manifest_sanitize
 from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
 from registry.executor import EXECUTOR_GRACE_SECONDS
 from registry.models import Tool, Upstream
-from registry.naming import exposed_name, split_exposed_name
+from registry.naming import exposed_name, gateway_tool_name, split_exposed_name
+
+HANDOFF_INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "reason": {"type": "string", "description": "Why this request belongs to the specialist"},
+        "context": {"type": "object", "description": "What the specialist needs to know to carry on"},
+    },
+    "required": ["reason"],
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,41 @@ class ToolEntry:
 
 
 @dataclass(frozen=True)
+class UpstreamInfo:
+    """What a handoff needs to know of a possible target."""
+
+    id: int
+    slug: str
+    url: str
+    reachable: bool
+    group_id: int | None
+    revision: int
+    timeout: float
+    limits: UpstreamLimits
+
+
+@dataclass(frozen=True)
+class RouteSettings:
+    """A handoff route's limits, or the deployment's defaults for a handoff no route names."""
+
+    route_id: int | None
+    domain: str
+    connect_timeout: float
+    max_sessions: int
+    idle_timeout: float
+
+
+@dataclass(frozen=True)
+class TriageEntry:
+    """A gateway tool that can hand the session over: an admin route, or a Python triage tool."""
+
+    definition: dict[str, Any]
+    route: RouteSettings | None = None
+    target: str = ""  # a route's target upstream slug
+    tool: TriageTool | None = None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     version: int
     keys: dict[str, KeyEntry] = field(default_factory=dict)  # key prefix -> key of an enabled agent
@@ -61,6 +106,9 @@ class Snapshot:
     tools: dict[str, ToolEntry] = field(default_factory=dict)  # exposed name -> every upstream's tools
     upstreams: dict[str, bool] = field(default_factory=dict)  # slug -> reachable
     policy: Policy = Policy()
+    targets: dict[str, UpstreamInfo] = field(default_factory=dict)  # slug -> every upstream, as handoff target
+    routes: dict[str, RouteSettings] = field(default_factory=dict)  # target slug -> its (first) route
+    triage: dict[str, TriageEntry] = field(default_factory=dict)  # exposed name -> triage tool
     # Per-agent results, filled on first use; bounded by agents × known tools.
     _decisions: dict[tuple[int, str], Denial | None] = field(default_factory=dict, compare=False)
     _visible: dict[int, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
@@ -84,12 +132,17 @@ class Snapshot:
         return self._decisions[key], entry, entry.route.upstream_slug
 
     def visible_for(self, agent_id: int) -> tuple[dict[str, Any], ...]:
-        """The tools/list payload for this agent: only what it may call."""
+        """The tools/list payload for this agent: only what it may call, and the triage tools."""
         if agent_id not in self._visible:
             self._visible[agent_id] = tuple(
                 entry.definition for name, entry in self.tools.items() if self.decide(agent_id, name)[0] is None
-            )
+            ) + (tuple(entry.definition for entry in self.triage.values()) if agent_id in self.agents else ())
         return self._visible[agent_id]
+
+    def permits_tunnelled(self, agent_id: int, target: UpstreamInfo, name: str, tool: str) -> Denial | None:
+        """The static decision for a specialist's tool during a handoff (the same rules as for any tool)."""
+        found = Target(name, target.slug, target.reachable, True, target.id, target.group_id, tool)
+        return self._decide(agent_id, found)
 
     def _decide(self, agent_id: int, target: Target) -> Denial | None:
         enabled = agent_id in self.agents
@@ -132,10 +185,9 @@ def _upstream_limits(upstream: Upstream) -> UpstreamLimits:
     )
 
 
-def _tools(upstreams: dict[int, Upstream]) -> dict[str, ToolEntry]:
-    limits = {upstream.id: _upstream_limits(upstream) for upstream in upstreams.values()}
+def _tools(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) -> dict[str, ToolEntry]:
     tools = {}
-    for tool in Tool.objects.order_by("upstream__slug", "name"):
+    for tool in Tool.objects.filter(upstream__handoff_only=False).order_by("upstream__slug", "name"):
         upstream = upstreams[tool.upstream_id]
         name = exposed_name(upstream.slug, tool.name)
         route = Route(
@@ -176,11 +228,37 @@ def _policy() -> Policy:
     return Policy(rules=tuple(rules), default_allow=settings.GATEWAY_POLICY_DEFAULT == "allow")
 
 
+def _route_settings(route: HandoffRoute) -> RouteSettings:
+    return RouteSettings(route.id, route.domain, route.connect_timeout, route.max_sessions, route.idle_timeout)
+
+
+def _triage() -> dict[str, TriageEntry]:
+    """Admin routes, then Python triage tools, as gateway tools `<gateway><sep><name>`."""
+    entries = {}
+    for route in HandoffRoute.objects.filter(enabled=True, target__enabled=True).select_related("target"):
+        definition = {
+            "name": gateway_tool_name(f"handoff_to_{route.domain.replace('-', '_')}"),
+            "title": f"Hand off to {route.domain}",
+            "description": clean_text(route.description, settings.GATEWAY_MAX_DESCRIPTION_CHARS),
+            "inputSchema": HANDOFF_INPUT_SCHEMA,
+        }
+        entries[definition["name"]] = TriageEntry(definition, _route_settings(route), route.target.slug)
+    for tool in triage_tools().values():
+        name = gateway_tool_name(tool.name)
+        definition = {"name": name, "description": tool.description, "inputSchema": tool.input_schema}
+        entries[name] = TriageEntry(manifest_sanitize(definition), tool=tool)
+    return entries
+
+
 def snapshot_compile() -> Snapshot:
     version = config_version()  # read first: a change racing the compile leaves the version behind, not ahead
     keys = AgentKey.objects.filter(revoked=False, agent__enabled=True).select_related("agent")
     agents = Agent.objects.filter(enabled=True)
     upstreams = {u.id: u for u in Upstream.objects.select_related("group")}
+    limits = {upstream.id: _upstream_limits(upstream) for upstream in upstreams.values()}
+    routes = {}
+    for route in HandoffRoute.objects.filter(enabled=True).select_related("target").order_by("id"):
+        routes.setdefault(route.target.slug, _route_settings(route))
     return Snapshot(
         version=version,
         keys={k.prefix: KeyEntry(k.digest, k.agent_id, k.agent.name, k.prefix) for k in keys},
@@ -191,9 +269,17 @@ def snapshot_compile() -> Snapshot:
             )
             for a in agents
         },
-        tools=_tools(upstreams),
+        tools=_tools(upstreams, limits),
         upstreams={u.slug: u.is_reachable for u in upstreams.values()},
         policy=_policy(),
+        targets={
+            u.slug: UpstreamInfo(
+                u.id, u.slug, u.url, u.is_reachable, u.group_id, u.revision, u.call_timeout, limits[u.id]
+            )
+            for u in upstreams.values()
+        },
+        routes=routes,
+        triage=_triage(),
     )
 
 

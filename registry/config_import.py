@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.db import transaction
 
+from handoff.models import HandoffRoute
 from registry.models import Upstream
 from registry.services import upstream_save
 
@@ -83,10 +85,21 @@ def _up_to_date(upstream: Upstream, fields: dict[str, Any]) -> bool:
     return all(getattr(upstream, key) == value for key, value in fields.items() if key not in credentials)
 
 
+def _handoff(entry: dict[str, Any]) -> str | None:
+    """The handoff description of a specialist entry (`"handoff": {"description": ...}`), or None."""
+    if "handoff" not in entry:
+        return None
+    handoff = entry["handoff"]
+    if not isinstance(handoff, dict) or not isinstance(handoff.get("description"), str) or not handoff["description"]:
+        raise ValueError("'handoff' must be an object with a 'description' saying when to hand off here")
+    return handoff["description"]
+
+
 def _import_one(name: str, entry: dict[str, Any], actor: str, report: ImportReport, internal: bool) -> None:
     slug = slug_for(name)
     try:
-        fields = _fields(entry) | {"internal": internal and "url" in entry}
+        handoff = _handoff(entry)
+        fields = _fields(entry) | {"internal": internal and "url" in entry, "handoff_only": handoff is not None}
     except ValueError as exc:
         report.rejected.append((name, str(exc)))
         return
@@ -94,7 +107,7 @@ def _import_one(name: str, entry: dict[str, Any], actor: str, report: ImportRepo
     created = upstream is None
     if created:
         upstream = Upstream(slug=slug, name=name)
-    elif _up_to_date(upstream, fields):
+    elif handoff is None and _up_to_date(upstream, fields):
         report.skipped.append((name, f"upstream {slug!r} is already up to date"))
         return
     for key, value in fields.items():
@@ -104,5 +117,9 @@ def _import_one(name: str, entry: dict[str, Any], actor: str, report: ImportRepo
     except ValidationError as exc:
         report.rejected.append((name, "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())))
         return
-    upstream_save(upstream=upstream, actor=actor, created=created)
+    with transaction.atomic():
+        upstream_save(upstream=upstream, actor=actor, created=created)
+        if handoff is not None:
+            # A specialist: reachable only through a handoff, by the route made for it here.
+            HandoffRoute.objects.update_or_create(domain=slug, defaults={"description": handoff, "target": upstream})
     (report.created if created else report.updated).append(slug)

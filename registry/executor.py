@@ -8,6 +8,7 @@
 import asyncio
 import json
 import threading
+import time
 import uuid
 from collections.abc import Awaitable
 from functools import cache
@@ -18,7 +19,8 @@ import redis.asyncio as aredis
 from django.conf import settings
 
 from registry.loop import pool_thread
-from registry.pool import Outcome, failure
+from registry.pool import TUNNEL_GONE, Outcome, failure
+from registry.worker import HEARTBEAT_SECONDS, alive_key
 
 # How long past the upstream's own timeout a caller waits for the executor before calling it lost.
 EXECUTOR_GRACE_SECONDS = 5.0
@@ -31,6 +33,18 @@ class Executor(Protocol):
     ) -> Outcome: ...
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome: ...
+
+    # Handoff tunnels (handoff/tunnels.py): opened by whichever worker takes the task, then pinned to it;
+    # `queue` names that worker ("" in the embedded default, where this process holds them).
+    async def tunnel_open(
+        self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float
+    ) -> Outcome: ...
+
+    async def tunnel_call(
+        self, *, tunnel_id: str, queue: str, tool: str, arguments: dict[str, Any], timeout: float
+    ) -> Outcome: ...
+
+    async def tunnel_close(self, *, tunnel_id: str, queue: str) -> None: ...
 
 
 class InlineExecutor:
@@ -48,9 +62,36 @@ class InlineExecutor:
         except TimeoutError:
             return _lost(wait)
 
+    async def tunnel_open(
+        self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float
+    ) -> Outcome:
+        runner = pool_thread()
+        opening = runner.pool.tunnel_open(tunnel_id, upstream_id, grant, connect_timeout)
+        outcome = await asyncio.wrap_future(runner.submit(opening))
+        return held_by(outcome, "")
+
+    async def tunnel_call(
+        self, *, tunnel_id: str, queue: str, tool: str, arguments: dict[str, Any], timeout: float
+    ) -> Outcome:
+        runner = pool_thread()
+        return await asyncio.wrap_future(runner.submit(runner.pool.tunnel_call(tunnel_id, tool, arguments)))
+
+    async def tunnel_close(self, *, tunnel_id: str, queue: str) -> None:
+        runner = pool_thread()
+        runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)
+
+
+def held_by(outcome: Outcome, queue: str) -> Outcome:
+    """An opened tunnel's outcome, naming the worker queue that holds it."""
+    return outcome | {"result": outcome["result"] | {"queue": queue}} if outcome["ok"] else outcome
+
 
 def reply_key() -> str:
     return f"{settings.GATEWAY_REDIS_PREFIX}reply:{uuid.uuid4().hex}"
+
+
+def _worker_gone(queue: str) -> Outcome:
+    return failure(TUNNEL_GONE, "The specialist's connection is gone.", f"the worker holding {queue} is not alive")
 
 
 def _lost(timeout: float) -> Outcome:
@@ -106,6 +147,53 @@ class CeleryExecutor:
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
         reply = await async_redis().blpop([key], timeout=wait)
         return json.loads(reply[1]) if reply else _lost(wait)
+
+    async def tunnel_open(
+        self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float
+    ) -> Outcome:
+        from registry.publish import task_publish
+        from registry.tasks import tunnel_open_task
+
+        key = reply_key()
+        kwargs = {
+            "tunnel_id": tunnel_id,
+            "upstream_id": upstream_id,
+            "grant": grant,
+            "connect_timeout": connect_timeout,
+            "reply_to": key,
+        }
+        await task_publish(tunnel_open_task, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS)
+        wait = connect_timeout + EXECUTOR_GRACE_SECONDS
+        reply = await async_redis().blpop([key], timeout=wait)
+        return json.loads(reply[1]) if reply else _lost(wait)
+
+    async def tunnel_call(
+        self, *, tunnel_id: str, queue: str, tool: str, arguments: dict[str, Any], timeout: float
+    ) -> Outcome:
+        from registry.publish import task_publish
+        from registry.tasks import tunnel_call_task
+
+        if not await async_redis().exists(alive_key(queue)):
+            return _worker_gone(queue)
+        key = reply_key()
+        kwargs = {"tunnel_id": tunnel_id, "tool": tool, "arguments": arguments, "reply_to": key}
+        await task_publish(tunnel_call_task, kwargs=kwargs, queue=queue, expires=EXECUTOR_GRACE_SECONDS)
+        # Waited for in slices: the worker's heartbeat is looked at between them, so a dead worker is
+        # noticed within seconds instead of at the call's timeout.
+        deadline = time.monotonic() + timeout + EXECUTOR_GRACE_SECONDS
+        while (left := deadline - time.monotonic()) > 0:
+            reply = await async_redis().blpop([key], timeout=min(HEARTBEAT_SECONDS, left))
+            if reply:
+                return json.loads(reply[1])
+            if not await async_redis().exists(alive_key(queue)):
+                return _worker_gone(queue)
+        return _lost(timeout + EXECUTOR_GRACE_SECONDS)
+
+    async def tunnel_close(self, *, tunnel_id: str, queue: str) -> None:
+        from registry.publish import task_publish
+        from registry.tasks import tunnel_close_task
+
+        await task_publish(tunnel_close_task, kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         from registry.tasks import list_tools_task  # tasks import the executor's helpers

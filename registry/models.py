@@ -42,6 +42,10 @@ class Upstream(models.Model):
         default=False,
         help_text="Allow a private, loopback or link-local address (an upstream inside your own network)",
     )
+    handoff_only = models.BooleanField(
+        default=False,
+        help_text="A specialist reached only through a handoff: its tools are not listed and it is not synced",
+    )
     new_tools = models.CharField(
         max_length=8,
         choices=NewTools.choices,
@@ -80,6 +84,8 @@ class Upstream(models.Model):
         return self.slug
 
     def clean(self) -> None:
+        if self.slug == settings.GATEWAY_NAME:
+            raise ValidationError({"slug": f"{self.slug!r} is the gateway's own namespace (GATEWAY_NAME)."})
         if self.transport == self.Transport.STDIO and not self.command:
             raise ValidationError({"command": "A stdio upstream needs a command."})
         if self.transport != self.Transport.STDIO and not self.url:

@@ -26,3 +26,9 @@ def split_exposed_name(name: str) -> tuple[str, str] | None:
         return None
     slug, sep, rest = name.partition(settings.GATEWAY_TOOL_SEPARATOR)
     return (slug, rest) if sep and slug and rest else None
+
+
+def gateway_tool_name(name: str) -> str:
+    """A tool of the gateway itself (triage, return_to_triage): namespaced by GATEWAY_NAME, which no
+    upstream may take as its slug."""
+    return exposed_name(settings.GATEWAY_NAME, name)

@@ -7,9 +7,11 @@ so the inline and the Celery executor hand the dispatcher exactly the same thing
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from typing import Any, TypedDict
 
 import anyio
+import httpx2
 from anyio.abc import TaskGroup, TaskStatus
 from django.conf import settings
 from mcp import types
@@ -22,6 +24,7 @@ from registry.spec import UpstreamSpec
 logger = logging.getLogger(__name__)
 
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+TUNNEL_GONE = "HANDOFF_UPSTREAM_UNAVAILABLE"
 # Connection-level failures: the session is gone and must be reopened (a stdio server that died, say).
 CONNECTION_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
 
@@ -39,13 +42,35 @@ def failure(code: str, message: str, detail: str = "") -> Outcome:
     return {"ok": False, "code": code, "message": message, "detail": detail or message}
 
 
-def _egress_refusal(exc: BaseException) -> EgressRefused | None:
-    """The guard's refusal wherever the transport's task groups and wrappers put it."""
-    if isinstance(exc, EgressRefused):
+CONNECT_TIMEOUT = failure("UPSTREAM_CONNECT_TIMEOUT", "The service did not answer while connecting. Try later.")
+
+
+def _found(exc: BaseException, wanted: Callable[[BaseException], bool]) -> BaseException | None:
+    """The first exception `wanted` accepts wherever the transport's task groups and wrappers put it."""
+    if wanted(exc):
         return exc
     inner = list(exc.exceptions) if isinstance(exc, BaseExceptionGroup) else []
     inner += [e for e in (exc.__cause__, exc.__context__) if e is not None]
-    return next((found for e in inner if (found := _egress_refusal(e))), None)
+    return next((found for e in inner if (found := _found(e, wanted))), None)
+
+
+def _delegation_refusal(exc: BaseException) -> str | None:
+    """The code a guarded specialist refused the delegation token with (handoff/clearance.py), if it did."""
+    refused = _found(exc, lambda e: isinstance(e, httpx2.HTTPStatusError) and e.response.status_code == 401)
+    return refused.response.headers.get("x-switchboard-error") if refused else None  # type: ignore[attr-defined]
+
+
+def connect_failure(exc: BaseException) -> Outcome:
+    """What a failed connect means for the model: spawn, DNS, handshake, HTTP status or the egress guard."""
+    if refused := _found(exc, lambda e: isinstance(e, EgressRefused)):
+        return failure(
+            "UPSTREAM_ADDRESS_REFUSED",
+            "The gateway does not connect to this service's network address. Do not retry.",
+            str(refused),
+        )
+    if (code := _delegation_refusal(exc)) == "EXPIRED_DELEGATION_TOKEN":
+        return failure(code, "The specialist found the delegation expired or already used.", repr(exc))
+    return failure("UPSTREAM_UNAVAILABLE", "The service could not be reached. Try later.", repr(exc))
 
 
 class UpstreamConnection:
@@ -86,6 +111,7 @@ class UpstreamPool:
     def __init__(self, load_spec: Callable[[int], Awaitable[UpstreamSpec]]) -> None:
         self._load_spec = load_spec
         self._connections: dict[int, UpstreamConnection] = {}
+        self._tunnels: dict[str, UpstreamConnection] = {}
         self._locks: dict[int, anyio.Lock] = {}
         self._task_group: TaskGroup | None = None
 
@@ -100,7 +126,7 @@ class UpstreamPool:
                     await anyio.sleep(min(idle / 2, 60))
                     self.close_idle(idle)
             finally:
-                for connection in self._connections.values():
+                for connection in [*self._connections.values(), *self._tunnels.values()]:
                     connection.stop()
 
     def close_idle(self, idle_seconds: float) -> None:
@@ -131,19 +157,16 @@ class UpstreamPool:
             return connection
 
     async def _run(self, upstream_id: int, revision: int, action: Callable[[Any], Awaitable[Any]]) -> Outcome:
-        """Run one request on the upstream's session and turn every failure into a specific Outcome."""
+        """Run one request on the upstream's shared session and turn every failure into a specific Outcome."""
         try:
             connection = await self._connection(upstream_id, revision)
         except TimeoutError:
-            return failure("UPSTREAM_CONNECT_TIMEOUT", "The service did not answer while connecting. Try later.")
-        except Exception as exc:  # any way a connect can fail: spawn, DNS, handshake, HTTP status, egress guard
-            if refused := _egress_refusal(exc):
-                return failure(
-                    "UPSTREAM_ADDRESS_REFUSED",
-                    "The gateway does not connect to this service's network address. Do not retry.",
-                    str(refused),
-                )
-            return failure("UPSTREAM_UNAVAILABLE", "The service could not be reached. Try later.", repr(exc))
+            return CONNECT_TIMEOUT
+        except Exception as exc:  # any way a connect can fail
+            return connect_failure(exc)
+        return await self._request(connection, action)
+
+    async def _request(self, connection: UpstreamConnection, action: Callable[[Any], Awaitable[Any]]) -> Outcome:
         spec = connection.spec
         connection.in_flight += 1
         try:
@@ -180,21 +203,68 @@ class UpstreamPool:
             connection.last_used = anyio.current_time()
 
     async def call_tool(self, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any]) -> Outcome:
-        async def call(client: Any) -> dict[str, Any]:
-            result = await client.call_tool(tool, arguments)
-            wire = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-            meta = {k: v for k, v in (wire.pop("_meta", None) or {}).items() if k != SERVER_INFO_KEY}
-            return wire | ({"_meta": meta} if meta else {})
-
-        return await self._run(upstream_id, revision, call)
+        return await self._run(upstream_id, revision, _calling(tool, arguments))
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
-        async def walk(client: Any) -> list[dict[str, Any]]:
-            tools, cursor = [], None
-            while True:
-                page = await client.list_tools(cursor=cursor)
-                tools += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools]
-                if not (cursor := page.next_cursor):
-                    return tools
+        return await self._run(upstream_id, revision, _list_every_page)
 
-        return await self._run(upstream_id, revision, walk)
+    # Handoff tunnels: a session of their own per agent session, opened with the delegation in `spec`,
+    # never shared, never reopened behind the gateway's back (a new token means a new handoff).
+
+    async def tunnel_open(
+        self, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float
+    ) -> Outcome:
+        """Open the tunnel with the delegation `grant` and list the specialist's tools, within `connect_timeout`."""
+        assert self._task_group is not None, "the pool is not serving"
+        connection = UpstreamConnection(replace(await self._load_spec(upstream_id), grant=grant))
+        try:
+            with anyio.fail_after(connect_timeout):
+                await self._task_group.start(connection.run)
+                self._tunnels[tunnel_id] = connection
+                tools = await _list_every_page(connection.client)
+        except TimeoutError:
+            self.tunnel_close(tunnel_id)
+            connection.stop()
+            return CONNECT_TIMEOUT
+        except Exception as exc:
+            self.tunnel_close(tunnel_id)
+            return connect_failure(exc)
+        return {"ok": True, "result": {"tools": tools}}
+
+    async def tunnel_call(self, tunnel_id: str, tool: str, arguments: dict[str, Any]) -> Outcome:
+        connection = self._tunnels.get(tunnel_id)
+        if connection is None or not connection.alive:
+            return failure(TUNNEL_GONE, "The specialist's connection is gone.", f"tunnel {tunnel_id} not held here")
+        outcome = await self._request(connection, _calling(tool, arguments))
+        return outcome | {"code": TUNNEL_GONE} if outcome.get("code") == "UPSTREAM_UNAVAILABLE" else outcome
+
+    def tunnel_close(self, tunnel_id: str) -> bool:
+        connection = self._tunnels.pop(tunnel_id, None)
+        if connection:
+            connection.stop()
+        return connection is not None
+
+    def tunnel_close_all(self) -> list[str]:
+        closed = list(self._tunnels)
+        for tunnel_id in closed:
+            self.tunnel_close(tunnel_id)
+        return closed
+
+
+def _calling(tool: str, arguments: dict[str, Any]) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+    async def call(client: Any) -> dict[str, Any]:
+        result = await client.call_tool(tool, arguments)
+        wire = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        meta = {k: v for k, v in (wire.pop("_meta", None) or {}).items() if k != SERVER_INFO_KEY}
+        return wire | ({"_meta": meta} if meta else {})
+
+    return call
+
+
+async def _list_every_page(client: Any) -> list[dict[str, Any]]:
+    tools, cursor = [], None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        tools += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools]
+        if not (cursor := page.next_cursor):
+            return tools

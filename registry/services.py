@@ -68,6 +68,10 @@ def _approval(definition: dict[str, Any], sha256: str, actor: str) -> dict[str, 
 def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> SyncReport:
     """Fetch every page of the upstream's tools through the executor and store them."""
     report = SyncReport(upstream=upstream.slug, ok=False)
+    if upstream.handoff_only:
+        # Its tools are listed through each handoff's own tunnel; without a delegation it would refuse anyway.
+        report.ok = True
+        return report
     outcome = get_executor().list_tools(upstream_id=upstream.id, revision=upstream.revision, timeout=upstream.timeout)
     if not outcome["ok"]:
         report.error = f"{outcome['code']}: {outcome['message']}"

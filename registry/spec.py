@@ -10,6 +10,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
+from handoff.delegation import DelegationAuth
 from registry.credentials import credentials_open
 from registry.egress import guarded_client
 
@@ -28,6 +29,7 @@ class UpstreamSpec:
     url: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     internal: bool = False
+    grant: dict[str, Any] | None = None  # a handoff tunnel's delegation (handoff/delegation.py)
 
     @classmethod
     def from_model(cls, upstream: Any) -> "UpstreamSpec":
@@ -47,6 +49,8 @@ class UpstreamSpec:
         )
 
     def _http_client(self, **kwargs: Any) -> httpx2.AsyncClient:
+        if self.grant:
+            kwargs["auth"] = DelegationAuth(self.grant)
         return guarded_client(internal=self.internal, **kwargs)
 
     async def connect(self, stack: AsyncExitStack) -> Client:

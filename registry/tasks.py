@@ -1,12 +1,15 @@
-"""Celery tasks on queue `upstream`: thin wrappers that run one request on this worker's pool."""
+"""Celery tasks: thin wrappers that run one request on this worker's pool (queue `upstream`, or for a tunnel
+the queue of the worker holding it)."""
 
 from typing import Any
 
 from celery import shared_task
 from django.conf import settings
 
-from registry.executor import reply_after
+from registry.executor import held_by, reply_after
 from registry.loop import pool_thread
+from registry.pool import Outcome
+from registry.worker import worker_queue
 
 # Past every call's own deadline; the pool enforces the real one.
 HARD_LIMIT = settings.GATEWAY_MAX_TIMEOUT + settings.GATEWAY_CONNECT_TIMEOUT + 30
@@ -22,3 +25,28 @@ def call_tool_task(*, upstream_id: int, revision: int, tool: str, arguments: dic
 def list_tools_task(*, upstream_id: int, revision: int, reply_to: str) -> None:
     runner = pool_thread()
     runner.submit(reply_after(reply_to, runner.pool.list_tools(upstream_id, revision))).result()
+
+
+@shared_task(name="registry.tunnel_open", ignore_result=True, time_limit=HARD_LIMIT)
+def tunnel_open_task(
+    *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float, reply_to: str
+) -> None:
+    runner = pool_thread()
+
+    async def opened() -> Outcome:
+        outcome = await runner.pool.tunnel_open(tunnel_id, upstream_id, grant, connect_timeout)
+        return held_by(outcome, worker_queue())
+
+    runner.submit(reply_after(reply_to, opened())).result()
+
+
+@shared_task(name="registry.tunnel_call", ignore_result=True, time_limit=HARD_LIMIT)
+def tunnel_call_task(*, tunnel_id: str, tool: str, arguments: dict[str, Any], reply_to: str) -> None:
+    runner = pool_thread()
+    runner.submit(reply_after(reply_to, runner.pool.tunnel_call(tunnel_id, tool, arguments))).result()
+
+
+@shared_task(name="registry.tunnel_close", ignore_result=True)
+def tunnel_close_task(*, tunnel_id: str) -> None:
+    runner = pool_thread()
+    runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)

@@ -1,0 +1,46 @@
+from asgiref.sync import async_to_sync
+from django.contrib import admin
+
+from handoff.models import HandoffRoute, Tunnel
+from handoff.notify import tools_changed_everywhere
+from handoff.tunnels import index_session, tunnel_close_out
+from policy.admin import AuditedSaveMixin
+
+
+@admin.register(HandoffRoute)
+class HandoffRouteAdmin(AuditedSaveMixin, admin.ModelAdmin):
+    list_display = ("domain", "target", "enabled", "max_sessions", "idle_timeout")
+    list_filter = ("enabled",)
+    search_fields = ("domain", "description")
+
+
+@admin.register(Tunnel)
+class TunnelAdmin(admin.ModelAdmin):
+    """Live tunnels first; read-only, but an operator can close one (the agent's tools come back)."""
+
+    list_display = ("domain", "agent", "session_key", "upstream", "state", "opened_at", "last_used_at", "worker_queue")
+    list_filter = ("state", "domain")
+    ordering = ("state", "-opened_at")
+    actions = ("close",)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_close_permission(self, request) -> bool:
+        return request.user.has_perm("handoff.change_tunnel")
+
+    @admin.action(description="Close selected tunnels", permissions=["close"])
+    def close(self, request, queryset):
+        closed = [
+            t
+            for t in queryset.select_related("upstream")
+            if tunnel_close_out(t, "closed by operator", actor=request.user.get_username())
+        ]
+        async_to_sync(tools_changed_everywhere)([index_session(t.agent_id, t.session_key) for t in closed])
+        self.message_user(request, f"{len(closed)} tunnel(s) closed.")

@@ -1,0 +1,302 @@
+"""The handoff protocol's two moves: a triage tool hands the session to a specialist through a tunnel of
+its own, and `return_to_triage` brings it back with the specialist's summary as untrusted data.
+
+Both run as gateway tools inside the dispatcher's audit (approved, then completed); a refusal is a
+`HandoffRefused` carrying the code the model sees. Errors of the tunnelled calls in between are the
+dispatcher's, like those of any call.
+"""
+
+import inspect
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from handoff.caller import Caller
+from handoff.claims import claim_store
+from handoff.db import database_async
+from handoff.notify import session_remember, tools_changed_everywhere
+from handoff.recording import record
+from handoff.snapshot import RouteSettings, Snapshot, TriageEntry, UpstreamInfo
+from handoff.summary import summary_envelope
+from handoff.tokens import canonical_json
+from handoff.triage import Handoff
+from handoff.tunnels import (
+    SessionTunnel,
+    TunnelRefused,
+    index_session,
+    session_index,
+    tunnel_create,
+    tunnel_end,
+    tunnel_opened,
+)
+from policy.decisions import RETRY_LATER, Denial
+from policy.manifest import manifest_sanitize, schema_problem, tool_name_problem
+from registry.executor import get_executor
+from registry.naming import exposed_name, gateway_tool_name
+from registry.pool import TUNNEL_GONE
+
+HANDOFF_FAILED = -32004
+RETURN_TOOL = "return_to_triage"
+INLINE_STATE_BYTES = 2048
+# What the model is told for each way a handoff fails to open.
+OPEN_FAILURES = {
+    "UPSTREAM_CONNECT_TIMEOUT": "The specialist did not accept the handoff in time. Try again later.",
+    "EXPIRED_DELEGATION_TOKEN": "The specialist refused the delegation as expired or already used. Hand off again.",
+    TUNNEL_GONE: "The specialist could not be reached. Try again later or carry on without it.",
+}
+
+
+class HandoffRefused(Exception):
+    def __init__(self, denial: Denial) -> None:
+        super().__init__(denial.message)
+        self.denial = denial
+
+
+def refused(
+    code: str, message: str, jsonrpc_code: int = HANDOFF_FAILED, retry_after: float | None = None
+) -> HandoffRefused:
+    return HandoffRefused(Denial(code, message, jsonrpc_code, retry_after))
+
+
+def connecting() -> Denial:
+    return Denial(
+        "HANDOFF_CONNECTING", "The handoff to a specialist is still connecting. Retry in a moment.", RETRY_LATER, 1.0
+    )
+
+
+def return_tool_name() -> str:
+    return gateway_tool_name(RETURN_TOOL)
+
+
+def return_definition() -> dict[str, Any]:
+    return {
+        "name": return_tool_name(),
+        "title": "Return to triage",
+        "description": "End the handoff: close the specialist's session, restore the gateway's own tools and "
+        "receive the specialist's summary.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"note": {"type": "string", "description": "Anything the specialist should know"}},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Plan:
+    target: UpstreamInfo
+    route: RouteSettings
+    reason: str
+    state: Any
+
+
+def target_resolve(snap: Snapshot, target: str) -> UpstreamInfo:
+    """The upstream a handoff target names: a registry key (slug), or an mcp:// or mcps:// URI whose host's
+    first label is one. It must be reachable and have a URI to carry the delegation to."""
+    key = target
+    if "://" in target:
+        parts = urlsplit(target)
+        if parts.scheme not in ("mcp", "mcps") or not parts.hostname:
+            raise refused(
+                "REGISTRY_LOOKUP_FAILED", f"The handoff target {target!r} is not a registry key or mcp:// URI."
+            )
+        key = parts.hostname.split(".")[0]
+    found = snap.targets.get(key)
+    if found is None or not found.reachable:
+        raise refused("REGISTRY_LOOKUP_FAILED", f"No specialist named {key!r} is registered and enabled.")
+    if not found.url:
+        raise refused(
+            "REGISTRY_INVALID_URI",
+            f"The specialist {key!r} has no URI to hand a session to (it is not an HTTP server).",
+        )
+    return found
+
+
+async def _plan(snap: Snapshot, caller: Caller, triage: TriageEntry, arguments: dict[str, Any]) -> Plan | dict:
+    """Where the triage tool sends the session, or its plain answer when it hands nothing off."""
+    if triage.route is not None:
+        target = target_resolve(snap, triage.target)
+        return Plan(target, triage.route, str(arguments.get("reason", "")), arguments.get("context"))
+    assert triage.tool is not None
+    handler = triage.tool.handler
+    if inspect.iscoroutinefunction(handler):
+        answer = await handler(arguments, caller.agent_name)
+    else:
+        answer = await database_async(handler)(arguments, caller.agent_name)  # may read the database
+    if not isinstance(answer, Handoff):
+        text = answer if isinstance(answer, str) else canonical_json(answer).decode()
+        return {"content": [{"type": "text", "text": text}]}
+    target = target_resolve(snap, answer.target)
+    domain = answer.domain or target.slug
+    route = snap.routes.get(target.slug) or RouteSettings(
+        None,
+        domain,
+        settings.GATEWAY_HANDOFF_CONNECT_TIMEOUT,
+        settings.GATEWAY_HANDOFF_MAX_SESSIONS,
+        settings.GATEWAY_HANDOFF_IDLE_SECONDS,
+    )
+    return Plan(target, replace(route, domain=domain), answer.reason, answer.carry_over_state)
+
+
+def traceparent_new() -> str:
+    """A W3C trace context for the handoff: version 00, a fresh trace and span, sampled."""
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+async def grant_build(*, token_id: str, domain: str, audience: str, reason: str, state: Any) -> dict[str, Any]:
+    """What the executor opens the tunnel with: the claims (the carried state inline, or past 2 KB parked
+    in the claim-check store with only its id inside) and a W3C trace context."""
+    traceparent = traceparent_new()
+    claims: dict[str, Any] = {
+        "iss": settings.GATEWAY_NAME,
+        "sub": domain,
+        "aud": audience,
+        "tid": token_id,
+        "traceparent": traceparent,
+        "reason": reason,
+    }
+    if len(canonical_json({"state": state})) > INLINE_STATE_BYTES:
+        claims["state_ref"] = await claim_store().put({"tid": token_id, "state": state})
+    else:
+        claims["state"] = state
+    return {"claims": claims, "ttl": settings.GATEWAY_HANDOFF_TOKEN_TTL, "traceparent": traceparent}
+
+
+def specialist_tools(
+    snap: Snapshot, agent_id: int, plan: Plan, listed: list[Any]
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The specialist's tools as this agent sees them: sanitised, under the domain, marked with it, filtered
+    by the same rules as any tool; the specialist's own `return_to_triage` is the gateway's to call."""
+    domain, names, definitions = plan.route.domain, {}, []
+    for tool in listed:
+        name = tool.get("name") if isinstance(tool, dict) else None
+        if tool_name_problem(name) or name == RETURN_TOOL or schema_problem(tool):
+            continue
+        exposed = exposed_name(domain, name)
+        if snap.permits_tunnelled(agent_id, plan.target, exposed, name) is not None:
+            continue
+        clean = manifest_sanitize(tool)
+        names[exposed] = name
+        definitions.append(
+            clean
+            | {
+                "name": exposed,
+                "title": f"[{domain}] {clean.get('title') or name}",
+                "description": f"({domain} specialist) {clean.get('description', '')}".strip(),
+            }
+        )
+    return names, [*definitions, return_definition()]
+
+
+def _handoff_row(caller: Caller, session: SessionTunnel, event: str, **fields: Any) -> dict[str, Any]:
+    detail = {"event": event, "domain": session.domain, "tunnel_id": session.tunnel_id} | fields.pop("detail", {})
+    return {
+        "kind": "handoff",
+        "agent_id": caller.agent_id,
+        "agent_name": caller.agent_name,
+        "session_id": caller.session_key,
+        "transport": caller.transport,
+        "upstream": session.upstream_slug,
+        "outcome": "error" if fields.get("error_code") else "ok",
+        "detail": detail,
+        **fields,
+    }
+
+
+async def handoff_activate(ctx: Any, caller: Caller, snap: Snapshot, triage: TriageEntry, arguments: dict) -> dict:
+    plan = await _plan(snap, caller, triage, arguments)
+    if isinstance(plan, dict):
+        return plan
+    key = index_session(caller.agent_id, caller.session_key)
+    try:
+        tunnel = await database_async(tunnel_create)(
+            agent_id=caller.agent_id,
+            session_key=caller.session_key,
+            domain=plan.route.domain,
+            upstream_id=plan.target.id,
+            route_id=plan.route.route_id,
+            max_sessions=plan.route.max_sessions,
+            idle_timeout=plan.route.idle_timeout,
+        )
+    except TunnelRefused as refusal:
+        if refusal.code == "HANDOFF_CONNECTING":
+            raise HandoffRefused(connecting()) from None
+        raise refused(
+            "SESSION_LIMIT_EXCEEDED",
+            f"The {plan.route.domain} specialist has no room for another session. Try again later.",
+            RETRY_LATER,
+            30.0,
+        ) from None
+    session = SessionTunnel(str(tunnel.id), plan.route.domain, plan.target.slug)
+    await session_index().put(key, session)
+    grant = await grant_build(
+        token_id=tunnel.token_id, domain=session.domain, audience=plan.target.slug, reason=plan.reason, state=plan.state
+    )
+    token = {"token_id": tunnel.token_id, "traceparent": grant["traceparent"]}
+    started = time.perf_counter()
+    outcome = await get_executor().tunnel_open(
+        tunnel_id=session.tunnel_id, upstream_id=plan.target.id, grant=grant, connect_timeout=plan.route.connect_timeout
+    )
+    if outcome["ok"] and not await database_async(tunnel_opened)(session.tunnel_id, outcome["result"]["queue"]):
+        outcome = {"ok": False, "code": TUNNEL_GONE, "detail": "closed by an operator while connecting"}
+    if not outcome["ok"]:
+        code = outcome["code"] if outcome["code"] in OPEN_FAILURES else TUNNEL_GONE
+        await database_async(tunnel_end)(session.tunnel_id, code)
+        await get_executor().tunnel_close(tunnel_id=session.tunnel_id, queue=outcome.get("result", {}).get("queue", ""))
+        await session_index().forget(key, session.tunnel_id)
+        detail = outcome.get("detail", "")
+        await record(**_handoff_row(caller, session, "failed", error_code=code, error_detail=detail, detail=token))
+        raise refused(code, OPEN_FAILURES[code])
+    session.state, session.queue = "open", outcome["result"]["queue"]
+    listed = outcome["result"]["tools"]
+    session.tools, session.definitions = specialist_tools(snap, caller.agent_id, plan, listed)
+    session.summary_tool = any(isinstance(t, dict) and t.get("name") == RETURN_TOOL for t in listed)
+    await session_index().put(key, session)
+    elapsed = {"connect_ms": round((time.perf_counter() - started) * 1000, 1)}
+    await record(**_handoff_row(caller, session, "activated", detail=token | elapsed | {"reason": plan.reason}))
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        session_remember(key, ctx.session)
+    await tools_changed_everywhere([key])
+    sep = settings.GATEWAY_TOOL_SEPARATOR
+    text = (
+        f"Handed off to the {session.domain} specialist. Your tools are now {session.domain}{sep}* "
+        f"(call tools/list); call {return_tool_name()} when its work is done."
+    )
+    return {"content": [{"type": "text", "text": text}]}
+
+
+async def handoff_return(ctx: Any, caller: Caller, snap: Snapshot, session: SessionTunnel, arguments: dict) -> dict:
+    if not session.is_open:
+        raise HandoffRefused(connecting())
+    summary, executor = "", get_executor()
+    if session.summary_tool:
+        target = snap.targets.get(session.upstream_slug)
+        outcome = await executor.tunnel_call(
+            tunnel_id=session.tunnel_id,
+            queue=session.queue,
+            tool=RETURN_TOOL,
+            arguments=arguments,
+            timeout=target.timeout if target else settings.GATEWAY_DEFAULT_TIMEOUT,
+        )
+        if outcome["ok"]:
+            summary = "\n".join(
+                c.get("text", "") for c in outcome["result"].get("content") or [] if c.get("type") == "text"
+            )
+    await tunnel_gone(caller, session, "returned", summary_chars=len(summary))
+    text = f"Back from {session.domain}; your own tools are restored (call tools/list).\n\n"
+    return {"content": [{"type": "text", "text": text + summary_envelope(session.domain, summary)}]}
+
+
+async def tunnel_gone(caller: Caller, session: SessionTunnel, reason: str, **detail: Any) -> None:
+    """Close the session's tunnel from inside the session (returned, or its upstream lost) and tell the agent."""
+    key = index_session(caller.agent_id, caller.session_key)
+    if await database_async(tunnel_end)(session.tunnel_id, reason):
+        error = reason if reason == TUNNEL_GONE else ""
+        await record(**_handoff_row(caller, session, reason.lower(), error_code=error, detail=detail))
+    await get_executor().tunnel_close(tunnel_id=session.tunnel_id, queue=session.queue)
+    await session_index().forget(key, session.tunnel_id)
+    await tools_changed_everywhere([key])

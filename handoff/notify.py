@@ -1,0 +1,120 @@
+"""Telling agents that their tools changed (a handoff opened, returned, was swept or lost).
+
+2025-11-25 sessions (and /mcp/ws sockets) get `notifications/tools/list_changed` on their own stream;
+2026-07-28 callers through `subscriptions/listen` streams, which this module serves per session: a
+listener hears only its own session's changes. A change may happen in another process (the sweeper runs
+on a Celery worker; a stateless caller's listen stream may be held by another web process), so every change
+goes through the channel layer to every web process, and each tells the sessions it holds.
+"""
+
+import asyncio
+import contextvars
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from channels.layers import get_channel_layer
+from mcp.server.context import ServerRequestContext
+from mcp.server.subscriptions import ListenHandler, ServerEvent, ToolsListChanged
+from mcp.types import SubscriptionsListenRequestParams, SubscriptionsListenResult
+
+from handoff.background import ProcessTask
+from handoff.caller import caller_of
+from handoff.tunnels import index_session
+
+logger = logging.getLogger(__name__)
+GROUP = "switchboard.tools-changed"
+_listening: contextvars.ContextVar[str] = contextvars.ContextVar("listening_session", default="")
+
+
+class SessionBus:
+    """A SubscriptionBus whose listeners belong to sessions: `ListenHandler` subscribes inside the listen
+    request, where `_listening` names the caller's session."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[str, set[Callable[[ServerEvent], None]]] = {}
+
+    async def publish(self, event: ServerEvent) -> None:
+        for listeners in list(self._listeners.values()):
+            for listener in list(listeners):
+                listener(event)
+
+    def publish_to(self, session: str, event: ServerEvent) -> None:
+        for listener in list(self._listeners.get(session, ())):
+            listener(event)
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        session = _listening.get()
+        self._listeners.setdefault(session, set()).add(listener)
+
+        def unsubscribe() -> None:
+            listeners = self._listeners.get(session, set())
+            listeners.discard(listener)
+            if not listeners:
+                self._listeners.pop(session, None)
+
+        return unsubscribe
+
+
+bus = SessionBus()
+_listen = ListenHandler(bus)
+# Legacy and WebSocket sessions that handed off, so a change made elsewhere can reach their stream.
+_streams: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+async def subscriptions_listen(
+    ctx: ServerRequestContext, params: SubscriptionsListenRequestParams
+) -> SubscriptionsListenResult:
+    caller = caller_of(ctx)
+    token = _listening.set(index_session(caller.agent_id, caller.session_key))
+    try:
+        return await _listen(ctx, params)
+    finally:
+        _listening.reset(token)
+
+
+def session_remember(session: str, server_session: Any) -> None:
+    _streams[session] = server_session
+
+
+async def tools_changed_here(session: str) -> None:
+    bus.publish_to(session, ToolsListChanged())
+    stream = _streams.get(session)
+    if stream is not None:
+        try:
+            await stream.send_tool_list_changed()
+        except Exception:  # the client went away: nothing left to tell
+            _streams.pop(session, None)
+
+
+async def tools_changed_everywhere(sessions: list[str]) -> None:
+    layer = get_channel_layer()
+    for session in sessions:
+        await layer.group_send(GROUP, {"type": "tools.changed", "session": session})
+
+
+async def _relay(ready: asyncio.Future) -> None:
+    """This process's ear on the channel layer: changes from anywhere, told to the sessions held here."""
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(GROUP, channel)
+    ready.set_result(None)
+    refreshing = asyncio.create_task(_stay_in_group(layer, channel))
+    try:
+        while True:
+            message = await layer.receive(channel)
+            if message.get("type") == "tools.changed":
+                await tools_changed_here(message["session"])
+    finally:
+        refreshing.cancel()
+
+
+async def _stay_in_group(layer: Any, channel: str) -> None:
+    """Group memberships expire (channels_redis: after a day); renewed well before."""
+    while True:
+        await asyncio.sleep(3600)
+        await layer.group_add(GROUP, channel)
+
+
+change_relay = ProcessTask(_relay)

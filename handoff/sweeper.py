@@ -1,0 +1,32 @@
+"""What every web process runs beside requests: the change relay (notify.py), and in the embedded default,
+which has no Celery beat, the idle-tunnel sweep (tasks.py) on a timer of its own."""
+
+import asyncio
+import logging
+
+from django.conf import settings
+
+from handoff.background import ProcessTask
+from handoff.notify import change_relay
+from handoff.tasks import sweep_and_tell
+
+logger = logging.getLogger(__name__)
+
+
+async def _sweep_here(ready: asyncio.Future) -> None:
+    ready.set_result(None)
+    while True:
+        await asyncio.sleep(settings.GATEWAY_HANDOFF_SWEEP_SECONDS)
+        try:
+            await sweep_and_tell()
+        except Exception:  # a database hiccup: the next round sweeps what this one could not
+            logger.exception("idle tunnel sweep failed")
+
+
+embedded_sweeper = ProcessTask(_sweep_here)
+
+
+async def background_ensure() -> None:
+    await change_relay.ensure_running()
+    if settings.GATEWAY_EXECUTOR == "inline":
+        await embedded_sweeper.ensure_running()

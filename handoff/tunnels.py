@@ -1,0 +1,226 @@
+"""Tunnels: where each handed-off session stands.
+
+Two records, each with one job. The `Tunnel` row is the truth an operator and the sweeper see (state,
+owner worker, last use), changed only by conditional updates so that a return, a sweep and a lost worker
+never both close the same tunnel. The session index is what every request of the session reads first, so
+it must be cheap: a Redis key per session (the embedded default: this process's memory) holding the
+tunnel's domain, its worker queue and its tools.
+"""
+
+import json
+import threading
+import uuid
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+from handoff.models import Tunnel
+from registry.executor import async_redis, sync_redis
+
+# Past any idle timeout, so a session index entry outlives its tunnel only when a process died mid-close.
+INDEX_TTL_SECONDS = 86_400
+
+
+@dataclass
+class SessionTunnel:
+    """The session index's entry: enough to route the session's next request without the database."""
+
+    tunnel_id: str
+    domain: str
+    upstream_slug: str
+    state: str = Tunnel.State.CONNECTING
+    queue: str = ""
+    tools: dict[str, str] = field(default_factory=dict)  # exposed name -> the specialist's own name
+    definitions: list[dict[str, Any]] = field(default_factory=list)  # tools/list payload during the handoff
+    summary_tool: bool = False  # the specialist offers its own return_to_triage, which writes the summary
+
+    @property
+    def is_open(self) -> bool:
+        return self.state == Tunnel.State.OPEN
+
+
+class SessionIndex(Protocol):
+    async def get(self, session: str) -> SessionTunnel | None: ...
+
+    async def put(self, session: str, entry: SessionTunnel) -> None: ...
+
+    async def forget(self, session: str, tunnel_id: str) -> None:
+        """Forget the session's tunnel if it is still this one (a newer handoff of the session stays)."""
+
+    def drop(self, session: str, tunnel_id: str) -> None:
+        """`forget`, for the sweeper and worker shutdown, which are not async."""
+
+
+class RedisSessionIndex:
+    # Deletes only if the entry still names this tunnel: a newer handoff of the session stays.
+    DROP = "local v = redis.call('GET', KEYS[1]) if v and cjson.decode(v).tunnel_id == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"  # noqa: E501
+
+    def _key(self, session: str) -> str:
+        return f"{settings.GATEWAY_REDIS_PREFIX}tunnel:{session}"
+
+    async def get(self, session: str) -> SessionTunnel | None:
+        raw = await async_redis().get(self._key(session))
+        return None if raw is None else SessionTunnel(**json.loads(raw))
+
+    async def put(self, session: str, entry: SessionTunnel) -> None:
+        await async_redis().set(self._key(session), json.dumps(asdict(entry)), ex=INDEX_TTL_SECONDS)
+
+    async def forget(self, session: str, tunnel_id: str) -> None:
+        await async_redis().eval(self.DROP, 1, self._key(session), tunnel_id)
+
+    def drop(self, session: str, tunnel_id: str) -> None:
+        sync_redis().eval(self.DROP, 1, self._key(session), tunnel_id)
+
+
+class LocalSessionIndex:
+    def __init__(self) -> None:
+        self._entries: dict[str, SessionTunnel] = {}
+        self._lock = threading.Lock()  # the sweeper drops from a worker thread
+
+    async def get(self, session: str) -> SessionTunnel | None:
+        return self._entries.get(session)
+
+    async def put(self, session: str, entry: SessionTunnel) -> None:
+        with self._lock:
+            self._entries[session] = entry
+
+    async def forget(self, session: str, tunnel_id: str) -> None:
+        self.drop(session, tunnel_id)
+
+    def drop(self, session: str, tunnel_id: str) -> None:
+        with self._lock:
+            if (entry := self._entries.get(session)) and entry.tunnel_id == tunnel_id:
+                del self._entries[session]
+
+
+@cache
+def session_index() -> SessionIndex:
+    return RedisSessionIndex() if settings.REDIS_URL else LocalSessionIndex()
+
+
+def index_session(agent_id: int, session_key: str) -> str:
+    return f"{agent_id}:{session_key}"
+
+
+# --- Rows ---------------------------------------------------------------------------------------------
+
+
+class TunnelRefused(Exception):
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def tunnel_create(*, agent_id: int, session_key: str, domain: str, upstream_id: int, route_id: int | None,
+                  max_sessions: int, idle_timeout: float) -> Tunnel:  # fmt: skip
+    """A connecting tunnel, or TunnelRefused: SESSION_LIMIT_EXCEEDED past the route's `max_sessions`,
+    HANDOFF_CONNECTING when this session already has one live."""
+    try:
+        with transaction.atomic():
+            live = Tunnel.objects.select_for_update().filter(upstream_id=upstream_id, state__in=Tunnel.LIVE)
+            if route_id is not None:
+                live = live.filter(route_id=route_id)
+            if len(live) >= max_sessions:
+                raise TunnelRefused("SESSION_LIMIT_EXCEEDED")
+            tunnel_id = uuid.uuid4()
+            return Tunnel.objects.create(
+                id=tunnel_id,
+                token_id=tunnel_id.hex,  # the delegation's `tid`: one token identity per tunnel
+                agent_id=agent_id,
+                session_key=session_key,
+                domain=domain,
+                upstream_id=upstream_id,
+                route_id=route_id,
+                idle_timeout=idle_timeout,
+            )
+    except IntegrityError:
+        raise TunnelRefused("HANDOFF_CONNECTING") from None
+
+
+def tunnel_opened(tunnel_id: str, queue: str) -> bool:
+    now = timezone.now()
+    opened = Tunnel.objects.filter(pk=tunnel_id, state=Tunnel.State.CONNECTING)
+    return bool(opened.update(state=Tunnel.State.OPEN, worker_queue=queue, opened_at=now, last_used_at=now))
+
+
+def tunnel_touch(tunnel_id: str) -> bool:
+    """Note a use; False when the tunnel is no longer open (swept or closed meanwhile)."""
+    return bool(Tunnel.objects.filter(pk=tunnel_id, state=Tunnel.State.OPEN).update(last_used_at=timezone.now()))
+
+
+def tunnel_end(tunnel_id: str, reason: str, **extra: Any) -> bool:
+    """Close a live tunnel's row; True for the one caller that closed it."""
+    live = Tunnel.objects.filter(pk=tunnel_id, state__in=Tunnel.LIVE, **extra)
+    return bool(live.update(state=Tunnel.State.CLOSED, closed_at=timezone.now(), close_reason=reason))
+
+
+def handoff_audit(tunnel: Tunnel, event: str, *, actor: str = "", error_code: str = "") -> None:
+    audit_record(
+        kind="handoff",
+        agent_id=tunnel.agent_id,
+        session_id=tunnel.session_key,
+        upstream=tunnel.upstream.slug if tunnel.upstream_id else "",
+        outcome="error" if error_code else "ok",
+        error_code=error_code,
+        actor=actor,
+        detail={"event": event, "domain": tunnel.domain, "tunnel_id": str(tunnel.id), "token_id": tunnel.token_id},
+    )
+
+
+def tunnel_close_out(
+    tunnel: Tunnel, reason: str, *, actor: str = "", close_upstream: bool = True, **conditions: Any
+) -> bool:
+    """Close a tunnel from outside its session (sweep, operator, shutdown): the row, the worker's upstream
+    session, the session index and the audit. The agent is told by the caller (notify.py)."""
+    if not tunnel_end(str(tunnel.id), reason, **conditions):
+        return False
+    if close_upstream:
+        _executor_close(str(tunnel.id), tunnel.worker_queue)
+    session_index().drop(index_session(tunnel.agent_id, tunnel.session_key), str(tunnel.id))
+    handoff_audit(tunnel, reason, actor=actor)
+    return True
+
+
+def _executor_close(tunnel_id: str, queue: str) -> None:
+    if settings.GATEWAY_EXECUTOR == "inline":
+        from registry.loop import pool_thread
+
+        runner = pool_thread()
+        runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)
+    else:
+        from registry.tasks import tunnel_close_task
+
+        tunnel_close_task.apply_async(kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
+
+
+def tunnels_sweep_idle() -> list[Tunnel]:
+    """Close every open tunnel idle past its timeout. The update is conditional on the last use the sweep
+    read, so a call that touched the tunnel meanwhile keeps it open."""
+    now = timezone.now()
+    # Open tunnels are few (each route caps them), so the idle test runs here rather than in SQL.
+    open_tunnels = Tunnel.objects.filter(state=Tunnel.State.OPEN).select_related("upstream")
+    return [
+        tunnel
+        for tunnel in open_tunnels
+        if tunnel.is_idle(now) and tunnel_close_out(tunnel, "idle", last_used_at=tunnel.last_used_at)
+    ]
+
+
+def tunnels_close_on_shutdown() -> None:
+    """A worker stopping gracefully closes the tunnels it holds and tells their agents."""
+    from asgiref.sync import async_to_sync
+
+    from handoff.notify import tools_changed_everywhere
+    from registry.worker import worker_queue
+
+    if not worker_queue():
+        return
+    held = Tunnel.objects.filter(worker_queue=worker_queue(), state=Tunnel.State.OPEN).select_related("upstream")
+    # The pool closes its sessions as the process stops; the rows, the index and the agents are told here.
+    closed = [t for t in held if tunnel_close_out(t, "worker shutdown", close_upstream=False)]
+    async_to_sync(tools_changed_everywhere)([index_session(t.agent_id, t.session_key) for t in closed])
