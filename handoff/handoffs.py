@@ -193,7 +193,8 @@ def specialist_tools(
 
 
 def _handoff_row(caller: Caller, session: SessionTunnel, event: str, **fields: Any) -> dict[str, Any]:
-    detail = {"event": event, "domain": session.domain, "tunnel_id": session.tunnel_id} | fields.pop("detail", {})
+    detail = {"event": event, "domain": session.domain, "tunnel_id": session.tunnel_id, "token_id": session.token_id}
+    detail |= fields.pop("detail", {})
     return {
         "kind": "handoff",
         "agent_id": caller.agent_id,
@@ -231,7 +232,7 @@ async def handoff_activate(ctx: Any, caller: Caller, snap: Snapshot, triage: Tri
             RETRY_LATER,
             30.0,
         ) from None
-    session = SessionTunnel(str(tunnel.id), plan.route.domain, plan.target.slug)
+    session = SessionTunnel(str(tunnel.id), tunnel.token_id, plan.route.domain, plan.target.slug)
     await session_index().put(key, session)
     grant = await grant_build(
         token_id=tunnel.token_id, domain=session.domain, audience=plan.target.slug, reason=plan.reason, state=plan.state

@@ -10,11 +10,12 @@ goes through the channel layer to every web process, and each tells the sessions
 import asyncio
 import contextvars
 import logging
-import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 from mcp.server.context import ServerRequestContext
 from mcp.server.subscriptions import ListenHandler, ServerEvent, ToolsListChanged
 from mcp.types import SubscriptionsListenRequestParams, SubscriptionsListenResult
@@ -59,8 +60,10 @@ class SessionBus:
 
 bus = SessionBus()
 _listen = ListenHandler(bus)
-# Legacy and WebSocket sessions that handed off, so a change made elsewhere can reach their stream.
-_streams: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+# Legacy and WebSocket sessions that handed off, so a change made elsewhere can reach their stream. The
+# SDK's ServerSession is a per-request view of the connection: it is held here (the newest, bounded), not
+# weakly, or it would be gone with the request that handed off.
+_streams: OrderedDict[str, Any] = OrderedDict()
 
 
 async def subscriptions_listen(
@@ -76,6 +79,9 @@ async def subscriptions_listen(
 
 def session_remember(session: str, server_session: Any) -> None:
     _streams[session] = server_session
+    _streams.move_to_end(session)
+    while len(_streams) > settings.GATEWAY_MAX_LEGACY_SESSIONS:
+        _streams.popitem(last=False)
 
 
 async def tools_changed_here(session: str) -> None:
@@ -85,6 +91,7 @@ async def tools_changed_here(session: str) -> None:
         try:
             await stream.send_tool_list_changed()
         except Exception:  # the client went away: nothing left to tell
+            logger.info("session %s no longer takes notifications", session, exc_info=True)
             _streams.pop(session, None)
 
 

@@ -31,6 +31,7 @@ class SessionTunnel:
     """The session index's entry: enough to route the session's next request without the database."""
 
     tunnel_id: str
+    token_id: str  # the delegation's `tid`, for the audit of each tunnelled call
     domain: str
     upstream_slug: str
     state: str = Tunnel.State.CONNECTING

@@ -6,6 +6,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx2
 import websockets
 from mcp import Client
@@ -26,10 +27,49 @@ INITIALIZE = {
 
 
 @asynccontextmanager
-async def sdk_client(base_url: str, key: str, mode: str, timeout: float = TIMEOUT) -> AsyncIterator[Client]:
+async def sdk_client(
+    base_url: str, key: str, mode: str, timeout: float = TIMEOUT, **options: Any
+) -> AsyncIterator[Client]:
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=timeout) as http:
-        async with Client(streamable_http_client(f"{base_url}/mcp", http_client=http), mode=mode) as client:
+        client = Client(streamable_http_client(f"{base_url}/mcp", http_client=http), mode=mode, **options)
+        async with client:
             yield client
+
+
+class ToolChanges:
+    """`notifications/tools/list_changed` as a client receives them: on the session's stream (2025-11-25)
+    or on a `subscriptions/listen` stream (2026-07-28)."""
+
+    def __init__(self) -> None:
+        self._send, self._received = anyio.create_memory_object_stream[str](100)
+
+    async def on_message(self, message: Any) -> None:
+        if getattr(message, "method", None) == "notifications/tools/list_changed":
+            self._send.send_nowait(message.method)
+
+    async def listen(self, client: Client, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with client.listen(tools_list_changed=True) as subscription:
+            task_status.started()
+            async for _event in subscription:
+                self._send.send_nowait("notifications/tools/list_changed")
+
+    async def next(self, timeout: float = TIMEOUT) -> str:
+        with anyio.fail_after(timeout):
+            return await self._received.receive()
+
+
+@asynccontextmanager
+async def watched_client(base_url: str, key: str, mode: str) -> AsyncIterator[tuple[Client, ToolChanges]]:
+    """A client that records every tools/list_changed it is told, in either era."""
+    changes = ToolChanges()
+    async with sdk_client(base_url, key, mode, message_handler=changes.on_message) as client:
+        if mode == "legacy":
+            yield client, changes
+            return
+        async with anyio.create_task_group() as tg:
+            await tg.start(changes.listen, client)
+            yield client, changes
+            tg.cancel_scope.cancel()
 
 
 class WebSocketSession:

@@ -1,6 +1,7 @@
 """Shared fixtures. The database is the one pytest-django creates; the gateways under test are real
 Daphne processes reading it, so data made here is committed (no per-test transactions) and visible there."""
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -14,6 +15,12 @@ import redis
 from tests import servers
 
 REQUIRE_SERVICES = os.environ.get("SWITCHBOARD_REQUIRE_SERVICES") == "1"
+TRIAGE_TOPICS = {
+    "money": "mcp://finance.specialists:9000",
+    "infrastructure": "devops",
+    "payroll": "hr",
+    "clock": "time",
+}
 BIN = Path(sys.executable).parent
 
 
@@ -54,6 +61,10 @@ def server_env(db, shared_state) -> dict[str, str]:
     env |= {"DJANGO_SETTINGS_MODULE": "gateway_project.settings", "SECRET_KEY": settings.SECRET_KEY}
     env |= {"GATEWAY_CREDENTIAL_KEYS": ",".join(settings.GATEWAY_CREDENTIAL_KEYS)}
     env |= {"GATEWAY_EGRESS_ALLOWED_NETWORKS": ",".join(settings.GATEWAY_EGRESS_ALLOWED_NETWORKS)}
+    env |= {"GATEWAY_DELEGATION_KEYS": settings.GATEWAY_DELEGATION_KEYS}
+    # The example Python triage tool, routing topics to the test specialists (and to two bad targets).
+    env |= {"GATEWAY_EXTRA_APPS": "examples.triage_app", "TRIAGE_TOPICS": json.dumps(TRIAGE_TOPICS)}
+    env |= {"GATEWAY_HANDOFF_SWEEP_SECONDS": "0.5"}
     name = connection.settings_dict["NAME"]
     if connection.vendor == "sqlite":
         env.pop("DATABASE_URL", None)
@@ -142,6 +153,32 @@ def workerless_gateway(server_env, world, logs) -> Iterator[servers.Running]:
     yield running
     running.stop()
     redis.Redis.from_url(broker).flushdb()  # the expired task nobody took
+
+
+@dataclass
+class Specialists:
+    finance: servers.Running
+    devops: servers.Running
+
+
+@pytest.fixture(scope="session")
+def specialists(server_env, world, inline_gateway, logs) -> Iterator[Specialists]:
+    """Two guarded specialists (examples/specialist_server.py): `finance`, reached through an admin route,
+    and `devops`, reached through the example Python triage tool. Large carried state is redeemed from a
+    gateway (any process serves it: the claim-check store is shared)."""
+    from tests.factories import specialist_register
+
+    running = Specialists(
+        servers.start_specialist("finance", server_env, inline_gateway.url, logs / "finance.log"),
+        servers.start_specialist("devops", server_env, inline_gateway.url, logs / "devops.log"),
+    )
+    with (
+        specialist_register("finance", running.finance.url, route=True),
+        specialist_register("devops", running.devops.url),
+    ):
+        yield running
+    running.finance.stop()
+    running.devops.stop()
 
 
 @pytest.fixture(params=["inline", "celery"])

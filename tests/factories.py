@@ -71,3 +71,20 @@ def admission(*, agent: dict[str, Any] | None = None, **upstream: Any) -> Admiss
     )
     agent_limits = replace(AgentLimits(calls_per_minute=100, max_calls_per_session=100), **(agent or {}))
     return Admission(f"r{unique}", f"s{unique}", unique, agent_limits, replace(limits, **upstream))
+
+
+@contextmanager
+def specialist_register(slug: str, url: str, *, route: bool = False, **route_fields: Any) -> Iterator[Upstream]:
+    """A handoff-only HTTP upstream at `url`, with a handoff route of the same domain when `route`."""
+    from handoff.models import HandoffRoute
+
+    upstream = Upstream(slug=slug, transport="streamable_http", url=url, handoff_only=True)
+    upstream.full_clean()
+    upstream_save(upstream=upstream, created=True)
+    if route:
+        description = f"Questions for the {slug} specialist."
+        HandoffRoute.objects.create(domain=slug, description=description, target=upstream, **route_fields)
+    try:
+        yield upstream
+    finally:
+        upstream.delete()

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,3 +108,39 @@ def start_demo_http(log: Path) -> Running:
     process = start([sys.executable, str(ROOT / "examples/demo_upstream.py"), "http", str(port)], dict(os.environ), log)
     wait_for_port(port, process, log)
     return Running(process, log, f"http://127.0.0.1:{port}/mcp")
+
+
+def start_specialist(domain: str, env: dict[str, str], gateway_url: str, log: Path) -> Running:
+    """The example specialist, guarded by require_gateway_clearance, sharing the gateway's delegation keys."""
+    port = free_port()
+    keys = {"SWITCHBOARD_DELEGATION_KEYS": env["GATEWAY_DELEGATION_KEYS"], "SWITCHBOARD_URL": gateway_url}
+    command = [sys.executable, str(ROOT / "examples/specialist_server.py"), domain, str(port)]
+    process = start(command, dict(os.environ) | keys, log)
+    wait_for_port(port, process, log)
+    return Running(process, log, f"http://127.0.0.1:{port}/mcp")
+
+
+class SilentServer:
+    """Accepts TCP connections and never answers: a specialist that hangs while a tunnel connects."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/mcp"
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self._held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self._held:
+            conn.close()

@@ -1,0 +1,145 @@
+"""Handoff end to end: real Daphne gateways (inline and Celery executor), real specialist servers guarded
+by require_gateway_clearance (examples/specialist_server.py), the official SDK client in both eras."""
+
+import json
+import re
+
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from audit.models import AuditEvent
+from handoff.models import Tunnel
+from tests.clients import call, tool_names, watched_client
+from tests.factories import agent
+from tests.helpers import audit_mark, audit_since, eventually, run
+
+MODES = ["legacy", "2026-07-28"]
+TRIAGE = "switchboard__handoff_to_finance"
+RETURN = "switchboard__return_to_triage"
+TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01")
+
+
+def text(result) -> str:
+    return result.content[0].text
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_triage_hands_off_to_a_specialist_and_return_restores_the_tools(gateway, specialists, mode):
+    with agent(f"traveller-{mode}") as (_, key):
+        eventually(lambda: TRIAGE in run(lambda: tool_names(gateway.url, key, mode)), timeout=10)
+        mark = audit_mark()
+
+        async def scenario():
+            async with watched_client(gateway.url, key, mode) as (client, changes):
+                before = {t.name for t in (await client.list_tools()).tools}
+                handed = await client.call_tool(TRIAGE, {"reason": "a budget question", "context": {"account": "A-1"}})
+                await changes.next()
+                during = {t.name: t for t in (await client.list_tools()).tools}
+                context = json.loads(text(await client.call_tool("finance__handoff_context", {})))
+                try:
+                    await client.call_tool("time__get_current_time", {"timezone": "UTC"})
+                except MCPError as refused:
+                    mismatch = refused
+                back = await client.call_tool(RETURN, {"note": "budget approved"})
+                await changes.next()
+                after = {t.name for t in (await client.list_tools()).tools}
+                return before, handed, during, context, mismatch, back, after
+
+        before, handed, during, context, mismatch, back, after = run(scenario)
+        rows = audit_since(mark)
+        [activated] = [r for r in rows if r.kind == "handoff" and r.detail["event"] == "activated"]
+        tunnel = Tunnel.objects.get(pk=activated.detail["tunnel_id"])
+
+    assert TRIAGE in before and "time__get_current_time" in before and "finance__ask" not in before
+    assert text(handed).startswith("Handed off to the finance specialist.")
+    assert set(during) == {"finance__handoff_context", "finance__ask", RETURN}
+    assert during["finance__ask"].title == "[finance] ask"
+    assert during["finance__ask"].description == "(finance specialist) Ask the finance specialist a question."
+    assert context["state"] == {"account": "A-1"} and context["reason"] == "a budget question"
+    assert context["domain"] == "finance" and TRACEPARENT.fullmatch(context["traceparent"])
+    assert (mismatch.code, mismatch.data["code"]) == (-32602, "HANDOFF_NAMESPACE_MISMATCH")
+    assert str(mismatch) == (
+        "This session is handed off to 'finance': only its tools (finance__*) and switchboard__return_to_triage "
+        "can be called now. Call switchboard__return_to_triage first to use 'time__get_current_time'."
+    )
+    assert '<upstream_report source="finance" trusted="false">\nfinance specialist summary: budget approved\n' in text(back)
+    assert after == before
+
+    events = [r.detail["event"] for r in rows if r.kind == "handoff"]
+    assert events == ["activated", "returned"]
+    token_id = activated.detail["token_id"]
+    assert activated.upstream == "finance" and activated.detail["domain"] == "finance" and len(token_id) == 32
+    tunnelled = [r for r in rows if r.kind == "completed" and r.exposed_name == "finance__handoff_context"]
+    assert [(r.upstream, r.tool, r.detail["token_id"], r.detail["domain"]) for r in tunnelled] == [
+        ("finance", "handoff_context", token_id, "finance")
+    ]
+    assert [r.error_code for r in rows if r.kind == "denied"] == ["HANDOFF_NAMESPACE_MISMATCH"]
+    assert (tunnel.state, tunnel.close_reason) == ("closed", "returned")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_python_triage_tool_hands_off_with_state_too_large_for_the_token(gateway, specialists, mode):
+    """The example triage tool routes "infrastructure" to devops; 5 KB of details go by claim check."""
+    details = "disk full on db-7; " * 300
+    with agent(f"operator-{mode}") as (_, key):
+        eventually(lambda: "switchboard__route_by_topic" in run(lambda: tool_names(gateway.url, key, mode)), timeout=10)
+
+        async def scenario():
+            async with watched_client(gateway.url, key, mode) as (client, changes):
+                await client.call_tool("switchboard__route_by_topic", {"topic": "infrastructure", "details": details})
+                await changes.next()
+                names = {t.name for t in (await client.list_tools()).tools}
+                context = json.loads(text(await client.call_tool("devops__handoff_context", {})))
+                again = json.loads(text(await client.call_tool("devops__handoff_context", {})))
+                await client.call_tool(RETURN, {})
+                return names, context, again
+
+        names, context, again = run(scenario)
+    assert names == {"devops__handoff_context", "devops__ask", RETURN}
+    assert context["state"] == {"topic": "infrastructure", "details": details}
+    assert context["reason"].endswith("asked about infrastructure")
+    assert again == context  # hydrated once, then kept for the delegation's life
+
+
+def test_a_triage_tool_that_hands_nothing_off_just_answers(inline_gateway, specialists, world):
+    result = run(lambda: call(inline_gateway.url, world.key, "switchboard__route_by_topic", {"topic": "weather"}))
+    assert text(result) == "No specialist handles 'weather'; known topics: clock, infrastructure, money, payroll."
+
+
+@pytest.mark.parametrize(
+    ("topic", "code", "message"),
+    [
+        ("payroll", "REGISTRY_LOOKUP_FAILED", "No specialist named 'hr' is registered and enabled."),
+        (
+            "clock",
+            "REGISTRY_INVALID_URI",
+            "The specialist 'time' has no URI to hand a session to (it is not an HTTP server).",
+        ),
+    ],
+)
+def test_an_unresolvable_target_is_refused(inline_gateway, specialists, world, topic, code, message):
+    mark = audit_mark()
+    refused = run(lambda: call(inline_gateway.url, world.key, "switchboard__route_by_topic", {"topic": topic}))
+    assert isinstance(refused, MCPError)
+    assert (refused.code, refused.data["code"], str(refused)) == (-32004, code, message)
+    [completed] = [r for r in audit_since(mark) if r.kind == "completed"]
+    assert (completed.outcome, completed.error_code, completed.tool) == ("error", code, "switchboard__route_by_topic")
+    assert not Tunnel.objects.filter(session_key__startswith="key-", state__in=Tunnel.LIVE, agent__name="alice")
+
+
+def test_handoff_rows_name_the_operator_facing_events(inline_gateway, specialists):
+    """Every handoff row carries the domain and the token id that the specialist saw."""
+    with agent("auditor-check") as (_, key):
+        eventually(lambda: TRIAGE in run(lambda: tool_names(inline_gateway.url, key)), timeout=10)
+        mark = audit_mark()
+
+        async def scenario():
+            async with watched_client(inline_gateway.url, key, "legacy") as (client, _changes):
+                await client.call_tool(TRIAGE, {"reason": "check"})
+                seen = json.loads(text(await client.call_tool("finance__handoff_context", {})))
+                await client.call_tool(RETURN, {})
+                return seen
+
+        seen = run(scenario)
+    rows = [r for r in audit_since(mark) if r.kind == AuditEvent.Kind.HANDOFF]
+    assert {r.detail["token_id"] for r in rows} == {seen["token_id"]}
