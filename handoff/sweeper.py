@@ -18,7 +18,7 @@ async def _sweep_here(ready: asyncio.Future) -> None:
     while True:
         await asyncio.sleep(settings.GATEWAY_HANDOFF_SWEEP_SECONDS)
         try:
-            await sweep_and_tell()
+            await sweep_and_tell(in_process=True)
         except Exception:  # a database hiccup: the next round sweeps what this one could not
             logger.exception("idle tunnel sweep failed")
 

@@ -188,7 +188,7 @@ def tunnel_close_out(
 
 
 def _executor_close(tunnel_id: str, queue: str) -> None:
-    if settings.GATEWAY_EXECUTOR == "inline":
+    if not queue:  # held by the embedded default's own pool
         from registry.loop import pool_thread
 
         runner = pool_thread()
@@ -199,12 +199,14 @@ def _executor_close(tunnel_id: str, queue: str) -> None:
         tunnel_close_task.apply_async(kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
 
 
-def tunnels_sweep_idle() -> list[Tunnel]:
-    """Close every open tunnel idle past its timeout. The update is conditional on the last use the sweep
-    read, so a call that touched the tunnel meanwhile keeps it open."""
+def tunnels_sweep_idle(*, in_process: bool) -> list[Tunnel]:
+    """Close every open tunnel idle past its timeout: those held by this process (embedded default), or
+    those held by Celery workers. The update is conditional on the last use the sweep read, so a call that
+    touched the tunnel meanwhile keeps it open."""
     now = timezone.now()
     # Open tunnels are few (each route caps them), so the idle test runs here rather than in SQL.
     open_tunnels = Tunnel.objects.filter(state=Tunnel.State.OPEN).select_related("upstream")
+    open_tunnels = open_tunnels.filter(worker_queue="") if in_process else open_tunnels.exclude(worker_queue="")
     return [
         tunnel
         for tunnel in open_tunnels

@@ -11,7 +11,6 @@ from dataclasses import replace
 from typing import Any, TypedDict
 
 import anyio
-import httpx2
 from anyio.abc import TaskGroup, TaskStatus
 from django.conf import settings
 from mcp import types
@@ -55,9 +54,10 @@ def _found(exc: BaseException, wanted: Callable[[BaseException], bool]) -> BaseE
 
 
 def _delegation_refusal(exc: BaseException) -> str | None:
-    """The code a guarded specialist refused the delegation token with (handoff/clearance.py), if it did."""
-    refused = _found(exc, lambda e: isinstance(e, httpx2.HTTPStatusError) and e.response.status_code == 401)
-    return refused.response.headers.get("x-switchboard-error") if refused else None  # type: ignore[attr-defined]
+    """The code a guarded specialist refused the delegation token with (handoff/clearance.py), if it did:
+    the SDK client raises the JSON-RPC error of its 401 answer."""
+    refused = _found(exc, lambda e: isinstance(e, MCPError) and isinstance(e.data, dict) and "code" in e.data)
+    return refused.data["code"] if refused else None  # type: ignore[attr-defined]
 
 
 def connect_failure(exc: BaseException) -> Outcome:

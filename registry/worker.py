@@ -8,8 +8,8 @@ import uuid
 
 from django.conf import settings
 
-HEARTBEAT_SECONDS = 2.0
-ALIVE_TTL_SECONDS = 6
+HEARTBEAT_SECONDS = 1.0
+ALIVE_TTL_SECONDS = 3
 
 _queue = ""  # this process's tunnel queue, once it is a worker
 _beating = threading.Event()

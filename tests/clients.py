@@ -59,13 +59,17 @@ class ToolChanges:
 
 
 @asynccontextmanager
-async def watched_client(base_url: str, key: str, mode: str) -> AsyncIterator[tuple[Client, ToolChanges]]:
+async def watched_client(
+    base_url: str, key: str, mode: str, timeout: float = TIMEOUT
+) -> AsyncIterator[tuple[Client, ToolChanges]]:
     """A client that records every tools/list_changed it is told, in either era."""
     changes = ToolChanges()
-    async with sdk_client(base_url, key, mode, message_handler=changes.on_message) as client:
-        if mode == "legacy":
+    if mode == "legacy":
+        async with sdk_client(base_url, key, mode, timeout, message_handler=changes.on_message) as client:
             yield client, changes
-            return
+        return
+    # The listen stream's notifications reach a message_handler too: one source only, or each counts twice.
+    async with sdk_client(base_url, key, mode, timeout) as client:
         async with anyio.create_task_group() as tg:
             await tg.start(changes.listen, client)
             yield client, changes

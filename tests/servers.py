@@ -67,13 +67,12 @@ def start_gateway(env: dict[str, str], log: Path) -> Running:
     return Running(process, log, f"http://127.0.0.1:{port}")
 
 
+CELERY = [sys.executable, "-m", "celery", "-A", "gateway_project"]
+
+
 def start_worker(env: dict[str, str], log: Path) -> Running:
     command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "gateway_project",
+        *CELERY,
         "worker",
         "-Q",
         "upstream",

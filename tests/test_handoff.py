@@ -62,7 +62,9 @@ def test_triage_hands_off_to_a_specialist_and_return_restores_the_tools(gateway,
         "This session is handed off to 'finance': only its tools (finance__*) and switchboard__return_to_triage "
         "can be called now. Call switchboard__return_to_triage first to use 'time__get_current_time'."
     )
-    assert '<upstream_report source="finance" trusted="false">\nfinance specialist summary: budget approved\n' in text(back)
+    assert '<upstream_report source="finance" trusted="false">\nfinance specialist summary: budget approved\n' in text(
+        back
+    )
     assert after == before
 
     events = [r.detail["event"] for r in rows if r.kind == "handoff"]
