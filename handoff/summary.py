@@ -3,11 +3,10 @@ data about the handoff, never an instruction to the model."""
 
 import html
 import re
-import unicodedata
+
+from policy.manifest import clean_text
 
 MAX_SUMMARY_CHARS = 2000
-# Zero-width and joiner characters that NFKC keeps and that hide text from a reviewer.
-ZERO_WIDTH = re.compile("[\u200b-\u200f\u2060-\u2064\ufeff\u00ad\u180e\u034f]")
 # Role and instruction markers in brackets or tags: [SYSTEM], <<SYS>>, <|im_start|>, </upstream_report> ...
 MARKERS = re.compile(
     r"(\[\s*/?\s*(system|assistant|user|developer|inst|instructions?|sys)\s*\]"
@@ -23,11 +22,10 @@ NOTE = (
 
 
 def summary_sanitize(text: str) -> str:
-    """NFKC (so fullwidth [ＳＹＳＴＥＭ] becomes [SYSTEM] before the check), without zero-width, control or
-    format characters, role markers replaced, HTML-escaped, at most MAX_SUMMARY_CHARS characters."""
-    text = ZERO_WIDTH.sub("", unicodedata.normalize("NFKC", text))
-    text = "".join(c for c in text if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co"))
-    text = MARKERS.sub("[blocked marker]", text)
+    """Cleaned as tool descriptions are (NFKC, so fullwidth [ＳＹＳＴＥＭ] becomes [SYSTEM] before the check;
+    no ANSI, control, zero-width or bidi characters), role markers replaced, HTML-escaped, at most
+    MAX_SUMMARY_CHARS characters."""
+    text = MARKERS.sub("[blocked marker]", clean_text(text, len(text)))
     text = html.escape(text.strip(), quote=True)
     return text if len(text) <= MAX_SUMMARY_CHARS else text[: MAX_SUMMARY_CHARS - 1] + "…"
 

@@ -181,6 +181,21 @@ def specialists(server_env, world, inline_gateway, logs) -> Iterator[Specialists
     running.devops.stop()
 
 
+@pytest.fixture
+def isolated_celery(server_env, world, specialists, logs):
+    """A Celery gateway and a worker of their own (another Redis database as broker and store), so that
+    killing the worker harms no other test."""
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Redis, so no Celery executor")
+    own_redis = urlsplit(os.environ["REDIS_URL"])._replace(path="/12").geturl()
+    env = server_env | {"GATEWAY_EXECUTOR": "celery", "REDIS_URL": own_redis}
+    worker = servers.start_worker(env, logs / "worker-isolated.log")
+    gateway = servers.start_gateway(env, logs / "gateway-isolated.log")
+    yield gateway, worker
+    gateway.stop()
+    worker.stop()
+    redis.Redis.from_url(own_redis).flushdb()
+
+
 @pytest.fixture(params=["inline", "celery"])
 def gateway(request) -> servers.Running:
     """The same test against both executors."""

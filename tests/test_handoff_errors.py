@@ -10,12 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import httpx2
-import pytest
-import redis
 from mcp.shared.exceptions import MCPError
 
 from handoff.models import Tunnel
@@ -137,21 +134,6 @@ def test_a_specialist_that_dies_mid_handoff_gives_handoff_upstream_unavailable(g
     assert "time__get_current_time" in names and "doomed__ask" not in names
     events = [(r.detail["event"], r.error_code) for r in rows if r.kind == "handoff"]
     assert events == [("activated", ""), ("handoff_upstream_unavailable", "HANDOFF_UPSTREAM_UNAVAILABLE")]
-
-
-@pytest.fixture
-def isolated_celery(server_env, world, specialists, logs):
-    """A Celery gateway and a worker of their own (another Redis database as broker and store), so that
-    killing the worker harms no other test."""
-    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Redis, so no Celery executor")
-    own_redis = urlsplit(os.environ["REDIS_URL"])._replace(path="/12").geturl()
-    env = server_env | {"GATEWAY_EXECUTOR": "celery", "REDIS_URL": own_redis}
-    worker = servers.start_worker(env, logs / "worker-isolated.log")
-    gateway = servers.start_gateway(env, logs / "gateway-isolated.log")
-    yield gateway, worker
-    gateway.stop()
-    worker.stop()
-    redis.Redis.from_url(own_redis).flushdb()
 
 
 def test_killing_the_worker_that_holds_a_tunnel_gives_handoff_upstream_unavailable(isolated_celery):

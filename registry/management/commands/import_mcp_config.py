@@ -26,14 +26,17 @@ class Command(BaseCommand):
             report = mcp_config_import(config=config, actor="manage.py import_mcp_config", internal=internal)
         except (OSError, ValueError) as exc:
             raise CommandError(f"{file}: {exc}") from exc
+        specialists = set(Upstream.objects.filter(handoff_only=True).values_list("slug", flat=True))
         for slug in report.created:
-            self.stdout.write(f"created  {slug}")
+            self.stdout.write(f"created  {slug}{' (handoff target)' if slug in specialists else ''}")
         for slug in report.updated:
-            self.stdout.write(f"updated  {slug}")
+            self.stdout.write(f"updated  {slug}{' (handoff target)' if slug in specialists else ''}")
         for name, why in report.skipped:
             self.stdout.write(f"skipped  {name}: {why}")
         for name, why in report.rejected:
             self.stdout.write(f"rejected {name}: {why}")
         if not no_sync:
-            for upstream in Upstream.objects.filter(slug__in=report.created + report.updated, enabled=True):
+            # Handoff targets are not synced: each handoff lists their tools through its own tunnel.
+            imported = Upstream.objects.filter(slug__in=report.created + report.updated, enabled=True)
+            for upstream in imported.exclude(handoff_only=True):
                 self.stdout.write(upstream_catalog_sync(upstream=upstream).summary())
