@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from handoff.caller import Caller, caller_from_scope, host_allowed, origin_allowed
 from handoff.dispatcher import server
 from handoff.frames import FrameError, frame_id, parse_frame
-from handoff.sweeper import background_ensure
+from handoff.sweeper import background_start
 
 INBOX_SIZE = 64
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
             await self.close()  # before accept: the handshake is answered 403
             return
         self.caller = replace(caller, session_id=f"ws-{uuid.uuid4().hex}")
-        await background_ensure()
+        background_start()
         await self.accept()
         self._inbox, inbox_out = anyio.create_memory_object_stream[SessionMessage | Exception](INBOX_SIZE)
         outbox_in, self._outbox = anyio.create_memory_object_stream[SessionMessage](INBOX_SIZE)

@@ -34,8 +34,8 @@ from handoff.handoffs import (
 from handoff.notify import subscriptions_listen
 from handoff.recording import record
 from handoff.snapshot import Route, Snapshot, snapshot
-from handoff.tunnels import SessionTunnel, index_session, session_index, tunnel_touch
-from policy.decisions import INVALID_PARAMS, Denial
+from handoff.tunnels import SessionStateUnavailable, SessionTunnel, index_session, session_index, tunnel_touch
+from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial
 from policy.limits import Admission, health_of, limit_store, limits_denial
 from policy.redaction import redact, redact_error_result
 from registry.executor import get_executor
@@ -148,34 +148,59 @@ async def _decide_tunnelled(
     return await _admit(snap, caller, name, route, request_id, tunnel=tunnel)
 
 
+async def _route(
+    ctx: ServerRequestContext,
+    snap: Snapshot,
+    caller: Caller,
+    tunnel: SessionTunnel | None,
+    name: str,
+    arguments: dict[str, Any],
+    request_id: uuid.UUID,
+) -> Decision | dict[str, Any]:
+    """Where the call goes: a handoff move (run here, its result returned), or a decision on a tool."""
+    if tunnel is not None:
+        if name == return_tool_name():
+            move = handoff_return(ctx, caller, snap, tunnel, arguments)
+            return await _gateway_tool(caller, name, request_id, arguments, move)
+        return await _decide_tunnelled(snap, caller, tunnel, name, str(request_id))
+    if triage := snap.triage.get(name):
+        if denial := snap.triage_denial(caller.agent_id, name):
+            return Decision(settings.GATEWAY_NAME, denial=denial)
+        return await _gateway_tool(
+            caller, name, request_id, arguments, handoff_activate(ctx, caller, snap, triage, arguments)
+        )
+    return await _decide(snap, caller, name, str(request_id))
+
+
+def _state_unavailable(name: str) -> Denial:
+    return Denial(
+        "SESSION_STATE_UNAVAILABLE",
+        f"The gateway cannot read this session's state right now, so {name!r} was not run. Retry after 1 second.",
+        RETRY_LATER,
+        1.0,
+    )
+
+
+async def _session_tunnel(caller: Caller) -> SessionTunnel | None:
+    return await session_index().get(index_session(caller.agent_id, caller.session_key))
+
+
 async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> dict[str, Any]:
     caller = caller_of(ctx)
     arguments = params.arguments or {}
     request_id = uuid.uuid4()
     snap = await snapshot.get()
-    tunnel = await session_index().get(index_session(caller.agent_id, caller.session_key))
-    if tunnel is None and (triage := snap.triage.get(params.name)):
-        move = handoff_activate(ctx, caller, snap, triage, arguments)
-        return _finish(ctx, await _gateway_tool(caller, params.name, request_id, arguments, move))
-    if tunnel is not None and params.name == return_tool_name():
-        move = handoff_return(ctx, caller, snap, tunnel, arguments)
-        return _finish(ctx, await _gateway_tool(caller, params.name, request_id, arguments, move))
-    if tunnel is None:
-        decision = await _decide(snap, caller, params.name, str(request_id))
+    try:
+        tunnel = await _session_tunnel(caller)
+    except SessionStateUnavailable:
+        logger.exception("session state unavailable")
+        tunnel, decision = None, Decision("", denial=_state_unavailable(params.name))
     else:
-        decision = await _decide_tunnelled(snap, caller, tunnel, params.name, str(request_id))
+        decision = await _route(ctx, snap, caller, tunnel, params.name, arguments, request_id)
+    if isinstance(decision, dict):  # a handoff move, audited on its own
+        return _finish(ctx, decision)
     route, denial, admission = decision.route, decision.denial, decision.admission
-    audit = {
-        "request_id": request_id,
-        "agent_id": caller.agent_id,
-        "agent_name": caller.agent_name,
-        "session_id": caller.session_id,
-        "transport": caller.transport,
-        "exposed_name": params.name,
-        "arguments_sha256": canonical_sha256(arguments),
-        "upstream": decision.upstream,
-        "tool": route.tool if route else "",
-    }
+    audit = _audit_fields(caller, params.name, request_id, arguments, decision.upstream, route.tool if route else "")
     if tunnel is not None:
         audit["detail"] = {"domain": tunnel.domain, "tunnel_id": tunnel.tunnel_id, "token_id": tunnel.token_id}
     if denial:
@@ -217,11 +242,10 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     return _finish(ctx, result)
 
 
-async def _gateway_tool(
-    caller: Caller, name: str, request_id: uuid.UUID, arguments: dict[str, Any], move: Awaitable[dict[str, Any]]
+def _audit_fields(
+    caller: Caller, name: str, request_id: uuid.UUID, arguments: dict[str, Any], upstream: str, tool: str
 ) -> dict[str, Any]:
-    """A handoff move (triage, return) under the same audit as any call: approved, then completed."""
-    audit = {
+    return {
         "request_id": request_id,
         "agent_id": caller.agent_id,
         "agent_name": caller.agent_name,
@@ -229,9 +253,16 @@ async def _gateway_tool(
         "transport": caller.transport,
         "exposed_name": name,
         "arguments_sha256": canonical_sha256(arguments),
-        "upstream": settings.GATEWAY_NAME,
-        "tool": name,
+        "upstream": upstream,
+        "tool": tool,
     }
+
+
+async def _gateway_tool(
+    caller: Caller, name: str, request_id: uuid.UUID, arguments: dict[str, Any], move: Awaitable[dict[str, Any]]
+) -> dict[str, Any]:
+    """A handoff move (triage, return) under the same audit as any call: approved, then completed."""
+    audit = _audit_fields(caller, name, request_id, arguments, settings.GATEWAY_NAME, name)
     await record(kind="approved", **audit)
     started = time.perf_counter()
     try:
@@ -278,7 +309,11 @@ async def _run(
 
 async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict[str, Any]:
     caller = caller_of(ctx)
-    tunnel = await session_index().get(index_session(caller.agent_id, caller.session_key))
+    try:
+        tunnel = await _session_tunnel(caller)
+    except SessionStateUnavailable:
+        denial = _state_unavailable("tools/list")
+        raise MCPError(denial.jsonrpc_code, denial.message, denial.data()) from None
     if tunnel is not None and tunnel.is_open:
         return _finish(ctx, {"tools": tunnel.definitions})
     return _finish(ctx, {"tools": list((await snapshot.get()).visible_for(caller.agent_id))})

@@ -19,7 +19,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from handoff.caller import Caller
 from handoff.claims import claim_store
 from handoff.db import database_async
-from handoff.notify import session_remember, tools_changed_everywhere
+from handoff.notify import change_relay, session_remember, tools_changed_everywhere
 from handoff.recording import record
 from handoff.snapshot import RouteSettings, Snapshot, TriageEntry, UpstreamInfo
 from handoff.summary import summary_envelope
@@ -212,6 +212,7 @@ async def handoff_activate(ctx: Any, caller: Caller, snap: Snapshot, triage: Tri
     plan = await _plan(snap, caller, triage, arguments)
     if isinstance(plan, dict):
         return plan
+    await change_relay.ensure_running()  # so that this process hears the change it is about to announce
     key = index_session(caller.agent_id, caller.session_key)
     try:
         tunnel = await database_async(tunnel_create)(

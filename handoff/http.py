@@ -13,7 +13,7 @@ from handoff.background import ProcessTask
 from handoff.caller import caller_from_scope, header, host_allowed, origin_allowed
 from handoff.dispatcher import server
 from handoff.frames import FrameError, parse_frame
-from handoff.sweeper import background_ensure
+from handoff.sweeper import background_start
 
 # Host and Origin are checked here, against Django's settings, for every transport alike.
 sdk_app = server.streamable_http_app(
@@ -130,7 +130,7 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
         return await _reject(send, 404, types.INVALID_REQUEST, "Session not found")
     scope["switchboard.caller"] = caller
     await session_manager.ensure_running()
-    await background_ensure()
+    background_start()
     replayed = _replay(body, receive) if scope["method"] == "POST" else receive
     await sdk_app(scope, replayed, owners.recording(send, caller.agent_id) if not session_id else send)
 

@@ -93,6 +93,7 @@ class TriageEntry:
     """A gateway tool that can hand the session over: an admin route, or a Python triage tool."""
 
     definition: dict[str, Any]
+    policy_target: Target  # what rules match: the route's target upstream, or the gateway's own tool
     route: RouteSettings | None = None
     target: str = ""  # a route's target upstream slug
     tool: TriageTool | None = None
@@ -136,8 +137,16 @@ class Snapshot:
         if agent_id not in self._visible:
             self._visible[agent_id] = tuple(
                 entry.definition for name, entry in self.tools.items() if self.decide(agent_id, name)[0] is None
-            ) + (tuple(entry.definition for entry in self.triage.values()) if agent_id in self.agents else ())
+            ) + tuple(entry.definition for name, entry in self.triage.items() if not self.triage_denial(agent_id, name))
         return self._visible[agent_id]
+
+    def triage_denial(self, agent_id: int, name: str) -> Denial | None:
+        """Rules apply to triage tools too: a route's by its target upstream (and the tool name
+        `handoff_to_<domain>`), a Python triage tool's by its name alone."""
+        key = (agent_id, name)
+        if key not in self._decisions:
+            self._decisions[key] = self._decide(agent_id, self.triage[name].policy_target)
+        return self._decisions[key]
 
     def permits_tunnelled(self, agent_id: int, target: UpstreamInfo, name: str, tool: str) -> Denial | None:
         """The static decision for a specialist's tool during a handoff (the same rules as for any tool)."""
@@ -235,18 +244,22 @@ def _route_settings(route: HandoffRoute) -> RouteSettings:
 def _triage() -> dict[str, TriageEntry]:
     """Admin routes, then Python triage tools, as gateway tools `<gateway><sep><name>`."""
     entries = {}
-    for route in HandoffRoute.objects.filter(enabled=True, target__enabled=True).select_related("target"):
+    for route in HandoffRoute.objects.filter(enabled=True).select_related("target__group"):
+        tool = f"handoff_to_{route.domain.replace('-', '_')}"
         definition = {
-            "name": gateway_tool_name(f"handoff_to_{route.domain.replace('-', '_')}"),
+            "name": gateway_tool_name(tool),
             "title": f"Hand off to {route.domain}",
             "description": clean_text(route.description, settings.GATEWAY_MAX_DESCRIPTION_CHARS),
             "inputSchema": HANDOFF_INPUT_SCHEMA,
         }
-        entries[definition["name"]] = TriageEntry(definition, _route_settings(route), route.target.slug)
+        target = route.target
+        found = Target(definition["name"], target.slug, target.is_reachable, True, target.id, target.group_id, tool)
+        entries[definition["name"]] = TriageEntry(definition, found, _route_settings(route), target.slug)
     for tool in triage_tools().values():
         name = gateway_tool_name(tool.name)
         definition = {"name": name, "description": tool.description, "inputSchema": tool.input_schema}
-        entries[name] = TriageEntry(manifest_sanitize(definition), tool=tool)
+        found = Target(name, settings.GATEWAY_NAME, True, True, tool=tool.name)
+        entries[name] = TriageEntry(manifest_sanitize(definition), found, tool=tool)
     return entries
 
 

@@ -26,7 +26,9 @@ async def _sweep_here(ready: asyncio.Future) -> None:
 embedded_sweeper = ProcessTask(_sweep_here)
 
 
-async def background_ensure() -> None:
-    await change_relay.ensure_running()
+def background_start() -> None:
+    """Requests do not wait for these: a change relay that cannot reach Redis must not fail a request
+    that does not need it (the handoff moves, which do, wait for it: notify.py)."""
+    change_relay.start()
     if settings.GATEWAY_EXECUTOR == "inline":
-        await embedded_sweeper.ensure_running()
+        embedded_sweeper.start()

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any, Protocol
 
+import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -57,6 +58,10 @@ class SessionIndex(Protocol):
         """`forget`, for the sweeper and worker shutdown, which are not async."""
 
 
+class SessionStateUnavailable(Exception):
+    """The session index could not be read: whether the session is handed off is unknown."""
+
+
 class RedisSessionIndex:
     # Deletes only if the entry still names this tunnel: a newer handoff of the session stays.
     DROP = "local v = redis.call('GET', KEYS[1]) if v and cjson.decode(v).tunnel_id == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"  # noqa: E501
@@ -65,7 +70,10 @@ class RedisSessionIndex:
         return f"{settings.GATEWAY_REDIS_PREFIX}tunnel:{session}"
 
     async def get(self, session: str) -> SessionTunnel | None:
-        raw = await async_redis().get(self._key(session))
+        try:
+            raw = await async_redis().get(self._key(session))
+        except redis.RedisError as exc:
+            raise SessionStateUnavailable(str(exc)) from exc
         return None if raw is None else SessionTunnel(**json.loads(raw))
 
     async def put(self, session: str, entry: SessionTunnel) -> None:

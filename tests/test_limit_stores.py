@@ -83,3 +83,24 @@ def test_neutral_outcomes_neither_open_nor_close_the_breaker(store):
     admit_all(store, [a])
     release(store, a, "none")
     assert store.breaker(a.upstream.id).state == "closed"
+
+
+def test_without_redis_admission_is_refused_as_limits_unavailable(settings):
+    """Nothing listens on the port: the call is not admitted unchecked."""
+    from policy.limits import limits_denial
+    from tests import servers
+
+    settings.REDIS_URL = f"redis://127.0.0.1:{servers.free_port()}/0"
+    a = admission()
+    [verdict] = anyio.run(lambda: _admit_one(RedisLimitStore(), a))
+    denial = limits_denial(a, verdict, "up__tool")
+    assert (verdict.code, verdict.retry_after) == ("LIMITS_UNAVAILABLE", 1.0)
+    assert (denial.jsonrpc_code, denial.data()) == (-32003, {"code": "LIMITS_UNAVAILABLE", "retryAfter": 1.0})
+    assert (
+        denial.message
+        == "The gateway cannot check its limits right now, so 'up__tool' was not run. Retry after 1 second."
+    )
+
+
+async def _admit_one(store, a):
+    return [await store.admit(a)]

@@ -95,7 +95,8 @@ def test_calls_past_an_upstreams_concurrency_are_refused_as_busy(inline_gateway,
 
 
 def test_without_its_shared_state_the_gateway_refuses_calls_rather_than_run_them_unchecked(server_env, world, logs):
-    """Redis gone (here: a port where nothing listens): the call is refused, audited, and the process serves on."""
+    """Redis gone (here: a port where nothing listens): the call is refused, audited, and the process serves on.
+    The first shared state a call reads is its session's (is it handed off?), so that is what is missing."""
     env = server_env | {"GATEWAY_EXECUTOR": "inline", "REDIS_URL": f"redis://127.0.0.1:{servers.free_port()}/0"}
     gateway = servers.start_gateway(env, logs / "gateway-no-redis.log")
     try:
@@ -104,10 +105,9 @@ def test_without_its_shared_state_the_gateway_refuses_calls_rather_than_run_them
     finally:
         gateway.stop()
     for error in refused:
-        assert (error.code, error.data["code"], error.data["retryAfter"]) == (-32003, "LIMITS_UNAVAILABLE", 1.0)
-        assert (
-            str(error)
-            == "The gateway cannot check its limits right now, so 'demo__echo' was not run. Retry after 1 second."
+        assert (error.code, error.data["code"], error.data["retryAfter"]) == (-32003, "SESSION_STATE_UNAVAILABLE", 1.0)
+        assert str(error) == (
+            "The gateway cannot read this session's state right now, so 'demo__echo' was not run. Retry after 1 second."
         )
     rows = audit_since(mark)
-    assert [(r.kind, r.error_code) for r in rows] == [("denied", "LIMITS_UNAVAILABLE")] * 2
+    assert [(r.kind, r.error_code) for r in rows] == [("denied", "SESSION_STATE_UNAVAILABLE")] * 2
