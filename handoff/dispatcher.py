@@ -13,9 +13,10 @@ from typing import Any
 import anyio
 from django.conf import settings
 from mcp import types
-from mcp.server import Server
+from mcp.server import NotificationOptions, Server
 from mcp.server.caching import CacheHint
 from mcp.server.context import ServerRequestContext
+from mcp.server.models import InitializationOptions
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -319,8 +320,22 @@ async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestPa
     return _finish(ctx, {"tools": list((await snapshot.get()).visible_for(caller.agent_id))})
 
 
+class GatewayServer(Server):
+    """Tells 2025-11-25 clients that its tool list changes: a handoff switches it. (2026-07-28 clients learn
+    it from `subscriptions/listen` being served.)"""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        options = notification_options or NotificationOptions(tools_changed=True)
+        return super().create_initialization_options(options, experimental_capabilities, extensions)
+
+
 def build_server() -> Server:
-    return Server(
+    return GatewayServer(
         settings.GATEWAY_NAME,
         version="0.1.0",
         instructions=INSTRUCTIONS.format(sep=settings.GATEWAY_TOOL_SEPARATOR),

@@ -9,7 +9,7 @@ from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
 from handoff.models import Tunnel
-from tests.clients import call, tool_names, watched_client
+from tests.clients import call, sdk_client, tool_names, watched_client, ws_session
 from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -30,6 +30,10 @@ def test_triage_hands_off_to_a_specialist_and_return_restores_the_tools(gateway,
         mark = audit_mark()
 
         async def scenario():
+            # Told that the list may change: in the handshake (2025-11-25), or in server/discover (2026-07-28).
+            async with sdk_client(gateway.url, key, "legacy" if mode == "legacy" else "auto") as probe:
+                assert probe.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
+                assert probe.server_capabilities.tools.list_changed
             async with watched_client(gateway.url, key, mode) as (client, changes):
                 before = {t.name for t in (await client.list_tools()).tools}
                 handed = await client.call_tool(TRIAGE, {"reason": "a budget question", "context": {"account": "A-1"}})
@@ -145,3 +149,33 @@ def test_handoff_rows_name_the_operator_facing_events(inline_gateway, specialist
         seen = run(scenario)
     rows = [r for r in audit_since(mark) if r.kind == AuditEvent.Kind.HANDOFF]
     assert {r.detail["token_id"] for r in rows} == {seen["token_id"]}
+
+
+def test_a_websocket_session_hands_off_and_is_told_its_tools_changed(inline_gateway, specialists):
+    with agent("socket") as (_, key):
+        eventually(lambda: TRIAGE in run(lambda: tool_names(inline_gateway.url, key)), timeout=10)
+
+        async def scenario():
+            async with ws_session(inline_gateway.url, key) as ws:
+                handed, told = await _request(ws, "tools/call", {"name": TRIAGE, "arguments": {"reason": "socket"}})
+                listed, _ = await _request(ws, "tools/list")
+                back, told_back = await _request(ws, "tools/call", {"name": RETURN, "arguments": {}})
+                if not told_back:  # the notification may follow the response
+                    told_back = [await ws.receive()]
+                return handed, told, listed, back, told_back
+
+        handed, told, listed, back, told_back = run(scenario)
+    assert handed["result"]["content"][0]["text"].startswith("Handed off to the finance specialist.")
+    assert [n["method"] for n in told] in (["notifications/tools/list_changed"], [])
+    assert {t["name"] for t in listed["result"]["tools"]} == {"finance__handoff_context", "finance__ask", RETURN}
+    assert "<upstream_report" in back["result"]["content"][0]["text"]
+    assert [n["method"] for n in told_back] == ["notifications/tools/list_changed"]
+
+
+async def _request(ws, method: str, params: dict | None = None) -> tuple[dict, list[dict]]:
+    """The response to one request, and the notifications that arrived before it."""
+    await ws.ws.send(json.dumps({"jsonrpc": "2.0", "id": method + "-1", "method": method, "params": params or {}}))
+    notifications = []
+    while "id" not in (frame := await ws.receive()):
+        notifications.append(frame)
+    return frame, notifications
