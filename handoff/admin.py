@@ -1,5 +1,6 @@
 from asgiref.sync import async_to_sync
 from django.contrib import admin
+from django.db.models import Case, Value, When
 
 from handoff.models import HandoffRoute, Tunnel
 from handoff.notify import tools_changed_everywhere
@@ -20,8 +21,17 @@ class TunnelAdmin(admin.ModelAdmin):
 
     list_display = ("domain", "agent", "session_key", "upstream", "state", "opened_at", "last_used_at", "worker_queue")
     list_filter = ("state", "domain")
-    ordering = ("state", "-opened_at")
     actions = ("close",)
+
+    def get_queryset(self, request):
+        live = Case(When(state__in=Tunnel.LIVE, then=Value(0)), default=Value(1))
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("agent", "upstream")
+            .alias(live=live)
+            .order_by("live", "-opened_at")
+        )
 
     def has_add_permission(self, request) -> bool:
         return False
