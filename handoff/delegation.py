@@ -1,7 +1,6 @@
 """The gateway's side of delegation tokens: its key ring, and the httpx auth that signs every request of a
 tunnel afresh (so no token the specialist sees is older than its TTL, however long the tunnel lives)."""
 
-import time
 from collections.abc import Generator
 from functools import cache
 from typing import Any
@@ -28,8 +27,3 @@ class DelegationAuth(httpx2.Auth):
         request.headers[TOKEN_HEADER] = token_mint(key_ring(), self.grant["claims"], ttl=self.grant["ttl"])
         request.headers["traceparent"] = self.grant["traceparent"]
         yield request
-
-
-def token_for(grant: dict[str, Any], now: float | None = None) -> str:
-    """One token over the grant (for tests and tools that speak to a specialist directly)."""
-    return token_mint(key_ring(), grant["claims"], ttl=grant["ttl"], now=now if now is not None else time.time())

@@ -196,15 +196,17 @@ def tunnel_close_out(
 
 
 def _executor_close(tunnel_id: str, queue: str) -> None:
-    if not queue:  # held by the embedded default's own pool
+    """Close the upstream session where it is held: a worker's queue, or the embedded default's own pool.
+    A Celery tunnel with no queue yet is still connecting: its opener finds the row closed and closes it."""
+    if queue:
+        from registry.tasks import tunnel_close_task
+
+        tunnel_close_task.apply_async(kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
+    elif settings.GATEWAY_EXECUTOR == "inline":
         from registry.loop import pool_thread
 
         runner = pool_thread()
         runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)
-    else:
-        from registry.tasks import tunnel_close_task
-
-        tunnel_close_task.apply_async(kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
 
 
 def tunnels_sweep_idle(*, in_process: bool) -> list[Tunnel]:
