@@ -3,8 +3,21 @@ from django.contrib import admin
 from audit.models import AuditEvent
 
 
+class ReadOnlyAdminMixin:
+    """Rows the gateway writes and an operator only reads (actions may still act on them)."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Read-only: the trail is appended to by the gateway and never edited by hand."""
 
     list_display = (
@@ -28,12 +41,3 @@ class AuditEventAdmin(admin.ModelAdmin):
     def action(self, event: AuditEvent) -> str:
         """What an admin change did (upstream_disabled, agent_key_issued, ...); blank for calls."""
         return event.detail.get("action", "")
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False

@@ -2,6 +2,7 @@ from asgiref.sync import async_to_sync
 from django.contrib import admin
 from django.db.models import Case, Value, When
 
+from audit.admin import ReadOnlyAdminMixin
 from handoff.models import HandoffRoute, Tunnel
 from handoff.notify import tools_changed_everywhere
 from handoff.tunnels import index_session, tunnel_close_out
@@ -16,7 +17,7 @@ class HandoffRouteAdmin(AuditedSaveMixin, admin.ModelAdmin):
 
 
 @admin.register(Tunnel)
-class TunnelAdmin(admin.ModelAdmin):
+class TunnelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Live tunnels first; read-only, but an operator can close one (the agent's tools come back)."""
 
     list_display = ("domain", "agent", "session_key", "upstream", "state", "opened_at", "last_used_at", "worker_queue")
@@ -32,15 +33,6 @@ class TunnelAdmin(admin.ModelAdmin):
             .alias(live=live)
             .order_by("live", "-opened_at")
         )
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     def has_close_permission(self, request) -> bool:
         return request.user.has_perm("handoff.change_tunnel")

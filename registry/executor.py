@@ -126,12 +126,22 @@ def async_redis(url: str = "") -> aredis.Redis:
         return _async_clients[key]
 
 
+async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float) -> Outcome:
+    """Publish to queue `upstream` and wait up to `wait` seconds for the reply on `kwargs["reply_to"]`."""
+    from registry.publish import task_publish  # publish and tasks both import this module
+
+    # A task that no worker starts within the grace period could no longer answer in time: it expires
+    # rather than run late.
+    await task_publish(task, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS)
+    reply = await async_redis().blpop([kwargs["reply_to"]], timeout=wait)
+    return json.loads(reply[1]) if reply else _lost(wait)
+
+
 class CeleryExecutor:
     async def call_tool(
         self, *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], timeout: float
     ) -> Outcome:
-        from registry.publish import task_publish  # publish and tasks both import this module
-        from registry.tasks import call_tool_task
+        from registry.tasks import call_tool_task  # tasks import this module
 
         key = reply_key()
         kwargs = {
@@ -141,17 +151,12 @@ class CeleryExecutor:
             "arguments": arguments,
             "reply_to": key,
         }
-        # A task that no worker starts within the grace period could no longer answer in time: it expires
-        # rather than run late.
-        await task_publish(call_tool_task, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS)
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
-        reply = await async_redis().blpop([key], timeout=wait)
-        return json.loads(reply[1]) if reply else _lost(wait)
+        return await _publish_and_wait(call_tool_task, kwargs, wait)
 
     async def tunnel_open(
         self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float
     ) -> Outcome:
-        from registry.publish import task_publish
         from registry.tasks import tunnel_open_task
 
         key = reply_key()
@@ -162,10 +167,7 @@ class CeleryExecutor:
             "connect_timeout": connect_timeout,
             "reply_to": key,
         }
-        await task_publish(tunnel_open_task, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS)
-        wait = connect_timeout + EXECUTOR_GRACE_SECONDS
-        reply = await async_redis().blpop([key], timeout=wait)
-        return json.loads(reply[1]) if reply else _lost(wait)
+        return await _publish_and_wait(tunnel_open_task, kwargs, connect_timeout + EXECUTOR_GRACE_SECONDS)
 
     async def tunnel_call(
         self, *, tunnel_id: str, queue: str, tool: str, arguments: dict[str, Any], timeout: float
