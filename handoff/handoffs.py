@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 from django.conf import settings
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -147,9 +148,11 @@ def traceparent_new() -> str:
     return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
 
 
-async def grant_build(*, token_id: str, domain: str, audience: str, reason: str, state: Any) -> dict[str, Any]:
+async def grant_build(
+    *, token_id: str, domain: str, audience: str, reason: str, state: Any, idle_timeout: float
+) -> dict[str, Any]:
     """What the executor opens the tunnel with: the claims (the carried state inline, or past 2 KB parked
-    in the claim-check store with only its id inside) and a W3C trace context."""
+    in the claim-check store with only its id inside), a W3C trace context, and the idle timeout."""
     traceparent = traceparent_new()
     claims: dict[str, Any] = {
         "iss": settings.GATEWAY_NAME,
@@ -163,7 +166,8 @@ async def grant_build(*, token_id: str, domain: str, audience: str, reason: str,
         claims["state_ref"] = await claim_store().put({"tid": token_id, "state": state})
     else:
         claims["state"] = state
-    return {"claims": claims, "ttl": settings.GATEWAY_HANDOFF_TOKEN_TTL, "traceparent": traceparent}
+    ttl = settings.GATEWAY_HANDOFF_TOKEN_TTL
+    return {"claims": claims, "ttl": ttl, "traceparent": traceparent, "idle_timeout": idle_timeout}
 
 
 def specialist_tools(
@@ -234,26 +238,45 @@ async def handoff_activate(ctx: Any, caller: Caller, snap: Snapshot, triage: Tri
             30.0,
         ) from None
     session = SessionTunnel(str(tunnel.id), tunnel.token_id, plan.route.domain, plan.target.slug)
+    try:
+        return await _open(ctx, caller, snap, plan, session, key)
+    except BaseException:  # the client left, or anything unforeseen: the session must not stay "connecting"
+        with anyio.CancelScope(shield=True):
+            if await database_async(tunnel_end)(session.tunnel_id, "abandoned"):
+                await get_executor().tunnel_close(tunnel_id=session.tunnel_id, queue=session.queue)
+                await session_index().forget(key, session.tunnel_id)
+        raise
+
+
+async def _open(ctx: Any, caller: Caller, snap: Snapshot, plan: Plan, session: SessionTunnel, key: str) -> dict:
+    """Open the tunnel and switch the session's tools to the specialist's."""
     await session_index().put(key, session)
     grant = await grant_build(
-        token_id=tunnel.token_id, domain=session.domain, audience=plan.target.slug, reason=plan.reason, state=plan.state
+        token_id=session.token_id,
+        domain=session.domain,
+        audience=plan.target.slug,
+        reason=plan.reason,
+        state=plan.state,
+        idle_timeout=plan.route.idle_timeout,
     )
-    token = {"token_id": tunnel.token_id, "traceparent": grant["traceparent"]}
+    token = {"token_id": session.token_id, "traceparent": grant["traceparent"]}
     started = time.perf_counter()
     outcome = await get_executor().tunnel_open(
         tunnel_id=session.tunnel_id, upstream_id=plan.target.id, grant=grant, connect_timeout=plan.route.connect_timeout
     )
-    if outcome["ok"] and not await database_async(tunnel_opened)(session.tunnel_id, outcome["result"]["queue"]):
-        outcome = {"ok": False, "code": TUNNEL_GONE, "detail": "closed by an operator while connecting"}
+    if outcome["ok"]:
+        session.queue = outcome["result"]["queue"]
+        if not await database_async(tunnel_opened)(session.tunnel_id, session.queue):
+            outcome = {"ok": False, "code": TUNNEL_GONE, "detail": "closed by an operator while connecting"}
     if not outcome["ok"]:
         code = outcome["code"] if outcome["code"] in OPEN_FAILURES else TUNNEL_GONE
         await database_async(tunnel_end)(session.tunnel_id, code)
-        await get_executor().tunnel_close(tunnel_id=session.tunnel_id, queue=outcome.get("result", {}).get("queue", ""))
+        await get_executor().tunnel_close(tunnel_id=session.tunnel_id, queue=session.queue)
         await session_index().forget(key, session.tunnel_id)
         detail = outcome.get("detail", "")
         await record(**_handoff_row(caller, session, "failed", error_code=code, error_detail=detail, detail=token))
         raise refused(code, OPEN_FAILURES[code])
-    session.state, session.queue = "open", outcome["result"]["queue"]
+    session.state = "open"
     listed = outcome["result"]["tools"]
     session.tools, session.definitions = specialist_tools(snap, caller.agent_id, plan, listed)
     session.summary_tool = any(isinstance(t, dict) and t.get("name") == RETURN_TOOL for t in listed)

@@ -97,7 +97,8 @@ class Tunnel(models.Model):
         return f"{self.domain} tunnel of {self.session_key}"
 
     def is_idle(self, now) -> bool:
-        return self.state == self.State.OPEN and (now - self.last_used_at).total_seconds() >= self.idle_timeout
+        """Live, and unused (or, connecting, unopened) for its idle timeout."""
+        return self.state in self.LIVE and (now - self.last_used_at).total_seconds() >= self.idle_timeout
 
 
 class ClaimCheck(models.Model):

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_record
@@ -214,12 +215,13 @@ def tunnels_sweep_idle(*, in_process: bool) -> list[Tunnel]:
     those held by Celery workers. The update is conditional on the last use the sweep read, so a call that
     touched the tunnel meanwhile keeps it open."""
     now = timezone.now()
-    # Open tunnels are few (each route caps them), so the idle test runs here rather than in SQL.
-    open_tunnels = Tunnel.objects.filter(state=Tunnel.State.OPEN).select_related("upstream")
-    open_tunnels = open_tunnels.filter(worker_queue="") if in_process else open_tunnels.exclude(worker_queue="")
+    # Live tunnels are few (each route caps them), so the idle test runs here rather than in SQL. A tunnel
+    # still "connecting" past its idle timeout lost its opener (a web process that died mid-handoff).
+    held = Q(worker_queue="") if in_process else ~Q(worker_queue="")
+    live = Tunnel.objects.filter((Q(state=Tunnel.State.OPEN) & held) | Q(state=Tunnel.State.CONNECTING))
     return [
         tunnel
-        for tunnel in open_tunnels
+        for tunnel in live.select_related("upstream")
         if tunnel.is_idle(now) and tunnel_close_out(tunnel, "idle", last_used_at=tunnel.last_used_at)
     ]
 

@@ -195,7 +195,8 @@ class CeleryExecutor:
         from registry.publish import task_publish
         from registry.tasks import tunnel_close_task
 
-        await task_publish(tunnel_close_task, kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
+        if queue:  # else no worker took it yet; one that opens it late closes it when it idles (pool.py)
+            await task_publish(tunnel_close_task, kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         from registry.tasks import list_tools_task  # tasks import the executor's helpers

@@ -123,7 +123,7 @@ class UpstreamPool:
             task_status.started()
             try:
                 while True:
-                    await anyio.sleep(min(idle / 2, 60))
+                    await anyio.sleep(min(idle / 2, 30))
                     self.close_idle(idle)
             finally:
                 for connection in [*self._connections.values(), *self._tunnels.values()]:
@@ -137,6 +137,12 @@ class UpstreamPool:
             if not connection.in_flight and now - connection.last_used >= idle_seconds:
                 connection.stop()
                 del self._connections[upstream_id]
+        # The gateway sweeps tunnels at their idle timeout; one it lost track of (its opener left while it
+        # connected) is closed here at twice that, whatever the records say.
+        for tunnel_id, connection in list(self._tunnels.items()):
+            assert connection.spec.grant is not None
+            if not connection.in_flight and now - connection.last_used >= 2 * connection.spec.grant["idle_timeout"]:
+                self.tunnel_close(tunnel_id)
 
     async def _connection(self, upstream_id: int, revision: int) -> UpstreamConnection:
         if upstream_id not in self._locks:

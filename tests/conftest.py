@@ -34,8 +34,16 @@ def needs(condition: bool, reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def db(django_db_setup, django_db_blocker) -> Iterator[None]:
+    from django.db import connections
+
     with django_db_blocker.unblock():
         yield
+        # Pooled connections of this process (threads of client scenarios use some) would otherwise keep
+        # the test database from being dropped.
+        for connection in connections.all(initialized_only=True):
+            connection.close()
+            if connection.pool is not None:
+                connection.close_pool()
 
 
 @pytest.fixture(scope="session")

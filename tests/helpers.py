@@ -41,3 +41,19 @@ def audit_since(mark: int) -> list[AuditEvent]:
 def parent_pid(pid: int) -> int:
     # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after the last ")".
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def orm(query: Callable[[], T]) -> T:
+    """A database read from inside a client scenario, on a connection closed right after (a connection
+    left open would keep the test database from being dropped)."""
+    from django.db import connection
+
+    from handoff.db import database_async
+
+    def query_and_close() -> T:
+        try:
+            return query()
+        finally:
+            connection.close()  # back to the pool, which the session's teardown closes
+
+    return await database_async(query_and_close)()

@@ -185,7 +185,9 @@ def test_a_claim_check_is_redeemed_exactly_once_under_concurrent_redemptions(inl
     from handoff.tokens import token_mint
 
     grant = anyio.run(
-        lambda: grant_build(token_id="t" * 32, domain="finance", audience="finance", reason="r", state="x" * 4000)
+        lambda: grant_build(
+            token_id="t" * 32, domain="finance", audience="finance", reason="r", state="x" * 4000, idle_timeout=60
+        )
     )
     token = token_mint(key_ring(), grant["claims"], ttl=grant["ttl"])
 
@@ -331,3 +333,29 @@ def test_the_specialist_refuses_requests_without_a_valid_token(specialists):
         json.loads(answers["audience"].text)["error"]["message"]
         == "The delegation token was issued for another server."
     )
+
+
+def test_a_handoff_the_client_abandons_while_connecting_leaves_the_session_usable(inline_gateway, world):
+    silent = servers.SilentServer()
+    try:
+        with specialist_register("void", silent.url, route=True, connect_timeout=5), agent("quitter") as (_, key):
+            _wait_for_tool(inline_gateway, key, "switchboard__handoff_to_void")
+
+            async def scenario():
+                async with sdk_client(inline_gateway.url, key, "legacy") as client:
+                    with anyio.move_on_after(0.5):  # the client gives up: the SDK cancels the request
+                        await client.call_tool("switchboard__handoff_to_void", {"reason": "never mind"})
+                    with anyio.fail_after(5):
+                        while True:  # the cancellation reaches the gateway a moment later
+                            try:
+                                return await client.call_tool("demo__echo", {"text": "carry on"})
+                            except MCPError as refused:
+                                assert refused.data["code"] == "HANDOFF_CONNECTING"
+                                await anyio.sleep(0.1)
+
+            after = run(scenario)
+            [tunnel] = Tunnel.objects.filter(agent__name="quitter")
+    finally:
+        silent.close()
+    assert (tunnel.state, tunnel.close_reason) == ("closed", "abandoned")
+    assert after.content[0].text == "carry on"

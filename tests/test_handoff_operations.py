@@ -11,7 +11,7 @@ from registry.models import Upstream
 from tests import servers
 from tests.clients import tool_names, watched_client
 from tests.factories import agent
-from tests.helpers import audit_mark, audit_since, eventually, run
+from tests.helpers import audit_mark, audit_since, eventually, orm, run
 
 
 def test_an_imported_handoff_entry_becomes_a_route_to_a_handoff_only_upstream(
@@ -65,7 +65,7 @@ def test_an_operator_sees_live_tunnels_and_closing_one_restores_the_agents_tools
             async with watched_client(celery_gateway.url, key, "legacy") as (client, changes):
                 await client.call_tool("switchboard__handoff_to_finance", {"reason": "watched"})
                 await changes.next()
-                tunnel = await Tunnel.objects.aget(agent__name="closed-on", state="open")
+                tunnel = await orm(lambda: Tunnel.objects.get(agent__name="closed-on", state="open"))
                 listing = await _admin_get(admin_client, "/admin/handoff/tunnel/?state__exact=open")
                 await _admin_post(
                     admin_client, "/admin/handoff/tunnel/", {"action": "close", "_selected_action": [str(tunnel.pk)]}
@@ -88,15 +88,11 @@ def test_an_operator_sees_live_tunnels_and_closing_one_restores_the_agents_tools
 
 
 async def _admin_get(client, path):
-    from asgiref.sync import sync_to_async
-
-    return await sync_to_async(client.get, thread_sensitive=False)(path)
+    return await orm(lambda: client.get(path))
 
 
 async def _admin_post(client, path, data):
-    from asgiref.sync import sync_to_async
-
-    return await sync_to_async(client.post, thread_sensitive=False)(path, data)
+    return await orm(lambda: client.post(path, data))
 
 
 def test_a_worker_stopping_gracefully_closes_its_tunnels_and_tells_the_agents(isolated_celery):
