@@ -13,12 +13,19 @@ from registry.models import Upstream
 from registry.services import upstream_catalog_sync
 
 DEMO_AGENT = "demo"
+SPECIALIST_DESCRIPTION = "Budgets, invoices and payments: hand questions about money to the finance specialist."
 
 
 class Command(BaseCommand):
-    help = "Register the demo upstreams (mcp-server-time and the bundled demo server) and a demo agent."
+    help = (
+        "Register the demo upstreams (mcp-server-time and the bundled demo server), optionally the example "
+        "finance specialist as a handoff target, and a demo agent."
+    )
 
-    def handle(self, *args, **options) -> None:
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--specialist-url", default="", help="URL of examples/specialist_server.py finance")
+
+    def handle(self, *args, specialist_url: str, **options) -> None:
         bin_dir = Path(sys.executable).parent
         config = {
             "mcpServers": {
@@ -27,6 +34,9 @@ class Command(BaseCommand):
             }
         }
         mcp_config_import(config=config, actor="setup_demo")
+        if specialist_url:  # on this machine's loopback, hence internal
+            finance = {"url": specialist_url, "handoff": {"description": SPECIALIST_DESCRIPTION}}
+            mcp_config_import(config={"mcpServers": {"finance": finance}}, actor="setup_demo", internal=True)
         for upstream in Upstream.objects.filter(slug__in=["time", "demo"], enabled=True):
             self.stdout.write(upstream_catalog_sync(upstream=upstream).summary())
         agent = Agent.objects.filter(name=DEMO_AGENT).first()
