@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from handoff.caller import Caller, caller_from_scope, host_allowed, origin_allowed
 from handoff.dispatcher import server
 from handoff.frames import FrameError, frame_id, parse_frame
+from handoff.handoffs import end_handoff
 from handoff.sweeper import background_start
 
 INBOX_SIZE = 64
@@ -108,3 +109,4 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await end_handoff(self.caller)

@@ -7,6 +7,7 @@ dispatcher's, like those of any call.
 """
 
 import inspect
+import logging
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -41,6 +42,7 @@ from registry.executor import get_executor
 from registry.naming import exposed_name, gateway_tool_name
 from registry.pool import TUNNEL_GONE
 
+logger = logging.getLogger(__name__)
 HANDOFF_FAILED = -32004
 RETURN_TOOL = "return_to_triage"
 INLINE_STATE_BYTES = 2048
@@ -325,3 +327,14 @@ async def tunnel_gone(caller: Caller, session: SessionTunnel, reason: str, **det
     await get_executor().tunnel_close(tunnel_id=session.tunnel_id, queue=session.queue)
     await session_index().forget(key, session.tunnel_id)
     await tools_changed_everywhere([key])
+
+
+async def end_handoff(caller: Caller) -> None:
+    """The agent's session is over (its socket closed, or it sent DELETE): so is its handoff. Never raises:
+    a session ends whatever state the gateway's stores are in (the sweep catches what this misses)."""
+    try:
+        session = await session_index().get(index_session(caller.agent_id, caller.session_key))
+        if session is not None:
+            await tunnel_gone(caller, session, "session ended")
+    except Exception:
+        logger.exception("closing the handoff of an ended session failed")

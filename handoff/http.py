@@ -3,6 +3,7 @@ which serves both protocol eras and hands every message to the dispatcher."""
 
 import asyncio
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -13,6 +14,7 @@ from handoff.background import ProcessTask
 from handoff.caller import caller_from_scope, header, host_allowed, origin_allowed
 from handoff.dispatcher import server
 from handoff.frames import FrameError, parse_frame
+from handoff.handoffs import end_handoff
 from handoff.sweeper import background_start
 
 # Host and Origin are checked here, against Django's settings, for every transport alike.
@@ -133,6 +135,8 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
     background_start()
     replayed = _replay(body, receive) if scope["method"] == "POST" else receive
     await sdk_app(scope, replayed, owners.recording(send, caller.agent_id) if not session_id else send)
+    if scope["method"] == "DELETE" and session_id:
+        await end_handoff(replace(caller, session_id=session_id))
 
 
 def _replay(body: bytes, receive: Any) -> Any:

@@ -2,6 +2,7 @@
 which has no Celery beat, the idle-tunnel sweep (tasks.py) on a timer of its own."""
 
 import asyncio
+import atexit
 import logging
 
 from django.conf import settings
@@ -9,11 +10,14 @@ from django.conf import settings
 from handoff.background import ProcessTask
 from handoff.notify import change_relay
 from handoff.tasks import sweep_and_tell
+from handoff.tunnels import tunnels_close_held
 
 logger = logging.getLogger(__name__)
 
 
 async def _sweep_here(ready: asyncio.Future) -> None:
+    # This process holds its tunnels: when it stops, their rows close with it (its agents' sessions end too).
+    atexit.register(tunnels_close_held, "gateway shutdown")
     ready.set_result(None)
     while True:
         await asyncio.sleep(settings.GATEWAY_HANDOFF_SWEEP_SECONDS)

@@ -23,6 +23,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from handoff.models import Tunnel
 from registry.executor import async_redis, sync_redis
+from registry.loop import held_tunnels
 
 # Past any idle timeout, so a session index entry outlives its tunnel only when a process died mid-close.
 INDEX_TTL_SECONDS = 86_400
@@ -226,16 +227,18 @@ def tunnels_sweep_idle(*, in_process: bool) -> list[Tunnel]:
     ]
 
 
+def tunnels_close_held(reason: str) -> list[Tunnel]:
+    """At shutdown: close the rows of the tunnels this process holds (its pool closes their upstream
+    sessions as the process ends) and forget them; the caller tells the agents, if they can still hear."""
+    held = Tunnel.objects.filter(pk__in=held_tunnels(), state__in=Tunnel.LIVE).select_related("upstream")
+    return [t for t in held if tunnel_close_out(t, reason, close_upstream=False)]
+
+
 def tunnels_close_on_shutdown() -> None:
     """A worker stopping gracefully closes the tunnels it holds and tells their agents."""
     from asgiref.sync import async_to_sync
 
     from handoff.notify import tools_changed_everywhere
-    from registry.worker import worker_queue
 
-    if not worker_queue():
-        return
-    held = Tunnel.objects.filter(worker_queue=worker_queue(), state=Tunnel.State.OPEN).select_related("upstream")
-    # The pool closes its sessions as the process stops; the rows, the index and the agents are told here.
-    closed = [t for t in held if tunnel_close_out(t, "worker shutdown", close_upstream=False)]
+    closed = tunnels_close_held("worker shutdown")
     async_to_sync(tools_changed_everywhere)([index_session(t.agent_id, t.session_key) for t in closed])

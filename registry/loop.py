@@ -61,3 +61,10 @@ def pool_thread() -> PoolThread:
         if _instance is None or _instance[0] != os.getpid():
             _instance = (os.getpid(), PoolThread())
         return _instance[1]
+
+
+def held_tunnels() -> list[str]:
+    """Ids of the handoff tunnels this process's pool holds (none if it never started one)."""
+    with _lock:
+        running = _instance[1] if _instance and _instance[0] == os.getpid() else None
+    return running.pool.tunnel_ids() if running else []

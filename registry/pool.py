@@ -250,11 +250,8 @@ class UpstreamPool:
             connection.stop()
         return connection is not None
 
-    def tunnel_close_all(self) -> list[str]:
-        closed = list(self._tunnels)
-        for tunnel_id in closed:
-            self.tunnel_close(tunnel_id)
-        return closed
+    def tunnel_ids(self) -> list[str]:
+        return list(self._tunnels)
 
 
 def _calling(tool: str, arguments: dict[str, Any]) -> Callable[[Any], Awaitable[dict[str, Any]]]:

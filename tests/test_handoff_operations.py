@@ -9,7 +9,7 @@ from django.core.management import call_command
 from handoff.models import HandoffRoute, Tunnel
 from registry.models import Upstream
 from tests import servers
-from tests.clients import tool_names, watched_client
+from tests.clients import sdk_client, tool_names, watched_client, ws_session
 from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually, orm, run
 
@@ -112,3 +112,45 @@ def test_a_worker_stopping_gracefully_closes_its_tunnels_and_tells_the_agents(is
         [tunnel] = Tunnel.objects.filter(agent__name="graceful")
     assert (tunnel.state, tunnel.close_reason) == ("closed", "worker shutdown")
     assert "finance__ask" not in names and "time__get_current_time" in names
+
+
+def test_a_session_that_ends_ends_its_handoff(inline_gateway, specialists):
+    """A 2025-11-25 client that closes its session (DELETE), or a socket that closes, leaves no tunnel open."""
+    with agent("leaver") as (_, key):
+        eventually(lambda: "switchboard__handoff_to_finance" in run(lambda: tool_names(inline_gateway.url, key)))
+
+        async def scenario():
+            async with sdk_client(inline_gateway.url, key, "legacy") as client:
+                await client.call_tool("switchboard__handoff_to_finance", {"reason": "then leave"})
+            async with ws_session(inline_gateway.url, key) as ws:
+                await ws.request(
+                    "tools/call", {"name": "switchboard__handoff_to_finance", "arguments": {"reason": "ws"}}
+                )
+
+        run(scenario)
+        tunnels = eventually(lambda: _all_closed(Tunnel.objects.filter(agent__name="leaver")))
+    assert [(t.state, t.close_reason) for t in tunnels] == [("closed", "session ended")] * 2
+
+
+def _all_closed(tunnels):
+    tunnels = list(tunnels)
+    return tunnels if len(tunnels) == 2 and all(t.state == "closed" for t in tunnels) else None
+
+
+def test_the_embedded_default_closes_its_tunnels_when_it_stops(server_env, world, specialists, logs):
+    gateway = servers.start_gateway(server_env | {"GATEWAY_EXECUTOR": "inline"}, logs / "gateway-stopping.log")
+    try:
+        with agent("left-behind") as (_, key):
+            eventually(lambda: "switchboard__handoff_to_finance" in run(lambda: tool_names(gateway.url, key)))
+            run(lambda: _hand_off_statelessly(gateway.url, key))
+            gateway.stop()
+            [tunnel] = Tunnel.objects.filter(agent__name="left-behind")
+    finally:
+        gateway.stop()
+    assert (tunnel.state, tunnel.close_reason) == ("closed", "gateway shutdown")
+
+
+async def _hand_off_statelessly(url: str, key: str) -> None:
+    """2026-07-28: no session to end, so the tunnel stays open until something closes it."""
+    async with sdk_client(url, key, "2026-07-28") as client:
+        await client.call_tool("switchboard__handoff_to_finance", {"reason": "and stay"})
