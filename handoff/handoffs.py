@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 HANDOFF_FAILED = -32004
 RETURN_TOOL = "return_to_triage"
 INLINE_STATE_BYTES = 2048
+MAX_SPECIALIST_TOOLS = 256  # a specialist offers a domain's tools, not a catalog; each session stores them
 # What the model is told for each way a handoff fails to open.
 OPEN_FAILURES = {
     "UPSTREAM_CONNECT_TIMEOUT": "The specialist did not accept the handoff in time. Try again later.",
@@ -178,11 +179,13 @@ def specialist_tools(
     """The specialist's tools as this agent sees them: sanitised, under the domain, marked with it, filtered
     by the same rules as any tool; the specialist's own `return_to_triage` is the gateway's to call."""
     domain, names, definitions = plan.route.domain, {}, []
-    for tool in listed:
+    for tool in listed[:MAX_SPECIALIST_TOOLS]:
         name = tool.get("name") if isinstance(tool, dict) else None
         if tool_name_problem(name) or name == RETURN_TOOL or schema_problem(tool):
             continue
         exposed = exposed_name(domain, name)
+        if exposed in names:  # listed twice
+            continue
         if snap.permits_tunnelled(agent_id, plan.target, exposed, name) is not None:
             continue
         clean = manifest_sanitize(tool)
