@@ -42,7 +42,7 @@ def db(django_db_setup, django_db_blocker) -> Iterator[None]:
         # the test database from being dropped.
         for connection in connections.all(initialized_only=True):
             connection.close()
-            if connection.pool is not None:
+            if getattr(connection, "pool", None) is not None:  # PostgreSQL's; SQLite has none
                 connection.close_pool()
 
 
