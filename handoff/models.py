@@ -2,7 +2,7 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -41,7 +41,7 @@ class HandoffRoute(models.Model):
     )
     idle_timeout = models.FloatField(
         default=settings.GATEWAY_HANDOFF_IDLE_SECONDS,
-        validators=[MinValueValidator(1)],
+        validators=[MinValueValidator(1), MaxValueValidator(86_400)],
         help_text="Seconds unused before a tunnel is swept",
     )
 

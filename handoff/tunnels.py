@@ -25,8 +25,9 @@ from handoff.models import Tunnel
 from registry.executor import async_redis, sync_redis
 from registry.loop import held_tunnels
 
-# Past any idle timeout, so a session index entry outlives its tunnel only when a process died mid-close.
-INDEX_TTL_SECONDS = 86_400
+# Far past any idle timeout (at most a day), so an entry outlives its tunnel only when a process died
+# mid-close, and then not for ever.
+INDEX_TTL_SECONDS = 7 * 86_400
 
 
 @dataclass
