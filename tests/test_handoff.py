@@ -179,3 +179,39 @@ async def _request(ws, method: str, params: dict | None = None) -> tuple[dict, l
     while "id" not in (frame := await ws.receive()):
         notifications.append(frame)
     return frame, notifications
+
+
+def test_rules_apply_to_handoffs_and_to_the_specialists_tools(inline_gateway, specialists):
+    """A deny on the finance upstream's `ask` hides it during the handoff; a deny on its handoff tool hides
+    the way in for another agent."""
+    from policy.models import Rule
+    from registry.models import Upstream
+
+    finance = Upstream.objects.get(slug="finance")
+    with agent("restricted") as (restricted, key), agent("shut-out") as (shut_out, other_key):
+        rules = [
+            Rule.objects.create(effect="deny", agent=restricted, upstream=finance, tool_pattern="ask"),
+            Rule.objects.create(effect="deny", agent=shut_out, upstream=finance, tool_pattern="handoff_to_*"),
+        ]
+        try:
+            eventually(lambda: TRIAGE in run(lambda: tool_names(inline_gateway.url, key)), timeout=10)
+            others = eventually(lambda: run(lambda: tool_names(inline_gateway.url, other_key)))  # known to the gateway
+            assert TRIAGE not in others and "time__get_current_time" in others
+            shut = run(lambda: call(inline_gateway.url, other_key, TRIAGE, {"reason": "let me in"}))
+
+            async def scenario():
+                async with sdk_client(inline_gateway.url, key, "legacy") as client:
+                    await client.call_tool(TRIAGE, {"reason": "restricted"})
+                    names = {t.name for t in (await client.list_tools()).tools}
+                    try:
+                        await client.call_tool("finance__ask", {"question": "may I?"})
+                    except MCPError as refused:
+                        return names, refused
+
+            names, refused = run(scenario)
+        finally:
+            for rule in rules:
+                rule.delete()
+    assert names == {"finance__handoff_context", RETURN}
+    assert (refused.code, refused.data["code"]) == (-32602, "TOOL_NOT_FOUND")
+    assert isinstance(shut, MCPError) and (shut.code, shut.data["code"]) == (-32001, "POLICY_DENIED")
