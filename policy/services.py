@@ -4,6 +4,7 @@ import secrets
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.db.models import Model
 
 from audit.services import audit_record
 from handoff.snapshot import config_changed
@@ -104,9 +105,9 @@ def rule_delete(*, rule: Rule, actor: str = "") -> None:
         audit_record(kind="admin_change", actor=actor, detail=detail)
 
 
-def policy_object_save(*, obj: Agent | ServerGroup | AgentGroup, actor: str, created: bool) -> None:
-    """Save an agent or a group as the admin's form left it, with an audit row of its plain fields (none of
-    them secret: keys live in AgentKey, as hashes)."""
+def policy_object_save(*, obj: Model, actor: str, created: bool) -> None:
+    """Save an agent, a group or a handoff route as the admin's form left it, with an audit row of its plain
+    fields (none of them secret: keys live in AgentKey, as hashes)."""
     with transaction.atomic():
         obj.save()
         fields = {f.name: f.value_from_object(obj) for f in obj._meta.concrete_fields if not f.is_relation}

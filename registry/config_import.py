@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from handoff.models import HandoffRoute
+from policy.services import policy_object_save
 from registry.models import Upstream
 from registry.services import upstream_save
 
@@ -121,5 +122,8 @@ def _import_one(name: str, entry: dict[str, Any], actor: str, report: ImportRepo
         upstream_save(upstream=upstream, actor=actor, created=created)
         if handoff is not None:
             # A specialist: reachable only through a handoff, by the route made for it here.
-            HandoffRoute.objects.update_or_create(domain=slug, defaults={"description": handoff, "target": upstream})
+            route = HandoffRoute.objects.filter(domain=slug).first() or HandoffRoute(domain=slug)
+            new_route = route.pk is None
+            route.description, route.target = handoff, upstream
+            policy_object_save(obj=route, actor=actor, created=new_route)
     (report.created if created else report.updated).append(slug)

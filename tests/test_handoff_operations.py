@@ -6,6 +6,7 @@ import signal
 
 from django.core.management import call_command
 
+from audit.models import AuditEvent
 from handoff.models import HandoffRoute, Tunnel
 from registry.models import Upstream
 from tests import servers
@@ -154,3 +155,31 @@ async def _hand_off_statelessly(url: str, key: str) -> None:
     """2026-07-28: no session to end, so the tunnel stays open until something closes it."""
     async with sdk_client(url, key, "2026-07-28") as client:
         await client.call_tool("switchboard__handoff_to_finance", {"reason": "and stay"})
+
+
+def test_a_route_made_in_the_admin_is_audited_and_offered_to_agents(inline_gateway, specialists, admin_client):
+    from registry.models import Upstream
+
+    finance = Upstream.objects.get(slug="finance")
+    form = {
+        "domain": "budget",
+        "description": "Budget questions.",
+        "target": finance.pk,
+        "enabled": "on",
+        "connect_timeout": "5",
+        "max_sessions": "3",
+        "idle_timeout": "60",
+    }
+    response = admin_client.post("/admin/handoff/handoffroute/add/", form)
+    try:
+        assert response.status_code == 302, response.content.decode()[:2000]
+        route = HandoffRoute.objects.get(domain="budget")
+        row = AuditEvent.objects.filter(actor="operator", detail__action="handoffroute_created").last()
+        with agent("budgeteer") as (_, key):
+            names = eventually(
+                lambda: "switchboard__handoff_to_budget" in run(lambda: tool_names(inline_gateway.url, key))
+            )
+    finally:
+        HandoffRoute.objects.filter(domain="budget").delete()
+    assert (route.max_sessions, route.idle_timeout, route.target_id) == (3, 60.0, finance.pk)
+    assert row.detail["domain"] == "budget" and names
