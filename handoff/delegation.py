@@ -1,6 +1,8 @@
 """The gateway's side of delegation tokens: its key ring, and the httpx auth that signs every request of a
-tunnel afresh (so no token the specialist sees is older than its TTL, however long the tunnel lives)."""
+tunnel afresh (so no token the specialist sees is older than its TTL, however long the tunnel lives) and
+gives it a W3C trace context in the handoff's trace."""
 
+import secrets
 from collections.abc import Generator
 from functools import cache
 from typing import Any
@@ -25,5 +27,7 @@ class DelegationAuth(httpx2.Auth):
 
     def auth_flow(self, request: httpx2.Request) -> Generator[httpx2.Request, httpx2.Response, None]:
         request.headers[TOKEN_HEADER] = token_mint(key_ring(), self.grant["claims"], ttl=self.grant["ttl"])
-        request.headers["traceparent"] = self.grant["traceparent"]
+        # The handoff's trace, a span of its own per request (W3C: version-trace id-parent id-flags).
+        version, trace_id, _span, flags = self.grant["traceparent"].split("-")
+        request.headers["traceparent"] = f"{version}-{trace_id}-{secrets.token_hex(8)}-{flags}"
         yield request

@@ -140,4 +140,6 @@ def test_a_tunnel_signs_every_request_afresh(monkeypatch):
         sent.append((request.headers["x-switchboard-delegation"], request.headers["traceparent"]))
     claims = token_verify(key_ring(), sent[1][0], audience="finance", now=NOW + 600)
     assert claims["iat"] == NOW + 600 and claims["tid"] == CLAIMS["tid"]
-    assert sent[0][0] != sent[1][0] and {t for _, t in sent} == {grant["traceparent"]}
+    assert sent[0][0] != sent[1][0]
+    # One trace (the handoff's), a new span per request.
+    assert {t.split("-")[1] for _, t in sent} == {"1" * 32} and len({t.split("-")[2] for _, t in sent}) == 2

@@ -75,6 +75,9 @@ def test_triage_hands_off_to_a_specialist_and_return_restores_the_tools(gateway,
     assert events == ["activated", "returned"]
     token_id = activated.detail["token_id"]
     assert activated.upstream == "finance" and activated.detail["domain"] == "finance" and len(token_id) == 32
+    # The specialist saw the handoff's trace (the id the audit keeps), in a span of the request's own.
+    assert context["traceparent"].split("-")[1] == activated.detail["traceparent"].split("-")[1]
+    assert context["traceparent"] != activated.detail["traceparent"]
     tunnelled = [r for r in rows if r.kind == "completed" and r.exposed_name == "finance__handoff_context"]
     assert [(r.upstream, r.tool, r.detail["token_id"], r.detail["domain"]) for r in tunnelled] == [
         ("finance", "handoff_context", token_id, "finance")
@@ -104,7 +107,9 @@ def test_a_python_triage_tool_hands_off_with_state_too_large_for_the_token(gatew
     assert names == {"devops__handoff_context", "devops__ask", RETURN}
     assert context["state"] == {"topic": "infrastructure", "details": details}
     assert context["reason"].endswith("asked about infrastructure")
-    assert again == context  # hydrated once, then kept for the delegation's life
+    # Hydrated once, then kept for the delegation's life; each request is a span of its own in one trace.
+    assert again | {"traceparent": ""} == context | {"traceparent": ""}
+    assert again["traceparent"].split("-")[1] == context["traceparent"].split("-")[1]
 
 
 def test_a_triage_tool_that_hands_nothing_off_just_answers(inline_gateway, specialists, world):
