@@ -20,7 +20,17 @@ class HandoffRouteAdmin(AuditedSaveMixin, admin.ModelAdmin):
 class TunnelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Live tunnels first; read-only, but an operator can close one (the agent's tools come back)."""
 
-    list_display = ("domain", "agent", "session_key", "upstream", "state", "opened_at", "last_used_at", "worker_queue")
+    list_display = (
+        "domain",
+        "agent",
+        "session_key",
+        "upstream",
+        "state",
+        "opened_at",
+        "last_used_at",
+        "worker_queue",
+        "close_reason",
+    )
     list_filter = ("state", "domain")
     actions = ("close",)
 

@@ -67,8 +67,18 @@ class ToolInline(admin.TabularInline):
 @admin.register(Upstream)
 class UpstreamAdmin(admin.ModelAdmin):
     form = UpstreamForm
-    list_display = ("slug", "transport", "group", "enabled", "circuit", "timeout", "last_synced_at", "last_sync_error")
-    list_filter = ("transport", "enabled", "group")
+    list_display = (
+        "slug",
+        "transport",
+        "group",
+        "enabled",
+        "handoff_only",
+        "circuit",
+        "timeout",
+        "last_synced_at",
+        "last_sync_error",
+    )
+    list_filter = ("transport", "enabled", "handoff_only", "group")
     search_fields = ("slug", "name")
     readonly_fields = ("circuit", "revision", "last_synced_at", "last_sync_error")
     inlines = (ToolInline,)
