@@ -25,7 +25,6 @@ from handoff.tokens import DelegationError, KeyRing, expired, token_verify
 TOKEN_HEADER = "x-switchboard-delegation"
 TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 REDEEM_PATH = "/handoff/redeem"
-CACHED_DELEGATIONS = 1024
 
 
 @dataclass(frozen=True)
@@ -54,10 +53,15 @@ def clearance_of(request: Any) -> Clearance | None:
 class ClearanceGuard:
     """Verification and one-time hydration, shared by the ASGI and the Django middleware."""
 
-    def __init__(self, *, keys: str | KeyRing, audience: str, gateway_url: str = "") -> None:
+    def __init__(
+        self, *, keys: str | KeyRing, audience: str, gateway_url: str = "", max_delegations: int = 1024
+    ) -> None:
         self.ring = keys if isinstance(keys, KeyRing) else KeyRing.parse(keys)
         self.audience = audience
         self.gateway_url = gateway_url.rstrip("/")
+        # Delegations whose state is held at once; past that the least recently used is forgotten, and its
+        # tunnel, if still alive, is refused (its claim check cannot be redeemed twice).
+        self.max_delegations = max_delegations
         self._hydrated: OrderedDict[str, Clearance] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -76,20 +80,22 @@ class ClearanceGuard:
             self._hydrated.move_to_end(tid)
             return self._hydrated[tid]
         lock = self._locks.setdefault(tid, asyncio.Lock())
-        async with lock:
-            if tid not in self._hydrated:
-                state = await self._redeem(token) if "state_ref" in claims else claims.get("state")
-                self._hydrated[tid] = Clearance(
-                    token_id=tid,
-                    domain=str(claims.get("sub", "")),
-                    issuer=str(claims.get("iss", "")),
-                    reason=str(claims.get("reason", "")),
-                    state=state,
-                    traceparent=str(claims.get("traceparent", "")),
-                )
-                while len(self._hydrated) > CACHED_DELEGATIONS:
-                    self._hydrated.popitem(last=False)
-        self._locks.pop(tid, None)
+        try:
+            async with lock:
+                if tid not in self._hydrated:
+                    state = await self._redeem(token) if "state_ref" in claims else claims.get("state")
+                    self._hydrated[tid] = Clearance(
+                        token_id=tid,
+                        domain=str(claims.get("sub", "")),
+                        issuer=str(claims.get("iss", "")),
+                        reason=str(claims.get("reason", "")),
+                        state=state,
+                        traceparent=str(claims.get("traceparent", "")),
+                    )
+                    while len(self._hydrated) > self.max_delegations:
+                        self._hydrated.popitem(last=False)
+        finally:
+            self._locks.pop(tid, None)
         return self._hydrated[tid]
 
     async def _redeem(self, token: str) -> Any:
@@ -133,9 +139,10 @@ def django_refusal(error: DelegationError) -> Any:
 class require_gateway_clearance:  # noqa: N801 - used as a decorator-like wrapper, named for how it reads
     """ASGI middleware: the wrapped app sees only cleared requests (lifespan passes through)."""
 
-    def __init__(self, app: Any, *, keys: str | KeyRing, audience: str, gateway_url: str = "") -> None:
+    def __init__(self, app: Any, **guard: Any) -> None:
+        """`guard`: keys, audience, gateway_url and max_delegations, as ClearanceGuard takes them."""
         self.app = app
-        self.guard = ClearanceGuard(keys=keys, audience=audience, gateway_url=gateway_url)
+        self.guard = ClearanceGuard(**guard)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
