@@ -2,6 +2,7 @@
 error the model gets and the audit row the operator gets. (The two registry errors and the namespace
 mismatch are in test_handoff.py.)"""
 
+import asyncio
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from mcp.shared.exceptions import MCPError
 
 from handoff.models import Tunnel
 from tests import servers
-from tests.clients import sdk_client, tool_names, watched_client
+from tests.clients import call, sdk_client, tool_names, watched_client
 from tests.conftest import needs
 from tests.factories import agent, specialist_register
 from tests.helpers import audit_mark, audit_since, eventually, run
@@ -164,19 +165,11 @@ def test_an_expired_delegation_token_is_refused_by_the_specialist(server_env, wo
     try:
         with agent("late") as (_, key):
             _wait_for_tool(gateway, key, "switchboard__handoff_to_finance")
-            refused = run(lambda: _call(gateway.url, key, "switchboard__handoff_to_finance", {"reason": "too late"}))
+            refused = run(lambda: call(gateway.url, key, "switchboard__handoff_to_finance", {"reason": "too late"}))
     finally:
         gateway.stop()
     assert _refusal(refused) == (-32004, "EXPIRED_DELEGATION_TOKEN")
     assert str(refused) == "The specialist refused the delegation as expired or already used. Hand off again."
-
-
-async def _call(url: str, key: str, name: str, arguments: dict):
-    async with sdk_client(url, key, "legacy") as client:
-        try:
-            return await client.call_tool(name, arguments)
-        except MCPError as refused:
-            return refused
 
 
 def test_a_claim_check_is_redeemed_exactly_once_under_concurrent_redemptions(inline_gateway, specialists):
@@ -199,7 +192,7 @@ def test_a_claim_check_is_redeemed_exactly_once_under_concurrent_redemptions(inl
                     f"{inline_gateway.url}/handoff/redeem", headers={"x-switchboard-delegation": token}
                 )
 
-            return await _gather(redeem(), redeem())
+            return await asyncio.gather(redeem(), redeem())
 
     first, second = run(redeem_twice)
     assert sorted([first.status_code, second.status_code]) == [200, 401]
@@ -210,18 +203,6 @@ def test_a_claim_check_is_redeemed_exactly_once_under_concurrent_redemptions(inl
     assert lost.json()["error"]["message"] == (
         "The carried state was already redeemed or has expired; ask for a new handoff."
     )
-
-
-async def _gather(*awaitables):
-    results = [None] * len(awaitables)
-
-    async def keep(i, awaitable):
-        results[i] = await awaitable
-
-    async with anyio.create_task_group() as tg:
-        for i, awaitable in enumerate(awaitables):
-            tg.start_soon(keep, i, awaitable)
-    return results
 
 
 def test_an_injection_laden_summary_arrives_inert(inline_gateway, specialists):

@@ -67,10 +67,9 @@ def test_an_operator_sees_live_tunnels_and_closing_one_restores_the_agents_tools
                 await client.call_tool("switchboard__handoff_to_finance", {"reason": "watched"})
                 await changes.next()
                 tunnel = await orm(lambda: Tunnel.objects.get(agent__name="closed-on", state="open"))
-                listing = await _admin_get(admin_client, "/admin/handoff/tunnel/?state__exact=open")
-                await _admin_post(
-                    admin_client, "/admin/handoff/tunnel/", {"action": "close", "_selected_action": [str(tunnel.pk)]}
-                )
+                listing = await orm(lambda: admin_client.get("/admin/handoff/tunnel/?state__exact=open"))
+                close = {"action": "close", "_selected_action": [str(tunnel.pk)]}
+                await orm(lambda: admin_client.post("/admin/handoff/tunnel/", close))
                 await changes.next()
                 return tunnel, listing, {t.name for t in (await client.list_tools()).tools}
 
@@ -86,14 +85,6 @@ def test_an_operator_sees_live_tunnels_and_closing_one_restores_the_agents_tools
     assert "time__get_current_time" in names and "finance__ask" not in names
     [row] = [r for r in rows if r.kind == "handoff" and r.detail["event"] == "closed by operator"]
     assert row.actor == "operator"
-
-
-async def _admin_get(client, path):
-    return await orm(lambda: client.get(path))
-
-
-async def _admin_post(client, path, data):
-    return await orm(lambda: client.post(path, data))
 
 
 def test_a_worker_stopping_gracefully_closes_its_tunnels_and_tells_the_agents(isolated_celery):
