@@ -30,6 +30,7 @@ from handoff.triage import Handoff
 from handoff.tunnels import (
     SessionTunnel,
     TunnelRefused,
+    handoff_row,
     index_session,
     session_index,
     tunnel_create,
@@ -202,19 +203,18 @@ def specialist_tools(
 
 
 def _handoff_row(caller: Caller, session: SessionTunnel, event: str, **fields: Any) -> dict[str, Any]:
-    detail = {"event": event, "domain": session.domain, "tunnel_id": session.tunnel_id, "token_id": session.token_id}
-    detail |= fields.pop("detail", {})
-    return {
-        "kind": "handoff",
-        "agent_id": caller.agent_id,
-        "agent_name": caller.agent_name,
-        "session_id": caller.session_key,
-        "transport": caller.transport,
-        "upstream": session.upstream_slug,
-        "outcome": "error" if fields.get("error_code") else "ok",
-        "detail": detail,
+    return handoff_row(
+        event,
+        domain=session.domain,
+        tunnel_id=session.tunnel_id,
+        token_id=session.token_id,
+        agent_id=caller.agent_id,
+        agent_name=caller.agent_name,
+        session_id=caller.session_key,
+        transport=caller.transport,
+        upstream=session.upstream_slug,
         **fields,
-    }
+    )
 
 
 async def handoff_activate(ctx: Any, caller: Caller, snap: Snapshot, triage: TriageEntry, arguments: dict) -> dict:
@@ -242,7 +242,7 @@ async def handoff_activate(ctx: Any, caller: Caller, snap: Snapshot, triage: Tri
             RETRY_LATER,
             30.0,
         ) from None
-    session = SessionTunnel(str(tunnel.id), tunnel.token_id, plan.route.domain, plan.target.slug)
+    session = SessionTunnel(str(tunnel.id), plan.route.domain, plan.target.slug)
     try:
         return await _open(ctx, caller, snap, plan, session, key)
     except BaseException:  # the client left, or anything unforeseen: the session must not stay "connecting"

@@ -72,7 +72,6 @@ class Tunnel(models.Model):
     domain = models.CharField(max_length=32)
     route = models.ForeignKey(HandoffRoute, null=True, blank=True, on_delete=models.SET_NULL, related_name="tunnels")
     upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="tunnels")
-    token_id = models.CharField(max_length=64, help_text="The delegation token's tid")
     worker_queue = models.CharField(max_length=200, blank=True, help_text="The worker holding the tunnel")
     state = models.CharField(max_length=12, choices=State.choices, default=State.CONNECTING)
     idle_timeout = models.FloatField()
@@ -95,6 +94,11 @@ class Tunnel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.domain} tunnel of {self.session_key}"
+
+    @property
+    def token_id(self) -> str:
+        """The delegation's `tid`: one token identity per tunnel."""
+        return self.id.hex
 
     def is_idle(self, now) -> bool:
         """Live, and unused (or, connecting, unopened) for its idle timeout."""

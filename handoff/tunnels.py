@@ -35,7 +35,6 @@ class SessionTunnel:
     """The session index's entry: enough to route the session's next request without the database."""
 
     tunnel_id: str
-    token_id: str  # the delegation's `tid`, for the audit of each tunnelled call
     domain: str
     upstream_slug: str
     state: str = Tunnel.State.CONNECTING
@@ -47,6 +46,11 @@ class SessionTunnel:
     @property
     def is_open(self) -> bool:
         return self.state == Tunnel.State.OPEN
+
+    @property
+    def token_id(self) -> str:
+        """The delegation's `tid` (Tunnel.token_id), for the audit of each tunnelled call."""
+        return uuid.UUID(self.tunnel_id).hex
 
 
 class SessionIndex(Protocol):
@@ -139,10 +143,7 @@ def tunnel_create(*, agent_id: int, session_key: str, domain: str, upstream_id: 
                 live = live.filter(route_id=route_id)
             if len(live) >= max_sessions:
                 raise TunnelRefused("SESSION_LIMIT_EXCEEDED")
-            tunnel_id = uuid.uuid4()
             return Tunnel.objects.create(
-                id=tunnel_id,
-                token_id=tunnel_id.hex,  # the delegation's `tid`: one token identity per tunnel
                 agent_id=agent_id,
                 session_key=session_key,
                 domain=domain,
@@ -171,17 +172,13 @@ def tunnel_end(tunnel_id: str, reason: str, **extra: Any) -> bool:
     return bool(live.update(state=Tunnel.State.CLOSED, closed_at=timezone.now(), close_reason=reason))
 
 
-def handoff_audit(tunnel: Tunnel, event: str, *, actor: str = "", error_code: str = "") -> None:
-    audit_record(
-        kind="handoff",
-        agent_id=tunnel.agent_id,
-        session_id=tunnel.session_key,
-        upstream=tunnel.upstream.slug if tunnel.upstream_id else "",
-        outcome="error" if error_code else "ok",
-        error_code=error_code,
-        actor=actor,
-        detail={"event": event, "domain": tunnel.domain, "tunnel_id": str(tunnel.id), "token_id": tunnel.token_id},
-    )
+def handoff_row(
+    event: str, *, domain: str, tunnel_id: str, token_id: str, detail: dict[str, Any] | None = None, **fields: Any
+) -> dict[str, Any]:
+    """The audit row of a handoff event (for `audit_record`, or `record` in async code)."""
+    ids = {"event": event, "domain": domain, "tunnel_id": tunnel_id, "token_id": token_id}
+    outcome = "error" if fields.get("error_code") else "ok"
+    return {"kind": "handoff", "outcome": outcome, "detail": ids | (detail or {}), **fields}
 
 
 def tunnel_close_out(
@@ -194,7 +191,18 @@ def tunnel_close_out(
     if close_upstream:
         _executor_close(str(tunnel.id), tunnel.worker_queue)
     session_index().drop(index_session(tunnel.agent_id, tunnel.session_key), str(tunnel.id))
-    handoff_audit(tunnel, reason, actor=actor)
+    audit_record(
+        **handoff_row(
+            reason,
+            domain=tunnel.domain,
+            tunnel_id=str(tunnel.id),
+            token_id=tunnel.token_id,
+            agent_id=tunnel.agent_id,
+            session_id=tunnel.session_key,
+            upstream=tunnel.upstream.slug,
+            actor=actor,
+        )
+    )
     return True
 
 
