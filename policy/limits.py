@@ -19,7 +19,11 @@ from policy.decisions import POLICY_DENIED, RETRY_LATER, Denial
 # nothing either way (the caller left, the executor was lost).
 Health = Literal["ok", "fail", "none"]
 FAILURE_CODES = frozenset({"UPSTREAM_TIMEOUT", "UPSTREAM_UNAVAILABLE", "UPSTREAM_CONNECT_TIMEOUT"})
-NEUTRAL_CODES = frozenset({"EXECUTOR_UNAVAILABLE", "GATEWAY_ERROR", "CANCELLED", "UPSTREAM_INVALID_RESPONSE"})
+# A lost handoff tunnel is neutral: its specialist's connection broke, or the worker holding it died, and
+# the two cannot be told apart; either way the handoff ends, so no further call would be paced by it.
+NEUTRAL_CODES = frozenset(
+    {"EXECUTOR_UNAVAILABLE", "GATEWAY_ERROR", "CANCELLED", "UPSTREAM_INVALID_RESPONSE", "HANDOFF_UPSTREAM_UNAVAILABLE"}
+)
 WINDOW_SECONDS = 60.0
 
 

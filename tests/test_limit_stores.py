@@ -104,3 +104,18 @@ def test_without_redis_admission_is_refused_as_limits_unavailable(settings):
 
 async def _admit_one(store, a):
     return [await store.admit(a)]
+
+
+def test_what_an_outcome_tells_the_breaker():
+    from policy.limits import health_of
+
+    readings = {
+        code: health_of(code) for code in ("", "TOOL_ERROR", "UPSTREAM_TIMEOUT", "HANDOFF_UPSTREAM_UNAVAILABLE")
+    }
+    # A lost tunnel may be the worker's death, not the specialist's fault: it neither opens nor closes the circuit.
+    assert readings == {
+        "": "ok",
+        "TOOL_ERROR": "ok",
+        "UPSTREAM_TIMEOUT": "fail",
+        "HANDOFF_UPSTREAM_UNAVAILABLE": "none",
+    }
