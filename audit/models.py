@@ -1,8 +1,11 @@
 from django.db import models
+from django.db.models import Q
+from django.utils import timezone
 
 
 class AuditEvent(models.Model):
-    """One append-only row of the audit trail. Written only through audit.services.audit_record."""
+    """One append-only row of the audit trail, sealed with an HMAC (audit/integrity.py). Written only through
+    audit.services.audit_record and audit.writer; on PostgreSQL a trigger refuses UPDATE and DELETE."""
 
     class Kind(models.TextChoices):
         APPROVED = "approved"
@@ -10,6 +13,7 @@ class AuditEvent(models.Model):
         COMPLETED = "completed"
         ADMIN_CHANGE = "admin_change"
         HANDOFF = "handoff"
+        SESSION = "session"
 
     class Outcome(models.TextChoices):
         OK = "ok"
@@ -17,7 +21,7 @@ class AuditEvent(models.Model):
         TIMEOUT = "timeout"
         DENIED = "denied"
 
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
     kind = models.CharField(max_length=24, choices=Kind.choices)
     request_id = models.UUIDField(null=True, blank=True, db_index=True)
     agent_id = models.BigIntegerField(null=True, blank=True)
@@ -35,10 +39,40 @@ class AuditEvent(models.Model):
     response_bytes = models.PositiveIntegerField(null=True, blank=True)
     actor = models.CharField(max_length=150, blank=True, help_text="Admin user for admin changes")
     detail = models.JSONField(default=dict, blank=True)
+    trace_id = models.CharField(max_length=32, blank=True, help_text="W3C trace id of the request's span")
+    mac = models.CharField(max_length=80, default="", editable=False, help_text="kid:HMAC-SHA256 over the row")
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index(fields=["agent_name", "-id"]), models.Index(fields=["upstream", "-id"])]
+        # Each index serves one filter of the audit browser, newest first; rare values get partial indexes.
+        indexes = [
+            models.Index(fields=["agent_name", "-id"]),
+            models.Index(fields=["upstream", "-id"]),
+            models.Index(fields=["tool", "-id"]),
+            models.Index(fields=["error_code", "-id"], condition=~Q(error_code=""), name="audit_error_code_idx"),
+            models.Index(fields=["outcome", "-id"], condition=~Q(outcome__in=["", "ok"]), name="audit_failure_idx"),
+            models.Index(fields=["trace_id"], condition=~Q(trace_id=""), name="audit_trace_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.upstream}/{self.tool} {self.request_id}"
+
+
+class AuditCheckpoint(models.Model):
+    """A signed summary of a contiguous range of audit rows, chained to the checkpoint before it: a row
+    deleted, inserted or reordered inside a checkpointed range no longer matches `digest`."""
+
+    created_at = models.DateTimeField(default=timezone.now)
+    first_event_id = models.BigIntegerField(unique=True)  # one writer per range: a racing second one fails
+    last_event_id = models.BigIntegerField()
+    events_before = models.DateTimeField(help_text="Every row of the range was written before this")
+    event_count = models.PositiveIntegerField()
+    digest = models.CharField(max_length=64, help_text="SHA-256 over the range's rows, in id order")
+    previous_mac = models.CharField(max_length=80, blank=True)
+    mac = models.CharField(max_length=80)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.pk}: events {self.first_event_id}..{self.last_event_id}"

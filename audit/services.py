@@ -4,7 +4,15 @@ import hashlib
 import json
 from typing import Any
 
+from django.utils import timezone
+
+from audit.integrity import row_seal
 from audit.models import AuditEvent
+
+# Each column's value when a writer leaves it out: what the row holds, and so what its MAC covers.
+_DEFAULTS = {
+    f.attname: f.get_default() for f in AuditEvent._meta.concrete_fields if not f.primary_key and f.attname != "mac"
+}
 
 
 def text_safe(value: str) -> str:
@@ -29,9 +37,10 @@ def canonical_sha256(value: Any) -> str:
 
 
 def audit_fields(kind: str, detail: dict[str, Any] | None, fields: dict[str, Any]) -> dict[str, Any]:
-    """The event's fields with every string made storable."""
+    """Every column of the event, each string made storable, the row timed and sealed."""
     clean = {k: text_safe(v) if isinstance(v, str) else v for k, v in fields.items()}
-    return clean | {"kind": kind, "detail": json_safe(detail or {})}
+    row = _DEFAULTS | clean | {"kind": kind, "detail": json_safe(detail or {}), "created_at": timezone.now()}
+    return row | {"mac": row_seal(row)}
 
 
 def audit_event(*, kind: str, detail: dict[str, Any] | None = None, **fields: Any) -> AuditEvent:

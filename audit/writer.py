@@ -13,7 +13,6 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import connections
 from django.db.models import JSONField
-from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from audit.models import AuditEvent
@@ -40,10 +39,13 @@ class AuditConnections:
             await conn.execute(sql, params)
         except psycopg.OperationalError as exc:
             await self._drop(conn)
-            while not self._idle.empty():
-                await self._drop(self._idle.get_nowait())
+            await self.close()
             raise AuditUnavailable(str(exc)) from exc
         self._idle.put_nowait(conn)
+
+    async def close(self) -> None:
+        while not self._idle.empty():
+            await self._drop(self._idle.get_nowait())
 
     async def _drop(self, conn: psycopg.AsyncConnection) -> None:
         self._opened -= 1
@@ -81,29 +83,33 @@ class AsyncAuditWriter:
         return connections["default"].vendor == "postgresql"
 
     @cached_property
-    def _plan(self) -> tuple[str, list[tuple[str, Any, bool]]]:
-        """The INSERT, and per column: the field name, its default, whether it is JSON."""
+    def _plan(self) -> tuple[str, list[tuple[str, bool]]]:
+        """The INSERT, and per column: the field name, whether it is JSON."""
         ops = connections["default"].ops
         fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
         columns = ", ".join(ops.quote_name(f.column) for f in fields)
         marks = ", ".join(["%s"] * len(fields))
         sql = f"INSERT INTO {ops.quote_name(AuditEvent._meta.db_table)} ({columns}) VALUES ({marks})"
-        return sql, [(f.attname, f.get_default(), isinstance(f, JSONField)) for f in fields]
+        return sql, [(f.attname, isinstance(f, JSONField)) for f in fields]
 
     async def record(self, *, kind: str, detail: dict[str, Any] | None = None, **fields: Any) -> None:
         if not self._on_postgres:
             event = audit_event(kind=kind, detail=detail, **fields)
             await database_sync_to_async(event.save, thread_sensitive=False)()
             return
-        row = audit_fields(kind, detail, fields) | {"created_at": timezone.now()}
+        row = audit_fields(kind, detail, fields)
         sql, columns = self._plan
-        params = [
-            Jsonb(row.get(name, default)) if is_json else row.get(name, default) for name, default, is_json in columns
-        ]
+        params = [Jsonb(row[name]) if is_json else row[name] for name, is_json in columns]
         loop = id(asyncio.get_running_loop())
         if loop not in self._connections:
             self._connections[loop] = AuditConnections(settings.GATEWAY_AUDIT_POOL_SIZE)
         await self._connections[loop].execute(sql, params)
+
+    async def close(self) -> None:
+        """Close this event loop's connections (before the loop ends)."""
+        pool = self._connections.pop(id(asyncio.get_running_loop()), None)
+        if pool is not None:
+            await pool.close()
 
 
 audit_writer = AsyncAuditWriter()

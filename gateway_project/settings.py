@@ -75,13 +75,12 @@ def _credential_keys() -> list[str]:
 GATEWAY_CREDENTIAL_KEYS = _credential_keys()
 
 
-def _delegation_keys() -> str:
-    """`kid:secret,...` signing handoff delegation tokens (handoff/tokens.py), newest first; shared with the
-    specialist servers that verify them. Without the variable, one key is made once in var/."""
-    explicit = env_str("GATEWAY_DELEGATION_KEYS")
+def _key_ring(name: str, file_name: str) -> str:
+    """`kid:secret,...` from the variable `name`, newest first; without it, one key made once in var/."""
+    explicit = env_str(name)
     if explicit:
         return explicit
-    key_file = VAR_DIR / "delegation_keys"
+    key_file = VAR_DIR / file_name
     if not key_file.exists():
         import secrets
 
@@ -90,7 +89,10 @@ def _delegation_keys() -> str:
     return key_file.read_text().strip()
 
 
-GATEWAY_DELEGATION_KEYS = _delegation_keys()
+# Sign handoff delegation tokens (handoff/tokens.py); shared with the specialist servers that verify them.
+GATEWAY_DELEGATION_KEYS = _key_ring("GATEWAY_DELEGATION_KEYS", "delegation_keys")
+# Sign every audit row and checkpoint (audit/integrity.py). Keep them out of the database's reach.
+GATEWAY_AUDIT_KEYS = _key_ring("GATEWAY_AUDIT_KEYS", "audit_keys")
 GATEWAY_CREDENTIAL_PUBLIC_KEY = env_str("GATEWAY_CREDENTIAL_PUBLIC_KEY")
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
@@ -236,8 +238,20 @@ if not 1 <= GATEWAY_HANDOFF_IDLE_SECONDS <= 86_400:
     raise ValueError("GATEWAY_HANDOFF_IDLE_SECONDS must be between 1 and 86400")
 GATEWAY_HANDOFF_SWEEP_SECONDS = env_float("GATEWAY_HANDOFF_SWEEP_SECONDS", 30.0)
 GATEWAY_HANDOFF_TOKEN_TTL = env_int("GATEWAY_HANDOFF_TOKEN_TTL", 60)
+# The audit trail (audit/): checkpoints seal what was written at least SETTLE seconds ago, up to MAX_ROWS rows each;
+# retention deletes rows older than RETENTION_DAYS (0 keeps them all), first archiving them to ARCHIVE_DIR if set.
+GATEWAY_AUDIT_CHECKPOINT_SECONDS = env_float("GATEWAY_AUDIT_CHECKPOINT_SECONDS", 60.0)
+GATEWAY_AUDIT_CHECKPOINT_SETTLE_SECONDS = env_float("GATEWAY_AUDIT_CHECKPOINT_SETTLE_SECONDS", 60.0)
+GATEWAY_AUDIT_CHECKPOINT_MAX_ROWS = env_int("GATEWAY_AUDIT_CHECKPOINT_MAX_ROWS", 100_000)
+GATEWAY_AUDIT_RETENTION_DAYS = env_int("GATEWAY_AUDIT_RETENTION_DAYS", 90)
+GATEWAY_AUDIT_ARCHIVE_DIR = env_str("GATEWAY_AUDIT_ARCHIVE_DIR")
+GATEWAY_AUDIT_PRUNE_BATCH = env_int("GATEWAY_AUDIT_PRUNE_BATCH", 5_000)
+# Tool-call arguments kept in the trail (shown only to the Auditor group); off: only their SHA-256.
+GATEWAY_AUDIT_PAYLOADS = env_bool("GATEWAY_AUDIT_PAYLOADS", False)
 CELERY_BEAT_SCHEDULE = {
-    "sweep-idle-tunnels": {"task": "handoff.sweep_idle_tunnels", "schedule": GATEWAY_HANDOFF_SWEEP_SECONDS}
+    "sweep-idle-tunnels": {"task": "handoff.sweep_idle_tunnels", "schedule": GATEWAY_HANDOFF_SWEEP_SECONDS},
+    "audit-checkpoint": {"task": "audit.checkpoint", "schedule": GATEWAY_AUDIT_CHECKPOINT_SECONDS},
+    "audit-prune": {"task": "audit.prune", "schedule": 3600.0},
 }
 # Networks HTTP upstreams may reach without being marked internal (CIDRs); public addresses always may.
 GATEWAY_EGRESS_ALLOWED_NETWORKS = env_list("GATEWAY_EGRESS_ALLOWED_NETWORKS", "")

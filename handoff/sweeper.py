@@ -1,5 +1,6 @@
 """What every web process runs beside requests: the change relay (notify.py), and in the embedded default,
-which has no Celery beat, the idle-tunnel sweep (tasks.py) on a timer of its own."""
+which has no Celery beat, the idle-tunnel sweep (tasks.py) and the audit trail's upkeep (audit/tasks.py) on
+timers of their own."""
 
 import asyncio
 import atexit
@@ -7,6 +8,7 @@ import logging
 
 from django.conf import settings
 
+from audit.tasks import embedded_audit_keeper
 from handoff.background import ProcessTask
 from handoff.notify import change_relay
 from handoff.tasks import sweep_and_tell
@@ -36,3 +38,4 @@ def background_start() -> None:
     change_relay.start()
     if settings.GATEWAY_EXECUTOR == "inline":
         embedded_sweeper.start()
+        embedded_audit_keeper.start()

@@ -67,10 +67,10 @@ class KeyRing:
                 continue
             kid, sep, secret = item.partition(":")
             if not sep or not kid or len(secret) < 32:
-                raise ValueError("delegation keys are 'kid:secret' pairs with secrets of 32 characters or more")
+                raise ValueError("keys are 'kid:secret' pairs with secrets of 32 characters or more")
             keys.append((kid, secret.encode()))
         if not keys:
-            raise ValueError("no delegation key given")
+            raise ValueError("no key given")
         return cls(tuple(keys))
 
     @property

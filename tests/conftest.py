@@ -69,7 +69,10 @@ def server_env(db, shared_state) -> dict[str, str]:
     env |= {"DJANGO_SETTINGS_MODULE": "gateway_project.settings", "SECRET_KEY": settings.SECRET_KEY}
     env |= {"GATEWAY_CREDENTIAL_KEYS": ",".join(settings.GATEWAY_CREDENTIAL_KEYS)}
     env |= {"GATEWAY_EGRESS_ALLOWED_NETWORKS": ",".join(settings.GATEWAY_EGRESS_ALLOWED_NETWORKS)}
-    env |= {"GATEWAY_DELEGATION_KEYS": settings.GATEWAY_DELEGATION_KEYS}
+    env |= {
+        "GATEWAY_DELEGATION_KEYS": settings.GATEWAY_DELEGATION_KEYS,
+        "GATEWAY_AUDIT_KEYS": settings.GATEWAY_AUDIT_KEYS,
+    }
     # The example Python triage tool, routing topics to the test specialists (and to two bad targets).
     env |= {"GATEWAY_EXTRA_APPS": "examples.triage_app", "TRIAGE_TOPICS": json.dumps(TRIAGE_TOPICS)}
     env |= {"GATEWAY_HANDOFF_SWEEP_SECONDS": "0.5"}

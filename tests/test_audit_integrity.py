@@ -1,0 +1,182 @@
+"""The audit trail is append-only and tamper-evident: triggers refuse changes, MACs and checkpoints expose
+the changes made behind the app's back, and retention is the one deleter that leaves the trail verifiable."""
+
+import contextlib
+import gzip
+import io
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import DatabaseError, connection, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from audit.integrity import audit_verify, checkpoint_create
+from audit.models import AuditCheckpoint, AuditEvent
+from audit.retention import audit_prune
+from audit.services import audit_record
+from audit.writer import audit_writer
+from tests.conftest import needs
+from tests.helpers import audit_mark, run
+
+LATER = timedelta(minutes=5)  # a checkpoint taken this far ahead seals every row written so far
+
+
+def seal_all() -> AuditCheckpoint:
+    checkpoint = checkpoint_create(now=timezone.now() + LATER)
+    assert checkpoint is not None
+    return checkpoint
+
+
+def some_rows(count: int = 3) -> list[AuditEvent]:
+    return [
+        audit_record(kind="completed", request_id=uuid.uuid4(), tool=f"t{i}", duration_ms=1.25, detail={"n": 1e20})
+        for i in range(count)
+    ]
+
+
+@contextlib.contextmanager
+def behind_the_apps_back() -> Iterator:
+    """A superuser's session with triggers off (session_replication_role), as an intruder would have."""
+    needs(connection.vendor == "postgresql", "triggers are PostgreSQL's")
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            yield cursor
+        finally:
+            cursor.execute("SET session_replication_role = origin")
+
+
+def refused(sql: str, params: list) -> str:
+    with pytest.raises(DatabaseError) as error, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    return str(error.value)
+
+
+def test_update_on_the_audit_table_fails_on_postgresql(db):
+    needs(connection.vendor == "postgresql", "triggers are PostgreSQL's")
+    row = some_rows(1)[0]
+    message = refused("UPDATE audit_auditevent SET tool = 'rewritten' WHERE id = %s", [row.id])
+    assert "the audit trail is append-only: UPDATE on audit_auditevent refused" in message
+    assert AuditEvent.objects.get(id=row.id).tool == "t0"
+
+
+def test_delete_on_the_audit_table_fails_on_postgresql(db):
+    needs(connection.vendor == "postgresql", "triggers are PostgreSQL's")
+    row = some_rows(1)[0]
+    message = refused("DELETE FROM audit_auditevent WHERE id = %s", [row.id])
+    assert "the audit trail is append-only: DELETE on audit_auditevent refused" in message
+    with pytest.raises(DatabaseError), transaction.atomic():
+        AuditEvent.objects.filter(id=row.id).delete()  # the ORM is no way round it
+    assert AuditEvent.objects.filter(id=row.id).exists()
+
+
+def test_checkpoints_can_be_neither_changed_nor_deleted(db):
+    needs(connection.vendor == "postgresql", "triggers are PostgreSQL's")
+    some_rows(1)
+    checkpoint = seal_all()
+    assert "UPDATE on audit_auditcheckpoint refused" in refused(
+        "UPDATE audit_auditcheckpoint SET event_count = 0 WHERE id = %s", [checkpoint.id]
+    )
+    assert "DELETE on audit_auditcheckpoint refused" in refused(
+        "DELETE FROM audit_auditcheckpoint WHERE id = %s", [checkpoint.id]
+    )
+
+
+def test_an_untouched_trail_verifies(db):
+    some_rows()
+    seal_all()
+    some_rows(2)  # newer than the checkpoint: their MACs alone
+    out = io.StringIO()
+    call_command("audit_verify", stdout=out)
+    assert out.getvalue().startswith("Audit trail intact:")
+    assert "2 rows newer than the last checkpoint" in out.getvalue()
+
+
+def test_rows_from_the_async_writer_verify_with_any_text(db):
+    async def write() -> None:
+        await audit_writer.record(
+            kind="completed", request_id=uuid.uuid4(), tool="x\x00y\ud800", detail={"f": 0.1, "big": 1e20}
+        )
+        await audit_writer.close()
+
+    mark = audit_mark()
+    run(write)
+    assert AuditEvent.objects.filter(id__gt=mark).count() == 1
+    assert audit_verify().intact
+
+
+def test_audit_verify_names_the_row_altered_behind_the_apps_back(db):
+    rows = some_rows()
+    seal_all()
+    victim = rows[1]
+    with behind_the_apps_back() as cursor:
+        cursor.execute("UPDATE audit_auditevent SET outcome = 'ok', tool = 'innocent' WHERE id = %s", [victim.id])
+        try:
+            with pytest.raises(CommandError) as error:
+                call_command("audit_verify")
+        finally:
+            restore = "UPDATE audit_auditevent SET outcome = '', tool = %s WHERE id = %s"
+            cursor.execute(restore, [victim.tool, victim.id])
+    assert f"first tampered row: event {victim.id};" in str(error.value)
+    assert audit_verify().intact  # put back as it was, it verifies again
+
+
+def test_a_row_deleted_inside_a_checkpointed_range_is_detected(db):
+    rows = some_rows()
+    checkpoint = seal_all()
+    victim = rows[1]
+    saved = AuditEvent.objects.filter(id=victim.id).values().get()
+    with behind_the_apps_back() as cursor:
+        cursor.execute("DELETE FROM audit_auditevent WHERE id = %s", [victim.id])
+        try:
+            report = audit_verify()
+        finally:
+            AuditEvent.objects.bulk_create([AuditEvent(**saved)])
+    assert report.problems == [
+        f"checkpoint {checkpoint.id} (events {checkpoint.first_event_id}..{checkpoint.last_event_id}): "
+        f"{checkpoint.event_count - 1} rows now, {checkpoint.event_count} when sealed, or not the same ones: "
+        "a row was deleted, inserted or renumbered"
+    ]
+    assert audit_verify().intact
+
+
+def test_a_forged_row_fails_its_mac(db):
+    needs(connection.vendor == "postgresql", "triggers are PostgreSQL's")
+    real = some_rows(1)[0]
+    forged = AuditEvent.objects.create(kind="completed", tool="forged", mac=real.mac)  # no key, so a copied MAC
+    report = audit_verify()
+    assert report.first_bad_event == forged.id
+    with behind_the_apps_back() as cursor:
+        cursor.execute("DELETE FROM audit_auditevent WHERE id = %s", [forged.id])
+    assert audit_verify().intact
+
+
+def test_retention_deletes_only_checkpointed_old_rows_archives_them_and_leaves_a_verifiable_trail(db, tmp_path):
+    old = some_rows(4)
+    checkpoint = seal_all()
+    newer = some_rows(2)
+    with override_settings(GATEWAY_AUDIT_ARCHIVE_DIR=str(tmp_path), GATEWAY_AUDIT_PRUNE_BATCH=3):
+        result = audit_prune(older_than=-LATER - timedelta(minutes=1))  # the checkpoint counts as old enough
+    assert result is not None and result.through_event == checkpoint.last_event_id
+    assert not AuditEvent.objects.filter(id__lte=checkpoint.last_event_id).exists()
+    assert AuditEvent.objects.filter(id__in=[r.id for r in newer]).count() == 2
+    archived = [json.loads(line) for line in gzip.open(result.archive, "rt")]
+    assert len(archived) == result.deleted and {r.id for r in old} <= {row["id"] for row in archived}
+    assert all(row["mac"] for row in archived)
+    marker = AuditEvent.objects.filter(detail__action="audit_pruned").latest("id")
+    assert marker.actor == "retention" and marker.detail["through_event"] == checkpoint.last_event_id
+    report = audit_verify()
+    assert report.intact and report.pruned_through == checkpoint.last_event_id
+    assert audit_prune(older_than=-LATER - timedelta(minutes=1)) is None  # nothing left to do
+
+
+def test_a_checkpoint_holds_only_settled_rows(db):
+    some_rows(1)
+    seal_all()
+    some_rows(1)
+    assert checkpoint_create() is None  # just written: a transaction open now could still add rows before it
