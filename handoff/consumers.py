@@ -18,6 +18,7 @@ from handoff.caller import Caller, caller_from_scope, host_allowed, origin_allow
 from handoff.dispatcher import server
 from handoff.frames import FrameError, frame_id, parse_frame
 from handoff.handoffs import end_handoff
+from handoff.recording import session_record
 from handoff.sweeper import background_start
 
 INBOX_SIZE = 64
@@ -48,6 +49,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         self.caller = replace(caller, session_id=f"ws-{uuid.uuid4().hex}")
         background_start()
         await self.accept()
+        await session_record(self.caller, "opened")
         self._inbox, inbox_out = anyio.create_memory_object_stream[SessionMessage | Exception](INBOX_SIZE)
         outbox_in, self._outbox = anyio.create_memory_object_stream[SessionMessage](INBOX_SIZE)
         self._serving = asyncio.create_task(server.run(inbox_out, outbox_in, server.create_initialization_options()))
@@ -110,3 +112,4 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await end_handoff(self.caller)
+        await session_record(self.caller, "closed", reason=f"socket closed ({code})")

@@ -21,6 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.services import canonical_sha256
+from audit.telemetry import DENIALS, call_observe, call_span, trace_id_of
 from handoff.caller import Caller, caller_of
 from handoff.db import database_async
 from handoff.handoffs import (
@@ -157,19 +158,19 @@ async def _route(
     name: str,
     arguments: dict[str, Any],
     request_id: uuid.UUID,
+    trace_id: str,
 ) -> Decision | dict[str, Any]:
     """Where the call goes: a handoff move (run here, its result returned), or a decision on a tool."""
     if tunnel is not None:
         if name == return_tool_name():
             move = handoff_return(ctx, caller, snap, tunnel, arguments)
-            return await _gateway_tool(caller, name, request_id, arguments, move)
+            return await _gateway_tool(caller, name, request_id, trace_id, arguments, move)
         return await _decide_tunnelled(snap, caller, tunnel, name, str(request_id))
     if triage := snap.triage.get(name):
         if denial := snap.triage_denial(caller.agent_id, name):
             return Decision(settings.GATEWAY_NAME, denial=denial)
-        return await _gateway_tool(
-            caller, name, request_id, arguments, handoff_activate(ctx, caller, snap, triage, arguments)
-        )
+        move = handoff_activate(ctx, caller, snap, triage, arguments)
+        return await _gateway_tool(caller, name, request_id, trace_id, arguments, move)
     return await _decide(snap, caller, name, str(request_id))
 
 
@@ -187,6 +188,11 @@ async def _session_tunnel(caller: Caller) -> SessionTunnel | None:
 
 
 async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> dict[str, Any]:
+    with call_span(params.name, params.meta) as span:
+        return await _call_tool(ctx, params, trace_id_of(span))
+
+
+async def _call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams, trace_id: str) -> dict[str, Any]:
     caller = caller_of(ctx)
     arguments = params.arguments or {}
     request_id = uuid.uuid4()
@@ -197,19 +203,27 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         logger.exception("session state unavailable")
         tunnel, decision = None, Decision("", denial=_state_unavailable(params.name))
     else:
-        decision = await _route(ctx, snap, caller, tunnel, params.name, arguments, request_id)
+        decision = await _route(ctx, snap, caller, tunnel, params.name, arguments, request_id, trace_id)
     if isinstance(decision, dict):  # a handoff move, audited on its own
         return _finish(ctx, decision)
     route, denial, admission = decision.route, decision.denial, decision.admission
-    audit = _audit_fields(caller, params.name, request_id, arguments, decision.upstream, route.tool if route else "")
+    tool = route.tool if route else ""
+    audit = _audit_fields(caller, params.name, request_id, arguments, decision.upstream, tool, trace_id)
     if tunnel is not None:
         audit["detail"] = {"domain": tunnel.domain, "tunnel_id": tunnel.tunnel_id, "token_id": tunnel.token_id}
     if denial:
-        await record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit)
+        DENIALS.labels(denial.code).inc()
+        await record(
+            kind="denied",
+            outcome="denied",
+            error_code=denial.code,
+            error_detail=denial.message,
+            **_with_payload(audit, arguments),
+        )
         raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)})
     assert route is not None and admission is not None
     try:
-        await record(kind="approved", **audit)  # before the upstream is touched
+        await record(kind="approved", **_with_payload(audit, arguments))  # before the upstream is touched
         outcome, duration_ms = await _run(route, arguments, audit, decision.tunnel)
     except BaseException:  # audit refused, or the client left: the admission goes back all the same
         with anyio.CancelScope(shield=True):
@@ -217,11 +231,13 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         raise
     result = _for_model(params.name, outcome)
     failed = not outcome["ok"] or bool(result.get("isError"))
+    status = ("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok"
+    call_observe(upstream=decision.upstream, outcome=status, duration_ms=duration_ms)
     completion = record(
         kind="completed",
         duration_ms=duration_ms,
         response_bytes=len(json.dumps(result)),
-        outcome=("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok",
+        outcome=status,
         error_code=outcome.get("code", "TOOL_ERROR" if failed else ""),
         error_detail=outcome.get("detail") or (_error_text(outcome["result"]) if failed else ""),
         **audit,
@@ -244,10 +260,17 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
 
 
 def _audit_fields(
-    caller: Caller, name: str, request_id: uuid.UUID, arguments: dict[str, Any], upstream: str, tool: str
+    caller: Caller,
+    name: str,
+    request_id: uuid.UUID,
+    arguments: dict[str, Any],
+    upstream: str,
+    tool: str,
+    trace_id: str,
 ) -> dict[str, Any]:
     return {
         "request_id": request_id,
+        "trace_id": trace_id,
         "agent_id": caller.agent_id,
         "agent_name": caller.agent_name,
         "session_id": caller.session_id,
@@ -259,12 +282,24 @@ def _audit_fields(
     }
 
 
+def _with_payload(audit: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a decision row, holding the arguments themselves where the operator keeps payloads."""
+    if not settings.GATEWAY_AUDIT_PAYLOADS:
+        return audit
+    return audit | {"detail": audit.get("detail", {}) | {"arguments": arguments}}
+
+
 async def _gateway_tool(
-    caller: Caller, name: str, request_id: uuid.UUID, arguments: dict[str, Any], move: Awaitable[dict[str, Any]]
+    caller: Caller,
+    name: str,
+    request_id: uuid.UUID,
+    trace_id: str,
+    arguments: dict[str, Any],
+    move: Awaitable[dict[str, Any]],
 ) -> dict[str, Any]:
     """A handoff move (triage, return) under the same audit as any call: approved, then completed."""
-    audit = _audit_fields(caller, name, request_id, arguments, settings.GATEWAY_NAME, name)
-    await record(kind="approved", **audit)
+    audit = _audit_fields(caller, name, request_id, arguments, settings.GATEWAY_NAME, name, trace_id)
+    await record(kind="approved", **_with_payload(audit, arguments))
     started = time.perf_counter()
     try:
         result = await move

@@ -11,10 +11,11 @@ from mcp import types
 from mcp.server.transport_security import TransportSecuritySettings
 
 from handoff.background import ProcessTask
-from handoff.caller import caller_from_scope, header, host_allowed, origin_allowed
+from handoff.caller import Caller, caller_from_scope, header, host_allowed, origin_allowed
 from handoff.dispatcher import server
 from handoff.frames import FrameError, parse_frame
 from handoff.handoffs import end_handoff
+from handoff.recording import session_record
 from handoff.sweeper import background_start
 
 # Host and Origin are checked here, against Django's settings, for every transport alike.
@@ -84,14 +85,16 @@ class SessionOwners:
         owner = self._owners.get(session_id)
         return owner is None or owner == agent_id  # unknown ids are the SDK's to refuse
 
-    def recording(self, send: Any, agent_id: int) -> Any:
-        """`send`, noting the owner of a session id the response hands out."""
+    def recording(self, send: Any, caller: Caller) -> Any:
+        """`send`, noting (and auditing) the owner of a session id the response hands out."""
 
         async def send_and_claim(message: dict) -> None:
             if message["type"] == "http.response.start":
                 for name, value in message.get("headers", []):
                     if name.lower() == b"mcp-session-id":
-                        self.claim(value.decode("latin-1"), agent_id)
+                        session_id = value.decode("latin-1")
+                        self.claim(session_id, caller.agent_id)
+                        await session_record(replace(caller, session_id=session_id), "opened")
             await send(message)
 
         return send_and_claim
@@ -134,9 +137,10 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
     await session_manager.ensure_running()
     background_start()
     replayed = _replay(body, receive) if scope["method"] == "POST" else receive
-    await sdk_app(scope, replayed, owners.recording(send, caller.agent_id) if not session_id else send)
+    await sdk_app(scope, replayed, owners.recording(send, caller) if not session_id else send)
     if scope["method"] == "DELETE" and session_id:
         await end_handoff(replace(caller, session_id=session_id))
+        await session_record(replace(caller, session_id=session_id), "closed", reason="deleted by the client")
 
 
 def _replay(body: bytes, receive: Any) -> Any:

@@ -5,7 +5,10 @@ from typing import Any
 
 from mcp.shared.exceptions import MCPError
 
+from audit.models import AuditEvent
+from audit.telemetry import SESSIONS
 from audit.writer import AuditUnavailable, audit_writer
+from handoff.caller import Caller
 
 logger = logging.getLogger(__name__)
 AUDIT_UNAVAILABLE = -32002
@@ -20,3 +23,20 @@ async def record(*, kind: str, **fields: Any) -> None:
         ran = "ran, but its result is withheld" if kind == "completed" else "was not run"
         message = f"The gateway could not record this call, so it {ran}. Try again shortly."
         raise MCPError(AUDIT_UNAVAILABLE, message, {"code": "AUDIT_UNAVAILABLE"}) from exc
+
+
+async def session_record(caller: Caller, action: str, **detail: Any) -> None:
+    """A stateful session opened or closed. Unlike a call's rows, a lost one refuses nothing: no tool runs
+    because of it, and a session must close whatever the database says."""
+    SESSIONS.labels(caller.transport).inc(1 if action == "opened" else -1)
+    try:
+        await audit_writer.record(
+            kind=AuditEvent.Kind.SESSION,
+            agent_id=caller.agent_id,
+            agent_name=caller.agent_name,
+            session_id=caller.session_id,
+            transport=caller.transport,
+            detail={"action": f"session_{action}", "key_prefix": caller.key_prefix} | detail,
+        )
+    except AuditUnavailable as exc:
+        logger.error("audit write failed (session %s %s): %s", caller.session_id, action, exc)

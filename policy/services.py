@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.db.models import Model
 
+from audit.changes import change_detail, object_state
 from audit.services import audit_record
 from handoff.snapshot import config_changed
 from policy.keys import KEY_PREFIX, key_digest
@@ -75,45 +76,36 @@ def group_set_enabled(*, group: ServerGroup, enabled: bool, actor: str = "") -> 
     group.enabled = enabled
 
 
-def _rule_detail(rule: Rule, action: str) -> dict:
-    return {
-        "action": action,
-        "rule": rule.pk,
-        "effect": rule.effect,
-        "agent": rule.agent.name if rule.agent else None,
-        "agent_group": rule.agent_group.name if rule.agent_group else None,
-        "upstream": rule.upstream.slug if rule.upstream else None,
-        "server_group": rule.server_group.name if rule.server_group else None,
-        "tool_pattern": rule.tool_pattern,
-        "enabled": rule.enabled,
-    }
+def _stored_state(obj: Model) -> dict | None:
+    stored = type(obj).objects.filter(pk=obj.pk).first() if obj.pk else None
+    return object_state(stored) if stored else None
 
 
 def rule_save(*, rule: Rule, actor: str = "", created: bool = False) -> None:
-    """Save a rule (its post_save moves the snapshot version) with an audit row of what it now says."""
+    """Save a rule (its post_save moves the snapshot version) with an audit row of what changed."""
     with transaction.atomic():
+        before = None if created else _stored_state(rule)
         rule.save()
-        audit_record(
-            kind="admin_change", actor=actor, detail=_rule_detail(rule, "rule_created" if created else "rule_saved")
-        )
+        detail = {"action": "rule_created" if created else "rule_saved", "rule": rule.pk}
+        audit_record(kind="admin_change", actor=actor, detail=detail | change_detail(before, object_state(rule)))
 
 
 def rule_delete(*, rule: Rule, actor: str = "") -> None:
     with transaction.atomic():
-        detail = _rule_detail(rule, "rule_deleted")
+        detail = {"action": "rule_deleted", "rule": rule.pk} | change_detail(object_state(rule), None)
         rule.delete()
         audit_record(kind="admin_change", actor=actor, detail=detail)
 
 
 def policy_object_save(*, obj: Model, actor: str, created: bool) -> None:
-    """Save an agent, a group or a handoff route as the admin's form left it, with an audit row of its plain
-    fields (none of them secret: keys live in AgentKey, as hashes)."""
+    """Save an agent, a group or a handoff route as the admin's form left it, with an audit row of what
+    changed (none of their fields is secret: keys live in AgentKey, as hashes)."""
     with transaction.atomic():
+        before = None if created else _stored_state(obj)
         obj.save()
-        fields = {f.name: f.value_from_object(obj) for f in obj._meta.concrete_fields if not f.is_relation}
-        fields = {name: value for name, value in fields.items() if name not in ("id", "created_at", "updated_at")}
         action = f"{obj._meta.model_name}_{'created' if created else 'saved'}"
-        audit_record(kind="admin_change", actor=actor, detail={"action": action} | fields)
+        detail = {"action": action, "name": str(obj)} | change_detail(before, object_state(obj))
+        audit_record(kind="admin_change", actor=actor, detail=detail)
 
 
 def agent_group_members_record(*, group: AgentGroup, actor: str) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from audit.changes import change_detail, object_state
 from audit.services import audit_record, canonical_sha256
 from handoff.snapshot import config_changed
 from policy.limits import limit_store
@@ -180,24 +181,23 @@ def upstream_save(*, upstream: Upstream, actor: str = "", created: bool = False)
     upstream.env = credentials_seal(upstream.env)
     upstream.headers = credentials_seal(upstream.headers)
     with transaction.atomic():
-        if not created:
-            before = Upstream.objects.filter(pk=upstream.pk).values(*Upstream.CONNECTION_FIELDS).first()
-            if before and any(before[f] != getattr(upstream, f) for f in Upstream.CONNECTION_FIELDS):
-                upstream.revision += 1
+        stored = None if created else Upstream.objects.filter(pk=upstream.pk).first()
+        if stored and any(getattr(stored, f) != getattr(upstream, f) for f in Upstream.CONNECTION_FIELDS):
+            upstream.revision += 1
         upstream.save()
-        # Only field names: env values and headers may hold credentials.
+        detail = {"action": "upstream_created" if created else "upstream_saved", "revision": upstream.revision}
+        before = _upstream_state(stored) if stored else None
         audit_record(
             kind="admin_change",
             actor=actor,
             upstream=upstream.slug,
-            detail={
-                "action": "upstream_created" if created else "upstream_saved",
-                "transport": upstream.transport,
-                "revision": upstream.revision,
-                "env_keys": sorted(upstream.env),
-                "header_keys": sorted(upstream.headers),
-            },
+            detail=detail | change_detail(before, _upstream_state(upstream)),
         )
+
+
+def _upstream_state(upstream: Upstream) -> dict:
+    # env values and headers may hold credentials, and so may a URL's user part and query.
+    return object_state(upstream, secret_maps=("env", "headers"), urls=("url",))
 
 
 def upstream_breaker_reset(*, upstream: Upstream, actor: str) -> None:

@@ -34,8 +34,10 @@ def audit_mark() -> int:
     return AuditEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
 
 
-def audit_since(mark: int) -> list[AuditEvent]:
-    return list(AuditEvent.objects.filter(id__gt=mark).order_by("id"))
+def audit_since(mark: int, *, sessions: bool = False) -> list[AuditEvent]:
+    """Rows written after `mark`; the opening and closing of sessions only when asked for."""
+    rows = AuditEvent.objects.filter(id__gt=mark).order_by("id")
+    return list(rows if sessions else rows.exclude(kind=AuditEvent.Kind.SESSION))
 
 
 def parent_pid(pid: int) -> int:

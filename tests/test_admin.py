@@ -131,8 +131,9 @@ def test_a_rule_added_in_the_admin_is_audited_with_the_operator_and_listed(admin
         assert "no crashes" in page and "crash" in page
         assert "A call that no enabled rule matches is\n<strong>allowed</strong>" in page
         [row] = [r for r in audit_since(mark) if r.kind == "admin_change"]
-        assert (row.actor, row.detail["action"], row.detail["upstream"], row.detail["tool_pattern"]) == (
-            "operator", "rule_created", "demo", "crash"
+        after = row.detail["after"]
+        assert (row.actor, row.detail["action"], after["upstream"], after["tool_pattern"], row.detail["before"]) == (
+            "operator", "rule_created", "demo", "crash", None
         )  # fmt: skip
     finally:
         rule.delete()
@@ -178,7 +179,31 @@ def test_agents_and_groups_edited_in_the_admin_are_audited_with_their_settings(a
         rows = [r.detail for r in audit_since(mark) if r.kind == "admin_change" and r.actor == "operator"]
     ServerGroup.objects.filter(name="ledgers").delete()
     AgentGroup.objects.filter(name="auditors").delete()
-    assert {"action": "agent_saved", "name": "ivan", "enabled": True, "calls_per_minute": 30,
-            "max_calls_per_session": None} in rows  # fmt: skip
-    assert {"action": "servergroup_created", "name": "ledgers", "isolation": "strict", "enabled": True} in rows
+    assert {"action": "agent_saved", "name": "ivan", "before": {"calls_per_minute": None},
+            "after": {"calls_per_minute": 30}} in rows  # fmt: skip
+    assert {"action": "servergroup_created", "name": "ledgers", "before": None,
+            "after": {"name": "ledgers", "isolation": "strict", "enabled": True}} in rows  # fmt: skip
     assert {"action": "agentgroup_members", "name": "auditors", "members": ["ivan"]} in rows
+
+
+def test_an_upstream_change_is_audited_as_before_and_after_with_its_secrets_masked(db):
+    upstream = Upstream(slug="masked", transport="streamable_http", url="https://u:pw@api.example/mcp?token=abc123")
+    upstream.headers = {"Authorization": "Bearer first-secret"}
+    upstream_save(upstream=upstream, created=True, actor="operator")
+    mark = audit_mark()
+    try:
+        upstream.headers = {"Authorization": "Bearer second-secret"}
+        upstream.timeout = 12.0
+        upstream_save(upstream=upstream, actor="operator")
+        [row] = audit_since(mark)
+        before, after = row.detail["before"], row.detail["after"]
+        assert sorted(after) == ["headers", "timeout"]  # only what changed
+        assert (before["timeout"], after["timeout"]) == (30.0, 12.0)
+        assert before["headers"]["Authorization"] != after["headers"]["Authorization"]
+        assert after["headers"]["Authorization"].startswith("•••• ")
+        created = AuditEvent.objects.filter(upstream="masked", detail__action="upstream_created").get()
+        assert created.detail["after"]["url"] == "https://••••@api.example/mcp?token=••••"
+        text = json.dumps([row.detail, created.detail])
+        assert not any(secret in text for secret in ("first-secret", "second-secret", "abc123", "pw@"))
+    finally:
+        upstream.delete()

@@ -67,8 +67,8 @@ def test_a_lost_audit_connection_fails_one_call_closed_and_the_next_works(inline
     needs(connection.vendor == "postgresql", "the async audit writer's own connections exist on PostgreSQL only")
     mark = audit_mark()
 
-    async def call(text):
-        async with sdk_client(inline_gateway.url, world.key, "legacy") as client:
+    async def call(text):  # stateless: no session row takes the broken connection first
+        async with sdk_client(inline_gateway.url, world.key, "2026-07-28") as client:
             try:
                 return await client.call_tool("demo__echo", {"text": text})
             except MCPError as refused:
@@ -115,3 +115,42 @@ def test_a_call_whose_client_leaves_still_gets_its_completion_row(inline_gateway
     rows = eventually(both_rows)
     assert [(r.kind, r.error_code) for r in rows] == [("approved", ""), ("completed", "CANCELLED")]
     assert rows[0].request_id == rows[1].request_id
+
+
+def test_a_call_continues_the_agents_trace_and_its_rows_carry_the_trace_id(gateway, world):
+    mark = audit_mark()
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, "2026-07-28") as client:
+            await client.call_tool(
+                "demo__add", {"a": 1, "b": 1}, meta={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+            )
+            await client.call_tool("demo__add", {"a": 2, "b": 2})
+
+    run(scenario)
+    traced, fresh = [[r for r in audit_since(mark) if r.arguments_sha256 == canonical_sha256(a)] for a in (
+        {"a": 1, "b": 1}, {"a": 2, "b": 2})]  # fmt: skip
+    assert [r.trace_id for r in traced] == [trace_id, trace_id]
+    assert len({r.trace_id for r in fresh}) == 1 and fresh[0].trace_id not in ("", trace_id, "0" * 32)
+
+
+def test_sessions_opening_and_closing_are_recorded_on_both_transports(inline_gateway, world):
+    mark = audit_mark()
+
+    async def scenario():
+        async with sdk_client(inline_gateway.url, world.key, "legacy") as client:
+            await client.list_tools()
+        async with ws_session(inline_gateway.url, world.key):
+            pass
+
+    run(scenario)
+    rows = eventually(lambda: (r := audit_since(mark, sessions=True)) and len(r) == 4 and r)
+    assert [(r.transport, r.detail["action"], r.agent_name) for r in rows] == [
+        ("http", "session_opened", "alice"),
+        ("http", "session_closed", "alice"),
+        ("ws", "session_opened", "alice"),
+        ("ws", "session_closed", "alice"),
+    ]
+    assert rows[0].session_id == rows[1].session_id and rows[2].session_id == rows[3].session_id
+    assert rows[1].detail["reason"] == "deleted by the client"

@@ -173,4 +173,4 @@ def test_a_route_made_in_the_admin_is_audited_and_offered_to_agents(inline_gatew
     finally:
         HandoffRoute.objects.filter(domain="budget").delete()
     assert (route.max_sessions, route.idle_timeout, route.target_id) == (3, 60.0, finance.pk)
-    assert row.detail["domain"] == "budget" and names
+    assert row.detail["after"]["domain"] == "budget" and names
