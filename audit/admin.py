@@ -1,12 +1,46 @@
-from django.contrib import admin
+"""The audit browser: a read-only, filterable, keyset-paginated list of the trail, the story of one request,
+and streamed exports. Argument payloads (kept only with GATEWAY_AUDIT_PAYLOADS) are shown to members of the
+Auditor group and to nobody else."""
 
-from audit.models import AuditEvent
+import csv
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path
+
+from audit.models import AuditCheckpoint, AuditEvent
+from audit.selectors import AuditFilter, audit_page, audit_stream, request_story
+from audit.services import audit_record
+
+AUDITOR_GROUP = "Auditor"
+EXPORT_FIELDS = [
+    "created_at", "kind", "request_id", "trace_id", "agent_name", "session_id", "transport", "upstream", "tool",
+    "exposed_name", "outcome", "error_code", "error_detail", "duration_ms", "response_bytes", "arguments_sha256",
+    "actor", "detail", "mac",
+]  # fmt: skip
+
+
+def is_auditor(request: HttpRequest) -> bool:
+    return request.user.groups.filter(name=AUDITOR_GROUP).exists()
+
+
+def shown_detail(detail: dict[str, Any], auditor: bool) -> dict[str, Any]:
+    """The detail as this user may see it: without argument payloads unless an auditor."""
+    return detail if auditor else {k: v for k, v in detail.items() if k != "arguments"}
 
 
 class ReadOnlyAdminMixin:
     """Rows the gateway writes and an operator only reads (actions may still act on them)."""
 
-    def has_add_permission(self, request) -> bool:
+    def has_add_permission(self, request, obj=None) -> bool:
         return False
 
     def has_change_permission(self, request, obj=None) -> bool:
@@ -16,28 +50,111 @@ class ReadOnlyAdminMixin:
         return False
 
 
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
 @admin.register(AuditEvent)
 class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Read-only: the trail is appended to by the gateway and never edited by hand."""
 
-    list_display = (
-        "id",
-        "created_at",
-        "kind",
-        "action",
-        "agent_name",
-        "upstream",
-        "tool",
-        "outcome",
-        "error_code",
-        "duration_ms",
-        "request_id",
-    )
-    list_filter = ("kind", "outcome", "upstream")
-    search_fields = ("=request_id", "agent_name", "tool", "error_code")
-    show_full_result_count = False  # no COUNT(*) over a large trail on every page
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("request/<uuid:request_id>/", view(self.request_view), name="audit_auditevent_request"),
+            path("export.<str:fmt>", view(self.export_view), name="audit_auditevent_export"),
+            *super().get_urls(),
+        ]
 
-    @admin.display(description="Action")
-    def action(self, event: AuditEvent) -> str:
-        """What an admin change did (upstream_disabled, agent_key_issued, ...); blank for calls."""
-        return event.detail.get("action", "")
+    def _filters(self, request: HttpRequest) -> AuditFilter:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return AuditFilter(request.GET)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        form = self._filters(request)
+        page = None
+        if form.is_valid():
+            before, after = _int(request.GET.get("before")), _int(request.GET.get("after"))
+            page = audit_page(rows=form.events(), before=before, after=after)
+        query = request.GET.copy()
+        for key in ("before", "after"):
+            query.pop(key, None)
+        context = self.admin_site.each_context(request) | {
+            "title": "Audit trail",
+            "opts": self.model._meta,
+            "form": form,
+            "page": page,
+            "filter_query": query.urlencode(),
+        }
+        return TemplateResponse(request, "admin/audit/browser.html", context)
+
+    def _story(self, request: HttpRequest, rows: list[AuditEvent], title: str) -> HttpResponse:
+        auditor = is_auditor(request)
+        entries = [
+            {"event": row, "detail": json.dumps(shown_detail(row.detail, auditor), indent=2, ensure_ascii=False)}
+            for row in rows
+        ]
+        context = self.admin_site.each_context(request) | {
+            "title": title,
+            "opts": self.model._meta,
+            "entries": entries,
+            "payloads_hidden": not auditor and any("arguments" in row.detail for row in rows),
+        }
+        return TemplateResponse(request, "admin/audit/request.html", context)
+
+    def request_view(self, request: HttpRequest, request_id: uuid.UUID) -> HttpResponse:
+        self._filters(request)
+        rows = request_story(request_id=request_id)
+        if not rows:
+            raise Http404(f"No audit rows for request {request_id}")
+        return self._story(request, rows, f"Request {request_id}")
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
+        self._filters(request)
+        event = get_object_or_404(AuditEvent, pk=_int(object_id) or 0)
+        rows = request_story(request_id=event.request_id) if event.request_id else [event]
+        return self._story(request, rows, f"Audit event {event.pk}")
+
+    def export_view(self, request: HttpRequest, fmt: str) -> StreamingHttpResponse:
+        form = self._filters(request)
+        if fmt not in ("csv", "jsonl") or not form.is_valid():
+            return HttpResponse("Unknown format or invalid filters.", status=400, content_type="text/plain")
+        auditor = is_auditor(request)
+        audit_record(
+            kind=AuditEvent.Kind.ADMIN_CHANGE,
+            actor=request.user.get_username(),
+            detail={"action": "audit_exported", "format": fmt, "filters": request.GET.dict(), "payloads": auditor},
+        )
+        rows = audit_stream(rows=form.events(), fields=EXPORT_FIELDS)
+        lines = _csv_lines(rows, auditor) if fmt == "csv" else _jsonl_lines(rows, auditor)
+        content_type = "text/csv; charset=utf-8" if fmt == "csv" else "application/x-ndjson; charset=utf-8"
+        response = StreamingHttpResponse(lines, content_type=content_type)
+        response["Content-Disposition"] = f'attachment; filename="audit.{fmt}"'
+        return response
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
+
+
+def _csv_lines(rows: Iterator[dict[str, Any]], auditor: bool) -> Iterator[str]:
+    writer = csv.writer(_Echo())
+    yield writer.writerow(["id", *EXPORT_FIELDS])
+    for row in rows:
+        row["detail"] = json.dumps(shown_detail(row["detail"], auditor), ensure_ascii=False)
+        yield writer.writerow([row["id"], *(row[name] for name in EXPORT_FIELDS)])
+
+
+def _jsonl_lines(rows: Iterator[dict[str, Any]], auditor: bool) -> Iterator[str]:
+    for row in rows:
+        row["detail"] = shown_detail(row["detail"], auditor)
+        yield json.dumps(row, cls=DjangoJSONEncoder, ensure_ascii=False) + "\n"
+
+
+@admin.register(AuditCheckpoint)
+class AuditCheckpointAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Signed summaries of ranges of the trail; `manage.py audit_verify` checks them."""
+
+    list_display = ("id", "created_at", "first_event_id", "last_event_id", "event_count", "digest")

@@ -1,6 +1,15 @@
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
 
 
 class AuditConfig(AppConfig):
+    default = True
     name = "audit"
     verbose_name = "Audit trail"
+
+
+class ConsoleAdminConfig(admin_apps.AdminConfig):
+    """django.contrib.admin, on the console's site (audit/console.py)."""
+
+    default = False
+    default_site = "audit.console.ConsoleSite"

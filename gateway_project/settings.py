@@ -101,7 +101,7 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1,http:/
 # Apps of your own, such as one holding Python triage tools (handoff/triage.py): GATEWAY_EXTRA_APPS=myapp
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "audit.apps.ConsoleAdminConfig",  # django.contrib.admin, with the dashboard as its front page
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -267,6 +267,8 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# The console's charts: Chart.js as npm installed it (scripts/bootstrap), served like the admin's own files.
+STATICFILES_DIRS = [("vendor/chart.js", BASE_DIR / "node_modules" / "chart.js" / "dist")]
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,31 @@
+"""The admin site of the console: the stock admin, with the dashboard as its front page."""
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+
+from audit.dashboard import WINDOWS, gateway_state, window_stats
+
+LABEL_FORMATS = {"hour": "%H:%M", "day": "%d %b %H:00"}
+
+
+class ConsoleSite(admin.AdminSite):
+    site_header = site_title = "Switchboard"
+    index_title = "Gateway health"
+    index_template = "admin/console_index.html"
+
+    def index(self, request: HttpRequest, extra_context: dict | None = None) -> TemplateResponse:
+        context = extra_context or {}
+        if request.user.has_perm("audit.view_auditevent"):
+            window = request.GET.get("window", "hour")
+            window = window if window in WINDOWS else "hour"
+            stats = window_stats(window=window)
+            chart = stats.chart_data() | {"labels": [b.strftime(LABEL_FORMATS[window]) for b in stats.buckets]}
+            context |= {
+                "window": window,
+                "windows": list(WINDOWS),
+                "totals": sorted(stats.totals.items()),
+                "chart": chart,
+                "state": gateway_state(),
+            }
+        return super().index(request, context)

@@ -1,0 +1,150 @@
+"""What the console's front page shows: per-upstream calls, error rate and latency over a window, as totals
+and as a series of buckets for the charts, and the gateway's state right now (circuits, sessions, tunnels,
+tools waiting for approval). It reads across apps; it writes nothing."""
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import F
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from handoff.models import Tunnel
+from policy.limits import limit_store
+from registry.models import Tool, Upstream
+
+# Each window and the width of its chart's buckets.
+WINDOWS = {"hour": (timedelta(hours=1), timedelta(minutes=5)), "day": (timedelta(days=1), timedelta(hours=1))}
+
+
+@dataclass
+class Latency:
+    calls: int = 0
+    errors: int = 0
+    p50: float | None = None
+    p95: float | None = None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.calls if self.calls else 0.0
+
+
+@dataclass
+class WindowStats:
+    buckets: list[datetime]
+    totals: dict[str, Latency] = field(default_factory=dict)  # by upstream
+    series: dict[str, dict[datetime, Latency]] = field(default_factory=dict)  # by upstream, then bucket
+
+    def chart_data(self) -> dict[str, Any]:
+        """Per upstream, one list per measure, aligned with `labels`."""
+        empty = Latency()
+        rows = {
+            upstream: [by_bucket.get(bucket, empty) for bucket in self.buckets]
+            for upstream, by_bucket in sorted(self.series.items())
+        }
+        return {
+            "labels": [bucket.isoformat() for bucket in self.buckets],
+            "calls": {u: [b.calls for b in row] for u, row in rows.items()},
+            "error_rate": {
+                u: [round(100 * b.error_rate, 2) if b.calls else None for b in row] for u, row in rows.items()
+            },
+            "p50": {u: [b.p50 for b in row] for u, row in rows.items()},
+            "p95": {u: [b.p95 for b in row] for u, row in rows.items()},
+        }
+
+
+# On PostgreSQL the database aggregates (one pass over the window through the created_at index); elsewhere
+# the rows come back and Python does the same sums.
+_AGGREGATE = """
+SELECT upstream, date_bin(%(step)s, created_at, %(origin)s) AS bucket, count(*),
+       count(*) FILTER (WHERE outcome <> 'ok'),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ms)
+FROM audit_auditevent
+WHERE kind = 'completed' AND created_at >= %(since)s
+GROUP BY GROUPING SETS ((upstream, bucket), (upstream))
+"""
+
+
+def _percentiles(durations: list[float]) -> tuple[float | None, float | None]:
+    if not durations:
+        return None, None
+    if len(durations) == 1:
+        return durations[0], durations[0]
+    cuts = statistics.quantiles(durations, n=100, method="inclusive")
+    return cuts[49], cuts[94]
+
+
+def _aggregate_in_python(since: datetime, origin: datetime, step: timedelta) -> list[tuple]:
+    groups: dict[tuple[str, datetime | None], list[tuple[str, float | None]]] = defaultdict(list)
+    completed = AuditEvent.objects.filter(kind=AuditEvent.Kind.COMPLETED, created_at__gte=since)
+    for upstream, at, outcome, duration in completed.values_list("upstream", "created_at", "outcome", "duration_ms"):
+        bucket = origin + ((at - origin) // step) * step
+        for key in ((upstream, bucket), (upstream, None)):
+            groups[key].append((outcome, duration))
+    return [
+        (
+            upstream,
+            bucket,
+            len(rows),
+            sum(o != "ok" for o, _ in rows),
+            *_percentiles(sorted(d for _, d in rows if d is not None)),
+        )
+        for (upstream, bucket), rows in groups.items()
+    ]
+
+
+def window_stats(*, window: str, now: datetime | None = None) -> WindowStats:
+    span, step = WINDOWS[window]
+    now = now or timezone.now()
+    origin = now - span
+    stats = WindowStats(buckets=[origin + i * step for i in range(int(span / step))])
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_AGGREGATE, {"step": step, "origin": origin, "since": origin})
+            rows = cursor.fetchall()
+    else:
+        rows = _aggregate_in_python(origin, origin, step)
+    for upstream, bucket, calls, errors, p50, p95 in rows:
+        measure = Latency(calls=calls, errors=errors, p50=_ms(p50), p95=_ms(p95))
+        if bucket is None:
+            stats.totals[upstream] = measure
+        else:
+            stats.series.setdefault(upstream, {})[bucket] = measure
+    return stats
+
+
+def _ms(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None
+
+
+@dataclass(frozen=True)
+class GatewayState:
+    open_circuits: list[tuple[Upstream, Any]]
+    live_tunnels: list[Tunnel]
+    active_sessions: int
+    pending_tools: int
+
+
+def gateway_state(*, now: datetime | None = None) -> GatewayState:
+    now = now or timezone.now()
+    store = limit_store()
+    circuits = [(u, store.breaker(u.id)) for u in Upstream.objects.filter(enabled=True).order_by("slug")]
+    # Sessions with anything recorded within the idle timeout (the point at which an idle one is closed)
+    # and no closing row: an estimate across every web process, from the trail they all write.
+    recent = AuditEvent.objects.filter(created_at__gte=now - timedelta(seconds=settings.GATEWAY_SESSION_IDLE_SECONDS))
+    recent = recent.exclude(session_id="")
+    closed = recent.filter(kind=AuditEvent.Kind.SESSION, detail__action="session_closed").values("session_id")
+    return GatewayState(
+        open_circuits=[(u, status) for u, status in circuits if status.state != "closed"],
+        live_tunnels=list(
+            Tunnel.objects.filter(state__in=Tunnel.LIVE).select_related("agent", "upstream").order_by("-opened_at")[:20]
+        ),
+        active_sessions=recent.exclude(session_id__in=closed).values("session_id").distinct().count(),
+        pending_tools=Tool.objects.exclude(approved_sha256=F("definition_sha256")).count(),
+    )

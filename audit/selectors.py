@@ -1,0 +1,101 @@
+"""Reading the audit trail: filtered pages, one request's story, and streamed slices for export.
+
+Pages are keyset-paginated on the primary key (newest first): each page is one index range scan whatever
+its depth, and no query counts the whole table.
+"""
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.db.models import QuerySet
+
+from audit.models import AuditEvent
+
+PAGE_SIZE = 50
+_CHUNK = 2_000
+
+
+class AuditFilter(forms.Form):
+    """The audit browser's filters; every one is optional and all of them combine."""
+
+    since = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    until = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    kind = forms.ChoiceField(required=False, choices=[("", "any kind"), *AuditEvent.Kind.choices])
+    agent = forms.CharField(required=False, max_length=64)
+    upstream = forms.CharField(required=False, max_length=32)
+    tool = forms.CharField(required=False, max_length=256)
+    outcome = forms.ChoiceField(required=False, choices=[("", "any outcome"), *AuditEvent.Outcome.choices])
+    error_code = forms.CharField(required=False, max_length=48)
+    request_id = forms.UUIDField(required=False)
+    trace_id = forms.RegexField(required=False, regex=r"^[0-9a-f]{32}$", error_messages={"invalid": "32 hex digits"})
+
+    FIELDS = {
+        "kind": "kind",
+        "agent": "agent_name",
+        "upstream": "upstream",
+        "tool": "tool",
+        "outcome": "outcome",
+        "error_code": "error_code",
+        "request_id": "request_id",
+        "trace_id": "trace_id",
+    }
+
+    def events(self) -> QuerySet[AuditEvent]:
+        """The matching rows, newest first (call after is_valid())."""
+        data = self.cleaned_data
+        rows = AuditEvent.objects.filter(
+            **{column: data[name] for name, column in self.FIELDS.items() if data.get(name) not in (None, "")}
+        )
+        if data.get("since"):
+            rows = rows.filter(created_at__gte=data["since"])
+        if data.get("until"):
+            rows = rows.filter(created_at__lt=data["until"])
+        return rows.order_by("-id")
+
+
+@dataclass(frozen=True)
+class Page:
+    rows: list[AuditEvent]
+    older: int | None  # the id to pass as `before` for the next page, None on the last
+    newer: int | None  # the id to pass as `after` for the previous page, None on the first
+
+
+def audit_page(
+    *, rows: QuerySet[AuditEvent], before: int | None = None, after: int | None = None, size: int = PAGE_SIZE
+) -> Page:
+    """One page of `rows` (newest first), older than `before` or newer than `after`."""
+    if after is not None:
+        found = list(rows.filter(id__gt=after).order_by("id")[: size + 1])
+        more_newer, found = len(found) > size, found[:size][::-1]
+        more_older = bool(found) and rows.filter(id__lt=found[-1].id).exists()
+    else:
+        if before is not None:
+            rows = rows.filter(id__lt=before)
+        found = list(rows[: size + 1])
+        more_older, found = len(found) > size, found[:size]
+        more_newer = before is not None and bool(found)
+    return Page(
+        rows=found,
+        older=found[-1].id if found and more_older else None,
+        newer=found[0].id if found and more_newer else None,
+    )
+
+
+def request_story(*, request_id: uuid.UUID) -> list[AuditEvent]:
+    """Every row of one request, in the order they were written."""
+    return list(AuditEvent.objects.filter(request_id=request_id).order_by("id"))
+
+
+def audit_stream(*, rows: QuerySet[AuditEvent], fields: list[str]) -> Iterator[dict[str, Any]]:
+    """Every matching row's `fields`, newest first, a chunk at a time, for as many rows as there are."""
+    before: int | None = None
+    while True:
+        page = rows.filter(id__lt=before) if before is not None else rows
+        chunk = list(page.values("id", *fields)[:_CHUNK])
+        yield from chunk
+        if len(chunk) < _CHUNK:
+            return
+        before = chunk[-1]["id"]
