@@ -58,6 +58,10 @@ class WindowStats:
         }
 
 
+def _percent(measure: Latency) -> float | None:
+    return round(100 * measure.error_rate, 2) if measure.calls else None
+
+
 # On PostgreSQL the database aggregates (one pass over the window through the created_at index); elsewhere
 # the rows come back and Python does the same sums.
 _AGGREGATE = """
