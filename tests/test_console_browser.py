@@ -1,0 +1,168 @@
+"""The console in a real browser (Debian's Chromium, driven by Playwright): an operator logs in, reads the
+dashboard, switches an upstream off and sees it vanish for an agent, approves a held tool, filters the audit
+trail, opens one request's story and exports a slice. Screenshots go to $SWITCHBOARD_SCREENSHOTS (the ones
+in docs/img/ were made this way)."""
+
+import csv
+import io
+import json
+import os
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from django.db import connections
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from audit.models import AuditEvent
+from registry.models import Tool
+from registry.services import upstream_catalog_sync
+from tests import servers
+from tests.clients import call, tool_names
+from tests.conftest import needs
+from tests.factories import demo_upstream
+from tests.helpers import T, eventually, run
+
+CHROMIUM = Path("/usr/bin/chromium")
+# As the machine's own probe starts it: without the background-networking flags Chromium keeps dialling out.
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+PASSWORD = "console-pw-for-tests-only"
+TIMEOUT_MS = 10_000
+
+
+@pytest.fixture(scope="module")
+def console(server_env, world, logs) -> Iterator[servers.Running]:
+    """A gateway that keeps argument payloads, so the audit's payload view has something to show."""
+    env = server_env | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_AUDIT_PAYLOADS": "1"}
+    running = servers.start_gateway(env, logs / "gateway-console.log")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    needs(CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
+    # Playwright's sync API keeps an event loop on this thread; the ORM calls made here are still plain
+    # blocking calls, which Django would otherwise refuse beside a loop.
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+        connections.close_all()  # the ones opened beside Playwright's loop are not the session's to close
+
+
+@pytest.fixture
+def operator(db, console, browser) -> Iterator[Page]:
+    """A superuser logged in through the login form."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_superuser("console-op", password=PASSWORD)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        page.goto(f"{console.url}/admin/login/")
+        page.fill("#id_username", "console-op")
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_selector("#dashboard")
+        yield page
+    finally:
+        context.close()
+        user.delete()
+
+
+def agent_run(scenario: Callable[[], Awaitable[T]]) -> T:
+    """An MCP client scenario, on a thread of its own: this one holds Playwright's event loop."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(run, scenario).result()
+
+
+def screenshot(page: Page, name: str) -> None:
+    folder = Path(os.environ.get("SWITCHBOARD_SCREENSHOTS", "var/screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=folder / name, full_page=True)
+
+
+def test_an_operator_logs_in_and_the_dashboard_charts_each_upstreams_calls(operator, console, world):
+    for text in ("one", "two"):
+        agent_run(lambda text=text: call(console.url, world.key, "demo__echo", {"text": text}))
+    agent_run(lambda: call(console.url, world.key, "demo__fail"))
+    operator.reload()
+    drawn = operator.evaluate(
+        """() => Object.fromEntries(["chart-calls", "chart-errors", "chart-latency"].map(
+            id => [id, Chart.getChart(id).data.datasets.map(d => d.label)]))"""
+    )
+    assert "demo" in drawn["chart-calls"] and "demo" in drawn["chart-errors"]
+    assert {"demo p50", "demo p95"} <= set(drawn["chart-latency"])
+    totals = operator.locator("#upstream-totals tr", has_text="demo").first
+    assert int(totals.locator("td").nth(1).inner_text()) >= 3
+    screenshot(operator, "dashboard.png")
+    operator.click("#upstream-totals a:text('demo')")
+    operator.wait_for_selector("#audit-rows")
+    assert operator.input_value("#id_upstream") == "demo"
+
+
+def test_disabling_an_upstream_in_the_console_hides_it_from_an_agent(operator, console, world):
+    with demo_upstream("browsed"):
+        eventually(lambda: "browsed__echo" in agent_run(lambda: tool_names(console.url, world.key)))
+        operator.goto(f"{console.url}/admin/registry/upstream/")
+        operator.locator("tr", has=operator.locator("a", has_text="browsed")).locator("input.action-select").check()
+        operator.select_option("select[name=action]", "disable")
+        operator.click("button[name=index]")
+        operator.wait_for_selector("text=disabled")
+        names = eventually(lambda: (n := agent_run(lambda: tool_names(console.url, world.key))) and "browsed__echo" not in n)
+        assert names and "demo__echo" in agent_run(lambda: tool_names(console.url, world.key))
+
+
+def test_a_held_tool_approved_in_the_console_is_offered_again(operator, console, world, tmp_path):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    with demo_upstream("pinned", env={"DEMO_MANIFEST": str(manifest)}) as upstream:
+        manifest.write_text(json.dumps({"descriptions": {"echo": "Echo, and something new."}}))
+        assert upstream_catalog_sync(upstream=upstream).held == ["echo"]
+        eventually(lambda: "pinned__echo" not in agent_run(lambda: tool_names(console.url, world.key)))
+        operator.goto(f"{console.url}/admin/")
+        operator.click("#pending-tools")
+        operator.click("a:text-is('echo')")
+        operator.click("text=Approve this version")
+        operator.wait_for_selector("text=agents see this version now")
+        assert Tool.objects.get(upstream=upstream, name="echo").is_approved
+        eventually(lambda: "pinned__echo" in agent_run(lambda: tool_names(console.url, world.key)))
+
+
+def test_the_audit_list_filters_opens_a_requests_story_and_exports_the_slice(operator, console, world):
+    marker = uuid.uuid4().hex
+    agent_run(lambda: call(console.url, world.key, "demo__echo", {"text": marker}))
+    agent_run(lambda: call(console.url, world.key, "demo__fail"))
+    operator.goto(f"{console.url}/admin/audit/auditevent/")
+    operator.fill("#id_upstream", "demo")
+    operator.fill("#id_tool", "fail")
+    operator.select_option("#id_outcome", "error")
+    operator.click("#audit-filters button")
+    rows = operator.locator("#audit-rows tbody tr")
+    rows.first.wait_for()
+    assert all("fail" in text and "error" in text for text in rows.all_inner_texts())
+    screenshot(operator, "audit-list.png")
+
+    with operator.expect_download() as download:
+        operator.click("#export-csv")
+    exported = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+    assert exported and {(r["upstream"], r["tool"], r["outcome"]) for r in exported} == {("demo", "fail", "error")}
+
+    operator.locator("#audit-rows a.request-link").first.click()
+    story = operator.locator(".audit-step h2")
+    assert [title.split(" ")[0] for title in story.all_inner_texts()] == ["approved", "completed"]
+    failure = operator.locator(".audit-step").nth(1).inner_text()
+    assert "TOOL_ERROR" in failure and "this tool always fails" in failure
+
+    echoed = AuditEvent.objects.filter(kind="approved", detail__arguments__text=marker).get()
+    operator.goto(f"{console.url}/admin/audit/auditevent/request/{echoed.request_id}/")
+    assert "members of the Auditor group can see them" in operator.content()
+    assert marker not in operator.content(), "a superuser outside the Auditor group sees no payloads"
