@@ -117,8 +117,9 @@ def test_disabling_an_upstream_in_the_console_hides_it_from_an_agent(operator, c
         operator.select_option("select[name=action]", "disable")
         operator.click("button[name=index]")
         operator.wait_for_selector("text=disabled")
-        names = eventually(lambda: (n := agent_run(lambda: tool_names(console.url, world.key))) and "browsed__echo" not in n)
-        assert names and "demo__echo" in agent_run(lambda: tool_names(console.url, world.key))
+        offered = eventually(lambda: (n := agent_run(lambda: tool_names(console.url, world.key))) and n)
+        eventually(lambda: "browsed__echo" not in agent_run(lambda: tool_names(console.url, world.key)))
+        assert "demo__echo" in offered
 
 
 def test_a_held_tool_approved_in_the_console_is_offered_again(operator, console, world, tmp_path):
