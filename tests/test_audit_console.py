@@ -1,0 +1,100 @@
+"""The console's reading side without a browser: keyset pages, filters, who sees payloads, streamed exports,
+and the dashboard's sums."""
+
+import json
+import uuid
+
+import pytest
+from django.contrib.auth.models import Group
+
+from audit.admin import AUDITOR_GROUP
+from audit.dashboard import window_stats
+from audit.models import AuditEvent
+from audit.selectors import AuditFilter, audit_page
+from audit.services import audit_record
+from tests.helpers import audit_mark
+
+
+def rows_of(tool: str) -> AuditFilter:
+    form = AuditFilter({"tool": tool})
+    assert form.is_valid()
+    return form
+
+
+def test_pages_walk_the_trail_newest_first_and_back_without_counting_it(db):
+    tool = f"paged-{uuid.uuid4().hex[:8]}"
+    ids = [audit_record(kind="completed", tool=tool).id for _ in range(7)]
+    rows = rows_of(tool).events()
+    first = audit_page(rows=rows, size=3)
+    second = audit_page(rows=rows, before=first.older, size=3)
+    last = audit_page(rows=rows, before=second.older, size=3)
+    assert [[r.id for r in p.rows] for p in (first, second, last)] == [ids[6:3:-1], ids[3:0:-1], ids[:1]]
+    assert (first.newer, last.older) == (None, None)
+    back = audit_page(rows=rows, after=second.newer, size=3)
+    assert [r.id for r in back.rows] == ids[6:3:-1] and back.newer is None and back.older == first.older
+
+
+def test_filters_combine_and_a_malformed_one_is_refused_with_its_reason(admin_client):
+    request_id, trace_id = uuid.uuid4(), uuid.uuid4().hex
+    audit_record(kind="approved", request_id=request_id, trace_id=trace_id, upstream="filt", tool="t")
+    audit_record(kind="completed", request_id=request_id, trace_id=trace_id, upstream="filt", tool="t", outcome="error",
+                 error_code="UPSTREAM_TIMEOUT")  # fmt: skip
+    page = admin_client.get("/admin/audit/auditevent/", {"trace_id": trace_id, "outcome": "error"}).content.decode()
+    assert page.count('class="request-link"') == 1 and "UPSTREAM_TIMEOUT" in page
+    refused = admin_client.get("/admin/audit/auditevent/", {"trace_id": "nope"}).content.decode()
+    assert "trace_id: 32 hex digits" in refused and 'id="audit-rows"' not in refused
+    story = admin_client.get(f"/admin/audit/auditevent/request/{request_id}/").content.decode()
+    assert story.count('class="audit-step') == 2
+    assert admin_client.get(f"/admin/audit/auditevent/request/{uuid.uuid4()}/").status_code == 404
+
+
+@pytest.fixture
+def payload_row(db) -> AuditEvent:
+    return audit_record(
+        kind="approved", request_id=uuid.uuid4(), upstream="pay", tool="t", detail={"arguments": {"secret": "p4yl0ad"}}
+    )
+
+
+def test_argument_payloads_are_shown_to_the_auditor_group_only(admin_client, payload_row):
+    url = f"/admin/audit/auditevent/request/{payload_row.request_id}/"
+    export = f"/admin/audit/auditevent/export.jsonl?request_id={payload_row.request_id}"
+    hidden = admin_client.get(url).content.decode()
+    hidden_export = b"".join(admin_client.get(export).streaming_content).decode()
+    auditors = Group.objects.get(name=AUDITOR_GROUP)
+    auditors.user_set.add(admin_client.session["_auth_user_id"])
+    try:
+        shown = admin_client.get(url).content.decode()
+        shown_export = b"".join(admin_client.get(export).streaming_content).decode()
+    finally:
+        auditors.user_set.clear()
+    assert "p4yl0ad" not in hidden and "p4yl0ad" not in hidden_export
+    assert "p4yl0ad" in shown and json.loads(shown_export)["detail"]["arguments"] == {"secret": "p4yl0ad"}
+
+
+def test_an_export_streams_every_matching_row_and_is_itself_audited(admin_client):
+    tool = f"exported-{uuid.uuid4().hex[:8]}"
+    for _ in range(3):
+        audit_record(kind="completed", upstream="exp", tool=tool, outcome="ok", duration_ms=2.0)
+    mark = audit_mark()
+    response = admin_client.get("/admin/audit/auditevent/export.csv", {"tool": tool})
+    assert response.streaming and response["Content-Type"] == "text/csv; charset=utf-8"
+    lines = b"".join(response.streaming_content).decode().splitlines()
+    assert len(lines) == 4 and lines[0].startswith("id,created_at,kind,")
+    [record] = AuditEvent.objects.filter(id__gt=mark, detail__action="audit_exported")
+    assert (
+        record.actor == "operator" and record.detail["filters"] == {"tool": tool} and record.detail["format"] == "csv"
+    )
+    assert admin_client.get("/admin/audit/auditevent/export.xml").status_code == 400
+
+
+def test_the_dashboard_sums_calls_errors_and_latency_percentiles_per_upstream(db):
+    upstream = f"dash{uuid.uuid4().hex[:6]}"
+    for ms in range(1, 21):
+        audit_record(kind="completed", upstream=upstream, tool="t", outcome="error" if ms % 5 == 0 else "ok",
+                     duration_ms=float(ms))  # fmt: skip
+    audit_record(kind="approved", upstream=upstream, tool="t")  # not a completion: not counted
+    stats = window_stats(window="hour")
+    total = stats.totals[upstream]
+    assert (total.calls, total.errors, total.error_rate, total.p50, total.p95) == (20, 4, 0.2, 10.5, 19.05)
+    chart = stats.chart_data()
+    assert sum(chart["calls"][upstream]) == 20 and len(chart["labels"]) == 12
