@@ -108,6 +108,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "rest_framework",
+    "drf_spectacular",
     "policy",
     "registry",
     "audit",
@@ -255,6 +257,27 @@ CELERY_BEAT_SCHEDULE = {
 }
 # Networks HTTP upstreams may reach without being marked internal (CIDRs); public addresses always may.
 GATEWAY_EGRESS_ALLOWED_NETWORKS = env_list("GATEWAY_EGRESS_ALLOWED_NETWORKS", "")
+
+# --- REST API (DRF): admin tokens only, no session or Basic auth, so no CSRF surface ---------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["policy.api_auth.AdminTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "policy.api_auth.ModelPermissions"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"user": env_str("GATEWAY_API_RATE", "600/minute")},
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Switchboard admin API",
+    "DESCRIPTION": "Upstreams, server groups, agents, rules and the audit feed. Authenticate with an admin token.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+}
+# A bearer token Prometheus sends to GET /metrics; without one, only loopback may scrape.
+GATEWAY_METRICS_TOKEN = env_str("GATEWAY_METRICS_TOKEN")
 
 # --- Django basics --------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -1,15 +1,27 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.routers import SimpleRouter
 
+from audit.api import AuditEventViewSet
+from audit.metrics import metrics_view
 from handoff.views import claim_redeem
-from registry import api
+from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet
+from registry.api import UpstreamViewSet
+
+api = SimpleRouter(trailing_slash=False)
+api.register("upstreams", UpstreamViewSet)
+api.register("groups", ServerGroupViewSet)
+api.register("agents", AgentViewSet)
+api.register("rules", RuleViewSet)
+api.register("audit", AuditEventViewSet)
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/")),  # the console is the only page a person opens
     path("admin/", admin.site.urls),
-    path("api/v1/upstreams", api.upstream_list),
-    path("api/v1/upstreams/<slug:slug>/enabled", api.upstream_enabled),
-    path("api/v1/groups/<str:name>/enabled", api.group_enabled),
+    path("api/v1/schema", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/v1/", include(api.urls)),
+    path("metrics", metrics_view),
     path("handoff/redeem", claim_redeem),
 ]

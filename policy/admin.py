@@ -2,13 +2,14 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
+from policy.models import AdminToken, Agent, AgentGroup, AgentKey, Rule, ServerGroup
 from policy.services import (
+    admin_token_revoke,
     agent_group_members_record,
     agent_key_issue,
     group_set_enabled,
+    policy_object_delete,
     policy_object_save,
-    rule_delete,
     rule_save,
 )
 
@@ -35,11 +36,11 @@ class RuleAdmin(admin.ModelAdmin):
         rule_save(rule=obj, actor=request.user.get_username(), created=not change)
 
     def delete_model(self, request, obj) -> None:
-        rule_delete(rule=obj, actor=request.user.get_username())
+        policy_object_delete(obj=obj, actor=request.user.get_username())
 
     def delete_queryset(self, request, queryset) -> None:
         for rule in queryset:
-            rule_delete(rule=rule, actor=request.user.get_username())
+            policy_object_delete(obj=rule, actor=request.user.get_username())
 
 
 class AuditedSaveMixin:
@@ -117,3 +118,23 @@ class AgentAdmin(AuditedSaveMixin, admin.ModelAdmin):
         for agent in queryset:
             issued = agent_key_issue(agent=agent, actor=request.user.get_username())
             self.message_user(request, f"API key for {agent.name} (shown once): {issued.key}", messages.WARNING)
+
+
+@admin.register(AdminToken)
+class AdminTokenAdmin(admin.ModelAdmin):
+    """REST API tokens: issued with `manage.py admin_token <user>` (shown once), revoked here."""
+
+    list_display = ("__str__", "user", "label", "revoked", "created_at", "last_used_at")
+    list_filter = ("revoked",)
+    fields = list_display
+    readonly_fields = list_display
+    actions = ("revoke",)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request, queryset):
+        for token in queryset.select_related("user"):
+            admin_token_revoke(token=token, actor=request.user.get_username())
+        self.message_user(request, f"{queryset.count()} token(s) revoked.")

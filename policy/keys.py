@@ -1,18 +1,19 @@
-"""API key format and checks: `sb_<prefix>_<secret>`; only the secret's SHA-256 is stored. Keys are 256-bit
-random, so a fast hash is enough."""
+"""Key format and checks: `sb_<prefix>_<secret>` for agents, `sba_<prefix>_<secret>` for operators' admin tokens;
+only the secret's SHA-256 is stored. Keys are 256-bit random, so a fast hash is enough."""
 
 import hashlib
 import hmac
 
 KEY_PREFIX = "sb_"
+ADMIN_TOKEN_PREFIX = "sba_"
 _NO_KEY = hashlib.sha256(b"").hexdigest()
 
 
-def key_split(key: str) -> tuple[str, str] | None:
-    """(lookup prefix, secret) of a well-formed key, else None."""
-    if not key.startswith(KEY_PREFIX):
+def key_split(key: str, scheme: str = KEY_PREFIX) -> tuple[str, str] | None:
+    """(lookup prefix, secret) of a well-formed key of the scheme, else None."""
+    if not key.startswith(scheme):
         return None
-    prefix, _, secret = key[len(KEY_PREFIX) :].partition("_")
+    prefix, _, secret = key[len(scheme) :].partition("_")
     return (prefix, secret) if prefix and secret else None
 
 

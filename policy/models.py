@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -111,3 +112,22 @@ class Rule(models.Model):
         who = self.agent or self.agent_group or "any agent"
         where = self.upstream or self.server_group or "any service"
         return f"{self.effect} {who} → {where} / {self.tool_pattern}"
+
+
+class AdminToken(models.Model):
+    """An operator's token for the REST API, acting as its user with that user's permissions. Only the
+    secret's SHA-256 is stored; the token is shown once, when issued."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="admin_tokens")
+    prefix = models.CharField(max_length=16, unique=True, help_text="Public part of the token, for lookup")
+    digest = models.CharField(max_length=64)
+    label = models.CharField(max_length=64, blank=True)
+    revoked = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"sba_{self.prefix}_…"

@@ -2,6 +2,7 @@
 
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Model
@@ -9,8 +10,8 @@ from django.db.models import Model
 from audit.changes import change_detail, object_state
 from audit.services import audit_record
 from handoff.snapshot import config_changed
-from policy.keys import KEY_PREFIX, key_digest
-from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
+from policy.keys import ADMIN_TOKEN_PREFIX, KEY_PREFIX, key_digest
+from policy.models import AdminToken, Agent, AgentGroup, AgentKey, Rule, ServerGroup
 
 
 @dataclass(frozen=True)
@@ -19,10 +20,13 @@ class IssuedKey:
     key: str
 
 
+def _new_key() -> tuple[str, str]:
+    return secrets.token_hex(6), secrets.token_urlsafe(32)
+
+
 def agent_key_issue(*, agent: Agent, label: str = "", actor: str = "") -> IssuedKey:
     """A new key for the agent. The plain key exists only in the return value: show it once."""
-    prefix = secrets.token_hex(6)
-    secret = secrets.token_urlsafe(32)
+    prefix, secret = _new_key()
     with transaction.atomic():
         AgentKey.objects.create(agent=agent, prefix=prefix, digest=key_digest(secret), label=label)
         audit_record(
@@ -90,13 +94,6 @@ def rule_save(*, rule: Rule, actor: str = "", created: bool = False) -> None:
         audit_record(kind="admin_change", actor=actor, detail=detail | change_detail(before, object_state(rule)))
 
 
-def rule_delete(*, rule: Rule, actor: str = "") -> None:
-    with transaction.atomic():
-        detail = {"action": "rule_deleted", "rule": rule.pk} | change_detail(object_state(rule), None)
-        rule.delete()
-        audit_record(kind="admin_change", actor=actor, detail=detail)
-
-
 def policy_object_save(*, obj: Model, actor: str, created: bool) -> None:
     """Save an agent, a group or a handoff route as the admin's form left it, with an audit row of what
     changed (none of their fields is secret: keys live in AgentKey, as hashes)."""
@@ -116,3 +113,29 @@ def agent_group_members_record(*, group: AgentGroup, actor: str) -> None:
         actor=actor,
         detail={"action": "agentgroup_members", "name": group.name, "members": members},
     )
+
+
+def admin_token_issue(*, user: Any, label: str = "", actor: str = "") -> str:
+    """A new REST API token acting as `user`. The plain token exists only in the return value: show it once."""
+    prefix, secret = _new_key()
+    with transaction.atomic():
+        AdminToken.objects.create(user=user, prefix=prefix, digest=key_digest(secret), label=label)
+        detail = {"action": "admin_token_issued", "prefix": prefix, "user": user.get_username(), "label": label}
+        audit_record(kind="admin_change", actor=actor, detail=detail)
+    return f"{ADMIN_TOKEN_PREFIX}{prefix}_{secret}"
+
+
+def admin_token_revoke(*, token: AdminToken, actor: str) -> None:
+    with transaction.atomic():
+        AdminToken.objects.filter(pk=token.pk).update(revoked=True)
+        detail = {"action": "admin_token_revoked", "prefix": token.prefix, "user": token.user.get_username()}
+        audit_record(kind="admin_change", actor=actor, detail=detail)
+
+
+def policy_object_delete(*, obj: Model, actor: str) -> None:
+    """Delete an agent, a group, a rule or a route, with an audit row of what it was."""
+    with transaction.atomic():
+        detail = {"action": f"{obj._meta.model_name}_deleted", "id": obj.pk, "name": str(obj)}
+        detail |= change_detail(object_state(obj), None)
+        obj.delete()
+        audit_record(kind="admin_change", actor=actor, detail=detail)

@@ -1,124 +1,87 @@
-"""The service registry's HTTP API, for automation: list upstreams and switch upstreams and server groups on
-and off, effective at once (like the admin's actions, through the same audited services).
+"""The REST API of the service registry: upstreams, through the same audited services as the admin.
 
-Authenticated with HTTP Basic as a Django user who holds the model's change permission; JSON in and out.
-No session cookie is read; writes demand a JSON content type, which a cross-site form cannot send.
+Credentials (env values, headers) are write-only: a read shows each stored one as a mask, and a write that
+sends the mask keeps what is stored under that name.
 """
 
-import base64
-import binascii
-import json
-from collections.abc import Callable
 from typing import Any
 
-from django.contrib.auth import authenticate
-from django.http import HttpRequest, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
 
+from policy.api import AuditedModelSerializer, EnabledSerializer, by_name, enabled_from
 from policy.limits import limit_store
 from policy.models import ServerGroup
-from policy.services import group_set_enabled
+from registry.forms import MASK
 from registry.models import Upstream
-from registry.services import upstream_set_enabled
+from registry.services import upstream_catalog_sync, upstream_delete, upstream_save, upstream_set_enabled
 
 
-def _error(status: int, message: str, **headers: str) -> JsonResponse:
-    return JsonResponse({"error": message}, status=status, headers=headers)
+class SecretMapField(serializers.DictField):
+    child = serializers.CharField(allow_blank=True, max_length=8192)
+
+    def to_representation(self, value: dict[str, str]) -> dict[str, str]:
+        return dict.fromkeys(value, MASK)
 
 
-def _operator(request: HttpRequest, permission: str) -> Any:
-    """The authenticated user, or the response that refuses the request."""
-    scheme, _, encoded = request.headers.get("Authorization", "").partition(" ")
-    try:
-        username, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        username = password = ""
-    user = authenticate(request, username=username, password=password) if scheme.lower() == "basic" else None
-    if user is None:
-        return _error(
-            401,
-            "Authenticate with HTTP Basic as a gateway operator.",
-            **{"WWW-Authenticate": 'Basic realm="switchboard"'},
-        )
-    if not user.has_perm(permission):
-        return _error(403, f"This user lacks the permission {permission}.")
-    return user
+class UpstreamSerializer(AuditedModelSerializer):
+    group = by_name(ServerGroup)
+    env = SecretMapField(required=False)
+    headers = SecretMapField(required=False)
+    circuit = serializers.SerializerMethodField()
+    reachable = serializers.BooleanField(source="is_reachable", read_only=True)
+
+    class Meta:
+        model = Upstream
+        exclude = ("id", "created_at", "updated_at")
+        read_only_fields = ("enabled", "revision", "last_synced_at", "last_sync_error")
+
+    def get_circuit(self, upstream: Upstream) -> dict[str, Any]:
+        status = limit_store().breaker(upstream.id)
+        return {"state": status.state, "failures": status.failures, "retry_after": round(status.retry_after, 3)}
+
+    def _unmasked(self, name: str, values: dict[str, str]) -> dict[str, str]:
+        stored = getattr(self.instance, name) if self.instance else {}
+        unknown = sorted(key for key, value in values.items() if value == MASK and key not in stored)
+        if unknown:
+            raise serializers.ValidationError({name: f"Send a value for {', '.join(unknown)}: none is stored yet."})
+        return {key: stored[key] if value == MASK else value for key, value in values.items()}
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        for name in ("env", "headers"):
+            if name in attrs:
+                attrs[name] = self._unmasked(name, attrs[name])
+        return super().validate(attrs)
+
+    def persist(self, obj: Upstream, *, actor: str, created: bool) -> None:
+        upstream_save(upstream=obj, actor=actor, created=created)
 
 
-def _enabled_from(request: HttpRequest) -> bool | JsonResponse:
-    # A browser that once answered the Basic challenge sends the credentials again by itself; a cross-site form
-    # can only send form or text types. Demanding JSON makes such a request a preflighted one, which fails.
-    if request.content_type != "application/json":
-        return _error(415, "Send Content-Type: application/json.")
-    try:
-        body = json.loads(request.body or b"null")
-    except json.JSONDecodeError:
-        body = None
-    if not isinstance(body, dict) or not isinstance(body.get("enabled"), bool):
-        return _error(400, 'Send a JSON object such as {"enabled": false}.')
-    return body["enabled"]
+class UpstreamViewSet(viewsets.ModelViewSet):
+    """Upstream MCP servers. Saving one (with `enabled`) syncs its tool catalog, as the admin does."""
 
+    queryset = Upstream.objects.select_related("group")
+    serializer_class = UpstreamSerializer
+    lookup_field = "slug"
 
-def _switch(request: HttpRequest, permission: str, find: Callable[[], Any], apply: Callable[..., None]) -> JsonResponse:
-    user = _operator(request, permission)
-    if isinstance(user, JsonResponse):
-        return user
-    enabled = _enabled_from(request)
-    if isinstance(enabled, JsonResponse):
-        return enabled
-    target = find()
-    if target is None:
-        return _error(404, "No such upstream or group.")
-    apply(target, enabled, user.get_username())
-    return JsonResponse({"enabled": enabled})
+    def perform_create(self, serializer: UpstreamSerializer) -> None:
+        upstream = serializer.save()
+        if upstream.enabled:
+            upstream_catalog_sync(upstream=upstream)
 
+    def perform_update(self, serializer: UpstreamSerializer) -> None:
+        self.perform_create(serializer)
 
-@csrf_exempt
-@require_POST
-def upstream_enabled(request: HttpRequest, slug: str) -> JsonResponse:
-    return _switch(
-        request,
-        "registry.change_upstream",
-        lambda: Upstream.objects.filter(slug=slug).first(),
-        lambda upstream, enabled, actor: upstream_set_enabled(upstream=upstream, enabled=enabled, actor=actor),
-    )
+    def perform_destroy(self, upstream: Upstream) -> None:
+        upstream_delete(upstream=upstream, actor=self.request.user.get_username())
 
-
-@csrf_exempt
-@require_POST
-def group_enabled(request: HttpRequest, name: str) -> JsonResponse:
-    return _switch(
-        request,
-        "policy.change_servergroup",
-        lambda: ServerGroup.objects.filter(name=name).first(),
-        lambda group, enabled, actor: group_set_enabled(group=group, enabled=enabled, actor=actor),
-    )
-
-
-def _circuit(upstream: Upstream) -> dict[str, Any]:
-    status = limit_store().breaker(upstream.id)
-    return {"state": status.state, "failures": status.failures, "retry_after": round(status.retry_after, 3)}
-
-
-@require_GET
-def upstream_list(request: HttpRequest) -> JsonResponse:
-    user = _operator(request, "registry.view_upstream")
-    if isinstance(user, JsonResponse):
-        return user
-    upstreams = Upstream.objects.select_related("group")
-    return JsonResponse(
-        {
-            "upstreams": [
-                {
-                    "slug": u.slug,
-                    "transport": u.transport,
-                    "group": u.group.name if u.group else None,
-                    "enabled": u.enabled,
-                    "reachable": u.is_reachable,
-                    "circuit": _circuit(u),
-                }
-                for u in upstreams
-            ]
-        }
-    )
+    @action(detail=True, methods=["post"], serializer_class=EnabledSerializer)
+    def enabled(self, request: Request, slug: str) -> Response:
+        """Switch the upstream on (and sync its tools) or off, effective at once."""
+        upstream = self.get_object()
+        upstream_set_enabled(upstream=upstream, enabled=enabled_from(request), actor=request.user.get_username())
+        if upstream.enabled:
+            upstream_catalog_sync(upstream=upstream)
+        return Response({"enabled": upstream.enabled})

@@ -18,9 +18,13 @@ from registry.spec import UpstreamSpec
 T = TypeVar("T")
 
 
-@database_sync_to_async
-def load_spec(upstream_id: int) -> UpstreamSpec:
+def _spec_of(upstream_id: int) -> UpstreamSpec:
     return UpstreamSpec.from_model(Upstream.objects.get(pk=upstream_id))
+
+
+# Not on the thread-sensitive thread: under Daphne a sync view (an admin save that syncs a catalog) holds that
+# thread while it waits for this very pool, and the spec read would wait for the view: a deadlock.
+load_spec = database_sync_to_async(_spec_of, thread_sensitive=False)
 
 
 class PoolThread:

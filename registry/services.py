@@ -195,6 +195,14 @@ def upstream_save(*, upstream: Upstream, actor: str = "", created: bool = False)
         )
 
 
+def upstream_delete(*, upstream: Upstream, actor: str) -> None:
+    """Remove an upstream and its catalog; agents lose its tools at once."""
+    with transaction.atomic():
+        detail = {"action": "upstream_deleted"} | change_detail(_upstream_state(upstream), None)
+        upstream.delete()
+        audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, detail=detail)
+
+
 def _upstream_state(upstream: Upstream) -> dict:
     # env values and headers may hold credentials, and so may a URL's user part and query.
     return object_state(upstream, secret_maps=("env", "headers"), urls=("url",))

@@ -130,15 +130,12 @@ async def tool_names(base_url: str, key: str, mode: str = "legacy") -> set[str]:
         return set()
 
 
-OPERATOR = ("operator", "pw-for-tests-only")  # the admin_client fixture's user
+def api(gateway, method: str, path: str, token: str | None, **kwargs) -> httpx2.Response:
+    """A request to the REST API with an admin token (none: anonymous)."""
+    headers = kwargs.pop("headers", {}) | ({"Authorization": f"Bearer {token}"} if token else {})
+    return httpx2.request(method, f"{gateway.url}/api/v1/{path}", headers=headers, timeout=TIMEOUT, **kwargs)
 
 
-def api(gateway, method: str, path: str, auth=OPERATOR, **kwargs) -> httpx2.Response:
-    """A request to the registry's HTTP API (registry/api.py)."""
-    return httpx2.request(method, f"{gateway.url}/api/v1/{path}", auth=auth, timeout=TIMEOUT, **kwargs)
-
-
-def circuit(gateway, slug: str) -> dict:
+def circuit(gateway, slug: str, token: str) -> dict:
     """The upstream's circuit as the gateway itself sees it (in the embedded default, only it knows)."""
-    upstreams = api(gateway, "GET", "upstreams").json()["upstreams"]
-    return next(u["circuit"] for u in upstreams if u["slug"] == slug)
+    return api(gateway, "GET", f"upstreams/{slug}", token).json()["circuit"]

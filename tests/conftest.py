@@ -224,3 +224,13 @@ def admin_client(db):
     client.force_login(user)
     yield client
     user.delete()
+
+
+@pytest.fixture
+def admin_token(admin_client) -> str:
+    """A REST API token of admin_client's superuser, "operator"."""
+    from django.contrib.auth import get_user_model
+
+    from policy.services import admin_token_issue
+
+    return admin_token_issue(user=get_user_model().objects.get(username="operator"), actor="tests")

@@ -29,19 +29,19 @@ def test_a_timeout_past_the_deployments_maximum_is_refused():
     assert refused.value.message_dict["timeout"] == ["Ensure this value is less than or equal to 300.0."]
 
 
-def test_a_hanging_upstream_opens_its_circuit_and_a_probe_closes_it_when_it_recovers(gateway, world, admin_client):
+def test_a_hanging_upstream_opens_its_circuit_and_a_probe_closes_it_when_it_recovers(gateway, world, admin_token):
     with demo_upstream("flaky", timeout=0.5, breaker_failures=2, breaker_recovery=1.0):
         url, key = gateway.url, world.key
         eventually(lambda: "flaky__sleep" in run(lambda: tool_names(url, key)))
         mark = audit_mark()
         hung = [run(lambda: call(url, key, "flaky__sleep", {"seconds": 3})) for _ in range(2)]
         assert [r.content[0].text for r in hung] == ["flaky__sleep: The service did not answer within 0.5 seconds."] * 2
-        assert circuit(gateway, "flaky")["state"] == "open"
+        assert circuit(gateway, "flaky", admin_token)["state"] == "open"
         refused = run(lambda: call(url, key, "flaky__echo", {"text": "anyone?"}))
         other = run(lambda: call(url, key, "demo__echo", {"text": "unaffected"}))
         # After the recovery time one probe goes through; the upstream answers it, which closes the circuit.
         probe = eventually(lambda: _answered(run(lambda: call(url, key, "flaky__echo", {"text": "back"}))))
-        closed = circuit(gateway, "flaky")
+        closed = circuit(gateway, "flaky", admin_token)
     assert isinstance(refused, MCPError) and (refused.code, refused.data["code"]) == (-32003, "UPSTREAM_CIRCUIT_OPEN")
     assert 0 < refused.data["retryAfter"] <= 1.0
     assert str(refused).startswith("The service 'flaky' failed repeatedly and is paused. Retry after ")
@@ -55,14 +55,14 @@ def _answered(result):
     return None if isinstance(result, MCPError) else result
 
 
-def test_a_failed_probe_opens_the_circuit_again(inline_gateway, world, admin_client):
+def test_a_failed_probe_opens_the_circuit_again(inline_gateway, world, admin_token):
     with demo_upstream("shaky", timeout=0.5, breaker_failures=1, breaker_recovery=0.5):
         url, key = inline_gateway.url, world.key
         eventually(lambda: "shaky__sleep" in run(lambda: tool_names(url, key)))
         run(lambda: call(url, key, "shaky__sleep", {"seconds": 3}))
-        assert circuit(inline_gateway, "shaky")["state"] == "open"
-        eventually(lambda: circuit(inline_gateway, "shaky")["state"] == "half-open")
+        assert circuit(inline_gateway, "shaky", admin_token)["state"] == "open"
+        eventually(lambda: circuit(inline_gateway, "shaky", admin_token)["state"] == "half-open")
         probe = run(lambda: call(url, key, "shaky__sleep", {"seconds": 3}))
-        after = circuit(inline_gateway, "shaky")
+        after = circuit(inline_gateway, "shaky", admin_token)
     assert probe.content[0].text == "shaky__sleep: The service did not answer within 0.5 seconds."
     assert (after["state"], after["failures"]) == ("open", 2)

@@ -1,0 +1,45 @@
+"""The read-only audit feed of the REST API: the browser's filters, newest first, keyset-paginated
+(`before` = the `next_before` of the previous page), argument payloads for the Auditor group only."""
+
+from typing import Any
+
+from rest_framework import serializers, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from audit.admin import is_auditor, shown_detail
+from audit.models import AuditEvent
+from audit.selectors import PAGE_SIZE, AuditFilter, audit_page
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    detail = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AuditEvent
+        exclude = ("agent_id",)
+
+    def get_detail(self, event: AuditEvent) -> dict[str, Any]:
+        return shown_detail(event.detail, self.context["auditor"])
+
+
+class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
+    """Every audit row, filterable by since, until, kind, agent, upstream, tool, outcome, error_code,
+    request_id and trace_id."""
+
+    queryset = AuditEvent.objects.all()
+    serializer_class = AuditEventSerializer
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return super().get_serializer_context() | {"auditor": is_auditor(self.request)}
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        form = AuditFilter(request.query_params)
+        if not form.is_valid():
+            raise ValidationError(form.errors)
+        before = request.query_params.get("before", "")
+        size = min(int(request.query_params.get("limit", PAGE_SIZE) or PAGE_SIZE), 500)
+        page = audit_page(rows=form.events(), before=int(before) if before.isdigit() else None, size=size)
+        rows = self.get_serializer(page.rows, many=True).data
+        return Response({"results": rows, "next_before": page.older})

@@ -1,0 +1,185 @@
+"""The REST API of policy: server groups, agents (and their keys) and rules, through the admin's services."""
+
+import copy
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from policy.models import Agent, AgentGroup, Rule, ServerGroup
+from policy.services import (
+    agent_create,
+    agent_key_issue,
+    agent_key_revoke,
+    agent_set_enabled,
+    group_set_enabled,
+    policy_object_delete,
+    policy_object_save,
+    rule_save,
+)
+from registry.models import Upstream
+
+
+class EnabledSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField()
+
+
+def enabled_from(request: Request) -> bool:
+    """The `{"enabled": true|false}` a switch was sent (a 400 response otherwise)."""
+    body = EnabledSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    return body.validated_data["enabled"]
+
+
+def by_name(model: Any, field: str = "name") -> serializers.SlugRelatedField:
+    """A relation read and written by its object's name (or slug); optional."""
+    return serializers.SlugRelatedField(slug_field=field, queryset=model.objects.all(), required=False, allow_null=True)
+
+
+class AuditedModelSerializer(serializers.ModelSerializer):
+    """Checks the object as it would be saved (the model's own clean()), then saves it through a service,
+    `policy_object_save` unless `persist` says otherwise: every change is an audit row naming the operator."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        self._candidate = copy.copy(self.instance) if self.instance else self.Meta.model()
+        for name, value in attrs.items():
+            setattr(self._candidate, name, value)
+        try:
+            self._candidate.clean()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(
+                exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+            ) from None
+        return attrs
+
+    def save(self, **kwargs: Any) -> Any:
+        actor = self.context["request"].user.get_username()
+        self.persist(self._candidate, actor=actor, created=self.instance is None)
+        self.instance = self._candidate
+        return self.instance
+
+    def persist(self, obj: Any, *, actor: str, created: bool) -> None:
+        policy_object_save(obj=obj, actor=actor, created=created)
+
+
+class AuditedViewSet(viewsets.ModelViewSet):
+    def perform_destroy(self, obj: Any) -> None:
+        policy_object_delete(obj=obj, actor=self.request.user.get_username())
+
+
+class ServerGroupSerializer(AuditedModelSerializer):
+    upstreams = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
+
+    class Meta:
+        model = ServerGroup
+        fields = ("name", "isolation", "enabled", "upstreams")
+        read_only_fields = ("enabled",)
+
+
+class ServerGroupViewSet(AuditedViewSet):
+    """Server groups: strict ones keep a session from carrying data between groups."""
+
+    queryset = ServerGroup.objects.prefetch_related("upstreams")
+    serializer_class = ServerGroupSerializer
+    lookup_field = "name"
+
+    @action(detail=True, methods=["post"], serializer_class=EnabledSerializer)
+    def enabled(self, request: Request, name: str) -> Response:
+        """Switch every upstream of the group on or off at once."""
+        group = self.get_object()
+        group_set_enabled(group=group, enabled=enabled_from(request), actor=request.user.get_username())
+        return Response({"enabled": group.enabled})
+
+
+class AgentSerializer(AuditedModelSerializer):
+    groups = serializers.SlugRelatedField(source="agent_groups", slug_field="name", many=True, read_only=True)
+    keys = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Agent
+        fields = ("name", "enabled", "calls_per_minute", "max_calls_per_session", "groups", "keys", "created_at")
+        read_only_fields = ("enabled", "created_at")
+
+    def get_keys(self, agent: Agent) -> list[dict[str, Any]]:
+        return [{"prefix": k.prefix, "label": k.label, "revoked": k.revoked} for k in agent.keys.all()]
+
+
+class IssuedKeySerializer(serializers.Serializer):
+    label = serializers.CharField(max_length=64, required=False, allow_blank=True)
+
+
+class AgentViewSet(AuditedViewSet):
+    """Agents. Creating one returns its first API key, once; `keys` issues more; `enabled` switches it."""
+
+    queryset = Agent.objects.prefetch_related("keys", "agent_groups")
+    serializer_class = AgentSerializer
+    lookup_field = "name"
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        actor = request.user.get_username()
+        issued = agent_create(name=serializer.validated_data["name"], actor=actor)
+        limits = {k: v for k, v in serializer.validated_data.items() if k != "name"}
+        if limits:
+            for name, value in limits.items():
+                setattr(issued.agent, name, value)
+            policy_object_save(obj=issued.agent, actor=actor, created=False)
+        body = AgentSerializer(self.get_queryset().get(pk=issued.agent.pk), context={"request": request}).data
+        return Response(body | {"key": issued.key}, status=201)
+
+    @action(detail=True, methods=["post"], serializer_class=EnabledSerializer)
+    def enabled(self, request: Request, name: str) -> Response:
+        agent = self.get_object()
+        agent_set_enabled(agent=agent, enabled=enabled_from(request), actor=request.user.get_username())
+        return Response({"enabled": agent.enabled})
+
+    @action(detail=True, methods=["post"], serializer_class=IssuedKeySerializer)
+    def keys(self, request: Request, name: str) -> Response:
+        """A new API key for the agent, shown in this response only."""
+        body = IssuedKeySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        issued = agent_key_issue(
+            agent=self.get_object(), label=body.validated_data.get("label", ""), actor=request.user.get_username()
+        )
+        return Response({"key": issued.key}, status=201)
+
+    @action(detail=True, methods=["delete"], url_path="keys/(?P<prefix>[0-9a-f]{12})")
+    def key_revoke(self, request: Request, name: str, prefix: str) -> Response:
+        agent = self.get_object()
+        if not agent.keys.filter(prefix=prefix).exists():
+            return Response({"detail": "This agent has no key with that prefix."}, status=404)
+        agent_key_revoke(prefix=prefix, actor=request.user.get_username())
+        return Response(status=204)
+
+
+class RuleSerializer(AuditedModelSerializer):
+    agent = serializers.SlugRelatedField(
+        slug_field="name", queryset=Agent.objects.all(), required=False, allow_null=True
+    )
+    agent_group = serializers.SlugRelatedField(
+        slug_field="name", queryset=AgentGroup.objects.all(), required=False, allow_null=True
+    )
+    upstream = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Upstream.objects.all(), required=False, allow_null=True
+    )
+    server_group = serializers.SlugRelatedField(
+        slug_field="name", queryset=ServerGroup.objects.all(), required=False, allow_null=True
+    )
+
+    class Meta:
+        model = Rule
+        fields = ("id", "effect", "agent", "agent_group", "upstream", "server_group", "tool_pattern", "enabled", "note")
+
+    def persist(self, obj: Rule, *, actor: str, created: bool) -> None:
+        rule_save(rule=obj, actor=actor, created=created)
+
+
+class RuleViewSet(AuditedViewSet):
+    """Allow and deny rules; deny wins, and with no match GATEWAY_POLICY_DEFAULT decides."""
+
+    queryset = Rule.objects.select_related("agent", "agent_group", "upstream", "server_group")
+    serializer_class = RuleSerializer

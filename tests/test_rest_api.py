@@ -1,0 +1,147 @@
+"""The REST API: admin tokens only, the user's model permissions decide, every write goes through the
+admin's services (so the same audit rows), secrets are write-only, and the OpenAPI schema describes it."""
+
+import uuid
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from mcp.shared.exceptions import MCPError
+
+from audit.models import AuditEvent
+from policy.models import Agent, Rule, ServerGroup
+from policy.services import admin_token_issue, admin_token_revoke
+from registry.models import Upstream
+from tests.clients import api, call, tool_names
+from tests.helpers import audit_mark, audit_since, eventually, run
+
+
+def echo_refusal(gateway, key: str) -> str | None:
+    result = run(lambda: call(gateway.url, key, "demo__echo", {"text": "x"}))
+    return result.data["code"] if isinstance(result, MCPError) else None
+
+
+def test_an_operator_switches_an_upstream_off_and_on_and_the_gateway_follows(inline_gateway, world, admin_token):
+    mark = audit_mark()
+    off = api(inline_gateway, "POST", "upstreams/demo/enabled", admin_token, json={"enabled": False})
+    try:
+        assert (off.status_code, off.json()) == (200, {"enabled": False})
+        assert eventually(lambda: echo_refusal(inline_gateway, world.key)) == "UPSTREAM_DISABLED"
+        demo = api(inline_gateway, "GET", "upstreams/demo", admin_token).json()
+        assert (demo["enabled"], demo["reachable"], demo["circuit"]) == (
+            False, False, {"state": "closed", "failures": 0, "retry_after": 0.0}
+        )  # fmt: skip
+    finally:
+        on = api(inline_gateway, "POST", "upstreams/demo/enabled", admin_token, json={"enabled": True})
+    assert on.status_code == 200 and Upstream.objects.get(slug="demo").enabled
+    actions = [(r.actor, r.detail["action"]) for r in audit_since(mark) if r.kind == "admin_change"]
+    assert actions == [("operator", "upstream_disabled"), ("operator", "upstream_enabled")]
+
+
+def test_upstreams_are_created_changed_and_deleted_with_credentials_write_only(inline_gateway, world, admin_token):
+    body = {"slug": "restful", "transport": "stdio", "command": "python3", "args": ["x.py"], "env": {"TOKEN": "s3cret"}}
+    mark = audit_mark()
+    created = api(inline_gateway, "POST", "upstreams", admin_token, json=body)
+    try:
+        assert created.status_code == 201, created.text
+        assert created.json()["env"] == {"TOKEN": "********"} and "s3cret" not in created.text
+        kept = api(inline_gateway, "PATCH", "upstreams/restful", admin_token, json={"env": {"TOKEN": "********"}})
+        unknown = api(inline_gateway, "PATCH", "upstreams/restful", admin_token, json={"env": {"NEW": "********"}})
+        invalid = api(inline_gateway, "PATCH", "upstreams/restful", admin_token, json={"command": ""})
+        assert kept.status_code == 200
+        assert (unknown.status_code, unknown.json()) == (400, {"env": ["Send a value for NEW: none is stored yet."]})
+        assert (invalid.status_code, invalid.json()) == (400, {"command": ["A stdio upstream needs a command."]})
+    finally:
+        deleted = api(inline_gateway, "DELETE", "upstreams/restful", admin_token)
+    assert deleted.status_code == 204 and not Upstream.objects.filter(slug="restful").exists()
+    rows = [r for r in audit_since(mark) if r.kind == "admin_change" and r.upstream == "restful"]
+    assert [r.detail["action"] for r in rows] == ["upstream_created", "upstream_saved", "upstream_deleted"]
+    assert all("s3cret" not in str(r.detail) for r in rows)
+
+
+def test_agents_groups_and_rules_through_the_api(inline_gateway, world, admin_token):
+    mark = audit_mark()
+    made = api(inline_gateway, "POST", "agents", admin_token, json={"name": "api-bot", "calls_per_minute": 5})
+    key = made.json()["key"]
+    group = api(inline_gateway, "POST", "groups", admin_token, json={"name": "api-group", "isolation": "strict"})
+    rule = api(inline_gateway, "POST", "rules", admin_token,
+               json={"effect": "deny", "agent": "api-bot", "upstream": "demo", "tool_pattern": "echo"})  # fmt: skip
+    try:
+        assert (made.status_code, made.json()["calls_per_minute"], group.status_code) == (201, 5, 201)
+        assert rule.status_code == 201, rule.text
+        names = eventually(lambda: (n := run(lambda: tool_names(inline_gateway.url, key))) and n)
+        assert "demo__add" in names and "demo__echo" not in names
+        second = api(inline_gateway, "POST", "agents/api-bot/keys", admin_token, json={"label": "ci"})
+        prefix = second.json()["key"].split("_")[1]
+        revoked = api(inline_gateway, "DELETE", f"agents/api-bot/keys/{prefix}", admin_token)
+        assert (second.status_code, revoked.status_code) == (201, 204)
+    finally:
+        for path in (f"rules/{rule.json().get('id')}", "groups/api-group", "agents/api-bot"):
+            api(inline_gateway, "DELETE", path, admin_token)
+    assert not Agent.objects.filter(name="api-bot").exists() and not ServerGroup.objects.filter(name="api-group")
+    assert not Rule.objects.filter(tool_pattern="echo", agent__name="api-bot").exists()
+    actions = [r.detail["action"] for r in audit_since(mark) if r.kind == "admin_change" and r.actor == "operator"]
+    assert actions == ["agent_created", "agent_key_issued", "agent_saved", "servergroup_created", "rule_created",
+                       "agent_key_issued", "agent_key_revoked", "rule_deleted", "servergroup_deleted",
+                       "agent_deleted"]  # fmt: skip
+
+
+def test_the_audit_feed_pages_by_keyset_and_filters(inline_gateway, admin_token):
+    from audit.services import audit_record
+
+    tool = f"feed-{uuid.uuid4().hex[:8]}"
+    ids = [audit_record(kind="completed", tool=tool, outcome="ok").id for _ in range(3)]
+    first = api(inline_gateway, "GET", "audit", admin_token, params={"tool": tool, "limit": 2}).json()
+    rest = api(inline_gateway, "GET", "audit", admin_token,
+               params={"tool": tool, "limit": 2, "before": first["next_before"]}).json()  # fmt: skip
+    assert [r["id"] for r in first["results"]] == ids[:0:-1] and [r["id"] for r in rest["results"]] == ids[:1]
+    assert rest["next_before"] is None
+    bad = api(inline_gateway, "GET", "audit", admin_token, params={"trace_id": "x"})
+    assert (bad.status_code, bad.json()) == (400, {"trace_id": ["32 hex digits"]})
+    assert api(inline_gateway, "POST", "audit", admin_token, json={}).status_code == 405
+
+
+def test_the_api_refuses_strangers_revoked_tokens_and_users_without_permission(inline_gateway, admin_token):
+    clerk = get_user_model().objects.create_user("clerk", password="clerk-pw-for-tests")
+    clerk_token = admin_token_issue(user=clerk, actor="tests")
+    try:
+        anonymous = api(inline_gateway, "GET", "upstreams", None)
+        forged = api(inline_gateway, "GET", "upstreams", admin_token[:-4] + "AAAA")
+        blind = api(inline_gateway, "GET", "upstreams", clerk_token)
+        clerk.user_permissions.add(Permission.objects.get(codename="view_upstream"))
+        reader = api(inline_gateway, "GET", "upstreams", clerk_token)
+        writer = api(inline_gateway, "POST", "upstreams/demo/enabled", clerk_token, json={"enabled": False})
+        bad_body = api(inline_gateway, "POST", "upstreams/demo/enabled", admin_token, json={"enabled": "perhaps"})
+        form = api(inline_gateway, "POST", "upstreams/demo/enabled", admin_token, content=b"enabled=false",
+                   headers={"content-type": "application/x-www-form-urlencoded"})  # fmt: skip
+        admin_token_revoke(token=clerk.admin_tokens.get(), actor="tests")
+        revoked = api(inline_gateway, "GET", "upstreams", clerk_token)
+    finally:
+        clerk.delete()
+    assert (anonymous.status_code, anonymous.headers["www-authenticate"]) == (401, 'Bearer realm="switchboard-admin"')
+    assert (forged.status_code, forged.json()) == (401, {"detail": "Invalid or revoked admin token."})
+    assert blind.status_code == 403 and reader.status_code == 200 and writer.status_code == 403
+    assert (bad_body.status_code, bad_body.json()) == (400, {"enabled": ["Must be a valid boolean."]})
+    assert form.status_code == 415 and revoked.status_code == 401
+    assert Upstream.objects.get(slug="demo").enabled
+
+
+def test_the_openapi_schema_describes_every_resource_and_the_token_scheme(inline_gateway, admin_token):
+    schema = api(inline_gateway, "GET", "schema", admin_token, params={"format": "json"}).json()
+    assert {"/api/v1/upstreams", "/api/v1/groups", "/api/v1/agents", "/api/v1/rules", "/api/v1/audit"} <= set(
+        schema["paths"]
+    )
+    assert schema["components"]["securitySchemes"]["adminToken"] == {
+        "type": "http", "scheme": "bearer", "description": "An admin token, sba_<prefix>_<secret>"
+    }  # fmt: skip
+    assert "post" not in schema["paths"]["/api/v1/audit"]
+
+
+def test_metrics_count_calls_by_upstream_and_show_circuits(inline_gateway, world):
+    import httpx2
+
+    run(lambda: call(inline_gateway.url, world.key, "demo__echo", {"text": "metered"}))
+    text = httpx2.get(f"{inline_gateway.url}/metrics").text
+    assert 'switchboard_tool_calls_total{outcome="ok",upstream="demo"}' in text
+    assert 'switchboard_circuit_state{state="closed",upstream="demo"} 1.0' in text
+    assert "switchboard_tool_call_seconds_bucket" in text and "switchboard_live_tunnels" in text
+    assert AuditEvent.objects.filter(kind="completed", upstream="demo").exists()
