@@ -10,7 +10,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from django.db.models import Model
 
-IGNORED = frozenset({"id", "created_at", "updated_at", "revision", "last_synced_at", "last_sync_error"})
+# Bookkeeping, and a key's digest (a hash of a secret is no business of the trail's).
+IGNORED = frozenset({"id", "created_at", "updated_at", "revision", "last_synced_at", "last_sync_error", "digest"})
 
 
 def _masked(value: Any) -> str:

@@ -7,6 +7,7 @@ from policy.services import (
     admin_token_revoke,
     agent_group_members_record,
     agent_key_issue,
+    agent_key_revoke,
     group_set_enabled,
     policy_object_delete,
     policy_object_save,
@@ -14,8 +15,26 @@ from policy.services import (
 )
 
 
+class AuditedDeleteMixin:
+    """Deletes through `policy_object_delete`, one by one, so every deletion is an audit row."""
+
+    def delete_model(self, request, obj) -> None:
+        policy_object_delete(obj=obj, actor=request.user.get_username())
+
+    def delete_queryset(self, request, queryset) -> None:
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+class AuditedSaveMixin(AuditedDeleteMixin):
+    """Saves (and deletes) through the policy services, so every change made in the admin is an audit row."""
+
+    def save_model(self, request, obj, form, change) -> None:
+        policy_object_save(obj=obj, actor=request.user.get_username(), created=not change)
+
+
 @admin.register(Rule)
-class RuleAdmin(admin.ModelAdmin):
+class RuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
     """Deny wins over allow; with no matching rule, GATEWAY_POLICY_DEFAULT decides (see docs/policy.md)."""
 
     list_display = ("effect", "agent", "agent_group", "upstream", "server_group", "tool_pattern", "enabled", "note")
@@ -34,20 +53,6 @@ class RuleAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change) -> None:
         rule_save(rule=obj, actor=request.user.get_username(), created=not change)
-
-    def delete_model(self, request, obj) -> None:
-        policy_object_delete(obj=obj, actor=request.user.get_username())
-
-    def delete_queryset(self, request, queryset) -> None:
-        for rule in queryset:
-            policy_object_delete(obj=rule, actor=request.user.get_username())
-
-
-class AuditedSaveMixin:
-    """Saves through `policy_object_save`, so every change made in the admin is an audit row."""
-
-    def save_model(self, request, obj, form, change) -> None:
-        policy_object_save(obj=obj, actor=request.user.get_username(), created=not change)
 
 
 @admin.register(AgentGroup)
@@ -112,6 +117,18 @@ class AgentAdmin(AuditedSaveMixin, admin.ModelAdmin):
             self.message_user(
                 request, f"API key for {obj.name} (shown once, copy it now): {issued.key}", messages.WARNING
             )
+
+    def save_formset(self, request, form, formset, change) -> None:
+        """Key edits go through the services: a revocation is audited, a new label too."""
+        if formset.model is not AgentKey:
+            return super().save_formset(request, form, formset, change)
+        actor = request.user.get_username()
+        formset.save(commit=False)  # fills changed_objects (and what the admin's history reads), saves nothing
+        for key, changed in formset.changed_objects:
+            if "revoked" in changed and key.revoked:
+                agent_key_revoke(prefix=key.prefix, actor=actor)
+            if "label" in changed:
+                policy_object_save(obj=key, actor=actor, created=False)
 
     @admin.action(description="Issue a new API key (shown once)")
     def issue_key(self, request, queryset):

@@ -15,6 +15,7 @@ from registry.services import (
     tool_approve,
     upstream_breaker_reset,
     upstream_catalog_sync,
+    upstream_delete,
     upstream_save,
     upstream_set_enabled,
 )
@@ -99,6 +100,13 @@ class UpstreamAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change) -> None:
         upstream_save(upstream=obj, actor=request.user.get_username(), created=not change)
+
+    def delete_model(self, request, obj) -> None:
+        upstream_delete(upstream=obj, actor=request.user.get_username())
+
+    def delete_queryset(self, request, queryset) -> None:
+        for upstream in queryset:
+            self.delete_model(request, upstream)
 
     def response_post_save_add(self, request, obj):
         self._sync(request, [obj])

@@ -207,3 +207,20 @@ def test_an_upstream_change_is_audited_as_before_and_after_with_its_secrets_mask
         assert not any(secret in text for secret in ("first-secret", "second-secret", "abc123", "pw@"))
     finally:
         upstream.delete()
+
+
+def test_deleting_in_the_admin_and_revoking_a_key_inline_are_audited(admin_client):
+    with agent("doomed") as (doomed, _):
+        keys = list(doomed.keys.all())
+        form = {"name": "doomed", "enabled": "on", "calls_per_minute": "", "max_calls_per_session": "",
+                "keys-TOTAL_FORMS": "1", "keys-INITIAL_FORMS": "1", "keys-0-id": keys[0].pk,
+                "keys-0-agent": doomed.pk, "keys-0-label": "", "keys-0-revoked": "on"}  # fmt: skip
+        mark = audit_mark()
+        assert admin_client.post(f"/admin/policy/agent/{doomed.pk}/change/", form).status_code == 302
+        assert AgentKey.objects.get(pk=keys[0].pk).revoked
+        deleted = admin_client.post(f"/admin/policy/agent/{doomed.pk}/delete/", {"post": "yes"})
+        assert deleted.status_code == 302 and not Agent.objects.filter(pk=doomed.pk).exists()
+        rows = [(r.actor, r.detail["action"]) for r in audit_since(mark) if r.kind == "admin_change"]
+    assert ("operator", "agent_key_revoked") in rows and rows[-1] == ("operator", "agent_deleted")
+    [gone] = AuditEvent.objects.filter(id__gt=mark, detail__action="agent_deleted")
+    assert gone.detail["before"]["name"] == "doomed" and gone.detail["after"] is None
