@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +67,16 @@ def start_gateway(env: dict[str, str], log: Path) -> Running:
     process = start(command, env, log)
     wait_for_port(port, process, log)
     return Running(process, log, f"http://127.0.0.1:{port}")
+
+
+@contextmanager
+def inline_gateway_with(env: dict[str, str], log: Path, **settings: str) -> Iterator[Running]:
+    """An embedded-default gateway of a test module's own, with some settings changed."""
+    running = start_gateway(env | {"GATEWAY_EXECUTOR": "inline"} | settings, log)
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 CELERY = [sys.executable, "-m", "celery", "-A", "gateway_project"]

@@ -38,10 +38,8 @@ TIMEOUT_MS = 10_000
 @pytest.fixture(scope="module")
 def console(server_env, world, logs) -> Iterator[servers.Running]:
     """A gateway that keeps argument payloads, so the audit's payload view has something to show."""
-    env = server_env | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_AUDIT_PAYLOADS": "1"}
-    running = servers.start_gateway(env, logs / "gateway-console.log")
-    yield running
-    running.stop()
+    with servers.inline_gateway_with(server_env, logs / "gateway-console.log", GATEWAY_AUDIT_PAYLOADS="1") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -68,10 +68,9 @@ def test_deny_wins_over_allow_and_rules_reach_agent_groups_and_server_groups(inl
 
 @pytest.fixture(scope="module")
 def deny_all_gateway(server_env, world, logs) -> Iterator[servers.Running]:
-    env = server_env | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_POLICY_DEFAULT": "deny"}
-    running = servers.start_gateway(env, logs / "gateway-deny-all.log")
-    yield running
-    running.stop()
+    log = logs / "gateway-deny-all.log"
+    with servers.inline_gateway_with(server_env, log, GATEWAY_POLICY_DEFAULT="deny") as running:
+        yield running
 
 
 def test_under_a_deny_all_stance_an_agent_sees_and_calls_only_what_a_rule_allows(deny_all_gateway, world):

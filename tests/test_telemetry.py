@@ -37,14 +37,12 @@ class Collector(BaseHTTPRequestHandler):
 def traced_gateway(server_env, world, logs) -> Iterator[servers.Running]:
     collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
     threading.Thread(target=collector.serve_forever, daemon=True).start()
-    env = server_env | {
-        "GATEWAY_EXECUTOR": "inline",
+    otlp = {
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{collector.server_port}/v1/traces",
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: export spans at once rather than every 5 s
     }
-    running = servers.start_gateway(env, logs / "gateway-traced.log")
-    yield running
-    running.stop()
+    with servers.inline_gateway_with(server_env, logs / "gateway-traced.log", **otlp) as running:
+        yield running
     collector.shutdown()
 
 
