@@ -98,3 +98,13 @@ def test_the_dashboard_sums_calls_errors_and_latency_percentiles_per_upstream(db
     assert (total.calls, total.errors, total.error_rate, total.p50, total.p95) == (20, 4, 0.2, 10.5, 19.05)
     chart = stats.chart_data()
     assert sum(chart["calls"][upstream]) == 20 and len(chart["labels"]) == 12
+
+
+def test_a_time_range_keeps_exactly_the_rows_written_inside_it(db):
+    tool = f"timed-{uuid.uuid4().hex[:8]}"
+    first, second, third = (audit_record(kind="completed", tool=tool) for _ in range(3))
+    form = AuditFilter({"tool": tool, "since": second.created_at.isoformat(), "until": third.created_at.isoformat()})
+    assert form.is_valid(), form.errors
+    assert [r.id for r in form.events()] == [second.id]
+    empty = AuditFilter({"tool": tool, "since": "2001-01-01T00:00", "until": "2001-01-02T00:00"})
+    assert empty.is_valid() and not empty.events().exists()
