@@ -70,7 +70,7 @@ SELECT upstream, date_bin(%(step)s, created_at, %(origin)s) AS bucket, count(*),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ms)
 FROM audit_auditevent
-WHERE kind = 'completed' AND created_at >= %(since)s
+WHERE kind = 'completed' AND created_at >= %(since)s AND upstream <> ''
 GROUP BY GROUPING SETS ((upstream, bucket), (upstream))
 """
 
@@ -86,7 +86,7 @@ def _percentiles(durations: list[float]) -> tuple[float | None, float | None]:
 
 def _aggregate_in_python(since: datetime, origin: datetime, step: timedelta) -> list[tuple]:
     groups: dict[tuple[str, datetime | None], list[tuple[str, float | None]]] = defaultdict(list)
-    completed = AuditEvent.objects.filter(kind=AuditEvent.Kind.COMPLETED, created_at__gte=since)
+    completed = AuditEvent.objects.filter(kind=AuditEvent.Kind.COMPLETED, created_at__gte=since).exclude(upstream="")
     for upstream, at, outcome, duration in completed.values_list("upstream", "created_at", "outcome", "duration_ms"):
         bucket = origin + ((at - origin) // step) * step
         for key in ((upstream, bucket), (upstream, None)):

@@ -30,8 +30,10 @@ class AuditFilter(forms.Form):
     tool = forms.CharField(required=False, max_length=256)
     outcome = forms.ChoiceField(required=False, choices=[("", "any outcome"), *AuditEvent.Outcome.choices])
     error_code = forms.CharField(required=False, max_length=48)
-    request_id = forms.UUIDField(required=False)
-    trace_id = forms.RegexField(required=False, regex=r"^[0-9a-f]{32}$", error_messages={"invalid": "32 hex digits"})
+    request_id = forms.UUIDField(required=False, label="Request id")
+    trace_id = forms.RegexField(
+        required=False, label="Trace id", regex=r"^[0-9a-f]{32}$", error_messages={"invalid": "32 hex digits"}
+    )
 
     FIELDS = {
         "kind": "kind",

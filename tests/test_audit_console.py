@@ -93,7 +93,9 @@ def test_the_dashboard_sums_calls_errors_and_latency_percentiles_per_upstream(db
         audit_record(kind="completed", upstream=upstream, tool="t", outcome="error" if ms % 5 == 0 else "ok",
                      duration_ms=float(ms))  # fmt: skip
     audit_record(kind="approved", upstream=upstream, tool="t")  # not a completion: not counted
+    audit_record(kind="completed", tool="t", outcome="ok")  # no upstream (no call's row): not a row of the table
     stats = window_stats(window="hour")
+    assert "" not in stats.totals
     total = stats.totals[upstream]
     assert (total.calls, total.errors, total.error_rate, total.p50, total.p95) == (20, 4, 0.2, 10.5, 19.05)
     chart = stats.chart_data()
