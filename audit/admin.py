@@ -17,24 +17,14 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from audit.models import AuditCheckpoint, AuditEvent
-from audit.selectors import AuditFilter, audit_page, audit_stream, request_story
+from audit.selectors import AuditFilter, audit_page, audit_stream, is_auditor, request_story, shown_detail
 from audit.services import audit_record
 
-AUDITOR_GROUP = "Auditor"
 EXPORT_FIELDS = [
     "created_at", "kind", "request_id", "trace_id", "agent_name", "session_id", "transport", "upstream", "tool",
     "exposed_name", "outcome", "error_code", "error_detail", "duration_ms", "response_bytes", "arguments_sha256",
     "actor", "detail", "mac",
 ]  # fmt: skip
-
-
-def is_auditor(request: HttpRequest) -> bool:
-    return request.user.groups.filter(name=AUDITOR_GROUP).exists()
-
-
-def shown_detail(detail: dict[str, Any], auditor: bool) -> dict[str, Any]:
-    """The detail as this user may see it: without argument payloads unless an auditor."""
-    return detail if auditor else {k: v for k, v in detail.items() if k != "arguments"}
 
 
 class ReadOnlyAdminMixin:

@@ -8,9 +8,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from audit.admin import is_auditor, shown_detail
 from audit.models import AuditEvent
-from audit.selectors import PAGE_SIZE, AuditFilter, audit_page
+from audit.selectors import PAGE_SIZE, AuditFilter, audit_page, is_auditor, shown_detail
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

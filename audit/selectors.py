@@ -12,9 +12,11 @@ from typing import Any
 
 from django import forms
 from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from audit.models import AuditEvent
 
+AUDITOR_GROUP = "Auditor"  # made by a migration; its members alone see argument payloads
 PAGE_SIZE = 50
 _CHUNK = 2_000
 
@@ -118,3 +120,12 @@ def audit_stream(*, rows: QuerySet[AuditEvent], fields: list[str]) -> Iterator[d
         if len(chunk) < _CHUNK:
             return
         before = chunk[-1]["id"]
+
+
+def is_auditor(request: HttpRequest) -> bool:
+    return request.user.groups.filter(name=AUDITOR_GROUP).exists()
+
+
+def shown_detail(detail: dict[str, Any], auditor: bool) -> dict[str, Any]:
+    """The detail as this user may see it: without argument payloads unless an auditor."""
+    return detail if auditor else {k: v for k, v in detail.items() if k != "arguments"}

@@ -7,10 +7,9 @@ import uuid
 import pytest
 from django.contrib.auth.models import Group
 
-from audit.admin import AUDITOR_GROUP
 from audit.dashboard import window_stats
 from audit.models import AuditEvent
-from audit.selectors import AuditFilter, audit_page
+from audit.selectors import AUDITOR_GROUP, AuditFilter, audit_page
 from audit.services import audit_record
 from tests.helpers import audit_mark
 

@@ -1,6 +1,6 @@
 from django.db import migrations
 
-AUDITOR_GROUP = "Auditor"  # audit.admin.AUDITOR_GROUP: who sees argument payloads
+AUDITOR_GROUP = "Auditor"  # audit.selectors.AUDITOR_GROUP: who sees argument payloads
 
 
 def auditor_group(apps, schema_editor) -> None:
