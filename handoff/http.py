@@ -10,6 +10,7 @@ from django.conf import settings
 from mcp import types
 from mcp.server.transport_security import TransportSecuritySettings
 
+from audit.telemetry import SESSIONS
 from handoff.background import ProcessTask
 from handoff.caller import Caller, caller_from_scope, header, host_allowed, origin_allowed
 from handoff.dispatcher import server
@@ -25,6 +26,9 @@ sdk_app = server.streamable_http_app(
     max_sessions=settings.GATEWAY_MAX_LEGACY_SESSIONS,
     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
 )
+# The SDK closes idle sessions on its own and says so to nobody but its log; its table of live sessions is
+# the one count that stays true (read at scrape time; no public accessor exists).
+SESSIONS.labels("http").set_function(lambda: len(server.session_manager._server_instances))
 
 
 class BodyTooLarge(Exception):

@@ -5,12 +5,13 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import anyio
 import httpx2
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests import servers
-from tests.clients import call
+from tests.clients import call, sdk_client, ws_session
 from tests.helpers import audit_mark, audit_since, eventually, run
 
 
@@ -80,3 +81,24 @@ def test_metrics_ask_for_the_token_when_one_is_set(traced_gateway):
         allowed = Client(HTTP_HOST="localhost").get("/metrics", headers={"Authorization": "Bearer " + "m" * 32})
     assert (refused.status_code, refused["WWW-Authenticate"]) == (401, 'Bearer realm="metrics"')
     assert allowed.status_code == 200
+
+
+def test_open_sessions_are_counted_while_open_on_both_transports(traced_gateway, world):
+    http_open, ws_open = 'switchboard_open_sessions{transport="http"}', 'switchboard_open_sessions{transport="ws"}'
+
+    def scrape() -> str:
+        return httpx2.get(f"{traced_gateway.url}/metrics").text
+
+    async def scenario() -> tuple[str, str]:
+        async with sdk_client(traced_gateway.url, world.key, "legacy") as client:
+            await client.list_tools()
+            async with ws_session(traced_gateway.url, world.key):
+                during = await anyio.to_thread.run_sync(scrape)
+        return during, await anyio.to_thread.run_sync(scrape)
+
+    before = scrape()
+    during, after = run(scenario)
+    assert sample(during, http_open) - sample(before, http_open) == 1.0
+    assert sample(during, ws_open) - sample(before, ws_open) == 1.0
+    assert eventually(lambda: sample(scrape(), http_open) == sample(before, http_open))
+    assert eventually(lambda: sample(scrape(), ws_open) == sample(before, ws_open))
