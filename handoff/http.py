@@ -3,6 +3,7 @@ which serves both protocol eras and hands every message to the dispatcher."""
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
@@ -26,9 +27,17 @@ sdk_app = server.streamable_http_app(
     max_sessions=settings.GATEWAY_MAX_LEGACY_SESSIONS,
     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
 )
-# The SDK closes idle sessions on its own and says so to nobody but its log; its table of live sessions is
-# the one count that stays true (read at scrape time; no public accessor exists).
-SESSIONS.labels("http").set_function(lambda: len(server.session_manager._server_instances))
+
+
+def live_session_ids() -> Collection[str]:
+    """The sessions the SDK holds now. It closes idle ones on its own and tells nobody but its log, so its
+    table is the one account that stays true (no public accessor exists)."""
+    return server.session_manager._server_instances.keys()
+
+
+SESSIONS.labels("http").set_function(lambda: len(live_session_ids()))
+# How often sessions the SDK let expire are looked for: a fraction of the idle time, at most a minute.
+REAP_SECONDS = min(60.0, max(0.5, settings.GATEWAY_SESSION_IDLE_SECONDS / 4))
 
 
 class BodyTooLarge(Exception):
@@ -66,28 +75,45 @@ async def _read_body(receive: Any, limit: int) -> bytes:
 async def _serve_sessions(ready: asyncio.Future) -> None:
     async with server.session_manager.run():
         ready.set_result(None)
-        await asyncio.Event().wait()
+        while True:
+            await asyncio.sleep(REAP_SECONDS)
+            for caller in owners.vanished(live_session_ids()):
+                await _session_end(caller, "expired (idle)")
+
+
+async def _session_end(caller: Caller, reason: str) -> None:
+    await end_handoff(caller)
+    await session_record(caller, "closed", reason=reason)
 
 
 session_manager = ProcessTask(_serve_sessions)
 
 
 class SessionOwners:
-    """Which agent opened each 2025-11-25 session in this process. The SDK's session manager knows no
-    principals: without this, any valid key could drive another agent's session if it learned the id."""
+    """Who opened each 2025-11-25 session in this process. The SDK's session manager knows no principals:
+    without this, any valid key could drive another agent's session if it learned the id. It is also how a
+    session's end is recorded, whether the client deleted it or the SDK let it expire."""
 
     def __init__(self, capacity: int) -> None:
-        self._owners: OrderedDict[str, int] = OrderedDict()
+        self._owners: OrderedDict[str, Caller] = OrderedDict()
         self._capacity = capacity
 
-    def claim(self, session_id: str, agent_id: int) -> None:
-        self._owners[session_id] = agent_id
+    def claim(self, caller: Caller) -> None:
+        self._owners[caller.session_id] = caller
         while len(self._owners) > self._capacity:
             self._owners.popitem(last=False)
 
     def may_use(self, session_id: str, agent_id: int) -> bool:
         owner = self._owners.get(session_id)
-        return owner is None or owner == agent_id  # unknown ids are the SDK's to refuse
+        return owner is None or owner.agent_id == agent_id  # unknown ids are the SDK's to refuse
+
+    def release(self, session_id: str) -> Caller | None:
+        return self._owners.pop(session_id, None)
+
+    def vanished(self, live: Collection[str]) -> list[Caller]:
+        """The sessions claimed here that the SDK no longer holds, forgotten as they are returned."""
+        gone = [session_id for session_id in self._owners if session_id not in live]
+        return [self._owners.pop(session_id) for session_id in gone]
 
     def recording(self, send: Any, caller: Caller) -> Any:
         """`send`, noting (and auditing) the owner of a session id the response hands out."""
@@ -96,9 +122,9 @@ class SessionOwners:
             if message["type"] == "http.response.start":
                 for name, value in message.get("headers", []):
                     if name.lower() == b"mcp-session-id":
-                        session_id = value.decode("latin-1")
-                        self.claim(session_id, caller.agent_id)
-                        await session_record(replace(caller, session_id=session_id), "opened")
+                        opened = replace(caller, session_id=value.decode("latin-1"))
+                        self.claim(opened)
+                        await session_record(opened, "opened")
             await send(message)
 
         return send_and_claim
@@ -142,9 +168,8 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
     background_start()
     replayed = _replay(body, receive) if scope["method"] == "POST" else receive
     await sdk_app(scope, replayed, owners.recording(send, caller) if not session_id else send)
-    if scope["method"] == "DELETE" and session_id:
-        await end_handoff(replace(caller, session_id=session_id))
-        await session_record(replace(caller, session_id=session_id), "closed", reason="deleted by the client")
+    if scope["method"] == "DELETE" and session_id and (owner := owners.release(session_id)):
+        await _session_end(owner, "deleted by the client")
 
 
 def _replay(body: bytes, receive: Any) -> Any:

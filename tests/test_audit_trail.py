@@ -4,11 +4,13 @@ import json
 from collections import Counter
 
 import anyio
+import httpx2
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
 from audit.services import audit_record, canonical_sha256
-from tests.clients import sdk_client, ws_session
+from tests import servers
+from tests.clients import INITIALIZE, sdk_client, ws_session
 from tests.conftest import needs
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -154,3 +156,17 @@ def test_sessions_opening_and_closing_are_recorded_on_both_transports(inline_gat
     ]
     assert rows[0].session_id == rows[1].session_id and rows[2].session_id == rows[3].session_id
     assert rows[1].detail["reason"] == "deleted by the client"
+
+
+def test_a_session_the_gateway_lets_expire_is_recorded_as_closed(server_env, world, logs):
+    log = logs / "gateway-short-sessions.log"
+    with servers.inline_gateway_with(server_env, log, GATEWAY_SESSION_IDLE_SECONDS="1") as gateway:
+        mark = audit_mark()
+        headers = {"Authorization": f"Bearer {world.key}", "Accept": "application/json, text/event-stream"}
+        opened = httpx2.post(f"{gateway.url}/mcp", json=INITIALIZE, headers=headers, timeout=5)
+        session_id = opened.headers["mcp-session-id"]  # and then the client goes quiet, without a DELETE
+        rows = eventually(lambda: (r := audit_since(mark, sessions=True)) and len(r) == 2 and r)
+    assert [(r.session_id, r.detail["action"]) for r in rows] == [
+        (session_id, "session_opened"), (session_id, "session_closed")
+    ]  # fmt: skip
+    assert rows[1].detail["reason"] == "expired (idle)"
