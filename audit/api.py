@@ -23,6 +23,11 @@ class AuditEventSerializer(serializers.ModelSerializer):
         return shown_detail(event.detail, self.context["auditor"])
 
 
+class PagingSerializer(serializers.Serializer):
+    before = serializers.IntegerField(min_value=1, required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=500, default=PAGE_SIZE, source="size")
+
+
 class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     """Every audit row, filterable by since, until, kind, agent, upstream, tool, outcome, error_code,
     request_id and trace_id."""
@@ -37,8 +42,8 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
         form = AuditFilter(request.query_params)
         if not form.is_valid():
             raise ValidationError(form.errors)
-        before = request.query_params.get("before", "")
-        size = min(int(request.query_params.get("limit", PAGE_SIZE) or PAGE_SIZE), 500)
-        page = audit_page(rows=form.events(), before=int(before) if before.isdigit() else None, size=size)
+        paging = PagingSerializer(data=request.query_params)
+        paging.is_valid(raise_exception=True)
+        page = audit_page(rows=form.events(), **paging.validated_data)
         rows = self.get_serializer(page.rows, many=True).data
         return Response({"results": rows, "next_before": page.older})

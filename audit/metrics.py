@@ -1,7 +1,8 @@
 """`GET /metrics`: Prometheus text of this web process (calls, errors, latencies by upstream, open sessions:
 audit/telemetry.py) plus, read at scrape time, each upstream's circuit and the live handoff tunnels.
 
-With GATEWAY_METRICS_TOKEN set, a scraper sends it as a bearer token; without it, only loopback may scrape."""
+With GATEWAY_METRICS_TOKEN set, a scraper sends it as a bearer token; without it, only loopback may scrape,
+and not through a proxy."""
 
 import hmac
 from collections.abc import Iterator
@@ -51,8 +52,9 @@ REGISTRY.register(GatewayStateCollector())
 
 def _allowed(request: HttpRequest) -> bool:
     token = settings.GATEWAY_METRICS_TOKEN
-    if not token:
-        return request.META.get("REMOTE_ADDR") in LOOPBACK
+    if not token:  # a request a proxy on this host forwarded comes from loopback too: it names its client
+        forwarded = any(name in request.headers for name in ("Forwarded", "X-Forwarded-For", "X-Real-Ip"))
+        return request.META.get("REMOTE_ADDR") in LOOPBACK and not forwarded
     scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(sent.encode(), token.encode())
 

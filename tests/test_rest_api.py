@@ -96,6 +96,8 @@ def test_the_audit_feed_pages_by_keyset_and_filters(inline_gateway, admin_token)
     assert rest["next_before"] is None
     bad = api(inline_gateway, "GET", "audit", admin_token, params={"trace_id": "x"})
     assert (bad.status_code, bad.json()) == (400, {"trace_id": ["32 hex digits"]})
+    greedy = api(inline_gateway, "GET", "audit", admin_token, params={"limit": "all"})
+    assert (greedy.status_code, greedy.json()) == (400, {"limit": ["A valid integer is required."]})
     assert api(inline_gateway, "POST", "audit", admin_token, json={}).status_code == 405
 
 

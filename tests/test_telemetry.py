@@ -76,6 +76,8 @@ def test_metrics_count_calls_by_upstream_and_show_circuits(traced_gateway, world
 def test_metrics_ask_for_the_token_when_one_is_set(traced_gateway):
     from django.test import Client, override_settings
 
+    proxied = httpx2.get(f"{traced_gateway.url}/metrics", headers={"X-Forwarded-For": "203.0.113.9"})
+    assert proxied.status_code == 401  # loopback, but on behalf of someone else
     with override_settings(GATEWAY_METRICS_TOKEN="m" * 32):
         refused = Client(HTTP_HOST="localhost").get("/metrics")
         allowed = Client(HTTP_HOST="localhost").get("/metrics", headers={"Authorization": "Bearer " + "m" * 32})
