@@ -2,7 +2,8 @@
 
 Every tools/call runs in an OpenTelemetry span whose trace id is the one its audit rows store, so a trace
 in a tracing backend and a request in the audit browser find each other. The span continues the agent's
-trace when the request's `_meta` carries a W3C `traceparent`. Spans go to an OTLP collector when
+trace when the request's `_meta` carries a W3C `traceparent`, and the upstream's call carries the span's own
+`traceparent` in its `_meta` in turn (both executors). Spans go to an OTLP collector when
 OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set; without one they are made (for their ids)
 and dropped.
 
@@ -59,6 +60,13 @@ def call_span(name: str, meta: dict[str, Any] | None) -> Iterator[Span]:
 
 def trace_id_of(span: Span) -> str:
     return format(span.get_span_context().trace_id, "032x")
+
+
+def current_traceparent() -> str:
+    """The W3C traceparent of the span this task runs in ("" outside any), for the upstream's `_meta`."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier)
+    return carrier.get("traceparent", "")
 
 
 def call_observe(*, upstream: str, outcome: str, duration_ms: float) -> None:

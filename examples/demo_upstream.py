@@ -79,6 +79,11 @@ TOOLS = [
         description="Over HTTP: the value of the named request header (to check what a gateway sends).",
         input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
     ),
+    types.Tool(
+        name="trace",
+        description="The W3C traceparent the request's _meta carried (to check what a gateway propagates).",
+        input_schema={"type": "object", "properties": {}},
+    ),
 ]
 
 
@@ -154,6 +159,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         case "env":
             name = str(args["name"])
             return text(os.environ.get(name, "") if name.startswith("DEMO_") else "")
+        case "trace":
+            return text(str((params.meta or {}).get("traceparent", "")))
         case "header":
             headers = ctx.request.headers if ctx.request is not None else {}
             return text(headers.get(str(args["name"]), ""))

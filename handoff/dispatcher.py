@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.services import canonical_sha256
-from audit.telemetry import DENIALS, call_observe, call_span, trace_id_of
+from audit.telemetry import DENIALS, call_observe, call_span, current_traceparent, trace_id_of
 from handoff.caller import Caller, caller_of
 from handoff.db import database_async
 from handoff.handoffs import (
@@ -70,6 +70,7 @@ async def _execute(route: Route, arguments: dict[str, Any], tunnel: SessionTunne
             tool=route.tool,
             arguments=arguments,
             timeout=route.timeout,
+            traceparent=current_traceparent(),
         )
     except Exception as exc:
         logger.exception("executor failed on %s/%s", route.upstream_slug, route.tool)

@@ -29,7 +29,14 @@ REPLY_TTL_SECONDS = 60
 
 class Executor(Protocol):
     async def call_tool(
-        self, *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], timeout: float
+        self,
+        *,
+        upstream_id: int,
+        revision: int,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        traceparent: str = "",
     ) -> Outcome: ...
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome: ...
@@ -49,10 +56,18 @@ class Executor(Protocol):
 
 class InlineExecutor:
     async def call_tool(
-        self, *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], timeout: float
+        self,
+        *,
+        upstream_id: int,
+        revision: int,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        traceparent: str = "",
     ) -> Outcome:
         runner = pool_thread()
-        return await asyncio.wrap_future(runner.submit(runner.pool.call_tool(upstream_id, revision, tool, arguments)))
+        calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent)
+        return await asyncio.wrap_future(runner.submit(calling))
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         runner = pool_thread()
@@ -139,7 +154,14 @@ async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float) -> O
 
 class CeleryExecutor:
     async def call_tool(
-        self, *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], timeout: float
+        self,
+        *,
+        upstream_id: int,
+        revision: int,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        traceparent: str = "",
     ) -> Outcome:
         from registry.tasks import call_tool_task  # tasks import this module
 
@@ -149,6 +171,7 @@ class CeleryExecutor:
             "revision": revision,
             "tool": tool,
             "arguments": arguments,
+            "traceparent": traceparent,
             "reply_to": key,
         }
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS

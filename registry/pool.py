@@ -208,8 +208,10 @@ class UpstreamPool:
             connection.in_flight -= 1
             connection.last_used = anyio.current_time()
 
-    async def call_tool(self, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any]) -> Outcome:
-        return await self._run(upstream_id, revision, _calling(tool, arguments))
+    async def call_tool(
+        self, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], traceparent: str = ""
+    ) -> Outcome:
+        return await self._run(upstream_id, revision, _calling(tool, arguments, traceparent))
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
         return await self._run(upstream_id, revision, _list_every_page)
@@ -254,9 +256,11 @@ class UpstreamPool:
         return list(self._tunnels)
 
 
-def _calling(tool: str, arguments: dict[str, Any]) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+def _calling(tool: str, arguments: dict[str, Any], traceparent: str) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+    sent_meta = {"traceparent": traceparent} if traceparent else None  # the gateway's span, the upstream's parent
+
     async def call(client: Any) -> dict[str, Any]:
-        result = await client.call_tool(tool, arguments)
+        result = await client.call_tool(tool, arguments, meta=sent_meta)
         wire = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         meta = {k: v for k, v in (wire.pop("_meta", None) or {}).items() if k != SERVER_INFO_KEY}
         return wire | ({"_meta": meta} if meta else {})

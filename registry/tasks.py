@@ -16,9 +16,12 @@ HARD_LIMIT = settings.GATEWAY_MAX_TIMEOUT + settings.GATEWAY_CONNECT_TIMEOUT + 3
 
 
 @shared_task(name="registry.call_tool", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
-def call_tool_task(*, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], reply_to: str) -> None:
+def call_tool_task(
+    *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], reply_to: str, traceparent: str = ""
+) -> None:
     runner = pool_thread()
-    runner.submit(reply_after(reply_to, runner.pool.call_tool(upstream_id, revision, tool, arguments))).result()
+    calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent)
+    runner.submit(reply_after(reply_to, calling)).result()
 
 
 @shared_task(name="registry.list_tools", ignore_result=True, time_limit=HARD_LIMIT)

@@ -10,7 +10,7 @@ from mcp.shared.exceptions import MCPError
 from audit.models import AuditEvent
 from audit.services import audit_record, canonical_sha256
 from tests import servers
-from tests.clients import INITIALIZE, sdk_client, ws_session
+from tests.clients import INITIALIZE, call, sdk_client, ws_session
 from tests.conftest import needs
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -170,3 +170,12 @@ def test_a_session_the_gateway_lets_expire_is_recorded_as_closed(server_env, wor
         (session_id, "session_opened"), (session_id, "session_closed")
     ]  # fmt: skip
     assert rows[1].detail["reason"] == "expired (idle)"
+
+
+def test_the_upstream_receives_the_calls_trace_in_its_meta(gateway, world):
+    mark = audit_mark()
+    result = eventually(lambda: (r := run(lambda: call(gateway.url, world.key, "demo__trace"))) and not
+                        isinstance(r, MCPError) and r)  # fmt: skip
+    version, trace_id, span_id, flags = result.content[0].text.split("-")
+    [completed] = [r for r in audit_since(mark) if r.kind == "completed" and r.tool == "trace"]
+    assert (version, trace_id, len(span_id)) == ("00", completed.trace_id, 16) and int(flags, 16) & 1  # sampled
