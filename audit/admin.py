@@ -57,9 +57,12 @@ class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    def _filters(self, request: HttpRequest) -> AuditFilter:
+    def _require_view(self, request: HttpRequest) -> None:
         if not self.has_view_permission(request):
             raise PermissionDenied
+
+    def _filters(self, request: HttpRequest) -> AuditFilter:
+        self._require_view(request)
         return AuditFilter(request.GET)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
@@ -95,14 +98,14 @@ class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return TemplateResponse(request, "admin/audit/request.html", context)
 
     def request_view(self, request: HttpRequest, request_id: uuid.UUID) -> HttpResponse:
-        self._filters(request)
+        self._require_view(request)
         rows = request_story(request_id=request_id)
         if not rows:
             raise Http404(f"No audit rows for request {request_id}")
         return self._story(request, rows, f"Request {request_id}")
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
-        self._filters(request)
+        self._require_view(request)
         event = get_object_or_404(AuditEvent, pk=_int(object_id) or 0)
         rows = request_story(request_id=event.request_id) if event.request_id else [event]
         return self._story(request, rows, f"Audit event {event.pk}")
