@@ -109,3 +109,21 @@ def test_a_time_range_keeps_exactly_the_rows_written_inside_it(db):
     assert [r.id for r in form.events()] == [second.id]
     empty = AuditFilter({"tool": tool, "since": "2001-01-01T00:00", "until": "2001-01-02T00:00"})
     assert empty.is_valid() and not empty.events().exists()
+
+
+def test_staff_without_the_view_permission_sees_no_trail(db, payload_row):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    clerk = get_user_model().objects.create_user("audit-clerk", password="clerk-pw-for-tests", is_staff=True)
+    client = Client()
+    client.force_login(clerk)
+    try:
+        urls = ["/admin/audit/auditevent/", f"/admin/audit/auditevent/request/{payload_row.request_id}/",
+                f"/admin/audit/auditevent/{payload_row.id}/change/", "/admin/audit/auditevent/export.csv"]  # fmt: skip
+        statuses = [client.get(url).status_code for url in urls]
+        dashboard = client.get("/admin/").content.decode()
+    finally:
+        clerk.delete()
+    assert statuses == [403, 403, 403, 403]
+    assert 'id="dashboard"' not in dashboard
