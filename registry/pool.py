@@ -256,7 +256,7 @@ class UpstreamPool:
         return list(self._tunnels)
 
 
-def _calling(tool: str, arguments: dict[str, Any], traceparent: str) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+def _calling(tool: str, arguments: dict[str, Any], traceparent: str = "") -> Callable[[Any], Awaitable[dict[str, Any]]]:
     sent_meta = {"traceparent": traceparent} if traceparent else None  # the gateway's span, the upstream's parent
 
     async def call(client: Any) -> dict[str, Any]:
