@@ -5,13 +5,18 @@ per seal and reveals nothing), so the trail shows that a credential changed, nev
 """
 
 import hashlib
+import json
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Model
 
 # Bookkeeping, and a key's digest (a hash of a secret is no business of the trail's).
-IGNORED = frozenset({"id", "created_at", "updated_at", "revision", "last_synced_at", "last_sync_error", "digest"})
+IGNORED = frozenset(
+    {"id", "created_at", "updated_at", "revision", "last_synced_at", "last_sync_error", "digest", "last_login"}
+)
+MASKED = frozenset({"password"})  # an operator's password hash: shown changed, never shown
 
 
 def _masked(value: Any) -> str:
@@ -36,13 +41,15 @@ def object_state(obj: Model, *, secret_maps: tuple[str, ...] = (), urls: tuple[s
         if field.is_relation:
             related = getattr(obj, field.name)
             state[field.name] = str(related) if related is not None else None
+        elif field.name in MASKED:
+            state[field.name] = _masked(field.value_from_object(obj))
         elif field.name in secret_maps:
             state[field.name] = {key: _masked(value) for key, value in (field.value_from_object(obj) or {}).items()}
         elif field.name in urls:
             state[field.name] = _url_masked(field.value_from_object(obj) or "")
         else:
             state[field.name] = field.value_from_object(obj)
-    return state
+    return json.loads(json.dumps(state, cls=DjangoJSONEncoder))  # dates, decimals and UUIDs as JSON has them
 
 
 def change_detail(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:

@@ -1,16 +1,19 @@
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.http import HttpRequest
 
 from policy.models import AdminToken, Agent, AgentGroup, AgentKey, Rule, ServerGroup
 from policy.services import (
     admin_token_revoke,
-    agent_group_members_record,
     agent_key_issue,
     agent_key_revoke,
     group_set_enabled,
     policy_object_delete,
     policy_object_save,
+    relations_record,
     rule_save,
 )
 
@@ -62,7 +65,10 @@ class AgentGroupAdmin(AuditedSaveMixin, admin.ModelAdmin):
 
     def save_related(self, request, form, formsets, change) -> None:
         super().save_related(request, form, formsets, change)
-        agent_group_members_record(group=form.instance, actor=request.user.get_username())
+        members = form.instance.agents.values_list("name", flat=True)
+        relations_record(
+            obj=form.instance, actor=request.user.get_username(), action="agentgroup_members", members=members
+        )
 
 
 @admin.register(ServerGroup)
@@ -155,3 +161,39 @@ class AdminTokenAdmin(admin.ModelAdmin):
         for token in queryset.select_related("user"):
             admin_token_revoke(token=token, actor=request.user.get_username())
         self.message_user(request, f"{queryset.count()} token(s) revoked.")
+
+
+def _permission_names(permissions) -> list[str]:
+    return [f"{p.content_type.app_label}.{p.codename}" for p in permissions.select_related("content_type")]
+
+
+# The console's own operators: who may do what in it is an admin change like any other.
+admin.site.unregister(get_user_model())
+admin.site.unregister(Group)
+
+
+@admin.register(get_user_model())
+class OperatorAdmin(AuditedSaveMixin, UserAdmin):
+    def save_related(self, request, form, formsets, change) -> None:
+        super().save_related(request, form, formsets, change)
+        user = form.instance
+        relations_record(
+            obj=user,
+            actor=request.user.get_username(),
+            action="user_access",
+            groups=user.groups.values_list("name", flat=True),
+            permissions=_permission_names(user.user_permissions),
+        )
+
+
+@admin.register(Group)
+class OperatorGroupAdmin(AuditedSaveMixin, GroupAdmin):
+    def save_related(self, request, form, formsets, change) -> None:
+        super().save_related(request, form, formsets, change)
+        group = form.instance
+        relations_record(
+            obj=group,
+            actor=request.user.get_username(),
+            action="group_access",
+            permissions=_permission_names(group.permissions),
+        )

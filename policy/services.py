@@ -11,7 +11,7 @@ from audit.changes import change_detail, object_state
 from audit.services import audit_record
 from handoff.snapshot import config_changed
 from policy.keys import ADMIN_TOKEN_PREFIX, KEY_PREFIX, key_digest
-from policy.models import AdminToken, Agent, AgentGroup, AgentKey, Rule, ServerGroup
+from policy.models import AdminToken, Agent, AgentKey, Rule, ServerGroup
 
 
 @dataclass(frozen=True)
@@ -105,14 +105,11 @@ def policy_object_save(*, obj: Model, actor: str, created: bool) -> None:
         audit_record(kind="admin_change", actor=actor, detail=detail)
 
 
-def agent_group_members_record(*, group: AgentGroup, actor: str) -> None:
-    """After the admin saved a group's members: who is in it now."""
-    members = sorted(group.agents.values_list("name", flat=True))
-    audit_record(
-        kind="admin_change",
-        actor=actor,
-        detail={"action": "agentgroup_members", "name": group.name, "members": members},
-    )
+def relations_record(*, obj: Model, actor: str, action: str, **relations: list[str]) -> None:
+    """After the admin saved an object's many-to-many relations (a group's members, an operator's groups and
+    permissions): what they are now."""
+    detail = {"action": action, "name": str(obj)} | {name: sorted(values) for name, values in relations.items()}
+    audit_record(kind="admin_change", actor=actor, detail=detail)
 
 
 def admin_token_issue(*, user: Any, label: str = "", actor: str = "") -> str:

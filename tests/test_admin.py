@@ -4,6 +4,8 @@ read-only."""
 import json
 
 import anyio
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 
 from audit.models import AuditEvent
 from policy.limits import limit_store
@@ -224,3 +226,28 @@ def test_deleting_in_the_admin_and_revoking_a_key_inline_are_audited(admin_clien
     assert ("operator", "agent_key_revoked") in rows and rows[-1] == ("operator", "agent_deleted")
     [gone] = AuditEvent.objects.filter(id__gt=mark, detail__action="agent_deleted")
     assert gone.detail["before"]["name"] == "doomed" and gone.detail["after"] is None
+
+
+def test_operator_accounts_changed_in_the_admin_are_audited_with_the_password_masked(admin_client):
+    mark = audit_mark()
+    password = "Zq8!long-enough-pw"
+    form = {"username": "newop", "password1": password, "password2": password, "usable_password": "true"}
+    created = admin_client.post("/admin/auth/user/add/", form)
+    newop = get_user_model().objects.get(username="newop")
+    try:
+        assert created.status_code == 302
+        auditors = Group.objects.get(name="Auditor")
+        form = {"username": "newop", "is_active": "on", "is_staff": "on", "groups": [auditors.pk],
+                "date_joined_0": "2026-11-22", "date_joined_1": "08:00:00"}  # fmt: skip
+        changed = admin_client.post(f"/admin/auth/user/{newop.pk}/change/", form)
+        assert changed.status_code == 302, changed.content.decode()[:3000]
+        rows = [r for r in audit_since(mark) if r.kind == "admin_change" and r.actor == "operator"]
+    finally:
+        newop.delete()
+    actions = [r.detail["action"] for r in rows]
+    assert actions == ["user_created", "user_access", "user_saved", "user_access"]
+    made = rows[0].detail["after"]
+    assert made["username"] == "newop" and made["password"].startswith("•••• ")
+    assert newop.password not in json.dumps([r.detail for r in rows])
+    assert rows[2].detail["after"]["is_staff"] is True and rows[3].detail["groups"] == ["Auditor"]
+    assert "password" not in rows[2].detail["after"]  # unchanged: not in the change
