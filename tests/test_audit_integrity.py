@@ -180,3 +180,15 @@ def test_a_checkpoint_holds_only_settled_rows(db):
     seal_all()
     some_rows(1)
     assert checkpoint_create() is None  # just written: a transaction open now could still add rows before it
+
+
+def test_the_periodic_tasks_seal_what_settled_and_keep_everything_when_retention_is_off(db):
+    from audit.tasks import audit_checkpoint, audit_retention
+
+    some_rows(2)
+    with override_settings(GATEWAY_AUDIT_CHECKPOINT_SETTLE_SECONDS=-1, GATEWAY_AUDIT_CHECKPOINT_MAX_ROWS=1):
+        made = audit_checkpoint()  # one checkpoint per row here, until nothing is left
+    assert made >= 2 and checkpoint_create(now=timezone.now() + LATER) is None
+    with override_settings(GATEWAY_AUDIT_RETENTION_DAYS=0):
+        assert audit_retention() == 0
+    assert audit_verify().intact
