@@ -30,7 +30,20 @@ class AuditedDeleteMixin:
 
 
 class AuditedSaveMixin(AuditedDeleteMixin):
-    """Saves (and deletes) through the policy services, so every change made in the admin is an audit row."""
+    """Saves (and deletes) through the policy services, so every change made in the admin is an audit row;
+    `related_action` and `relations` name what the form's many-to-many fields hold after a save."""
+
+    related_action = ""
+
+    def relations(self, obj) -> dict[str, list[str]]:
+        return {}
+
+    def save_related(self, request, form, formsets, change) -> None:
+        super().save_related(request, form, formsets, change)
+        if self.related_action:
+            actor = request.user.get_username()
+            relations = self.relations(form.instance)
+            relations_record(obj=form.instance, actor=actor, action=self.related_action, **relations)
 
     def save_model(self, request, obj, form, change) -> None:
         policy_object_save(obj=obj, actor=request.user.get_username(), created=not change)
@@ -63,12 +76,10 @@ class AgentGroupAdmin(AuditedSaveMixin, admin.ModelAdmin):
     list_display = ("name",)
     filter_horizontal = ("agents",)
 
-    def save_related(self, request, form, formsets, change) -> None:
-        super().save_related(request, form, formsets, change)
-        members = form.instance.agents.values_list("name", flat=True)
-        relations_record(
-            obj=form.instance, actor=request.user.get_username(), action="agentgroup_members", members=members
-        )
+    related_action = "agentgroup_members"
+
+    def relations(self, group: AgentGroup) -> dict[str, list[str]]:
+        return {"members": group.agents.values_list("name", flat=True)}
 
 
 @admin.register(ServerGroup)
@@ -174,26 +185,18 @@ admin.site.unregister(Group)
 
 @admin.register(get_user_model())
 class OperatorAdmin(AuditedSaveMixin, UserAdmin):
-    def save_related(self, request, form, formsets, change) -> None:
-        super().save_related(request, form, formsets, change)
-        user = form.instance
-        relations_record(
-            obj=user,
-            actor=request.user.get_username(),
-            action="user_access",
-            groups=user.groups.values_list("name", flat=True),
-            permissions=_permission_names(user.user_permissions),
-        )
+    related_action = "user_access"
+
+    def relations(self, user) -> dict[str, list[str]]:
+        return {
+            "groups": user.groups.values_list("name", flat=True),
+            "permissions": _permission_names(user.user_permissions),
+        }
 
 
 @admin.register(Group)
 class OperatorGroupAdmin(AuditedSaveMixin, GroupAdmin):
-    def save_related(self, request, form, formsets, change) -> None:
-        super().save_related(request, form, formsets, change)
-        group = form.instance
-        relations_record(
-            obj=group,
-            actor=request.user.get_username(),
-            action="group_access",
-            permissions=_permission_names(group.permissions),
-        )
+    related_action = "group_access"
+
+    def relations(self, group: Group) -> dict[str, list[str]]:
+        return {"permissions": _permission_names(group.permissions)}
