@@ -142,13 +142,14 @@ def async_redis(url: str = "") -> aredis.Redis:
 
 
 async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float) -> Outcome:
-    """Publish to queue `upstream` and wait up to `wait` seconds for the reply on `kwargs["reply_to"]`."""
+    """Publish to queue `upstream` and wait up to `wait` seconds for the reply the task pushes to `reply_to`."""
     from registry.publish import task_publish  # publish and tasks both import this module
 
+    key = reply_key()
     # A task that no worker starts within the grace period could no longer answer in time: it expires
     # rather than run late.
-    await task_publish(task, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS)
-    reply = await async_redis().blpop([kwargs["reply_to"]], timeout=wait)
+    await task_publish(task, kwargs=kwargs | {"reply_to": key}, queue="upstream", expires=EXECUTOR_GRACE_SECONDS)
+    reply = await async_redis().blpop([key], timeout=wait)
     return json.loads(reply[1]) if reply else _lost(wait)
 
 
@@ -165,14 +166,12 @@ class CeleryExecutor:
     ) -> Outcome:
         from registry.tasks import call_tool_task  # tasks import this module
 
-        key = reply_key()
         kwargs = {
             "upstream_id": upstream_id,
             "revision": revision,
             "tool": tool,
             "arguments": arguments,
             "traceparent": traceparent,
-            "reply_to": key,
         }
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
         return await _publish_and_wait(call_tool_task, kwargs, wait)
@@ -182,13 +181,11 @@ class CeleryExecutor:
     ) -> Outcome:
         from registry.tasks import tunnel_open_task
 
-        key = reply_key()
         kwargs = {
             "tunnel_id": tunnel_id,
             "upstream_id": upstream_id,
             "grant": grant,
             "connect_timeout": connect_timeout,
-            "reply_to": key,
         }
         return await _publish_and_wait(tunnel_open_task, kwargs, connect_timeout + EXECUTOR_GRACE_SECONDS)
 
