@@ -27,6 +27,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.models import AuditCheckpoint, AuditEvent
+from audit.selectors import audit_stream
 from handoff.tokens import KeyRing
 
 # What a row's MAC covers (version 1). A column added later joins a new version, never this list.
@@ -52,7 +53,6 @@ SIGNED_FIELDS = (
     "detail",
 )
 PRUNED = "audit_pruned"  # the action of the retention row that marks rows as deleted on purpose
-_CHUNK = 5_000
 
 
 @cache
@@ -118,17 +118,11 @@ def _checkpoint_payload(checkpoint: AuditCheckpoint) -> bytes:
 
 
 def _rows(first: int, last: int | None) -> Iterator[dict[str, Any]]:
-    """Rows with first <= id <= last (no bound: to the end), in id order, a chunk at a time."""
-    after = first - 1
-    while True:
-        rows = AuditEvent.objects.filter(id__gt=after).order_by("id")
-        if last is not None:
-            rows = rows.filter(id__lte=last)
-        chunk = list(rows.values("id", "mac", *SIGNED_FIELDS)[:_CHUNK])
-        yield from chunk
-        if len(chunk) < _CHUNK:
-            return
-        after = chunk[-1]["id"]
+    """Rows with first <= id <= last (no bound: to the end), in id order."""
+    rows = AuditEvent.objects.filter(id__gte=first)
+    if last is not None:
+        rows = rows.filter(id__lte=last)
+    return audit_stream(rows=rows, fields=["mac", *SIGNED_FIELDS], oldest_first=True)
 
 
 class _RangeDigest:

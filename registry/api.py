@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from policy.api import AuditedModelSerializer, EnabledSerializer, by_name, enabled_from
 from policy.limits import limit_store
 from policy.models import ServerGroup
-from registry.forms import MASK
+from registry.forms import MASK, unmasked
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_delete, upstream_save, upstream_set_enabled
 
@@ -43,11 +43,10 @@ class UpstreamSerializer(AuditedModelSerializer):
         return {"state": status.state, "failures": status.failures, "retry_after": round(status.retry_after, 3)}
 
     def _unmasked(self, name: str, values: dict[str, str]) -> dict[str, str]:
-        stored = getattr(self.instance, name) if self.instance else {}
-        unknown = sorted(key for key, value in values.items() if value == MASK and key not in stored)
+        merged, unknown = unmasked(values, getattr(self.instance, name) if self.instance else {})
         if unknown:
             raise serializers.ValidationError({name: f"Send a value for {', '.join(unknown)}: none is stored yet."})
-        return {key: stored[key] if value == MASK else value for key, value in values.items()}
+        return merged
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         for name in ("env", "headers"):

@@ -12,6 +12,13 @@ from registry.models import Upstream
 MASK = "********"
 
 
+def unmasked(values: dict[str, str], stored: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """`values` with each MASK replaced by the stored value of that name, and the names sent masked that
+    have none stored (the caller refuses those)."""
+    unknown = sorted(key for key, value in values.items() if value == MASK and key not in stored)
+    return {key: stored.get(key, value) if value == MASK else value for key, value in values.items()}, unknown
+
+
 class SecretMapField(forms.JSONField):
     def prepare_value(self, value: Any) -> str:
         if isinstance(value, dict):
@@ -37,8 +44,7 @@ class UpstreamForm(forms.ModelForm):
         value = self.cleaned_data.get(name) or {}
         if not isinstance(value, dict):
             raise ValidationError("A JSON object of strings.")
-        stored = getattr(self.instance, name) if self.instance.pk else {}
-        unknown = sorted(key for key, item in value.items() if item == MASK and key not in stored)
+        merged, unknown = unmasked(value, getattr(self.instance, name) if self.instance.pk else {})
         if unknown:
             raise ValidationError(f"Enter a value for {', '.join(unknown)}: nothing is stored for it yet.")
-        return {key: stored[key] if item == MASK else item for key, item in value.items()}
+        return merged
