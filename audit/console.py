@@ -6,8 +6,6 @@ from django.template.response import TemplateResponse
 
 from audit.dashboard import WINDOWS, gateway_state, window_stats
 
-LABEL_FORMATS = {"hour": "%H:%M", "day": "%d %b %H:00"}
-
 
 class ConsoleSite(admin.AdminSite):
     site_header = site_title = "Switchboard"
@@ -20,12 +18,11 @@ class ConsoleSite(admin.AdminSite):
             window = request.GET.get("window", "hour")
             window = window if window in WINDOWS else "hour"
             stats = window_stats(window=window)
-            chart = stats.chart_data() | {"labels": [b.strftime(LABEL_FORMATS[window]) for b in stats.buckets]}
             context |= {
                 "window": window,
                 "windows": list(WINDOWS),
                 "totals": sorted(stats.totals.items()),
-                "chart": chart,
+                "chart": stats.chart_data(),
                 "state": gateway_state(),
             }
         return super().index(request, context)

@@ -18,8 +18,11 @@ from handoff.models import Tunnel
 from policy.limits import limit_store
 from registry.models import Tool, Upstream
 
-# Each window and the width of its chart's buckets.
-WINDOWS = {"hour": (timedelta(hours=1), timedelta(minutes=5)), "day": (timedelta(days=1), timedelta(hours=1))}
+# Each window, the width of its chart's buckets, and how a bucket is labelled.
+WINDOWS = {
+    "hour": (timedelta(hours=1), timedelta(minutes=5), "%H:%M"),
+    "day": (timedelta(days=1), timedelta(hours=1), "%d %b %H:00"),
+}
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Latency:
 @dataclass
 class WindowStats:
     buckets: list[datetime]
+    label_format: str
     totals: dict[str, Latency] = field(default_factory=dict)  # by upstream
     series: dict[str, dict[datetime, Latency]] = field(default_factory=dict)  # by upstream, then bucket
 
@@ -48,7 +52,7 @@ class WindowStats:
             for upstream, by_bucket in sorted(self.series.items())
         }
         return {
-            "labels": [bucket.isoformat() for bucket in self.buckets],
+            "labels": [bucket.strftime(self.label_format) for bucket in self.buckets],
             "calls": {u: [b.calls for b in row] for u, row in rows.items()},
             "error_rate": {
                 u: [round(100 * b.error_rate, 2) if b.calls else None for b in row] for u, row in rows.items()
@@ -104,10 +108,10 @@ def _aggregate_in_python(since: datetime, origin: datetime, step: timedelta) -> 
 
 
 def window_stats(*, window: str, now: datetime | None = None) -> WindowStats:
-    span, step = WINDOWS[window]
+    span, step, label_format = WINDOWS[window]
     now = now or timezone.now()
     origin = now - span
-    stats = WindowStats(buckets=[origin + i * step for i in range(int(span / step))])
+    stats = WindowStats(buckets=[origin + i * step for i in range(int(span / step))], label_format=label_format)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(_AGGREGATE, {"step": step, "origin": origin, "since": origin})
