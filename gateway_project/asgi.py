@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP (admin, /mcp) and WebSocket (/mcp/ws) through Channels routing."""
 
+import logging
 import os
 
 from django.core.asgi import get_asgi_application
@@ -9,6 +10,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
 django_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
@@ -22,3 +24,10 @@ application = ProtocolTypeRouter(
         "websocket": URLRouter([path("mcp/ws", McpWebSocketConsumer.as_asgi())]),
     }
 )
+
+if settings.GATEWAY_ANONYMOUS_AGENT:
+    logging.getLogger(__name__).warning(
+        "GATEWAY_ANONYMOUS_AGENT is set: requests without credentials act as agent %r. "
+        "Use it only where nobody else can reach this gateway.",
+        settings.GATEWAY_ANONYMOUS_AGENT,
+    )

@@ -50,10 +50,17 @@ def origin_allowed(scope: dict) -> bool:
 
 
 async def caller_from_scope(scope: dict, transport: str) -> Caller | None:
-    scheme, _, key = (header(scope, b"authorization") or "").partition(" ")
-    if scheme.lower() != "bearer":
+    """The agent the request's API key belongs to; without credentials, GATEWAY_ANONYMOUS_AGENT if set.
+    Wrong credentials are refused even then: a client that sends a key means that key."""
+    credentials = header(scope, b"authorization")
+    scheme, _, key = (credentials or "").partition(" ")
+    snap = await snapshot.get()
+    if credentials is None:
+        entry = snap.anonymous
+    elif scheme.lower() != "bearer":
         return None
-    entry = (await snapshot.get()).key_holder(key.strip())
+    else:
+        entry = snap.key_holder(key.strip())
     if entry is None:
         return None
     return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport, key_prefix=entry.prefix)

@@ -48,6 +48,9 @@ class Route:
     limits: UpstreamLimits
 
 
+ANONYMOUS_KEY = "anonymous"  # what stands for the key of requests without credentials (GATEWAY_ANONYMOUS_AGENT)
+
+
 @dataclass(frozen=True)
 class KeyEntry:
     digest: str
@@ -110,6 +113,7 @@ class Snapshot:
     targets: dict[str, UpstreamInfo] = field(default_factory=dict)  # slug -> every upstream, as handoff target
     routes: dict[str, RouteSettings] = field(default_factory=dict)  # target slug -> its (first) route
     triage: dict[str, TriageEntry] = field(default_factory=dict)  # exposed name -> triage tool
+    anonymous: KeyEntry | None = None  # GATEWAY_ANONYMOUS_AGENT, while that agent exists and is enabled
     # Per-agent results, filled on first use; bounded by agents × known tools.
     _decisions: dict[tuple[int, str], Denial | None] = field(default_factory=dict, compare=False)
     _visible: dict[int, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
@@ -198,7 +202,9 @@ def _tools(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) ->
     tools = {}
     for tool in Tool.objects.filter(upstream__handoff_only=False).order_by("upstream__slug", "name"):
         upstream = upstreams[tool.upstream_id]
-        name = exposed_name(upstream.slug, tool.name)
+        name = exposed_name(upstream.namespace, tool.name)
+        if name in tools:  # an unprefixed collision sync has not caught up with yet: the first slug keeps it
+            continue
         route = Route(
             upstream.id, upstream.slug, upstream.revision, upstream.call_timeout, tool.name, limits[upstream.id]
         )
@@ -272,8 +278,10 @@ def snapshot_compile() -> Snapshot:
     routes = {}
     for route in HandoffRoute.objects.filter(enabled=True).select_related("target").order_by("id"):
         routes.setdefault(route.target.slug, _route_settings(route))
+    anonymous = settings.GATEWAY_ANONYMOUS_AGENT and agents.filter(name=settings.GATEWAY_ANONYMOUS_AGENT).first()
     return Snapshot(
         version=version,
+        anonymous=KeyEntry("", anonymous.id, anonymous.name, ANONYMOUS_KEY) if anonymous else None,
         keys={k.prefix: KeyEntry(k.digest, k.agent_id, k.agent.name, k.prefix) for k in keys},
         agents={
             a.id: AgentLimits(

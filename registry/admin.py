@@ -73,13 +73,14 @@ class UpstreamAdmin(admin.ModelAdmin):
         "transport",
         "group",
         "enabled",
+        "prefixed",
         "handoff_only",
         "circuit",
         "timeout",
         "last_synced_at",
         "last_sync_error",
     )
-    list_filter = ("transport", "enabled", "handoff_only", "group")
+    list_filter = ("transport", "enabled", "prefixed", "handoff_only", "group")
     search_fields = ("slug", "name")
     readonly_fields = ("circuit", "revision", "last_synced_at", "last_sync_error")
     inlines = (ToolInline,)

@@ -96,11 +96,26 @@ def _handoff(entry: dict[str, Any]) -> str | None:
     return handoff["description"]
 
 
+def _namespace(name: str, entry: dict[str, Any]) -> tuple[str, bool]:
+    """(slug, prefixed): `"namespace": ""` exposes the upstream's names unprefixed, any other string is the
+    prefix (and so the slug); without one the slug comes from the entry's name."""
+    if "namespace" not in entry:
+        return slug_for(name), True
+    namespace = entry["namespace"]
+    if not isinstance(namespace, str):
+        raise ValueError("'namespace' must be a string: the prefix, or \"\" for the upstream's own names")
+    return (namespace, True) if namespace else (slug_for(name), False)
+
+
 def _import_one(name: str, entry: dict[str, Any], actor: str, report: ImportReport, internal: bool) -> None:
-    slug = slug_for(name)
     try:
+        slug, prefixed = _namespace(name, entry)
         handoff = _handoff(entry)
-        fields = _fields(entry) | {"internal": internal and "url" in entry, "handoff_only": handoff is not None}
+        fields = _fields(entry) | {
+            "internal": internal and "url" in entry,
+            "handoff_only": handoff is not None,
+            "prefixed": prefixed,
+        }
     except ValueError as exc:
         report.rejected.append((name, str(exc)))
         return

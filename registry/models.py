@@ -42,6 +42,11 @@ class Upstream(models.Model):
         default=False,
         help_text="Allow a private, loopback or link-local address (an upstream inside your own network)",
     )
+    prefixed = models.BooleanField(
+        default=True,
+        help_text="Expose names as '<slug><separator><name>'. Off: exactly as the upstream names them, for "
+        "single-server use; a name that collides with another upstream's is refused at sync",
+    )
     handoff_only = models.BooleanField(
         default=False,
         help_text="A specialist reached only through a handoff: its tools are not listed and it is not synced",
@@ -107,6 +112,11 @@ class Upstream(models.Model):
         """The timeout a call gets: the upstream's own, never past the deployment's hard maximum (rows can
         bypass the form's validation)."""
         return min(self.timeout, settings.GATEWAY_MAX_TIMEOUT)
+
+    @property
+    def namespace(self) -> str:
+        """What its exposed names and resource URIs start with ("" when unprefixed)."""
+        return self.slug if self.prefixed else ""
 
     @property
     def is_reachable(self) -> bool:

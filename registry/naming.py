@@ -9,10 +9,13 @@ from policy.manifest import TOOL_NAME
 HASH_CHARS = 8
 
 
-def exposed_name(slug: str, tool: str) -> str:
-    """Unique by construction: slugs are unique and never contain the separator, tool names are unique per
-    upstream, and a shortened name ends in a hash of the full tool name."""
-    name = f"{slug}{settings.GATEWAY_TOOL_SEPARATOR}{tool}"
+def exposed_name(namespace: str, tool: str) -> str:
+    """Unique by construction: namespaces (slugs) are unique and never contain the separator, tool names are
+    unique per upstream, and a shortened name ends in a hash of the full tool name. An unprefixed upstream
+    (namespace "") keeps its own names: catalog sync refuses those that collide."""
+    if not namespace:
+        return tool
+    name = f"{namespace}{settings.GATEWAY_TOOL_SEPARATOR}{tool}"
     limit = settings.GATEWAY_MAX_TOOL_NAME
     if len(name) <= limit:
         return name

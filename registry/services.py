@@ -4,6 +4,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -15,6 +16,7 @@ from policy.manifest import schema_problem, tool_name_problem
 from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
 from registry.models import Tool, Upstream
+from registry.naming import exposed_name
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,21 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
     return report
 
 
+def _taken_names(upstream: Upstream) -> dict[str, str]:
+    """Exposed name -> the other upstream that already exposes it. Only an unprefixed upstream can collide."""
+    others = Tool.objects.filter(upstream__handoff_only=False).exclude(upstream=upstream).select_related("upstream")
+    return {exposed_name(tool.upstream.namespace, tool.name): tool.upstream.slug for tool in others}
+
+
+def _collision(upstream: Upstream, name: str, taken: dict[str, str]) -> str | None:
+    exposed = exposed_name(upstream.namespace, name)
+    if owner := taken.get(exposed):
+        return f"its name {exposed!r} is already exposed by upstream {owner!r}"
+    if not upstream.prefixed and name.startswith(f"{settings.GATEWAY_NAME}{settings.GATEWAY_TOOL_SEPARATOR}"):
+        return "it would take the gateway's own namespace"
+    return None
+
+
 def _refusal(definition: Any, seen: set[str]) -> str | None:
     if not isinstance(definition, dict):
         return "not a tool definition"
@@ -102,6 +119,7 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
     existing = {tool.name: tool for tool in upstream.tools.all()}
     first_sync = upstream.last_synced_at is None and not existing
     seen: set[str] = set()
+    taken, collisions, colliding = _taken_names(upstream), [], set()
     for definition in definitions:
         if problem := _refusal(definition, seen):
             name = definition.get("name") if isinstance(definition, dict) else None
@@ -109,6 +127,10 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
             continue
         name = definition["name"]
         seen.add(name)
+        if collision := _collision(upstream, name, taken):
+            collisions.append(f"{name!r}: {collision}")
+            colliding.add(name)
+            continue
         fields = _tool_fields(definition)
         sha256 = fields["definition_sha256"]
         tool = existing.get(name)
@@ -128,11 +150,14 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
             report.held.append(name)
         if action:
             _catalog_event(upstream, action, name, sha256, held=not approved, actor=actor)
-    report.removed = sorted(set(existing) - seen)
+    report.rejected += collisions
+    # A refused collision leaves the tool out until the other upstream or this one changes: the admin shows why.
+    report.removed = sorted(set(existing) - (seen - colliding))
     for name in report.removed:
         _catalog_event(upstream, "tool_removed", name, existing[name].definition_sha256, held=False, actor=actor)
     upstream.tools.filter(name__in=report.removed).delete()
-    Upstream.objects.filter(pk=upstream.pk).update(last_synced_at=now, last_sync_error="")
+    refused = f"Refused (name collisions): {'; '.join(collisions)}" if collisions else ""
+    Upstream.objects.filter(pk=upstream.pk).update(last_synced_at=now, last_sync_error=refused)
     upstream.last_synced_at = now
     config_changed()
 

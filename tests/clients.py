@@ -28,9 +28,11 @@ INITIALIZE = {
 
 @asynccontextmanager
 async def sdk_client(
-    base_url: str, key: str, mode: str, timeout: float = TIMEOUT, **options: Any
+    base_url: str, key: str | None, mode: str, timeout: float = TIMEOUT, **options: Any
 ) -> AsyncIterator[Client]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=timeout) as http:
+    """An SDK client of the gateway's /mcp; without a key it sends no credentials at all."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
         client = Client(streamable_http_client(f"{base_url}/mcp", http_client=http), mode=mode, **options)
         async with client:
             yield client
