@@ -219,6 +219,9 @@ GATEWAY_AUDIT_POOL_SIZE = env_int("GATEWAY_AUDIT_POOL_SIZE", 10)
 GATEWAY_SNAPSHOT_CHECK_SECONDS = env_float("GATEWAY_SNAPSHOT_CHECK_SECONDS", 1.0)
 
 # --- Policy: the stance with no matching rule, and a default for every limit ------------------------
+# Aggregated lists (tools, resources, prompts) are served in pages of this many, with signed cursors.
+GATEWAY_LIST_PAGE_SIZE = int(os.environ.get("GATEWAY_LIST_PAGE_SIZE", "100"))
+GATEWAY_LIST_CURSOR_SECONDS = int(os.environ.get("GATEWAY_LIST_CURSOR_SECONDS", "3600"))
 # Requests without credentials act as this agent (single-user local use, clients that cannot send headers).
 # Off by default; the gateway warns at start-up while it is on.
 GATEWAY_ANONYMOUS_AGENT = os.environ.get("GATEWAY_ANONYMOUS_AGENT", "")

@@ -15,10 +15,10 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from pydantic import ValidationError
 
 from handoff.caller import Caller, caller_from_scope, host_allowed, origin_allowed
-from handoff.dispatcher import server
 from handoff.frames import FrameError, frame_id, parse_frame
 from handoff.handoffs import end_handoff
 from handoff.recording import session_record
+from handoff.server import server
 from handoff.sweeper import background_start
 
 INBOX_SIZE = 64

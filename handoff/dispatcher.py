@@ -13,16 +13,14 @@ from typing import Any
 import anyio
 from django.conf import settings
 from mcp import types
-from mcp.server import NotificationOptions, Server
-from mcp.server.caching import CacheHint
 from mcp.server.context import ServerRequestContext
-from mcp.server.models import InitializationOptions
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.services import canonical_sha256
 from audit.telemetry import DENIALS, call_observe, call_span, current_traceparent, trace_id_of
 from handoff.caller import Caller, caller_of
+from handoff.cursors import list_page
 from handoff.db import database_async
 from handoff.handoffs import (
     HANDOFF_FAILED,
@@ -33,7 +31,6 @@ from handoff.handoffs import (
     return_tool_name,
     tunnel_gone,
 )
-from handoff.notify import subscriptions_listen
 from handoff.recording import record
 from handoff.snapshot import Route, Snapshot, snapshot
 from handoff.tunnels import SessionStateUnavailable, SessionTunnel, index_session, session_index, tunnel_touch
@@ -45,10 +42,7 @@ from registry.pool import TUNNEL_GONE, Outcome, failure
 
 logger = logging.getLogger(__name__)
 
-INSTRUCTIONS = (
-    "This is a gateway to several services. Tool names are '<service>{sep}<tool>'; "
-    "call tools/list to see what you may use."
-)
+CANCELLED = "cancelled before the upstream answered"
 
 
 async def _execute(route: Route, arguments: dict[str, Any], tunnel: SessionTunnel | None) -> Outcome:
@@ -79,7 +73,7 @@ async def _execute(route: Route, arguments: dict[str, Any], tunnel: SessionTunne
         )
 
 
-def _finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
+def finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
     """The SDK fills cache hints and validates, but a plain-dict result must carry its own 2026 `resultType`."""
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         return result | {"resultType": "complete"}
@@ -109,7 +103,7 @@ class Decision:
     tunnel: SessionTunnel | None = None  # the handoff tunnel the call goes through
 
 
-async def _admit(snap: Snapshot, caller: Caller, name: str, route: Route, request_id: str, **found: Any) -> Decision:
+async def admit(snap: Snapshot, caller: Caller, name: str, route: Route, request_id: str, **found: Any) -> Decision:
     """Admission against shared state (isolation, breaker, limits), which takes the call's share of every
     limit when it admits it."""
     session = index_session(caller.agent_id, caller.session_key)
@@ -125,7 +119,7 @@ async def _decide(snap: Snapshot, caller: Caller, name: str, request_id: str) ->
     denial, entry, upstream = snap.decide(caller.agent_id, name)
     if denial or entry is None:
         return Decision(upstream, entry.route if entry else None, denial)
-    return await _admit(snap, caller, name, entry.route, request_id)
+    return await admit(snap, caller, name, entry.route, request_id)
 
 
 async def _decide_tunnelled(
@@ -145,10 +139,10 @@ async def _decide_tunnelled(
             f"{return_tool_name()} can be called now. Call {return_tool_name()} first to use {name!r}."
         )
         return Decision(tunnel.upstream_slug, denial=Denial("HANDOFF_NAMESPACE_MISMATCH", message, INVALID_PARAMS))
-    if denial := snap.permits_tunnelled(caller.agent_id, target, name, tool):
+    if denial := snap.permits(caller.agent_id, target, name, tool):
         return Decision(tunnel.upstream_slug, denial=denial)
     route = Route(target.id, target.slug, target.revision, target.timeout, tool, target.limits)
-    return await _admit(snap, caller, name, route, request_id, tunnel=tunnel)
+    return await admit(snap, caller, name, route, request_id, tunnel=tunnel)
 
 
 async def _route(
@@ -206,10 +200,10 @@ async def _call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPar
     else:
         decision = await _route(ctx, snap, caller, tunnel, params.name, arguments, request_id, trace_id)
     if isinstance(decision, dict):  # a handoff move, audited on its own
-        return _finish(ctx, decision)
+        return finish(ctx, decision)
     route, denial, admission = decision.route, decision.denial, decision.admission
     tool = route.tool if route else ""
-    audit = _audit_fields(caller, params.name, request_id, arguments, decision.upstream, tool, trace_id)
+    audit = request_audit(caller, params.name, request_id, arguments, decision.upstream, tool, trace_id)
     if tunnel is not None:
         audit["detail"] = {"domain": tunnel.domain, "tunnel_id": tunnel.tunnel_id, "token_id": tunnel.token_id}
     if denial:
@@ -219,12 +213,12 @@ async def _call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPar
             outcome="denied",
             error_code=denial.code,
             error_detail=denial.message,
-            **_with_payload(audit, arguments),
+            **with_payload(audit, arguments),
         )
         raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)})
     assert route is not None and admission is not None
     try:
-        await record(kind="approved", **_with_payload(audit, arguments))  # before the upstream is touched
+        await record(kind="approved", **with_payload(audit, arguments))  # before the upstream is touched
         outcome, duration_ms = await _run(route, arguments, audit, decision.tunnel)
     except BaseException:  # audit refused, or the client left: the admission goes back all the same
         with anyio.CancelScope(shield=True):
@@ -257,10 +251,10 @@ async def _call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPar
             "own tools are restored (call tools/list). The call may not have run."
         )
         raise MCPError(HANDOFF_FAILED, message, {"code": TUNNEL_GONE, "requestId": str(request_id)})
-    return _finish(ctx, result)
+    return finish(ctx, result)
 
 
-def _audit_fields(
+def request_audit(
     caller: Caller,
     name: str,
     request_id: uuid.UUID,
@@ -283,7 +277,7 @@ def _audit_fields(
     }
 
 
-def _with_payload(audit: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+def with_payload(audit: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
     """The fields of a decision row, holding the arguments themselves where the operator keeps payloads."""
     if not settings.GATEWAY_AUDIT_PAYLOADS:
         return audit
@@ -299,8 +293,8 @@ async def _gateway_tool(
     move: Awaitable[dict[str, Any]],
 ) -> dict[str, Any]:
     """A handoff move (triage, return) under the same audit as any call: approved, then completed."""
-    audit = _audit_fields(caller, name, request_id, arguments, settings.GATEWAY_NAME, name, trace_id)
-    await record(kind="approved", **_with_payload(audit, arguments))
+    audit = request_audit(caller, name, request_id, arguments, settings.GATEWAY_NAME, name, trace_id)
+    await record(kind="approved", **with_payload(audit, arguments))
     started = time.perf_counter()
     try:
         result = await move
@@ -336,7 +330,7 @@ async def _run(
                 kind="completed",
                 outcome="error",
                 error_code="CANCELLED",
-                error_detail="cancelled before the upstream answered",
+                error_detail=CANCELLED,
                 duration_ms=(time.perf_counter() - started) * 1000,
                 **audit,
             )
@@ -352,35 +346,8 @@ async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestPa
         denial = _state_unavailable("tools/list")
         raise MCPError(denial.jsonrpc_code, denial.message, denial.data()) from None
     if tunnel is not None and tunnel.is_open:
-        return _finish(ctx, {"tools": tunnel.definitions})
-    return _finish(ctx, {"tools": list((await snapshot.get()).visible_for(caller.agent_id))})
-
-
-class GatewayServer(Server):
-    """Tells 2025-11-25 clients that its tool list changes: a handoff switches it. (2026-07-28 clients learn
-    it from `subscriptions/listen` being served.)"""
-
-    def create_initialization_options(
-        self,
-        notification_options: NotificationOptions | None = None,
-        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
-        extensions: dict[str, dict[str, Any]] | None = None,
-    ) -> InitializationOptions:
-        options = notification_options or NotificationOptions(tools_changed=True)
-        return super().create_initialization_options(options, experimental_capabilities, extensions)
-
-
-def build_server() -> Server:
-    return GatewayServer(
-        settings.GATEWAY_NAME,
-        version="0.1.0",
-        instructions=INSTRUCTIONS.format(sep=settings.GATEWAY_TOOL_SEPARATOR),
-        # Lists are filtered per agent, and an admin's change must show at once: private, never fresh.
-        cache_hints={"tools/list": CacheHint(ttl_ms=0, scope="private")},
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-        on_subscriptions_listen=subscriptions_listen,
-    )
-
-
-server = build_server()
+        tools: list[Any] | tuple[Any, ...] = tunnel.definitions
+    else:
+        tools = (await snapshot.get()).visible_for(caller.agent_id)
+    page, following = list_page("tools/list", tools, params.cursor if params else None)
+    return finish(ctx, {"tools": page} | ({"nextCursor": following} if following else {}))

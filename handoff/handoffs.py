@@ -187,7 +187,7 @@ def specialist_tools(
         exposed = exposed_name(domain, name)
         if exposed in names:  # listed twice
             continue
-        if snap.permits_tunnelled(agent_id, plan.target, exposed, name) is not None:
+        if snap.permits(agent_id, plan.target, exposed, name) is not None:
             continue
         clean = manifest_sanitize(tool)
         names[exposed] = name

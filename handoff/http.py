@@ -14,10 +14,10 @@ from mcp.server.transport_security import TransportSecuritySettings
 from audit.telemetry import SESSIONS
 from handoff.background import ProcessTask
 from handoff.caller import Caller, caller_from_scope, header, host_allowed, origin_allowed
-from handoff.dispatcher import server
 from handoff.frames import FrameError, parse_frame
 from handoff.handoffs import end_handoff
 from handoff.recording import session_record
+from handoff.server import server
 from handoff.sweeper import background_start
 
 # Host and Origin are checked here, against Django's settings, for every transport alike.

@@ -78,6 +78,8 @@ class UpstreamInfo:
     revision: int
     timeout: float
     limits: UpstreamLimits
+    namespace: str  # "" for an unprefixed upstream
+    handoff_only: bool
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,9 @@ class Snapshot:
             self._decisions[key] = self._decide(agent_id, self.triage[name].policy_target)
         return self._decisions[key]
 
-    def permits_tunnelled(self, agent_id: int, target: UpstreamInfo, name: str, tool: str) -> Denial | None:
-        """The static decision for a specialist's tool during a handoff (the same rules as for any tool)."""
+    def permits(self, agent_id: int, target: UpstreamInfo, name: str, tool: str) -> Denial | None:
+        """The static decision for what no catalog holds: a specialist's tool during a handoff, a resource
+        (`tool` its URI) or a prompt (its name). The same rules as for any tool."""
         found = Target(name, target.slug, target.reachable, True, target.id, target.group_id, tool)
         return self._decide(agent_id, found)
 
@@ -295,7 +298,16 @@ def snapshot_compile() -> Snapshot:
         policy=_policy(),
         targets={
             u.slug: UpstreamInfo(
-                u.id, u.slug, u.url, u.is_reachable, u.group_id, u.revision, u.call_timeout, limits[u.id]
+                u.id,
+                u.slug,
+                u.url,
+                u.is_reachable,
+                u.group_id,
+                u.revision,
+                u.call_timeout,
+                limits[u.id],
+                u.namespace,
+                u.handoff_only,
             )
             for u in upstreams.values()
         },

@@ -41,6 +41,11 @@ class Executor(Protocol):
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome: ...
 
+    # Resources, prompts and completions (pool.FORWARDED), passed through as the upstream answers them.
+    async def forward(
+        self, *, upstream_id: int, revision: int, method: str, params: dict[str, Any], timeout: float
+    ) -> Outcome: ...
+
     # Handoff tunnels (handoff/tunnels.py): opened by whichever worker takes the task, then pinned to it;
     # `queue` names that worker ("" in the embedded default, where this process holds them).
     async def tunnel_open(
@@ -68,6 +73,12 @@ class InlineExecutor:
         runner = pool_thread()
         calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent)
         return await asyncio.wrap_future(runner.submit(calling))
+
+    async def forward(
+        self, *, upstream_id: int, revision: int, method: str, params: dict[str, Any], timeout: float
+    ) -> Outcome:
+        runner = pool_thread()
+        return await asyncio.wrap_future(runner.submit(runner.pool.forward(upstream_id, revision, method, params)))
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         runner = pool_thread()
@@ -175,6 +186,15 @@ class CeleryExecutor:
         }
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
         return await _publish_and_wait(call_tool_task, kwargs, wait)
+
+    async def forward(
+        self, *, upstream_id: int, revision: int, method: str, params: dict[str, Any], timeout: float
+    ) -> Outcome:
+        from registry.tasks import forward_task
+
+        kwargs = {"upstream_id": upstream_id, "revision": revision, "method": method, "params": params}
+        wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
+        return await _publish_and_wait(forward_task, kwargs, wait)
 
     async def tunnel_open(
         self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float

@@ -35,6 +35,7 @@ class Outcome(TypedDict, total=False):
     message: str  # when not ok: for the model (redacted later)
     detail: str  # when not ok: the full story, for the audit only
     validation: bool  # when not ok: the message judges the call's arguments (kept whole for the model)
+    rpc_code: int  # when the upstream answered with a JSON-RPC error: its code
 
 
 def failure(code: str, message: str, detail: str = "") -> Outcome:
@@ -190,8 +191,11 @@ class UpstreamPool:
                     repr(exc),
                 )
             refused = failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
+            refused["rpc_code"] = exc.code  # passed-through requests answer with the upstream's own code
             # The upstream judged the arguments: its words tell the model how to fix them, so redaction spares them.
             return refused | {"validation": True} if exc.code == types.INVALID_PARAMS else refused
+        except Unsupported as exc:
+            return failure(UNSUPPORTED, f"The service does not offer {exc}.")
         except (ValidationError, RuntimeError) as exc:
             # The SDK client raises RuntimeError when structured content is missing or breaks the tool's
             # own output schema (ClientSession.validate_tool_result), ValidationError for malformed results.
@@ -215,6 +219,10 @@ class UpstreamPool:
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
         return await self._run(upstream_id, revision, _list_every_page)
+
+    async def forward(self, upstream_id: int, revision: int, method: str, params: dict[str, Any]) -> Outcome:
+        """One resources, prompts or completion request (FORWARDED), when the upstream offers the feature."""
+        return await self._run(upstream_id, revision, _forwarding(method, params))
 
     # Handoff tunnels: a session of their own per agent session, opened with the delegation in `spec`,
     # never shared, never reopened behind the gateway's back (a new token means a new handoff).
@@ -256,16 +264,65 @@ class UpstreamPool:
         return list(self._tunnels)
 
 
+def _wire(result: Any) -> dict[str, Any]:
+    """A result as JSON, without the upstream's serverInfo: agents see one server, the gateway."""
+    wire = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    meta = {k: v for k, v in (wire.pop("_meta", None) or {}).items() if k != SERVER_INFO_KEY}
+    return wire | ({"_meta": meta} if meta else {})
+
+
 def _calling(tool: str, arguments: dict[str, Any], traceparent: str = "") -> Callable[[Any], Awaitable[dict[str, Any]]]:
     sent_meta = {"traceparent": traceparent} if traceparent else None  # the gateway's span, the upstream's parent
 
     async def call(client: Any) -> dict[str, Any]:
-        result = await client.call_tool(tool, arguments, meta=sent_meta)
-        wire = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-        meta = {k: v for k, v in (wire.pop("_meta", None) or {}).items() if k != SERVER_INFO_KEY}
-        return wire | ({"_meta": meta} if meta else {})
+        return _wire(await client.call_tool(tool, arguments, meta=sent_meta))
 
     return call
+
+
+def _complete(client: Any, params: types.CompleteRequestParams) -> Awaitable[Any]:
+    context = params.context.arguments if params.context else None
+    return client.complete(params.ref, params.argument.model_dump(), context)
+
+
+# The requests passed through as they are, with the capability the upstream must have declared for each.
+# Lists bypass the client's response cache: the gateway keeps its own view fresh.
+FORWARDED: dict[str, tuple[str, type, Callable[[Any, Any], Awaitable[Any]]]] = {
+    "resources/list": (
+        "resources",
+        types.PaginatedRequestParams,
+        lambda c, p: c.list_resources(cursor=p.cursor, cache_mode="bypass"),
+    ),
+    "resources/templates/list": (
+        "resources",
+        types.PaginatedRequestParams,
+        lambda c, p: c.list_resource_templates(cursor=p.cursor, cache_mode="bypass"),
+    ),
+    "resources/read": ("resources", types.ReadResourceRequestParams, lambda c, p: c.read_resource(p.uri)),
+    "prompts/list": (
+        "prompts",
+        types.PaginatedRequestParams,
+        lambda c, p: c.list_prompts(cursor=p.cursor, cache_mode="bypass"),
+    ),
+    "prompts/get": ("prompts", types.GetPromptRequestParams, lambda c, p: c.get_prompt(p.name, p.arguments)),
+    "completion/complete": ("completions", types.CompleteRequestParams, _complete),
+}
+UNSUPPORTED = "UPSTREAM_UNSUPPORTED"
+
+
+def _forwarding(method: str, params: dict[str, Any]) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+    capability, params_type, send = FORWARDED[method]
+
+    async def forward(client: Any) -> dict[str, Any]:
+        if getattr(client.server_capabilities, capability, None) is None:
+            raise Unsupported(method)
+        return _wire(await send(client, params_type.model_validate(params)))
+
+    return forward
+
+
+class Unsupported(Exception):
+    """The upstream did not declare the capability a forwarded request needs."""
 
 
 async def _list_every_page(client: Any) -> list[dict[str, Any]]:

@@ -24,6 +24,12 @@ def call_tool_task(
     runner.submit(reply_after(reply_to, calling)).result()
 
 
+@shared_task(name="registry.forward", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
+def forward_task(*, upstream_id: int, revision: int, method: str, params: dict[str, Any], reply_to: str) -> None:
+    runner = pool_thread()
+    runner.submit(reply_after(reply_to, runner.pool.forward(upstream_id, revision, method, params))).result()
+
+
 @shared_task(name="registry.list_tools", ignore_result=True, time_limit=HARD_LIMIT)
 def list_tools_task(*, upstream_id: int, revision: int, reply_to: str) -> None:
     runner = pool_thread()

@@ -1,0 +1,235 @@
+"""Resources, resource templates, prompts and completions of every enabled upstream, under the same namespaces
+as tools, filtered by the same rules and audited like calls.
+
+Prompt names are exposed like tool names (`<slug><sep><name>`); resource URIs and URI templates of a prefixed
+upstream get its slug and a `+` in front (`time+file:///x`: still a URI, since a scheme may hold `+`, and
+reversible, since slugs hold none). An unprefixed upstream keeps its own: names and URIs that carry no known
+prefix go to the first unprefixed upstream (that mode is for single-server use).
+"""
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+
+from audit.telemetry import DENIALS
+from handoff.caller import caller_of
+from handoff.cursors import list_page
+from handoff.dispatcher import CANCELLED, Decision, admit, finish, request_audit, with_payload
+from handoff.recording import record
+from handoff.snapshot import Route, Snapshot, UpstreamInfo, snapshot
+from policy.limits import health_of, limit_store
+from policy.manifest import manifest_sanitize
+from policy.redaction import redact
+from registry.executor import get_executor
+from registry.naming import exposed_name, split_exposed_name
+from registry.pool import UNSUPPORTED, Outcome
+
+logger = logging.getLogger(__name__)
+
+URI_MARK = "+"
+MAX_PAGES = 100  # per upstream and list: an upstream whose cursors never end cannot hold a request forever
+AUDIT_TEXT = 256  # the audit's name columns; the whole URI goes in the row's detail
+
+
+def exposed_uri(namespace: str, uri: str) -> str:
+    return f"{namespace}{URI_MARK}{uri}" if namespace else uri
+
+
+def _prompt_name(namespace: str, name: str) -> str:
+    return exposed_name(namespace, name)
+
+
+def _owner_of_uri(snap: Snapshot, uri: str) -> tuple[UpstreamInfo, str] | None:
+    namespace, mark, own = uri.partition(URI_MARK)
+    target = snap.targets.get(namespace) if mark else None
+    if target is not None and target.namespace:
+        return target, own
+    return _unprefixed(snap, uri)
+
+
+def _owner_of_name(snap: Snapshot, name: str) -> tuple[UpstreamInfo, str] | None:
+    parts = split_exposed_name(name)
+    target = snap.targets.get(parts[0]) if parts else None
+    if parts and target is not None and target.namespace:
+        return target, parts[1]
+    return _unprefixed(snap, name)
+
+
+def _unprefixed(snap: Snapshot, own: str) -> tuple[UpstreamInfo, str] | None:
+    found = sorted((t for t in snap.targets.values() if not t.namespace and not t.handoff_only), key=lambda t: t.slug)
+    return (found[0], own) if found else None
+
+
+# The lists: the key of each result's items, the field that is namespaced, and how.
+LISTS: dict[str, tuple[str, str, Callable[[str, str], str]]] = {
+    "resources/list": ("resources", "uri", exposed_uri),
+    "resources/templates/list": ("resourceTemplates", "uriTemplate", exposed_uri),
+    "prompts/list": ("prompts", "name", _prompt_name),
+}
+
+
+async def _every_page(target: UpstreamInfo, method: str) -> list[dict[str, Any]]:
+    """All of one upstream's items; none when it does not offer the feature or cannot be reached (logged)."""
+    key = LISTS[method][0]
+    items: list[dict[str, Any]] = []
+    cursor = None
+    for _ in range(MAX_PAGES):
+        params = {"cursor": cursor} if cursor else {}
+        outcome = await get_executor().forward(
+            upstream_id=target.id, revision=target.revision, method=method, params=params, timeout=target.timeout
+        )
+        if not outcome["ok"]:
+            if outcome["code"] != UNSUPPORTED:
+                logger.warning("%s of %s failed: %s", method, target.slug, outcome.get("detail"))
+            return items
+        items += outcome["result"].get(key) or []
+        if not (cursor := outcome["result"].get("nextCursor")):
+            break
+    return items
+
+
+async def _aggregated(ctx: ServerRequestContext, method: str, params: types.PaginatedRequestParams | None) -> Any:
+    caller, snap = caller_of(ctx), await snapshot.get()
+    key, field, expose = LISTS[method]
+    targets = [t for t in snap.targets.values() if t.reachable and not t.handoff_only]
+    listed = await asyncio.gather(*(_every_page(target, method) for target in targets))
+    items = []
+    for target, entries in zip(targets, listed, strict=True):
+        for entry in entries:
+            own = entry.get(field)
+            if not isinstance(own, str):
+                continue
+            exposed = expose(target.namespace, own)
+            if snap.permits(caller.agent_id, target, exposed, own) is None:
+                items.append(manifest_sanitize(entry) | {field: exposed})
+    page, following = list_page(method, items, params.cursor if params else None)
+    return finish(ctx, {key: page} | ({"nextCursor": following} if following else {}))
+
+
+async def list_resources(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> Any:
+    return await _aggregated(ctx, "resources/list", params)
+
+
+async def list_resource_templates(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> Any:
+    return await _aggregated(ctx, "resources/templates/list", params)
+
+
+async def list_prompts(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> Any:
+    return await _aggregated(ctx, "prompts/list", params)
+
+
+def _not_found(what: str, exposed: str, listing: str) -> MCPError:
+    return MCPError(types.INVALID_PARAMS, f"Unknown {what}: {exposed!r}. Call {listing} for what this gateway offers.")
+
+
+async def _forward(
+    ctx: ServerRequestContext,
+    method: str,
+    exposed: str,
+    owner: tuple[UpstreamInfo, str] | None,
+    params: dict[str, Any],
+    not_found: MCPError,
+) -> dict[str, Any]:
+    """Decide, record the approval, forward to the owner, record the completion: a tool call's path, for a
+    read, a prompt or a completion. Refusals and upstream errors are JSON-RPC errors."""
+    caller, snap, request_id = caller_of(ctx), await snapshot.get(), uuid.uuid4()
+    target, own = owner if owner else (None, "")
+    audit = request_audit(
+        caller, exposed[:AUDIT_TEXT], request_id, params, target.slug if target else "", own[:AUDIT_TEXT], ""
+    )
+    audit["detail"] = {"method": method, "name": exposed}
+    if target is None:
+        message = not_found.error.message
+        await record(kind="denied", outcome="denied", error_code="NOT_FOUND", error_detail=message, **audit)
+        raise not_found
+    route = Route(target.id, target.slug, target.revision, target.timeout, own, target.limits)
+    denial = snap.permits(caller.agent_id, target, exposed, own)
+    decision = None if denial else await admit(snap, caller, exposed, route, str(request_id))
+    if denial := denial or (decision.denial if decision else None):
+        DENIALS.labels(denial.code).inc()
+        await record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit)
+        raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)})
+    assert decision is not None and decision.admission is not None
+    try:
+        await record(kind="approved", **with_payload(audit, params))  # before the upstream is touched
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await limit_store().release(decision.admission, "none", decision.probing)
+        raise
+    started, outcome = time.perf_counter(), None
+    try:
+        outcome = await get_executor().forward(
+            upstream_id=target.id, revision=target.revision, method=method, params=params, timeout=target.timeout
+        )
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _complete(audit, decision, outcome, started)
+    if not outcome["ok"]:
+        message = outcome["message"] if outcome.get("validation") else redact(outcome["message"])
+        code = outcome.get("rpc_code", types.INTERNAL_ERROR)
+        raise MCPError(code, message, {"code": outcome["code"], "requestId": str(request_id)})
+    return outcome["result"]
+
+
+async def _complete(audit: dict[str, Any], decision: Decision, outcome: Outcome | None, started: float) -> None:
+    """The completion row and the admission's release; a request the client left has no outcome."""
+    duration_ms = (time.perf_counter() - started) * 1000
+    if outcome is None:
+        fields = {
+            "outcome": "error",
+            "error_code": "CANCELLED",
+            "error_detail": CANCELLED,
+        }
+    elif outcome["ok"]:
+        fields = {"outcome": "ok", "response_bytes": len(json.dumps(outcome["result"]))}
+    else:
+        fields = {"outcome": "error", "error_code": outcome["code"], "error_detail": outcome.get("detail", "")}
+    health = health_of(outcome.get("code")) if outcome else "none"
+    assert decision.admission is not None
+    await asyncio.gather(
+        record(kind="completed", duration_ms=duration_ms, **fields, **audit),
+        limit_store().release(decision.admission, health, decision.probing),
+    )
+
+
+async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceRequestParams) -> Any:
+    snap = await snapshot.get()
+    owner = _owner_of_uri(snap, params.uri)
+    not_found = _not_found("resource", params.uri, "resources/list")
+    result = await _forward(ctx, "resources/read", params.uri, owner, {"uri": owner[1] if owner else ""}, not_found)
+    assert owner is not None
+    contents = [
+        item | {"uri": exposed_uri(owner[0].namespace, item["uri"])} if isinstance(item.get("uri"), str) else item
+        for item in result.get("contents") or []
+    ]
+    return finish(ctx, result | {"contents": contents})
+
+
+async def get_prompt(ctx: ServerRequestContext, params: types.GetPromptRequestParams) -> Any:
+    owner = _owner_of_name(await snapshot.get(), params.name)
+    forwarded = {"name": owner[1] if owner else "", "arguments": params.arguments or {}}
+    not_found = _not_found("prompt", params.name, "prompts/list")
+    return finish(ctx, await _forward(ctx, "prompts/get", params.name, owner, forwarded, not_found))
+
+
+async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParams) -> Any:
+    snap = await snapshot.get()
+    wire = params.model_dump(mode="json", by_alias=True, exclude_none=True)
+    wire.pop("_meta", None)
+    if isinstance(params.ref, types.PromptReference):
+        exposed, owner, field = params.ref.name, _owner_of_name(snap, params.ref.name), "name"
+        not_found = _not_found("prompt", exposed, "prompts/list")
+    else:
+        exposed, owner, field = params.ref.uri, _owner_of_uri(snap, params.ref.uri), "uri"
+        not_found = _not_found("resource template", exposed, "resources/templates/list")
+    wire["ref"][field] = owner[1] if owner else ""
+    return finish(ctx, await _forward(ctx, "completion/complete", exposed, owner, wire, not_found))

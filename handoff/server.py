@@ -1,0 +1,58 @@
+"""The gateway's one SDK `Server`: tools and handoffs (dispatcher.py), resources, prompts and completions
+(passthrough.py), change subscriptions (notify.py). Every transport (Streamable HTTP in both eras,
+WebSocket) feeds this same server."""
+
+from typing import Any
+
+from django.conf import settings
+from mcp.server import NotificationOptions, Server
+from mcp.server.caching import CacheHint
+from mcp.server.models import InitializationOptions
+
+from handoff import passthrough
+from handoff.dispatcher import call_tool, list_tools
+from handoff.notify import subscriptions_listen
+
+INSTRUCTIONS = (
+    "This is a gateway to several services. Tool and prompt names are '<service>{sep}<name>', resource URIs "
+    "'<service>+<uri>'; call tools/list to see what you may use."
+)
+# Lists are filtered per agent, and an admin's change must show at once: private, never fresh.
+PRIVATE = CacheHint(ttl_ms=0, scope="private")
+
+
+class GatewayServer(Server):
+    """Tells 2025-11-25 clients that its tool list changes: a handoff switches it. (2026-07-28 clients learn
+    it from `subscriptions/listen` being served.)"""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        options = notification_options or NotificationOptions(tools_changed=True)
+        return super().create_initialization_options(options, experimental_capabilities, extensions)
+
+
+def build_server() -> Server:
+    return GatewayServer(
+        settings.GATEWAY_NAME,
+        version="0.1.0",
+        instructions=INSTRUCTIONS.format(sep=settings.GATEWAY_TOOL_SEPARATOR),
+        cache_hints={
+            method: PRIVATE for method in ("tools/list", "resources/list", "resources/templates/list", "prompts/list")
+        },
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=passthrough.list_resources,
+        on_list_resource_templates=passthrough.list_resource_templates,
+        on_read_resource=passthrough.read_resource,
+        on_list_prompts=passthrough.list_prompts,
+        on_get_prompt=passthrough.get_prompt,
+        on_completion=passthrough.complete,
+        on_subscriptions_listen=subscriptions_listen,
+    )
+
+
+server = build_server()
