@@ -7,7 +7,10 @@ DEMO_MANIFEST names a JSON file read on every tools/list, to play a server whose
 
 import json
 import os
+import re
 import sys
+import tempfile
+from pathlib import Path
 
 import anyio
 from mcp import types
@@ -36,8 +39,12 @@ TOOLS = [
     ),
     types.Tool(
         name="sleep",
-        description="Wait for the given number of seconds, then answer.",
-        input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}},
+        description="Wait for the given number of seconds, then answer. If the call is cancelled first, "
+        "a file named `mark` appears in CANCELLED_DIR (to check that cancellation reaches the server).",
+        input_schema={
+            "type": "object",
+            "properties": {"seconds": {"type": "number"}, "mark": {"type": "string", "pattern": "^[a-z0-9-]{1,64}$"}},
+        },
     ),
     types.Tool(
         name="crash",
@@ -122,6 +129,20 @@ async def progress(ctx, params: types.CallToolRequestParams, seconds: float) -> 
     return text("done")
 
 
+CANCELLED_DIR = Path(tempfile.gettempdir()) / "switchboard-demo-cancelled"
+
+
+async def sleep(seconds: float, mark: str) -> types.CallToolResult:
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        if re.fullmatch(r"[a-z0-9-]{1,64}", mark):
+            CANCELLED_DIR.mkdir(exist_ok=True)
+            (CANCELLED_DIR / mark).touch()
+        raise
+    return text("slept")
+
+
 def leak(how: str) -> types.CallToolResult:
     if how == "error":
         raise MCPError(types.INTERNAL_ERROR, LEAK)
@@ -140,8 +161,7 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         case "fail":
             return text("this tool always fails", is_error=True)
         case "sleep":
-            await anyio.sleep(float(args.get("seconds", 1)))
-            return text("slept")
+            return await sleep(float(args.get("seconds", 1)), str(args.get("mark", "")))
         case "crash":
             os._exit(3)
         case "pid":

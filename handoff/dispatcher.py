@@ -32,6 +32,7 @@ from handoff.handoffs import (
     tunnel_gone,
 )
 from handoff.recording import record
+from handoff.relaying import AgentRelay
 from handoff.snapshot import Route, Snapshot, snapshot
 from handoff.tunnels import SessionStateUnavailable, SessionTunnel, index_session, session_index, tunnel_touch
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial
@@ -45,7 +46,7 @@ logger = logging.getLogger(__name__)
 CANCELLED = "cancelled before the upstream answered"
 
 
-async def _execute(route: Route, arguments: dict[str, Any], tunnel: SessionTunnel | None) -> Outcome:
+async def _execute(route: Route, arguments: dict[str, Any], tunnel: SessionTunnel | None, relay: AgentRelay) -> Outcome:
     """The executor's outcome; if it fails in a way it did not foresee, an outcome all the same, so that
     every approved call gets its completion row."""
     executor = get_executor()
@@ -65,6 +66,7 @@ async def _execute(route: Route, arguments: dict[str, Any], tunnel: SessionTunne
             arguments=arguments,
             timeout=route.timeout,
             traceparent=current_traceparent(),
+            relay=relay,
         )
     except Exception as exc:
         logger.exception("executor failed on %s/%s", route.upstream_slug, route.tool)
@@ -219,7 +221,7 @@ async def _call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPar
     assert route is not None and admission is not None
     try:
         await record(kind="approved", **with_payload(audit, arguments))  # before the upstream is touched
-        outcome, duration_ms = await _run(route, arguments, audit, decision.tunnel)
+        outcome, duration_ms = await _run(route, arguments, audit, decision.tunnel, AgentRelay(ctx))
     except BaseException:  # audit refused, or the client left: the admission goes back all the same
         with anyio.CancelScope(shield=True):
             await limit_store().release(admission, "none", decision.probing)
@@ -318,12 +320,12 @@ async def _gateway_tool(
 
 
 async def _run(
-    route: Route, arguments: dict[str, Any], audit: dict[str, Any], tunnel: SessionTunnel | None
+    route: Route, arguments: dict[str, Any], audit: dict[str, Any], tunnel: SessionTunnel | None, relay: AgentRelay
 ) -> tuple[Outcome, float]:
     """The outcome and its duration; a cancelled call (the client left) gets its completion row all the same."""
     started = time.perf_counter()
     try:
-        outcome = await _execute(route, arguments, tunnel)
+        outcome = await _execute(route, arguments, tunnel, relay)
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
             await record(

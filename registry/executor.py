@@ -14,12 +14,14 @@ from collections.abc import Awaitable
 from functools import cache
 from typing import Any, Protocol
 
+import anyio
 import redis
 import redis.asyncio as aredis
 from django.conf import settings
 
 from registry.loop import pool_thread
 from registry.pool import TUNNEL_GONE, Outcome, failure
+from registry.relay import LoopRelay, Relay, cancel_remote, relay_channels, relay_pump
 from registry.worker import HEARTBEAT_SECONDS, alive_key
 
 # How long past the upstream's own timeout a caller waits for the executor before calling it lost.
@@ -37,6 +39,7 @@ class Executor(Protocol):
         arguments: dict[str, Any],
         timeout: float,
         traceparent: str = "",
+        relay: Relay | None = None,
     ) -> Outcome: ...
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome: ...
@@ -69,9 +72,12 @@ class InlineExecutor:
         arguments: dict[str, Any],
         timeout: float,
         traceparent: str = "",
+        relay: Relay | None = None,
     ) -> Outcome:
         runner = pool_thread()
-        calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent)
+        # Cancelling the wait cancels the call on the pool's loop, and the SDK client tells the upstream.
+        here = LoopRelay(relay, asyncio.get_running_loop()) if relay else None
+        calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here)
         return await asyncio.wrap_future(runner.submit(calling))
 
     async def forward(
@@ -152,15 +158,30 @@ def async_redis(url: str = "") -> aredis.Redis:
         return _async_clients[key]
 
 
-async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float) -> Outcome:
-    """Publish to queue `upstream` and wait up to `wait` seconds for the reply the task pushes to `reply_to`."""
+async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float, relay: Relay | None = None) -> Outcome:
+    """Publish to queue `upstream` and wait up to `wait` seconds for the reply the task pushes to `reply_to`,
+    relaying what the upstream sends meanwhile; if the wait is cancelled, so is the call in the worker."""
     from registry.publish import task_publish  # publish and tasks both import this module
 
     key = reply_key()
+    if relay is not None:
+        channels = relay_channels()
+        kwargs = kwargs | {"relay": channels, "capabilities": sorted(relay.capabilities)}
     # A task that no worker starts within the grace period could no longer answer in time: it expires
     # rather than run late.
     await task_publish(task, kwargs=kwargs | {"reply_to": key}, queue="upstream", expires=EXECUTOR_GRACE_SECONDS)
-    reply = await async_redis().blpop([key], timeout=wait)
+    if relay is None:
+        reply = await async_redis().blpop([key], timeout=wait)
+        return json.loads(reply[1]) if reply else _lost(wait)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay_pump, channels, relay)
+        try:
+            reply = await async_redis().blpop([key], timeout=wait)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await cancel_remote(channels)
+            raise
+        tg.cancel_scope.cancel()
     return json.loads(reply[1]) if reply else _lost(wait)
 
 
@@ -174,6 +195,7 @@ class CeleryExecutor:
         arguments: dict[str, Any],
         timeout: float,
         traceparent: str = "",
+        relay: Relay | None = None,
     ) -> Outcome:
         from registry.tasks import call_tool_task  # tasks import this module
 
@@ -185,7 +207,7 @@ class CeleryExecutor:
             "traceparent": traceparent,
         }
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
-        return await _publish_and_wait(call_tool_task, kwargs, wait)
+        return await _publish_and_wait(call_tool_task, kwargs, wait, relay)
 
     async def forward(
         self, *, upstream_id: int, revision: int, method: str, params: dict[str, Any], timeout: float

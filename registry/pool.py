@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from registry.egress import EgressRefused
+from registry.relay import Relay
 from registry.spec import UpstreamSpec
 
 logger = logging.getLogger(__name__)
@@ -213,9 +214,15 @@ class UpstreamPool:
             connection.last_used = anyio.current_time()
 
     async def call_tool(
-        self, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], traceparent: str = ""
+        self,
+        upstream_id: int,
+        revision: int,
+        tool: str,
+        arguments: dict[str, Any],
+        traceparent: str = "",
+        relay: Relay | None = None,
     ) -> Outcome:
-        return await self._run(upstream_id, revision, _calling(tool, arguments, traceparent))
+        return await self._run(upstream_id, revision, _calling(tool, arguments, traceparent, relay))
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
         return await self._run(upstream_id, revision, _list_every_page)
@@ -271,11 +278,14 @@ def _wire(result: Any) -> dict[str, Any]:
     return wire | ({"_meta": meta} if meta else {})
 
 
-def _calling(tool: str, arguments: dict[str, Any], traceparent: str = "") -> Callable[[Any], Awaitable[dict[str, Any]]]:
+def _calling(
+    tool: str, arguments: dict[str, Any], traceparent: str = "", relay: Relay | None = None
+) -> Callable[[Any], Awaitable[dict[str, Any]]]:
     sent_meta = {"traceparent": traceparent} if traceparent else None  # the gateway's span, the upstream's parent
+    on_progress = relay.progress if relay else None
 
     async def call(client: Any) -> dict[str, Any]:
-        return _wire(await client.call_tool(tool, arguments, meta=sent_meta))
+        return _wire(await client.call_tool(tool, arguments, meta=sent_meta, progress_callback=on_progress))
 
     return call
 

@@ -1,6 +1,7 @@
 """Celery tasks: thin wrappers that run one request on this worker's pool (queue `upstream`, or for a tunnel
 the queue of the worker holding it)."""
 
+from collections.abc import Awaitable
 from typing import Any
 
 from celery import shared_task
@@ -8,19 +9,37 @@ from django.conf import settings
 
 from registry.executor import held_by, reply_after
 from registry.loop import pool_thread
-from registry.pool import Outcome
+from registry.pool import Outcome, failure
+from registry.relay import ChannelRelay, cancellable
 from registry.worker import worker_queue
 
+CANCELLED = failure("CANCELLED", "The call was cancelled.", "cancelled by the caller")
 # Past every call's own deadline; the pool enforces the real one.
 HARD_LIMIT = settings.GATEWAY_MAX_TIMEOUT + settings.GATEWAY_CONNECT_TIMEOUT + 30
 
 
 @shared_task(name="registry.call_tool", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
 def call_tool_task(
-    *, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], reply_to: str, traceparent: str = ""
+    *,
+    upstream_id: int,
+    revision: int,
+    tool: str,
+    arguments: dict[str, Any],
+    reply_to: str,
+    traceparent: str = "",
+    relay: dict[str, str] | None = None,
+    capabilities: list[str] = (),
 ) -> None:
     runner = pool_thread()
-    calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent)
+    if relay is None:
+        calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent)
+    else:
+        here = ChannelRelay(relay, list(capabilities))
+
+        def call() -> Awaitable[Outcome]:
+            return runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here)
+
+        calling = cancellable(call, relay, CANCELLED)
     runner.submit(reply_after(reply_to, calling)).result()
 
 

@@ -1,0 +1,40 @@
+"""The agent's end of a relayed call (registry/relay.py): progress goes out on the call's own stream,
+and an upstream's request to the client goes to the agent only if it declared the capability for it."""
+
+from typing import Any
+
+from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.shared.message import ServerMessageMetadata
+
+from registry.relay import ASKS, RELAYED_CAPABILITIES, unsupported
+
+# A request the upstream may make of the agent: its wire type and its result type.
+REQUESTS: dict[str, tuple[type, type]] = {
+    "elicitation/create": (types.ElicitRequest, types.ElicitResult),
+    "sampling/createMessage": (types.CreateMessageRequest, types.CreateMessageResult),
+    "roots/list": (types.ListRootsRequest, types.ListRootsResult),
+}
+
+
+def declared(ctx: ServerRequestContext) -> frozenset[str]:
+    capabilities = ctx.session.client_capabilities
+    return frozenset(name for name in RELAYED_CAPABILITIES if capabilities and getattr(capabilities, name, None))
+
+
+class AgentRelay:
+    def __init__(self, ctx: ServerRequestContext) -> None:
+        self.ctx = ctx
+        self.capabilities = declared(ctx)
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        await self.ctx.session.report_progress(progress, total, message)  # a no-op unless the agent asked
+
+    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        if ASKS.get(method) not in self.capabilities:
+            raise unsupported(method)
+        request_type, result_type = REQUESTS[method]
+        request = request_type.model_validate({"method": method, "params": params})
+        related = ServerMessageMetadata(related_request_id=self.ctx.request_id)  # on the call's own stream
+        result = await self.ctx.session.send_request(request, result_type, metadata=related)
+        return result.model_dump(mode="json", by_alias=True, exclude_none=True)

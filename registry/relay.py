@@ -1,0 +1,122 @@
+"""What an upstream sends back while it works on a call, on its way to the agent that made the call:
+progress, and requests to the client (elicitation, sampling, roots), whose answers go the other way.
+
+The gateway hands the executor a `Relay` for each call. The inline executor runs the call on the pool
+thread's loop, so `LoopRelay` carries each event over to the web loop. The Celery executor runs it in a
+worker process: `ChannelRelay` (worker side) sends events over the channel layer to `relay_pump` (web
+side), which answers requests on a channel of the call's own; a `cancel` on the call's control channel
+cancels the call in the worker.
+"""
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import anyio
+from channels.layers import get_channel_layer
+from mcp import types
+from mcp.shared.exceptions import MCPError
+
+T = TypeVar("T")
+# The client capabilities an upstream may use through the gateway, when the agent declared them.
+RELAYED_CAPABILITIES = ("elicitation", "sampling", "roots")
+ASKS = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
+
+
+class Relay(Protocol):
+    capabilities: frozenset[str]  # of RELAYED_CAPABILITIES, those the agent declared
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
+
+    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The agent's answer to a request of the upstream (ASKS), or MCPError."""
+        ...
+
+
+class LoopRelay:
+    """A relay living on another event loop (the web's), used from the pool thread's loop."""
+
+    def __init__(self, relay: Relay, loop: asyncio.AbstractEventLoop) -> None:
+        self.capabilities = relay.capabilities
+        self._relay, self._loop = relay, loop
+
+    async def _over(self, coro: Awaitable[T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))  # type: ignore[arg-type]
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        await self._over(self._relay.progress(progress, total, message))
+
+    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._over(self._relay.ask(method, params))
+
+
+def relay_channels() -> dict[str, str]:
+    """The channels of one relayed call. Plain names (no `!`), so that any process may receive on them."""
+    call = uuid.uuid4().hex
+    return {"events": f"upstream-call.{call}.events", "control": f"upstream-call.{call}.control"}
+
+
+class ChannelRelay:
+    """Worker side: the relay of a call whose agent waits in a web process (`relay_pump`)."""
+
+    def __init__(self, channels: dict[str, str], capabilities: list[str]) -> None:
+        self.capabilities = frozenset(capabilities) & frozenset(RELAYED_CAPABILITIES)
+        self._events = channels["events"]
+        self._layer = get_channel_layer()
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        await self._layer.send(self._events, {"type": "progress", "args": [progress, total, message]})
+
+    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        answers = f"{self._events}.{uuid.uuid4().hex}"
+        await self._layer.send(self._events, {"type": "ask", "method": method, "params": params, "reply": answers})
+        answer = await self._layer.receive(answers)
+        if "error" in answer:
+            raise MCPError(answer["error"]["code"], answer["error"]["message"])
+        return answer["result"]
+
+
+async def relay_pump(channels: dict[str, str], relay: Relay) -> None:
+    """Web side: hand each event of a call running in a worker to the agent's relay, until cancelled."""
+    layer = get_channel_layer()
+    async with anyio.create_task_group() as tg:
+        while True:
+            event = await layer.receive(channels["events"])
+            if event["type"] == "progress":
+                await relay.progress(*event["args"])
+            elif event["type"] == "ask":
+                tg.start_soon(_answer, layer, relay, event)
+
+
+async def _answer(layer: Any, relay: Relay, event: dict[str, Any]) -> None:
+    try:
+        answer: dict[str, Any] = {"result": await relay.ask(event["method"], event["params"])}
+    except MCPError as refused:
+        answer = {"error": {"code": refused.error.code, "message": refused.error.message}}
+    await layer.send(event["reply"], answer)
+
+
+async def cancel_remote(channels: dict[str, str]) -> None:
+    """Web side: the agent left, so the worker stops the call (and the upstream hears of it)."""
+    await get_channel_layer().send(channels["control"], {"type": "cancel"})
+
+
+async def cancellable(work: Callable[[], Awaitable[T]], channels: dict[str, str], cancelled: T) -> T:
+    """Worker side: run `work` until it ends or the call's control channel says cancel (then `cancelled`)."""
+    layer, outcome = get_channel_layer(), cancelled
+
+    async def run(scope: anyio.CancelScope) -> None:
+        nonlocal outcome
+        outcome = await work()
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, tg.cancel_scope)
+        await layer.receive(channels["control"])
+        tg.cancel_scope.cancel()
+    return outcome
+
+
+def unsupported(method: str) -> MCPError:
+    return MCPError(types.METHOD_NOT_FOUND, f"The client did not declare the capability for {method}.")

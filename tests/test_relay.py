@@ -1,0 +1,50 @@
+"""What travels back from an upstream during a call, through both executors and in both eras: progress
+reaches the agent, cancelling a call cancels it at the upstream (the demo server marks it)."""
+
+import os
+import tempfile
+import uuid
+
+import anyio
+import pytest
+
+from audit.models import AuditEvent
+from tests.clients import sdk_client
+from tests.helpers import audit_mark, audit_since, eventually, run
+
+MODES = ["legacy", "2026-07-28"]
+CANCELLED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-cancelled")  # the demo server's
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_upstream_progress_reaches_the_agent(gateway, world, mode):
+    seen: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
+
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, mode) as client:
+            return await client.call_tool("demo__progress", {"seconds": 0.5}, progress_callback=on_progress)
+
+    assert run(scenario).content[0].text == "done"
+    assert seen == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cancelling_a_call_cancels_it_at_the_upstream(gateway, world, mode):
+    mark, started = f"cancel-{uuid.uuid4().hex[:12]}", audit_mark()
+
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, mode, timeout=30) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, "demo__sleep", {"seconds": 20, "mark": mark})
+                await anyio.sleep(1.5)
+                tg.cancel_scope.cancel()  # the SDK client sends notifications/cancelled for the abandoned call
+
+    run(scenario)
+    assert eventually(lambda: os.path.exists(os.path.join(CANCELLED_DIR, mark)), timeout=10)
+    rows = eventually(
+        lambda: [(r.kind, r.error_code) for r in audit_since(started) if r.exposed_name == "demo__sleep"][-1:]
+    )
+    assert rows == [(AuditEvent.Kind.COMPLETED, "CANCELLED")]
