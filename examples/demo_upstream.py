@@ -16,6 +16,8 @@ import anyio
 from mcp import types
 from mcp.server import Server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 TOOLS = [
     types.Tool(
@@ -67,6 +69,11 @@ TOOLS = [
         name="progress",
         description="Send a progress notification every 0.1 s for the given number of seconds, then answer.",
         input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}},
+    ),
+    types.Tool(
+        name="ask",
+        description="Ask the user a question (elicitation) and answer with what they said.",
+        input_schema={"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]},
     ),
     types.Tool(
         name="leak",
@@ -143,6 +150,22 @@ async def sleep(seconds: float, mark: str) -> types.CallToolResult:
     return text("slept")
 
 
+async def ask(ctx, params: types.CallToolRequestParams, question: str) -> types.CallToolResult:
+    """Elicitation in the caller's era: a request on the call's stream (2025-11-25), or an input-required
+    result answered by the retry (2026-07-28)."""
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    request = types.ElicitRequest(params=types.ElicitRequestFormParams(message=question, requested_schema=schema))
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        answer = (params.input_responses or {}).get("answer")
+        if answer is None:
+            return types.InputRequiredResult(input_requests={"answer": request})
+        result = types.ElicitResult.model_validate(answer.model_dump(by_alias=True, exclude_none=True))
+    else:
+        related = ServerMessageMetadata(related_request_id=ctx.request_id)
+        result = await ctx.session.send_request(request, types.ElicitResult, metadata=related)
+    return text(f"{result.action}: {json.dumps(result.content, sort_keys=True)}")
+
+
 def leak(how: str) -> types.CallToolResult:
     if how == "error":
         raise MCPError(types.INTERNAL_ERROR, LEAK)
@@ -174,6 +197,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
             )
         case "progress":
             return await progress(ctx, params, float(args.get("seconds", 1)))
+        case "ask":
+            return await ask(ctx, params, str(args.get("question", "")))
         case "leak":
             return leak(str(args.get("how", "result")))
         case "env":

@@ -3,18 +3,10 @@ and an upstream's request to the client goes to the agent only if it declared th
 
 from typing import Any
 
-from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.message import ServerMessageMetadata
 
 from registry.relay import ASKS, RELAYED_CAPABILITIES, unsupported
-
-# A request the upstream may make of the agent: its wire type and its result type.
-REQUESTS: dict[str, tuple[type, type]] = {
-    "elicitation/create": (types.ElicitRequest, types.ElicitResult),
-    "sampling/createMessage": (types.CreateMessageRequest, types.CreateMessageResult),
-    "roots/list": (types.ListRootsRequest, types.ListRootsResult),
-}
 
 
 def declared(ctx: ServerRequestContext) -> frozenset[str]:
@@ -31,10 +23,10 @@ class AgentRelay:
         await self.ctx.session.report_progress(progress, total, message)  # a no-op unless the agent asked
 
     async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        if ASKS.get(method) not in self.capabilities:
+        ask = ASKS.get(method)
+        if ask is None or ask.capability not in self.capabilities:
             raise unsupported(method)
-        request_type, result_type = REQUESTS[method]
-        request = request_type.model_validate({"method": method, "params": params})
+        request = ask.request.model_validate({"method": method, "params": params})
         related = ServerMessageMetadata(related_request_id=self.ctx.request_id)  # on the call's own stream
-        result = await self.ctx.session.send_request(request, result_type, metadata=related)
+        result = await self.ctx.session.send_request(request, ask.result, metadata=related)
         return result.model_dump(mode="json", by_alias=True, exclude_none=True)

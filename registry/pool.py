@@ -18,7 +18,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from registry.egress import EgressRefused
-from registry.relay import Relay
+from registry.relay import ASKS, Relay
 from registry.spec import UpstreamSpec
 
 logger = logging.getLogger(__name__)
@@ -76,21 +76,33 @@ def connect_failure(exc: BaseException) -> Outcome:
 
 
 class UpstreamConnection:
-    """One upstream session. `run` is its owner task: it enters and exits the client."""
+    """One upstream session. `run` is its owner task: it enters and exits the client.
 
-    def __init__(self, spec: UpstreamSpec) -> None:
+    A connection for agents that declared client capabilities (`capabilities`) declares the same ones
+    upstream, and runs one call at a time: the upstream's requests to the client carry nothing that ties
+    them to a call, so the call in flight (`relay`) is the one they belong to."""
+
+    def __init__(self, spec: UpstreamSpec, capabilities: frozenset[str] = frozenset()) -> None:
         self.spec = spec
+        self.capabilities = capabilities
         self.client: Any = None
         self.alive = False
         self.last_used = anyio.current_time()
         self.in_flight = 0
+        self.relay: Relay | None = None
+        self.serial = anyio.Lock()
         self._stop = anyio.Event()
+
+    def _callbacks(self) -> dict[str, Any]:
+        return {
+            ask.callback: _relaying(self, method) for method, ask in ASKS.items() if ask.capability in self.capabilities
+        }
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         started = False
         try:
             async with AsyncExitStack() as stack:
-                self.client = await self.spec.connect(stack)
+                self.client = await self.spec.connect(stack, **self._callbacks())
                 self.alive = started = True
                 task_status.started()
                 await self._stop.wait()
@@ -107,14 +119,34 @@ class UpstreamConnection:
         self._stop.set()
 
 
+def _relaying(connection: UpstreamConnection, method: str) -> Callable[..., Awaitable[Any]]:
+    """The callback that hands the upstream's request to the agent of the call in flight."""
+
+    async def callback(context: Any, params: Any = None) -> Any:
+        relay = connection.relay
+        if relay is None:
+            return types.ErrorData(code=types.INVALID_REQUEST, message=f"No call in flight to relay {method} to.")
+        wire = params.model_dump(mode="json", by_alias=True, exclude_none=True) if params is not None else {}
+        try:
+            return ASKS[method].result.model_validate(await relay.ask(method, wire))
+        except MCPError as refused:
+            return refused.error
+
+    return callback
+
+
+ConnectionKey = tuple[int, frozenset[str]]  # the upstream, and the client capabilities the connection declares
+
+
 class UpstreamPool:
-    """Shared sessions, one per upstream, reopened when the upstream's revision changes or it dies."""
+    """Shared sessions, one per upstream and declared capability set, reopened when the upstream's revision
+    changes or it dies."""
 
     def __init__(self, load_spec: Callable[[int], Awaitable[UpstreamSpec]]) -> None:
         self._load_spec = load_spec
-        self._connections: dict[int, UpstreamConnection] = {}
+        self._connections: dict[ConnectionKey, UpstreamConnection] = {}
         self._tunnels: dict[str, UpstreamConnection] = {}
-        self._locks: dict[int, anyio.Lock] = {}
+        self._locks: dict[ConnectionKey, anyio.Lock] = {}
         self._task_group: TaskGroup | None = None
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -135,10 +167,10 @@ class UpstreamPool:
         """Stop sessions unused for `idle_seconds` (and so the stdio servers behind them); the next call
         reopens one. Upstreams that were deleted or disabled go away this way too."""
         now = anyio.current_time()
-        for upstream_id, connection in list(self._connections.items()):
+        for key, connection in list(self._connections.items()):
             if not connection.in_flight and now - connection.last_used >= idle_seconds:
                 connection.stop()
-                del self._connections[upstream_id]
+                del self._connections[key]
         # The gateway sweeps tunnels at their idle timeout; one it lost track of (its opener left while it
         # connected) is closed here at twice that, whatever the records say.
         for tunnel_id, connection in list(self._tunnels.items()):
@@ -146,33 +178,45 @@ class UpstreamPool:
             if not connection.in_flight and now - connection.last_used >= 2 * connection.spec.grant["idle_timeout"]:
                 self.tunnel_close(tunnel_id)
 
-    async def _connection(self, upstream_id: int, revision: int) -> UpstreamConnection:
-        if upstream_id not in self._locks:
-            self._locks[upstream_id] = anyio.Lock()
-        async with self._locks[upstream_id]:
-            current = self._connections.get(upstream_id)
+    async def _connection(self, upstream_id: int, revision: int, capabilities: frozenset[str]) -> UpstreamConnection:
+        key = (upstream_id, capabilities)
+        if key not in self._locks:
+            self._locks[key] = anyio.Lock()
+        async with self._locks[key]:
+            current = self._connections.get(key)
             if current and current.alive and current.spec.revision >= revision:
                 current.last_used = anyio.current_time()
                 return current
             if current:
                 current.stop()
             spec = await self._load_spec(upstream_id)
-            connection = UpstreamConnection(spec)
+            connection = UpstreamConnection(spec, capabilities)
             assert self._task_group is not None, "the pool is not serving"
             with anyio.fail_after(settings.GATEWAY_CONNECT_TIMEOUT):
                 await self._task_group.start(connection.run)
-            self._connections[upstream_id] = connection
+            self._connections[key] = connection
             return connection
 
-    async def _run(self, upstream_id: int, revision: int, action: Callable[[Any], Awaitable[Any]]) -> Outcome:
-        """Run one request on the upstream's shared session and turn every failure into a specific Outcome."""
+    async def _run(
+        self, upstream_id: int, revision: int, action: Callable[[Any], Awaitable[Any]], relay: Relay | None = None
+    ) -> Outcome:
+        """Run one request on the upstream's session for the relay's capabilities, and turn every failure into
+        a specific Outcome."""
+        capabilities = relay.capabilities if relay else frozenset()
         try:
-            connection = await self._connection(upstream_id, revision)
+            connection = await self._connection(upstream_id, revision, capabilities)
         except TimeoutError:
             return CONNECT_TIMEOUT
         except Exception as exc:  # any way a connect can fail
             return connect_failure(exc)
-        return await self._request(connection, action)
+        if not capabilities:
+            return await self._request(connection, action)
+        async with connection.serial:
+            connection.relay = relay
+            try:
+                return await self._request(connection, action)
+            finally:
+                connection.relay = None
 
     async def _request(self, connection: UpstreamConnection, action: Callable[[Any], Awaitable[Any]]) -> Outcome:
         spec = connection.spec
@@ -222,7 +266,7 @@ class UpstreamPool:
         traceparent: str = "",
         relay: Relay | None = None,
     ) -> Outcome:
-        return await self._run(upstream_id, revision, _calling(tool, arguments, traceparent, relay))
+        return await self._run(upstream_id, revision, _calling(tool, arguments, traceparent, relay), relay)
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
         return await self._run(upstream_id, revision, _list_every_page)

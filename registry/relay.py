@@ -11,6 +11,7 @@ cancels the call in the worker.
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -19,9 +20,28 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A request an upstream may make of the client: the capability it needs, its wire types, and the
+    keyword of the SDK client's callback that answers it."""
+
+    capability: str
+    request: type
+    result: type
+    callback: str
+
+
+ASKS = {
+    "elicitation/create": Ask("elicitation", types.ElicitRequest, types.ElicitResult, "elicitation_callback"),
+    "sampling/createMessage": Ask(
+        "sampling", types.CreateMessageRequest, types.CreateMessageResult, "sampling_callback"
+    ),
+    "roots/list": Ask("roots", types.ListRootsRequest, types.ListRootsResult, "list_roots_callback"),
+}
 # The client capabilities an upstream may use through the gateway, when the agent declared them.
-RELAYED_CAPABILITIES = ("elicitation", "sampling", "roots")
-ASKS = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
+RELAYED_CAPABILITIES = tuple(ask.capability for ask in ASKS.values())
 
 
 class Relay(Protocol):

@@ -53,8 +53,9 @@ class UpstreamSpec:
             kwargs["auth"] = DelegationAuth(self.grant)
         return guarded_client(internal=self.internal, **kwargs)
 
-    async def connect(self, stack: AsyncExitStack) -> Client:
-        """An open `mcp.Client` whose resources `stack` owns; the caller's task must exit the stack."""
+    async def connect(self, stack: AsyncExitStack, **callbacks: Any) -> Client:
+        """An open `mcp.Client` whose resources `stack` owns; the caller's task must exit the stack. The
+        callbacks (elicitation, sampling, roots) are what the client declares it can answer."""
         if self.transport == "stdio":
             # PATH comes along so that commands like `npx` and `uvx` resolve as they would in a shell.
             env = {"PATH": os.environ.get("PATH", "")} | self.env
@@ -69,4 +70,4 @@ class UpstreamSpec:
             )
             target = streamable_http_client(self.url, http_client=http)
         # No response cache: the catalog must see what the upstream says now.
-        return await stack.enter_async_context(Client(target, cache=None))
+        return await stack.enter_async_context(Client(target, cache=None, **callbacks))

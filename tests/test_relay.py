@@ -7,6 +7,7 @@ import uuid
 
 import anyio
 import pytest
+from mcp import types
 
 from audit.models import AuditEvent
 from tests.clients import sdk_client
@@ -48,3 +49,36 @@ def test_cancelling_a_call_cancels_it_at_the_upstream(gateway, world, mode):
         lambda: [(r.kind, r.error_code) for r in audit_since(started) if r.exposed_name == "demo__sleep"][-1:]
     )
     assert rows == [(AuditEvent.Kind.COMPLETED, "CANCELLED")]
+
+
+def _answering(answer: str, asked: list[str]):
+    async def on_elicitation(context, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"answer": answer})
+
+    return on_elicitation
+
+
+def test_an_upstreams_elicitation_is_pushed_to_a_legacy_agent_and_its_answer_returned(gateway, world):
+    asked: list[str] = []
+
+    async def scenario():
+        async with sdk_client(
+            gateway.url, world.key, "legacy", elicitation_callback=_answering("blue", asked)
+        ) as client:
+            return await client.call_tool("demo__ask", {"question": "Favourite colour?"})
+
+    result = run(scenario)
+    assert (result.is_error, result.content[0].text) == (False, 'accept: {"answer": "blue"}')
+    assert asked == ["Favourite colour?"]
+
+
+def test_an_agent_that_declared_no_elicitation_is_never_asked(gateway, world):
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, "legacy") as client:
+            return await client.call_tool("demo__ask", {"question": "Favourite colour?"})
+
+    result = run(scenario)
+    # The gateway's upstream session for this agent declares no elicitation, so the SDK client refuses it.
+    assert result.is_error
+    assert result.content[0].text == "demo__ask: The service refused the request: Elicitation not supported"
