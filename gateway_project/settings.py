@@ -222,6 +222,8 @@ GATEWAY_SNAPSHOT_CHECK_SECONDS = env_float("GATEWAY_SNAPSHOT_CHECK_SECONDS", 1.0
 # Aggregated lists (tools, resources, prompts) are served in pages of this many, with signed cursors.
 GATEWAY_LIST_PAGE_SIZE = int(os.environ.get("GATEWAY_LIST_PAGE_SIZE", "100"))
 GATEWAY_LIST_CURSOR_SECONDS = int(os.environ.get("GATEWAY_LIST_CURSOR_SECONDS", "3600"))
+# How long a 2026-07-28 agent has to answer what an upstream asked mid-call before the call is cancelled.
+GATEWAY_INPUT_WAIT_SECONDS = float(os.environ.get("GATEWAY_INPUT_WAIT_SECONDS", "300"))
 # Requests without credentials act as this agent (single-user local use, clients that cannot send headers).
 # Off by default; the gateway warns at start-up while it is on.
 GATEWAY_ANONYMOUS_AGENT = os.environ.get("GATEWAY_ANONYMOUS_AGENT", "")

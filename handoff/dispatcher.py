@@ -31,6 +31,7 @@ from handoff.handoffs import (
     return_tool_name,
     tunnel_gone,
 )
+from handoff.parking import InvalidRequestState, ParkedCall, park, parked_call, responses_of
 from handoff.recording import record
 from handoff.relaying import AgentRelay
 from handoff.snapshot import Route, Snapshot, snapshot
@@ -40,6 +41,7 @@ from policy.limits import Admission, health_of, limit_store, limits_denial
 from policy.redaction import redact, redact_error_result
 from registry.executor import get_executor
 from registry.pool import TUNNEL_GONE, Outcome, failure
+from registry.relay import Relay
 
 logger = logging.getLogger(__name__)
 
@@ -184,12 +186,39 @@ async def _session_tunnel(caller: Caller) -> SessionTunnel | None:
     return await session_index().get(index_session(caller.agent_id, caller.session_key))
 
 
-async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> dict[str, Any]:
+async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> Any:
     with call_span(params.name, params.meta) as span:
-        return await _call_tool(ctx, params, trace_id_of(span))
+        trace_id, caller = trace_id_of(span), caller_of(ctx)
+        if params.request_state is not None:  # a 2026-07-28 agent answering what an upstream asked
+            return await _resume(ctx, caller, params, trace_id)
+        relay = AgentRelay(ctx)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and relay.capabilities:
+            entry = (await snapshot.get()).tools.get(params.name)
+            upstream = entry.route.upstream_slug if entry else ""
+
+            def run(parked: ParkedCall) -> Awaitable[dict[str, Any]]:
+                return _call_tool(ctx, params, trace_id, parked)
+
+            return await park(ctx, caller, params.name, upstream, relay.capabilities, run)
+        return await _call_tool(ctx, params, trace_id, relay)
 
 
-async def _call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams, trace_id: str) -> dict[str, Any]:
+async def _resume(ctx: ServerRequestContext, caller: Caller, params: types.CallToolRequestParams, trace_id: str) -> Any:
+    try:
+        parked = parked_call(caller, params.name, params.request_state or "")
+    except InvalidRequestState as refused:
+        DENIALS.labels("INVALID_REQUEST_STATE").inc()
+        audit = request_audit(caller, params.name, uuid.uuid4(), params.arguments or {}, "", "", trace_id)
+        message = refused.error.message
+        await record(kind="denied", outcome="denied", error_code="INVALID_REQUEST_STATE", error_detail=message, **audit)
+        raise
+    parked.answer(responses_of(params))
+    return await parked.respond(ctx)
+
+
+async def _call_tool(
+    ctx: ServerRequestContext, params: types.CallToolRequestParams, trace_id: str, relay: Relay
+) -> dict[str, Any]:
     caller = caller_of(ctx)
     arguments = params.arguments or {}
     request_id = uuid.uuid4()
@@ -221,7 +250,7 @@ async def _call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPar
     assert route is not None and admission is not None
     try:
         await record(kind="approved", **with_payload(audit, arguments))  # before the upstream is touched
-        outcome, duration_ms = await _run(route, arguments, audit, decision.tunnel, AgentRelay(ctx))
+        outcome, duration_ms = await _run(route, arguments, audit, decision.tunnel, relay)
     except BaseException:  # audit refused, or the client left: the admission goes back all the same
         with anyio.CancelScope(shield=True):
             await limit_store().release(admission, "none", decision.probing)
@@ -320,7 +349,7 @@ async def _gateway_tool(
 
 
 async def _run(
-    route: Route, arguments: dict[str, Any], audit: dict[str, Any], tunnel: SessionTunnel | None, relay: AgentRelay
+    route: Route, arguments: dict[str, Any], audit: dict[str, Any], tunnel: SessionTunnel | None, relay: Relay
 ) -> tuple[Outcome, float]:
     """The outcome and its duration; a cancelled call (the client left) gets its completion row all the same."""
     started = time.perf_counter()

@@ -8,6 +8,7 @@ import uuid
 import anyio
 import pytest
 from mcp import types
+from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
 from tests.clients import sdk_client
@@ -82,3 +83,62 @@ def test_an_agent_that_declared_no_elicitation_is_never_asked(gateway, world):
     # The gateway's upstream session for this agent declares no elicitation, so the SDK client refuses it.
     assert result.is_error
     assert result.content[0].text == "demo__ask: The service refused the request: Elicitation not supported"
+
+
+def test_a_2026_agent_gets_an_input_required_result_and_its_retry_completes_the_call(gateway, world):
+    asked: list[str] = []
+    mark = audit_mark()
+
+    async def scenario():
+        async with sdk_client(
+            gateway.url, world.key, "2026-07-28", elicitation_callback=_answering("green", asked)
+        ) as client:
+            return await client.call_tool("demo__ask", {"question": "Favourite colour?"})
+
+    result = run(scenario)
+    assert (result.is_error, result.content[0].text) == (False, 'accept: {"answer": "green"}')
+    assert asked == ["Favourite colour?"]
+    rows = [(r.kind, r.outcome) for r in audit_since(mark) if r.exposed_name == "demo__ask"]
+    assert rows == [("approved", ""), ("completed", "ok")]  # one call, however many rounds
+
+
+def test_a_tampered_or_foreign_request_state_is_refused(inline_gateway, world):
+    from tests.factories import agent
+
+    async def first_round(key: str):
+        async with sdk_client(inline_gateway.url, key, "2026-07-28", elicitation_callback=_answering("x", [])) as c:
+            return await c.session.call_tool("demo__ask", {"question": "Q?"}, allow_input_required=True)
+
+    async def retry(key: str, name: str, state: str):
+        answers = {"elicitation-1": types.ElicitResult(action="accept", content={"answer": "x"})}
+        async with sdk_client(inline_gateway.url, key, "2026-07-28", elicitation_callback=_answering("x", [])) as c:
+            with pytest.raises(MCPError) as refused:
+                await c.session.call_tool(
+                    name, {"question": "Q?"}, input_responses=answers, request_state=state, allow_input_required=True
+                )
+            return refused.value.error
+
+    pending = run(lambda: first_round(world.key))
+    assert isinstance(pending, types.InputRequiredResult) and list(pending.input_requests) == ["elicitation-1"]
+    state = pending.request_state
+    tampered = state[:-2] + ("AA" if not state.endswith("AA") else "BB")
+    mark = audit_mark()
+    assert run(lambda: retry(world.key, "demo__ask", tampered)).message == (
+        "Invalid requestState: send back the one the gateway gave, unchanged."
+    )
+    assert run(lambda: retry(world.key, "demo__echo", state)).message == (
+        "Invalid requestState: it was issued for another agent or tool."
+    )
+    with agent("eve") as (_, eve_key):
+        error = eventually(lambda: _refusal_once(lambda: retry(eve_key, "demo__ask", state)))
+    assert (error.code, error.message) == (
+        types.INVALID_PARAMS,
+        "Invalid requestState: it was issued for another agent or tool.",
+    )
+    assert [r.error_code for r in audit_since(mark) if r.kind == "denied"][:3] == ["INVALID_REQUEST_STATE"] * 3
+
+
+def _refusal_once(attempt):
+    """The refusal, once the gateway knows the new agent's key (a 401 before: its snapshot lags)."""
+    error = run(attempt)
+    return error if error.code != types.INVALID_REQUEST else None

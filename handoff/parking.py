@@ -1,0 +1,167 @@
+"""Upstream requests to the client, for 2026-07-28 agents, which have no back-channel.
+
+When an upstream asks the client something mid-call (elicitation, sampling, roots), the call is parked:
+it goes on running in this process while the agent gets an input-required result whose `requestState`
+names the parked call. The agent's retry brings the answers (`inputResponses`) and that state back, and
+gets the call's result, or the upstream's next question. The state is signed (HMAC, Django's signing)
+and bound to the agent, the upstream and the tool, and it expires; a parked call nobody answers in time
+is cancelled, and so is the upstream's call.
+"""
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.core import signing
+from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+
+from handoff.caller import Caller
+from registry.relay import ASKS, unsupported
+
+logger = logging.getLogger(__name__)
+
+SALT = "switchboard.request-state"
+GATHER_SECONDS = 0.05  # an upstream that asks several things at once: they go out in one result
+
+
+@dataclass
+class Question:
+    method: str
+    params: dict[str, Any]
+    answer: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class ParkedCall:
+    """One call of a 2026-07-28 agent, and the relay its upstream's questions and progress go through."""
+
+    def __init__(self, caller: Caller, name: str, upstream: str, capabilities: frozenset[str]) -> None:
+        self.id = uuid.uuid4().hex
+        self.caller, self.name, self.upstream = caller, name, upstream
+        self.capabilities = capabilities
+        self.questions: dict[str, Question] = {}
+        self.asked = asyncio.Event()
+        self.task: asyncio.Task | None = None
+        self.ctx: ServerRequestContext | None = None  # the agent's request waiting now, if any
+
+    # The relay the executor sees (registry/relay.py).
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        if self.ctx is not None:
+            with contextlib.suppress(Exception):  # the request it rode on may have ended meanwhile
+                await self.ctx.session.report_progress(progress, total, message)
+
+    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        ask = ASKS.get(method)
+        if ask is None or ask.capability not in self.capabilities:
+            raise unsupported(method)
+        key = f"{ask.capability}-{len(self.questions) + 1}"
+        self.questions[key] = question = Question(method, params)
+        self.asked.set()
+        return await question.answer
+
+    # The agent's side.
+
+    def unanswered(self) -> dict[str, Question]:
+        return {key: q for key, q in self.questions.items() if not q.answer.done()}
+
+    def answer(self, responses: dict[str, Any]) -> None:
+        for key, question in self.unanswered().items():
+            if key in responses:
+                question.answer.set_result(responses[key])
+
+    async def respond(self, ctx: ServerRequestContext) -> Any:
+        """The call's result once it ends, or an input-required result for the questions now open."""
+        assert self.task is not None
+        self.ctx = ctx
+        try:
+            while not self.unanswered() and not self.task.done():
+                self.asked.clear()
+                asked = asyncio.ensure_future(self.asked.wait())
+                try:
+                    await asyncio.wait({asked, self.task}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    asked.cancel()
+                if not self.task.done():
+                    await asyncio.sleep(GATHER_SECONDS)
+        finally:
+            self.ctx = None
+        if open_questions := self.unanswered():
+            return self._input_required(open_questions)
+        PARKED.pop(self.id, None)
+        return self.task.result()
+
+    def _input_required(self, questions: dict[str, Question]) -> types.InputRequiredResult:
+        requests = {
+            key: ASKS[q.method].request.model_validate({"method": q.method, "params": q.params})
+            for key, q in questions.items()
+        }
+        state = {"c": self.id, "a": self.caller.agent_id, "u": self.upstream, "n": self.name}
+        token = signing.dumps(state, salt=SALT, compress=True)
+        return types.InputRequiredResult(input_requests=requests, request_state=token)
+
+    def expire(self) -> None:
+        """Nobody answered in time: the call is cancelled (the upstream hears of it; the audit records it)."""
+        if self.unanswered() and self.task is not None and not self.task.done():
+            logger.info("parked call %s of %s expired unanswered", self.id, self.name)
+            self.task.cancel()
+        PARKED.pop(self.id, None)
+
+
+PARKED: dict[str, ParkedCall] = {}
+
+
+async def park(
+    ctx: ServerRequestContext,
+    caller: Caller,
+    name: str,
+    upstream: str,
+    capabilities: frozenset[str],
+    run: Callable[[ParkedCall], Awaitable[Any]],
+) -> Any:
+    """Run the call as a task of its own that outlives this request, should the upstream ask something."""
+    parked = ParkedCall(caller, name, upstream, capabilities)
+    PARKED[parked.id] = parked
+    parked.task = asyncio.ensure_future(run(parked))
+    asyncio.get_running_loop().call_later(settings.GATEWAY_INPUT_WAIT_SECONDS, parked.expire)
+    return await parked.respond(ctx)
+
+
+class InvalidRequestState(MCPError):
+    def __init__(self, message: str) -> None:
+        super().__init__(types.INVALID_PARAMS, message, {"code": "INVALID_REQUEST_STATE"})
+
+
+def parked_call(caller: Caller, name: str, request_state: str) -> ParkedCall:
+    """The parked call a retry's requestState names, if the state is genuine, this agent's, for this tool,
+    and not expired."""
+    try:
+        state = signing.loads(request_state, salt=SALT, max_age=settings.GATEWAY_INPUT_WAIT_SECONDS)
+    except signing.SignatureExpired:
+        raise InvalidRequestState(f"This requestState has expired: call {name} again without it.") from None
+    except (signing.BadSignature, ValueError):
+        raise InvalidRequestState("Invalid requestState: send back the one the gateway gave, unchanged.") from None
+    if state.get("a") != caller.agent_id or state.get("n") != name:
+        raise InvalidRequestState("Invalid requestState: it was issued for another agent or tool.")
+    parked = PARKED.get(state.get("c", ""))
+    if parked is None:
+        raise InvalidRequestState(
+            f"This requestState is no longer open (answered, expired, or held by another gateway process): "
+            f"call {name} again without it."
+        )
+    return parked
+
+
+def responses_of(params: types.CallToolRequestParams) -> dict[str, Any]:
+    return {
+        key: response.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if hasattr(response, "model_dump")
+        else response
+        for key, response in (params.input_responses or {}).items()
+    }
