@@ -14,7 +14,8 @@ from pathlib import Path
 
 import anyio
 from mcp import types
-from mcp.server import Server
+from mcp.server import NotificationOptions, Server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -74,6 +75,11 @@ TOOLS = [
         name="ask",
         description="Ask the user a question (elicitation) and answer with what they said.",
         input_schema={"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]},
+    ),
+    types.Tool(
+        name="announce",
+        description="Tell the client that this server's tool list changed (after DEMO_MANIFEST was edited).",
+        input_schema={"type": "object", "properties": {}},
     ),
     types.Tool(
         name="leak",
@@ -199,6 +205,12 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
             return await progress(ctx, params, float(args.get("seconds", 1)))
         case "ask":
             return await ask(ctx, params, str(args.get("question", "")))
+        case "announce":
+            if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                await changes.publish(ToolsListChanged())
+            else:
+                await ctx.session.send_tool_list_changed()
+            return text("announced")
         case "leak":
             return leak(str(args.get("how", "result")))
         case "env":
@@ -214,7 +226,14 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
     raise ValueError(f"Unknown tool: {params.name}")
 
 
-server = Server("switchboard-demo", version="1.0", on_list_tools=list_tools, on_call_tool=call_tool)
+changes = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen streams
+server = Server(
+    "switchboard-demo",
+    version="1.0",
+    on_list_tools=list_tools,
+    on_call_tool=call_tool,
+    on_subscriptions_listen=ListenHandler(changes),
+)
 
 
 def main() -> None:
@@ -227,7 +246,8 @@ def main() -> None:
 
         async def serve() -> None:
             async with stdio_server() as (read, write):
-                await server.run(read, write, server.create_initialization_options())
+                options = server.create_initialization_options(NotificationOptions(tools_changed=True))
+                await server.run(read, write, options)
 
         anyio.run(serve)
 

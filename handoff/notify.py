@@ -1,4 +1,5 @@
-"""Telling agents that their tools changed (a handoff opened, returned, was swept or lost).
+"""Telling agents that their tools changed (a handoff opened, returned, was swept or lost), or that an
+upstream's tools, prompts or resources changed (every agent hears of those).
 
 2025-11-25 sessions (and /mcp/ws sockets) get `notifications/tools/list_changed` on their own stream;
 2026-07-28 callers through `subscriptions/listen` streams, which this module serves per session: a
@@ -17,11 +18,18 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 from mcp.server.context import ServerRequestContext
-from mcp.server.subscriptions import ListenHandler, ServerEvent, ToolsListChanged
+from mcp.server.subscriptions import (
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ServerEvent,
+    ToolsListChanged,
+)
 from mcp.types import SubscriptionsListenRequestParams, SubscriptionsListenResult
 
 from handoff.background import ProcessTask
 from handoff.caller import caller_of
+from handoff.snapshot import snapshot
 from handoff.tunnels import index_session
 
 logger = logging.getLogger(__name__)
@@ -77,6 +85,16 @@ async def subscriptions_listen(
         _listening.reset(token)
 
 
+class RememberSessions:
+    """Server middleware: every 2025-11-25 (and WebSocket) session is held, so that a change can reach it."""
+
+    async def __call__(self, ctx: ServerRequestContext, call_next: Callable[[ServerRequestContext], Any]) -> Any:
+        caller = caller_of(ctx) if ctx.request is not None else None
+        if caller is not None and caller.session_id:
+            session_remember(index_session(caller.agent_id, caller.session_key), ctx.session)
+        return await call_next(ctx)
+
+
 def session_remember(session: str, server_session: Any) -> None:
     _streams[session] = server_session
     _streams.move_to_end(session)
@@ -93,6 +111,29 @@ async def tools_changed_here(session: str) -> None:
         except Exception:  # the client went away: nothing left to tell
             logger.info("session %s no longer takes notifications", session, exc_info=True)
             _streams.pop(session, None)
+
+
+# What changed in an upstream: the event for 2026-07-28 listeners, the notification for legacy streams.
+LISTS: dict[str, tuple[type, str]] = {
+    "tools": (ToolsListChanged, "send_tool_list_changed"),
+    "prompts": (PromptsListChanged, "send_prompt_list_changed"),
+    "resources": (ResourcesListChanged, "send_resource_list_changed"),
+}
+
+
+async def list_changed_here(kind: str) -> None:
+    """Every session held here hears that a list changed."""
+    event, notify = LISTS[kind]
+    await bus.publish(event())
+    for session, stream in list(_streams.items()):
+        try:
+            await getattr(stream, notify)()
+        except Exception:  # the client went away: nothing left to tell
+            _streams.pop(session, None)
+
+
+async def list_changed_everywhere(kind: str) -> None:
+    await get_channel_layer().group_send(GROUP, {"type": "list.changed", "kind": kind})
 
 
 async def tools_changed_everywhere(sessions: list[str]) -> None:
@@ -113,6 +154,9 @@ async def _relay(ready: asyncio.Future) -> None:
             message = await layer.receive(channel)
             if message.get("type") == "tools.changed":
                 await tools_changed_here(message["session"])
+            elif message.get("type") == "list.changed" and message.get("kind") in LISTS:
+                snapshot.invalidate()  # agents refetch at once: they must see the new catalog
+                await list_changed_here(message["kind"])
     finally:
         refreshing.cancel()
 

@@ -11,7 +11,7 @@ from mcp.server.models import InitializationOptions
 
 from handoff import passthrough
 from handoff.dispatcher import call_tool, list_tools
-from handoff.notify import subscriptions_listen
+from handoff.notify import RememberSessions, subscriptions_listen
 
 INSTRUCTIONS = (
     "This is a gateway to several services. Tool and prompt names are '<service>{sep}<name>', resource URIs "
@@ -22,8 +22,8 @@ PRIVATE = CacheHint(ttl_ms=0, scope="private")
 
 
 class GatewayServer(Server):
-    """Tells 2025-11-25 clients that its tool list changes: a handoff switches it. (2026-07-28 clients learn
-    it from `subscriptions/listen` being served.)"""
+    """Tells 2025-11-25 clients that its lists change: a handoff switches the tools, an upstream changes
+    its own. (2026-07-28 clients learn it from `subscriptions/listen` being served.)"""
 
     def create_initialization_options(
         self,
@@ -31,12 +31,14 @@ class GatewayServer(Server):
         experimental_capabilities: dict[str, dict[str, Any]] | None = None,
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
-        options = notification_options or NotificationOptions(tools_changed=True)
+        options = notification_options or NotificationOptions(
+            tools_changed=True, prompts_changed=True, resources_changed=True
+        )
         return super().create_initialization_options(options, experimental_capabilities, extensions)
 
 
 def build_server() -> Server:
-    return GatewayServer(
+    gateway = GatewayServer(
         settings.GATEWAY_NAME,
         version="0.1.0",
         instructions=INSTRUCTIONS.format(sep=settings.GATEWAY_TOOL_SEPARATOR),
@@ -53,6 +55,8 @@ def build_server() -> Server:
         on_completion=passthrough.complete,
         on_subscriptions_listen=subscriptions_listen,
     )
+    gateway.middleware.append(RememberSessions())
+    return gateway
 
 
 server = build_server()

@@ -322,6 +322,10 @@ class SnapshotHolder:
         self._checked_at = 0.0
         self._lock: asyncio.Lock | None = None
 
+    def invalidate(self) -> None:
+        """Look at the version on the next read (a change was announced that this process did not make)."""
+        self._checked_at = 0.0
+
     async def get(self) -> Snapshot:
         if self._snapshot and time.monotonic() - self._checked_at < settings.GATEWAY_SNAPSHOT_CHECK_SECONDS:
             return self._snapshot

@@ -27,9 +27,20 @@ def _spec_of(upstream_id: int) -> UpstreamSpec:
 load_spec = database_sync_to_async(_spec_of, thread_sensitive=False)
 
 
+async def upstream_changed(upstream_id: int, kind: str) -> None:
+    """An upstream said a list of its changed: its tools are synced again (pins hold changed ones back), and
+    every agent is told, in whichever process holds its stream."""
+    from handoff.notify import list_changed_everywhere  # handoff builds on the registry, not the reverse
+    from registry.services import upstream_resync
+
+    if kind == "tools":
+        await database_sync_to_async(upstream_resync, thread_sensitive=False)(upstream_id)
+    await list_changed_everywhere(kind)
+
+
 class PoolThread:
     def __init__(self) -> None:
-        self.pool = UpstreamPool(load_spec)
+        self.pool = UpstreamPool(load_spec, upstream_changed)
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._main, args=(ready,), name="upstream-pool", daemon=True)

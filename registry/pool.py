@@ -8,13 +8,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
+from functools import partial
 from typing import Any, TypedDict
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from django.conf import settings
 from mcp import types
+from mcp.server.subscriptions import PromptsListChanged, ResourcesListChanged, ToolsListChanged
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from registry.egress import EgressRefused
@@ -82,9 +85,15 @@ class UpstreamConnection:
     upstream, and runs one call at a time: the upstream's requests to the client carry nothing that ties
     them to a call, so the call in flight (`relay`) is the one they belong to."""
 
-    def __init__(self, spec: UpstreamSpec, capabilities: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        spec: UpstreamSpec,
+        capabilities: frozenset[str] = frozenset(),
+        notice: Callable[[str], None] | None = None,
+    ) -> None:
         self.spec = spec
         self.capabilities = capabilities
+        self.notice = notice  # told "tools", "prompts" or "resources" when the upstream says that list changed
         self.client: Any = None
         self.alive = False
         self.last_used = anyio.current_time()
@@ -98,14 +107,39 @@ class UpstreamConnection:
             ask.callback: _relaying(self, method) for method, ask in ASKS.items() if ask.capability in self.capabilities
         }
 
+    async def _heard(self, message: Any) -> None:
+        """A 2025-11-25 upstream's notifications: the list changes matter."""
+        if self.notice and (kind := CHANGES.get(type(message))):
+            self.notice(kind)
+
+    async def _listen(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """A 2026-07-28 upstream tells its changes on a `subscriptions/listen` stream, which is acknowledged
+        before the connection is used (a change made by its first call would go unheard otherwise)."""
+        assert self.notice is not None
+        try:
+            everything = {"tools_list_changed": True, "prompts_list_changed": True, "resources_list_changed": True}
+            async with self.client.listen(**everything) as subscription:
+                task_status.started()
+                async for event in subscription:
+                    if kind := CHANGES.get(type(event)):
+                        self.notice(kind)
+        except Exception:  # an upstream without the feature, or a lost stream: changes then go unheard
+            logger.info("upstream %s: no change subscription", self.spec.slug, exc_info=True)
+            task_status.started()
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         started = False
+        handlers = self._callbacks() | ({"message_handler": self._heard} if self.notice else {})
         try:
             async with AsyncExitStack() as stack:
-                self.client = await self.spec.connect(stack, **self._callbacks())
-                self.alive = started = True
-                task_status.started()
-                await self._stop.wait()
+                self.client = await self.spec.connect(stack, **handlers)
+                async with anyio.create_task_group() as tg:
+                    if self.notice and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                        await tg.start(self._listen)
+                    self.alive = started = True
+                    task_status.started()
+                    await self._stop.wait()
+                    tg.cancel_scope.cancel()
         except Exception:
             if not started:
                 raise
@@ -135,6 +169,15 @@ def _relaying(connection: UpstreamConnection, method: str) -> Callable[..., Awai
     return callback
 
 
+# An upstream's change notifications and events, by the list they are about.
+CHANGES: dict[type, str] = {
+    types.ToolListChangedNotification: "tools",
+    types.PromptListChangedNotification: "prompts",
+    types.ResourceListChangedNotification: "resources",
+    ToolsListChanged: "tools",
+    PromptsListChanged: "prompts",
+    ResourcesListChanged: "resources",
+}
 ConnectionKey = tuple[int, frozenset[str]]  # the upstream, and the client capabilities the connection declares
 
 
@@ -142,8 +185,14 @@ class UpstreamPool:
     """Shared sessions, one per upstream and declared capability set, reopened when the upstream's revision
     changes or it dies."""
 
-    def __init__(self, load_spec: Callable[[int], Awaitable[UpstreamSpec]]) -> None:
+    def __init__(
+        self,
+        load_spec: Callable[[int], Awaitable[UpstreamSpec]],
+        on_change: Callable[[int, str], Awaitable[None]] | None = None,
+    ) -> None:
         self._load_spec = load_spec
+        self._on_change = on_change
+        self._changing: dict[tuple[int, str], bool] = {}  # a change being handled -> another came meanwhile
         self._connections: dict[ConnectionKey, UpstreamConnection] = {}
         self._tunnels: dict[str, UpstreamConnection] = {}
         self._locks: dict[ConnectionKey, anyio.Lock] = {}
@@ -190,12 +239,39 @@ class UpstreamPool:
             if current:
                 current.stop()
             spec = await self._load_spec(upstream_id)
-            connection = UpstreamConnection(spec, capabilities)
+            # The shared connection hears the upstream's changes for all (the others would repeat them).
+            notice = partial(self._changed, upstream_id) if self._on_change and not capabilities else None
+            connection = UpstreamConnection(spec, capabilities, notice)
             assert self._task_group is not None, "the pool is not serving"
             with anyio.fail_after(settings.GATEWAY_CONNECT_TIMEOUT):
                 await self._task_group.start(connection.run)
             self._connections[key] = connection
             return connection
+
+    def _changed(self, upstream_id: int, kind: str) -> None:
+        """Handle a change in the background (never in the client's notification handler, which would
+        block it); changes that come while one is handled are handled once more after it."""
+        key = (upstream_id, kind)
+        if key in self._changing:
+            self._changing[key] = True
+            return
+        self._changing[key] = False
+        assert self._task_group is not None
+        self._task_group.start_soon(self._handle_change, key)
+
+    async def _handle_change(self, key: tuple[int, str]) -> None:
+        assert self._on_change is not None
+        try:
+            while True:
+                self._changing[key] = False
+                try:
+                    await self._on_change(*key)
+                except Exception:
+                    logger.warning("upstream %s: handling a %s change failed", key[0], key[1], exc_info=True)
+                if not self._changing[key]:
+                    return
+        finally:
+            del self._changing[key]
 
     async def _run(
         self, upstream_id: int, revision: int, action: Callable[[Any], Awaitable[Any]], relay: Relay | None = None

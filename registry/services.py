@@ -86,6 +86,14 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
     return report
 
 
+def upstream_resync(upstream_id: int) -> SyncReport | None:
+    """Sync again after the upstream said its tools changed (None if it is gone or switched off)."""
+    upstream = Upstream.objects.select_related("group").filter(pk=upstream_id).first()
+    if upstream is None or not upstream.is_reachable:
+        return None
+    return upstream_catalog_sync(upstream=upstream, actor=f"{SYNC_ACTOR} (the upstream announced a change)")
+
+
 def _taken_names(upstream: Upstream) -> dict[str, str]:
     """Exposed name -> the other upstream that already exposes it. Only an unprefixed upstream can collide."""
     others = Tool.objects.filter(upstream__handoff_only=False).exclude(upstream=upstream).select_related("upstream")

@@ -1,6 +1,7 @@
 """What travels back from an upstream during a call, through both executors and in both eras: progress
 reaches the agent, cancelling a call cancels it at the upstream (the demo server marks it)."""
 
+import json
 import os
 import tempfile
 import uuid
@@ -11,7 +12,8 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
-from tests.clients import sdk_client
+from tests.clients import sdk_client, tool_names, watched_client
+from tests.factories import demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 
 MODES = ["legacy", "2026-07-28"]
@@ -142,3 +144,27 @@ def _refusal_once(attempt):
     """The refusal, once the gateway knows the new agent's key (a 401 before: its snapshot lags)."""
     error = run(attempt)
     return error if error.code != types.INVALID_REQUEST else None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_upstream_announcing_new_tools_is_synced_again_and_agents_are_told(gateway, world, tmp_path, mode):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    slug = f"changing-{uuid.uuid4().hex[:8]}"  # a slug of its own: a gateway may still route an earlier one's
+    with demo_upstream(slug, env={"DEMO_MANIFEST": str(manifest)}, new_tools="approve"):
+        eventually(lambda: f"{slug}__announce" in run(lambda: tool_names(gateway.url, world.key, mode)))
+        fresh = {"name": "fresh", "description": "A tool that was not there before.", "inputSchema": {"type": "object"}}
+        manifest.write_text(json.dumps({"tools": [fresh]}))
+
+        async def scenario():
+            async with watched_client(gateway.url, world.key, mode) as (client, changes):
+                await client.call_tool(f"{slug}__announce", {})
+                await changes.next(timeout=15)
+                return {tool.name for tool in (await client.list_tools()).tools}
+
+        assert f"{slug}__fresh" in run(scenario)
+        synced = AuditEvent.objects.get(upstream=slug, tool="fresh", kind="admin_change")
+        assert (synced.actor, synced.detail["action"]) == (
+            "catalog sync (the upstream announced a change)",
+            "tool_added",
+        )
