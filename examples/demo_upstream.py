@@ -3,6 +3,7 @@
 Run it over stdio (`python examples/demo_upstream.py`) or Streamable HTTP (`... http PORT`, 127.0.0.1 only).
 DEMO_MANIFEST names a JSON file read on every tools/list, to play a server whose tools change:
 {"descriptions": {"echo": "..."}, "tools": [extra tool definitions, which answer like echo]}.
+DEMO_LEGACY_ONLY=1 plays a server that speaks only 2025-11-25 (no server/discover).
 """
 
 import json
@@ -242,12 +243,17 @@ def main() -> None:
 
         uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
     else:
+        from mcp.server.runner import serve_loop
         from mcp.server.stdio import stdio_server
 
         async def serve() -> None:
             async with stdio_server() as (read, write):
                 options = server.create_initialization_options(NotificationOptions(tools_changed=True))
-                await server.run(read, write, options)
+                if os.environ.get("DEMO_LEGACY_ONLY"):  # the handshake era only: clients fall back to initialize
+                    async with server.lifespan(server) as state:
+                        await serve_loop(server, read, write, lifespan_state=state, init_options=options)
+                else:
+                    await server.run(read, write, options)
 
         anyio.run(serve)
 

@@ -31,7 +31,15 @@ from handoff.handoffs import (
     return_tool_name,
     tunnel_gone,
 )
-from handoff.parking import InvalidRequestState, ParkedCall, park, parked_call, responses_of
+from handoff.parking import (
+    InvalidRequestState,
+    ParkedCall,
+    park,
+    parked_call,
+    passed_through,
+    responses_of,
+    state_load,
+)
 from handoff.recording import record
 from handoff.relaying import AgentRelay
 from handoff.snapshot import Route, Snapshot, snapshot
@@ -48,7 +56,9 @@ logger = logging.getLogger(__name__)
 CANCELLED = "cancelled before the upstream answered"
 
 
-async def _execute(route: Route, arguments: dict[str, Any], tunnel: SessionTunnel | None, relay: AgentRelay) -> Outcome:
+async def _execute(
+    route: Route, arguments: dict[str, Any], tunnel: SessionTunnel | None, relay: Relay, rounds: dict[str, Any] | None
+) -> Outcome:
     """The executor's outcome; if it fails in a way it did not foresee, an outcome all the same, so that
     every approved call gets its completion row."""
     executor = get_executor()
@@ -69,6 +79,7 @@ async def _execute(route: Route, arguments: dict[str, Any], tunnel: SessionTunne
             timeout=route.timeout,
             traceparent=current_traceparent(),
             relay=relay,
+            rounds=rounds,
         )
     except Exception as exc:
         logger.exception("executor failed on %s/%s", route.upstream_slug, route.tool)
@@ -80,7 +91,7 @@ async def _execute(route: Route, arguments: dict[str, Any], tunnel: SessionTunne
 def finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
     """The SDK fills cache hints and validates, but a plain-dict result must carry its own 2026 `resultType`."""
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        return result | {"resultType": "complete"}
+        return {"resultType": "complete"} | result  # an input-required result keeps its own
     return result
 
 
@@ -188,36 +199,47 @@ async def _session_tunnel(caller: Caller) -> SessionTunnel | None:
 
 async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> Any:
     with call_span(params.name, params.meta) as span:
-        trace_id, caller = trace_id_of(span), caller_of(ctx)
-        if params.request_state is not None:  # a 2026-07-28 agent answering what an upstream asked
-            return await _resume(ctx, caller, params, trace_id)
-        relay = AgentRelay(ctx)
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and relay.capabilities:
-            entry = (await snapshot.get()).tools.get(params.name)
-            upstream = entry.route.upstream_slug if entry else ""
+        trace_id, caller, relay = trace_id_of(span), caller_of(ctx), AgentRelay(ctx)
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return await _call_tool(ctx, params, trace_id, relay)
+        # A 2026-07-28 agent: what an upstream asks comes back as input-required results (parking.py).
+        rounds: dict[str, Any] = {}
+        if params.request_state is not None:  # it answers what an upstream asked
+            state = await _request_state(caller, params, trace_id)
+            if "c" in state:
+                parked = parked_call(state, params.name)
+                parked.answer(responses_of(params))
+                return await parked.respond(ctx)
+            rounds = {"requestState": state.get("s"), "inputResponses": responses_of(params)}
+        if not relay.capabilities:
+            return await _call_tool(ctx, params, trace_id, relay, rounds)
+        entry = (await snapshot.get()).tools.get(params.name)
+        upstream = entry.route.upstream_slug if entry else ""
 
-            def run(parked: ParkedCall) -> Awaitable[dict[str, Any]]:
-                return _call_tool(ctx, params, trace_id, parked)
+        def run(parked: ParkedCall) -> Awaitable[dict[str, Any]]:
+            return _call_tool(ctx, params, trace_id, parked, rounds)
 
-            return await park(ctx, caller, params.name, upstream, relay.capabilities, run)
-        return await _call_tool(ctx, params, trace_id, relay)
+        return await park(ctx, caller, params.name, upstream, relay.capabilities, run)
 
 
-async def _resume(ctx: ServerRequestContext, caller: Caller, params: types.CallToolRequestParams, trace_id: str) -> Any:
+async def _request_state(caller: Caller, params: types.CallToolRequestParams, trace_id: str) -> dict[str, Any]:
+    """The retry's verified requestState; a forged, foreign or expired one is refused and audited."""
     try:
-        parked = parked_call(caller, params.name, params.request_state or "")
+        return state_load(caller, params.name, params.request_state or "")
     except InvalidRequestState as refused:
         DENIALS.labels("INVALID_REQUEST_STATE").inc()
         audit = request_audit(caller, params.name, uuid.uuid4(), params.arguments or {}, "", "", trace_id)
         message = refused.error.message
         await record(kind="denied", outcome="denied", error_code="INVALID_REQUEST_STATE", error_detail=message, **audit)
         raise
-    parked.answer(responses_of(params))
-    return await parked.respond(ctx)
 
 
 async def _call_tool(
-    ctx: ServerRequestContext, params: types.CallToolRequestParams, trace_id: str, relay: Relay
+    ctx: ServerRequestContext,
+    params: types.CallToolRequestParams,
+    trace_id: str,
+    relay: Relay,
+    rounds: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     caller = caller_of(ctx)
     arguments = params.arguments or {}
@@ -250,12 +272,14 @@ async def _call_tool(
     assert route is not None and admission is not None
     try:
         await record(kind="approved", **with_payload(audit, arguments))  # before the upstream is touched
-        outcome, duration_ms = await _run(route, arguments, audit, decision.tunnel, relay)
+        outcome, duration_ms = await _run(route, arguments, audit, decision.tunnel, relay, rounds)
     except BaseException:  # audit refused, or the client left: the admission goes back all the same
         with anyio.CancelScope(shield=True):
             await limit_store().release(admission, "none", decision.probing)
         raise
     result = _for_model(params.name, outcome)
+    if result.get("resultType") == "input_required":
+        result = passed_through(caller, params.name, decision.upstream, result, relay.capabilities)
     failed = not outcome["ok"] or bool(result.get("isError"))
     status = ("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok"
     call_observe(upstream=decision.upstream, outcome=status, duration_ms=duration_ms)
@@ -349,12 +373,17 @@ async def _gateway_tool(
 
 
 async def _run(
-    route: Route, arguments: dict[str, Any], audit: dict[str, Any], tunnel: SessionTunnel | None, relay: Relay
+    route: Route,
+    arguments: dict[str, Any],
+    audit: dict[str, Any],
+    tunnel: SessionTunnel | None,
+    relay: Relay,
+    rounds: dict[str, Any] | None,
 ) -> tuple[Outcome, float]:
     """The outcome and its duration; a cancelled call (the client left) gets its completion row all the same."""
     started = time.perf_counter()
     try:
-        outcome = await _execute(route, arguments, tunnel, relay)
+        outcome = await _execute(route, arguments, tunnel, relay, rounds)
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
             await record(

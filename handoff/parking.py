@@ -1,11 +1,17 @@
-"""Upstream requests to the client, for 2026-07-28 agents, which have no back-channel.
+"""Upstream requests to the client, for 2026-07-28 agents, which have no back-channel: they get an
+input-required result and answer it by calling again with `inputResponses` and the `requestState`.
 
-When an upstream asks the client something mid-call (elicitation, sampling, roots), the call is parked:
-it goes on running in this process while the agent gets an input-required result whose `requestState`
-names the parked call. The agent's retry brings the answers (`inputResponses`) and that state back, and
-gets the call's result, or the upstream's next question. The state is signed (HMAC, Django's signing)
-and bound to the agent, the upstream and the tool, and it expires; a parked call nobody answers in time
-is cancelled, and so is the upstream's call.
+A 2026-07-28 upstream asks the same way: its input-required result is passed through, its own
+`requestState` wrapped in the gateway's, and the retry goes to the upstream as a call of its own. Nothing
+is held between the rounds, so any web process may take the retry.
+
+A 2025-11-25 upstream asks with a request on the call's stream: the call is parked, going on in this
+process, while the agent gets an input-required result whose state names the parked call; the retry
+brings the answers to it, and gets its result or the upstream's next question. A parked call nobody
+answers in time is cancelled, and so is the upstream's call.
+
+Every `requestState` the gateway gives out is signed (HMAC, Django's signing), bound to the agent, the
+upstream and the tool, and expires.
 """
 
 import asyncio
@@ -23,7 +29,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from handoff.caller import Caller
-from registry.relay import ASKS, unsupported
+from registry.relay import ASKS, may_ask, unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +64,9 @@ class ParkedCall:
                 await self.ctx.session.report_progress(progress, total, message)
 
     async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        ask = ASKS.get(method)
-        if ask is None or ask.capability not in self.capabilities:
+        if not may_ask(method, self.capabilities):
             raise unsupported(method)
-        key = f"{ask.capability}-{len(self.questions) + 1}"
+        key = f"{ASKS[method].capability}-{len(self.questions) + 1}"
         self.questions[key] = question = Question(method, params)
         self.asked.set()
         return await question.answer
@@ -102,8 +107,7 @@ class ParkedCall:
             key: ASKS[q.method].request.model_validate({"method": q.method, "params": q.params})
             for key, q in questions.items()
         }
-        state = {"c": self.id, "a": self.caller.agent_id, "u": self.upstream, "n": self.name}
-        token = signing.dumps(state, salt=SALT, compress=True)
+        token = state_sign(self.caller, self.name, self.upstream, c=self.id)
         return types.InputRequiredResult(input_requests=requests, request_state=token)
 
     def expire(self) -> None:
@@ -138,17 +142,38 @@ class InvalidRequestState(MCPError):
         super().__init__(types.INVALID_PARAMS, message, {"code": "INVALID_REQUEST_STATE"})
 
 
-def parked_call(caller: Caller, name: str, request_state: str) -> ParkedCall:
-    """The parked call a retry's requestState names, if the state is genuine, this agent's, for this tool,
-    and not expired."""
+def state_sign(caller: Caller, name: str, upstream: str, **content: Any) -> str:
+    return signing.dumps({"a": caller.agent_id, "n": name, "u": upstream} | content, salt=SALT, compress=True)
+
+
+def state_load(caller: Caller, name: str, request_state: str) -> dict[str, Any]:
+    """What a retry's requestState holds, if it is genuine, this agent's, for this tool, and not expired."""
     try:
         state = signing.loads(request_state, salt=SALT, max_age=settings.GATEWAY_INPUT_WAIT_SECONDS)
     except signing.SignatureExpired:
         raise InvalidRequestState(f"This requestState has expired: call {name} again without it.") from None
     except (signing.BadSignature, ValueError):
         raise InvalidRequestState("Invalid requestState: send back the one the gateway gave, unchanged.") from None
-    if state.get("a") != caller.agent_id or state.get("n") != name:
+    if not isinstance(state, dict) or state.get("a") != caller.agent_id or state.get("n") != name:
         raise InvalidRequestState("Invalid requestState: it was issued for another agent or tool.")
+    return state
+
+
+def passed_through(
+    caller: Caller, name: str, upstream: str, result: dict[str, Any], capabilities: frozenset[str]
+) -> dict[str, Any]:
+    """A 2026-07-28 upstream's input-required result as the agent gets it: its state wrapped in the gateway's,
+    and only requests the agent declared the capability for (else the call ends in an error it can read)."""
+    requests = result.get("inputRequests") or {}
+    undeclared = sorted({str(r.get("method")) for r in requests.values() if not may_ask(r.get("method"), capabilities)})
+    if undeclared:
+        text = f"{name}: the service asked for {', '.join(undeclared)}, which this client did not declare."
+        return {"content": [{"type": "text", "text": text}], "isError": True}
+    return result | {"requestState": state_sign(caller, name, upstream, s=result.get("requestState"))}
+
+
+def parked_call(state: dict[str, Any], name: str) -> ParkedCall:
+    """The parked call a (verified) requestState names."""
     parked = PARKED.get(state.get("c", ""))
     if parked is None:
         raise InvalidRequestState(

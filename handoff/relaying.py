@@ -6,7 +6,7 @@ from typing import Any
 from mcp.server.context import ServerRequestContext
 from mcp.shared.message import ServerMessageMetadata
 
-from registry.relay import ASKS, RELAYED_CAPABILITIES, unsupported
+from registry.relay import ASKS, RELAYED_CAPABILITIES, may_ask, unsupported
 
 
 def declared(ctx: ServerRequestContext) -> frozenset[str]:
@@ -23,9 +23,9 @@ class AgentRelay:
         await self.ctx.session.report_progress(progress, total, message)  # a no-op unless the agent asked
 
     async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        ask = ASKS.get(method)
-        if ask is None or ask.capability not in self.capabilities:
+        if not may_ask(method, self.capabilities):
             raise unsupported(method)
+        ask = ASKS[method]
         request = ask.request.model_validate({"method": method, "params": params})
         related = ServerMessageMetadata(related_request_id=self.ctx.request_id)  # on the call's own stream
         result = await self.ctx.session.send_request(request, ask.result, metadata=related)

@@ -40,6 +40,7 @@ class Executor(Protocol):
         timeout: float,
         traceparent: str = "",
         relay: Relay | None = None,
+        rounds: dict[str, Any] | None = None,
     ) -> Outcome: ...
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome: ...
@@ -73,11 +74,12 @@ class InlineExecutor:
         timeout: float,
         traceparent: str = "",
         relay: Relay | None = None,
+        rounds: dict[str, Any] | None = None,
     ) -> Outcome:
         runner = pool_thread()
         # Cancelling the wait cancels the call on the pool's loop, and the SDK client tells the upstream.
         here = LoopRelay(relay, asyncio.get_running_loop()) if relay else None
-        calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here)
+        calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here, rounds)
         return await asyncio.wrap_future(runner.submit(calling))
 
     async def forward(
@@ -196,6 +198,7 @@ class CeleryExecutor:
         timeout: float,
         traceparent: str = "",
         relay: Relay | None = None,
+        rounds: dict[str, Any] | None = None,
     ) -> Outcome:
         from registry.tasks import call_tool_task  # tasks import this module
 
@@ -205,6 +208,7 @@ class CeleryExecutor:
             "tool": tool,
             "arguments": arguments,
             "traceparent": traceparent,
+            "rounds": rounds,
         }
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
         return await _publish_and_wait(call_tool_task, kwargs, wait, relay)

@@ -18,7 +18,7 @@ from mcp import types
 from mcp.server.subscriptions import PromptsListChanged, ResourcesListChanged, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from registry.egress import EgressRefused
 from registry.relay import ASKS, Relay
@@ -341,8 +341,10 @@ class UpstreamPool:
         arguments: dict[str, Any],
         traceparent: str = "",
         relay: Relay | None = None,
+        rounds: dict[str, Any] | None = None,
     ) -> Outcome:
-        return await self._run(upstream_id, revision, _calling(tool, arguments, traceparent, relay), relay)
+        calling = _calling(tool, arguments, traceparent, relay, rounds)
+        return await self._run(upstream_id, revision, calling, relay)
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
         return await self._run(upstream_id, revision, _list_every_page)
@@ -398,13 +400,35 @@ def _wire(result: Any) -> dict[str, Any]:
     return wire | ({"_meta": meta} if meta else {})
 
 
+INPUT_RESPONSES = TypeAdapter(types.InputResponses)
+
+
 def _calling(
-    tool: str, arguments: dict[str, Any], traceparent: str = "", relay: Relay | None = None
+    tool: str,
+    arguments: dict[str, Any],
+    traceparent: str = "",
+    relay: Relay | None = None,
+    rounds: dict[str, Any] | None = None,
 ) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+    """The call. With `rounds` (a 2026-07-28 agent's: {} or the `inputResponses` and upstream `requestState`
+    of its retry), a 2026-07-28 upstream's input-required result comes back as it is, for the agent to
+    answer; otherwise the SDK client answers each round through the relay's callbacks."""
     sent_meta = {"traceparent": traceparent} if traceparent else None  # the gateway's span, the upstream's parent
     on_progress = relay.progress if relay else None
 
     async def call(client: Any) -> dict[str, Any]:
+        if rounds is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            responses = rounds.get("inputResponses")
+            result = await client.session.call_tool(
+                tool,
+                arguments,
+                meta=sent_meta,
+                progress_callback=on_progress,
+                input_responses=INPUT_RESPONSES.validate_python(responses) if responses is not None else None,
+                request_state=rounds.get("requestState"),
+                allow_input_required=True,
+            )
+            return _wire(result)
         return _wire(await client.call_tool(tool, arguments, meta=sent_meta, progress_callback=on_progress))
 
     return call

@@ -138,5 +138,11 @@ async def cancellable(work: Callable[[], Awaitable[T]], channels: dict[str, str]
     return outcome
 
 
+def may_ask(method: Any, capabilities: frozenset[str]) -> bool:
+    """Whether an upstream may put this request to an agent that declared `capabilities`."""
+    ask = ASKS.get(method)
+    return ask is not None and ask.capability in capabilities
+
+
 def unsupported(method: str) -> MCPError:
     return MCPError(types.METHOD_NOT_FOUND, f"The client did not declare the capability for {method}.")

@@ -29,15 +29,16 @@ def call_tool_task(
     traceparent: str = "",
     relay: dict[str, str] | None = None,
     capabilities: list[str] = (),
+    rounds: dict[str, Any] | None = None,
 ) -> None:
     runner = pool_thread()
     if relay is None:
-        calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent)
+        calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, None, rounds)
     else:
         here = ChannelRelay(relay, list(capabilities))
 
         def call() -> Awaitable[Outcome]:
-            return runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here)
+            return runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here, rounds)
 
         calling = cancellable(call, relay, CANCELLED)
     runner.submit(reply_after(reply_to, calling)).result()

@@ -62,14 +62,30 @@ def _answering(answer: str, asked: list[str]):
     return on_elicitation
 
 
-def test_an_upstreams_elicitation_is_pushed_to_a_legacy_agent_and_its_answer_returned(gateway, world):
+@pytest.fixture(scope="module")
+def legacy_demo(world, inline_gateway):
+    """The demo server playing one from before 2026-07-28: it asks on the call's stream, never with an
+    input-required result (the gateway finds its era by trying server/discover first)."""
+    slug = f"legacy-{uuid.uuid4().hex[:8]}"
+    with demo_upstream(slug, env={"DEMO_LEGACY_ONLY": "1"}) as upstream:
+        eventually(lambda: f"{slug}__ask" in run(lambda: tool_names(inline_gateway.url, world.key)))
+        yield upstream
+
+
+@pytest.fixture(params=["2026-07-28 upstream", "2025-11-25 upstream"])
+def asking(request, legacy_demo) -> str:
+    """The namespace of an upstream whose `ask` tool elicits, in the era the parameter names."""
+    return "demo" if request.param.startswith("2026") else legacy_demo.slug
+
+
+def test_an_upstreams_elicitation_is_pushed_to_a_legacy_agent_and_its_answer_returned(gateway, world, asking):
     asked: list[str] = []
 
     async def scenario():
         async with sdk_client(
             gateway.url, world.key, "legacy", elicitation_callback=_answering("blue", asked)
         ) as client:
-            return await client.call_tool("demo__ask", {"question": "Favourite colour?"})
+            return await client.call_tool(f"{asking}__ask", {"question": "Favourite colour?"})
 
     result = run(scenario)
     assert (result.is_error, result.content[0].text) == (False, 'accept: {"answer": "blue"}')
@@ -87,7 +103,7 @@ def test_an_agent_that_declared_no_elicitation_is_never_asked(gateway, world):
     assert result.content[0].text == "demo__ask: The service refused the request: Elicitation not supported"
 
 
-def test_a_2026_agent_gets_an_input_required_result_and_its_retry_completes_the_call(gateway, world):
+def test_a_2026_agent_gets_an_input_required_result_and_its_retry_completes_the_call(gateway, world, asking):
     asked: list[str] = []
     mark = audit_mark()
 
@@ -95,44 +111,51 @@ def test_a_2026_agent_gets_an_input_required_result_and_its_retry_completes_the_
         async with sdk_client(
             gateway.url, world.key, "2026-07-28", elicitation_callback=_answering("green", asked)
         ) as client:
-            return await client.call_tool("demo__ask", {"question": "Favourite colour?"})
+            return await client.call_tool(f"{asking}__ask", {"question": "Favourite colour?"})
 
     result = run(scenario)
     assert (result.is_error, result.content[0].text) == (False, 'accept: {"answer": "green"}')
     assert asked == ["Favourite colour?"]
-    rows = [(r.kind, r.outcome) for r in audit_since(mark) if r.exposed_name == "demo__ask"]
-    assert rows == [("approved", ""), ("completed", "ok")]  # one call, however many rounds
+    rows = [(r.kind, r.outcome) for r in audit_since(mark) if r.exposed_name == f"{asking}__ask"]
+    if asking == "demo":  # passed through: each round is a call of the upstream's own
+        assert rows == [("approved", ""), ("completed", "ok")] * 2
+    else:  # parked: one call of the upstream's, however many rounds the agent needs
+        assert rows == [("approved", ""), ("completed", "ok")]
 
 
-def test_a_tampered_or_foreign_request_state_is_refused(inline_gateway, world):
+def test_a_tampered_or_foreign_request_state_is_refused(inline_gateway, world, asking):
     from tests.factories import agent
+
+    name = f"{asking}__ask"
 
     async def first_round(key: str):
         async with sdk_client(inline_gateway.url, key, "2026-07-28", elicitation_callback=_answering("x", [])) as c:
-            return await c.session.call_tool("demo__ask", {"question": "Q?"}, allow_input_required=True)
+            return await c.session.call_tool(name, {"question": "Q?"}, allow_input_required=True)
 
-    async def retry(key: str, name: str, state: str):
-        answers = {"elicitation-1": types.ElicitResult(action="accept", content={"answer": "x"})}
-        async with sdk_client(inline_gateway.url, key, "2026-07-28", elicitation_callback=_answering("x", [])) as c:
+    pending = run(lambda: first_round(world.key))
+    assert isinstance(pending, types.InputRequiredResult) and len(pending.input_requests) == 1
+    [key] = pending.input_requests
+
+    async def retry(key_: str, tool: str, state: str):
+        answers = {key: types.ElicitResult(action="accept", content={"answer": "x"})}
+        async with sdk_client(inline_gateway.url, key_, "2026-07-28", elicitation_callback=_answering("x", [])) as c:
             with pytest.raises(MCPError) as refused:
                 await c.session.call_tool(
-                    name, {"question": "Q?"}, input_responses=answers, request_state=state, allow_input_required=True
+                    tool, {"question": "Q?"}, input_responses=answers, request_state=state, allow_input_required=True
                 )
             return refused.value.error
 
-    pending = run(lambda: first_round(world.key))
-    assert isinstance(pending, types.InputRequiredResult) and list(pending.input_requests) == ["elicitation-1"]
     state = pending.request_state
     tampered = state[:-2] + ("AA" if not state.endswith("AA") else "BB")
     mark = audit_mark()
-    assert run(lambda: retry(world.key, "demo__ask", tampered)).message == (
+    assert run(lambda: retry(world.key, name, tampered)).message == (
         "Invalid requestState: send back the one the gateway gave, unchanged."
     )
     assert run(lambda: retry(world.key, "demo__echo", state)).message == (
         "Invalid requestState: it was issued for another agent or tool."
     )
     with agent("eve") as (_, eve_key):
-        error = eventually(lambda: _refusal_once(lambda: retry(eve_key, "demo__ask", state)))
+        error = eventually(lambda: _refusal_once(lambda: retry(eve_key, name, state)))
     assert (error.code, error.message) == (
         types.INVALID_PARAMS,
         "Invalid requestState: it was issued for another agent or tool.",
