@@ -14,7 +14,18 @@ from django.db.models import Model
 
 # Bookkeeping, and a key's digest (a hash of a secret is no business of the trail's).
 IGNORED = frozenset(
-    {"id", "created_at", "updated_at", "revision", "last_synced_at", "last_sync_error", "digest", "last_login"}
+    {
+        "id",
+        "created_at",
+        "updated_at",
+        "revision",
+        "last_synced_at",
+        "last_sync_error",
+        "protocol_version",
+        "instructions",
+        "digest",
+        "last_login",
+    }
 )
 MASKED = frozenset({"password"})  # an operator's password hash: shown changed, never shown
 

@@ -231,6 +231,7 @@ changes = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on sub
 server = Server(
     "switchboard-demo",
     version="1.0",
+    instructions="Tools for trying a gateway out: echo and add answer at once; sleep, progress and ask take time.",
     on_list_tools=list_tools,
     on_call_tool=call_tool,
     on_subscriptions_listen=ListenHandler(changes),

@@ -12,6 +12,7 @@ from mcp.server.models import InitializationOptions
 from handoff import passthrough
 from handoff.dispatcher import call_tool, list_tools
 from handoff.notify import RememberSessions, subscriptions_listen
+from handoff.snapshot import snapshot
 
 INSTRUCTIONS = (
     "This is a gateway to several services. Tool and prompt names are '<service>{sep}<name>', resource URIs "
@@ -23,7 +24,18 @@ PRIVATE = CacheHint(ttl_ms=0, scope="private")
 
 class GatewayServer(Server):
     """Tells 2025-11-25 clients that its lists change: a handoff switches the tools, an upstream changes
-    its own. (2026-07-28 clients learn it from `subscriptions/listen` being served.)"""
+    its own. (2026-07-28 clients learn it from `subscriptions/listen` being served.) Its instructions
+    include what the upstreams say of themselves (cleaned like tool descriptions)."""
+
+    @property
+    def instructions(self) -> str:
+        snap = snapshot.latest
+        said = "\n\n".join(f"## {slug}\n{text}" for slug, text in snap.instructions) if snap else ""
+        return f"{self._instructions}\n\nWhat the services say of themselves:\n\n{said}" if said else self._instructions
+
+    @instructions.setter
+    def instructions(self, value: str | None) -> None:
+        self._instructions = value or ""
 
     def create_initialization_options(
         self,

@@ -116,6 +116,7 @@ class Snapshot:
     routes: dict[str, RouteSettings] = field(default_factory=dict)  # target slug -> its (first) route
     triage: dict[str, TriageEntry] = field(default_factory=dict)  # exposed name -> triage tool
     anonymous: KeyEntry | None = None  # GATEWAY_ANONYMOUS_AGENT, while that agent exists and is enabled
+    instructions: tuple[tuple[str, str], ...] = ()  # (slug, cleaned text) of upstreams that give instructions
     # Per-agent results, filled on first use; bounded by agents × known tools.
     _decisions: dict[tuple[int, str], Denial | None] = field(default_factory=dict, compare=False)
     _visible: dict[int, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
@@ -313,6 +314,11 @@ def snapshot_compile() -> Snapshot:
         },
         routes=routes,
         triage=_triage(),
+        instructions=tuple(
+            (u.slug, clean_text(u.instructions, settings.GATEWAY_MAX_DESCRIPTION_CHARS))
+            for u in sorted(upstreams.values(), key=lambda u: u.slug)
+            if u.is_reachable and not u.handoff_only and u.instructions.strip()
+        ),
     )
 
 
@@ -321,6 +327,11 @@ class SnapshotHolder:
         self._snapshot: Snapshot | None = None
         self._checked_at = 0.0
         self._lock: asyncio.Lock | None = None
+
+    @property
+    def latest(self) -> Snapshot | None:
+        """The snapshot compiled last, for what must be read without waiting (it lags by at most a check)."""
+        return self._snapshot
 
     def invalidate(self) -> None:
         """Look at the version on the next read (a change was announced that this process did not make)."""

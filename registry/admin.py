@@ -75,6 +75,7 @@ class UpstreamAdmin(admin.ModelAdmin):
         "enabled",
         "prefixed",
         "handoff_only",
+        "protocol_version",
         "circuit",
         "timeout",
         "last_synced_at",
@@ -82,7 +83,7 @@ class UpstreamAdmin(admin.ModelAdmin):
     )
     list_filter = ("transport", "enabled", "prefixed", "handoff_only", "group")
     search_fields = ("slug", "name")
-    readonly_fields = ("circuit", "revision", "last_synced_at", "last_sync_error")
+    readonly_fields = ("circuit", "revision", "last_synced_at", "last_sync_error", "protocol_version", "instructions")
     inlines = (ToolInline,)
     actions = ("enable", "disable", "sync_catalog", "close_circuit")
 

@@ -36,7 +36,14 @@ class UpstreamSerializer(AuditedModelSerializer):
     class Meta:
         model = Upstream
         exclude = ("id", "created_at", "updated_at")
-        read_only_fields = ("enabled", "revision", "last_synced_at", "last_sync_error")
+        read_only_fields = (
+            "enabled",
+            "revision",
+            "last_synced_at",
+            "last_sync_error",
+            "protocol_version",
+            "instructions",
+        )
 
     def get_circuit(self, upstream: Upstream) -> dict[str, Any]:
         status = limit_store().breaker(upstream.id)

@@ -77,6 +77,10 @@ class Upstream(models.Model):
     revision = models.PositiveIntegerField(default=1)
     last_synced_at = models.DateTimeField(null=True, blank=True)
     last_sync_error = models.TextField(blank=True)
+    # What the upstream said of itself at the last sync: the protocol era it speaks (server/discover is
+    # tried first, then initialize), and its instructions, which the gateway's own include.
+    protocol_version = models.CharField(max_length=16, blank=True)
+    instructions = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -347,7 +347,7 @@ class UpstreamPool:
         return await self._run(upstream_id, revision, calling, relay)
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
-        return await self._run(upstream_id, revision, _list_every_page)
+        return await self._run(upstream_id, revision, _catalog)
 
     async def forward(self, upstream_id: int, revision: int, method: str, params: dict[str, Any]) -> Outcome:
         """One resources, prompts or completion request (FORWARDED), when the upstream offers the feature."""
@@ -477,6 +477,12 @@ def _forwarding(method: str, params: dict[str, Any]) -> Callable[[Any], Awaitabl
 
 class Unsupported(Exception):
     """The upstream did not declare the capability a forwarded request needs."""
+
+
+async def _catalog(client: Any) -> dict[str, Any]:
+    """What catalog sync keeps: every tool, and what the upstream says of itself (era, instructions)."""
+    tools = await _list_every_page(client)
+    return {"tools": tools, "protocolVersion": client.protocol_version, "instructions": client.instructions or ""}
 
 
 async def _list_every_page(client: Any) -> list[dict[str, Any]]:

@@ -81,7 +81,10 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
         logger.warning("catalog sync of %s failed: %s", upstream.slug, outcome.get("detail"))
         Upstream.objects.filter(pk=upstream.pk).update(last_sync_error=report.error)
         return report
-    _catalog_store(upstream, outcome["result"], report, actor)
+    listed = outcome["result"]
+    _catalog_store(upstream, listed["tools"], report, actor)
+    said = {"protocol_version": listed["protocolVersion"][:16], "instructions": listed["instructions"]}
+    Upstream.objects.filter(pk=upstream.pk).update(**said)
     report.ok = True
     return report
 

@@ -69,6 +69,7 @@ def test_a_resource_is_read_by_its_exposed_uri_and_comes_back_under_it(gateway, 
     assert [c.uri for c in text.contents] == [DOCUMENT] and "Architecture" in text.contents[0].text
     assert blob.contents[0].uri == "every+demo://resource/dynamic/blob/7"
     assert base64.b64decode(blob.contents[0].blob)
+    assert "io.modelcontextprotocol/serverInfo" not in (text.meta or {})  # the upstream's identity stays behind
     rows = [(r.kind, r.upstream, r.tool, r.exposed_name, r.outcome) for r in audit_since(mark) if r.upstream]
     assert rows[:2] == [
         ("approved", "every", DOCUMENT.removeprefix("every+"), DOCUMENT, ""),
@@ -169,3 +170,22 @@ def test_long_lists_come_in_pages_with_opaque_cursors(server_env, world, logs):
             types.INVALID_PARAMS,
             "Invalid or expired cursor: call tools/list without a cursor to start from the first page.",
         )
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_the_gateways_instructions_include_the_upstreams_own(inline_gateway, world, mode):
+    async def scenario():
+        async with sdk_client(inline_gateway.url, world.key, mode) as client:
+            return client.protocol_version, client.instructions, client.server_info
+
+    version, instructions, info = run(scenario)
+    assert version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
+    assert instructions.startswith("This is a gateway to several services.")
+    assert "## demo\nTools for trying a gateway out: echo and add answer at once" in instructions
+    assert info.name == "switchboard"  # the upstreams' own serverInfo never shows
+
+
+def test_sync_records_the_era_each_upstream_speaks(world):
+    eras = dict(Upstream.objects.filter(slug__in=["demo", "every", "time"]).values_list("slug", "protocol_version"))
+    # The demo server and mcp-server-time answer server/discover; server-everything only initialize.
+    assert eras == {"demo": "2026-07-28", "every": "2025-11-25", "time": "2026-07-28"}

@@ -131,7 +131,7 @@ def test_catalog_sync_runs_on_the_celery_worker_too(world, celery_worker):
     with override_settings(GATEWAY_EXECUTOR="celery"):
         outcome = CeleryExecutor().list_tools(upstream_id=demo.id, revision=demo.revision, timeout=5)
     assert outcome["ok"], outcome
-    assert {tool["name"] for tool in outcome["result"]} == DEMO_TOOLS
+    assert {tool["name"] for tool in outcome["result"]["tools"]} == DEMO_TOOLS
 
 
 def test_a_changed_connection_bumps_the_revision_so_executors_reconnect(db):
