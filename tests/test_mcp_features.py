@@ -69,7 +69,8 @@ def test_a_resource_is_read_by_its_exposed_uri_and_comes_back_under_it(gateway, 
     assert [c.uri for c in text.contents] == [DOCUMENT] and "Architecture" in text.contents[0].text
     assert blob.contents[0].uri == "every+demo://resource/dynamic/blob/7"
     assert base64.b64decode(blob.contents[0].blob)
-    assert "io.modelcontextprotocol/serverInfo" not in (text.meta or {})  # the upstream's identity stays behind
+    # The upstream's identity stays behind: a 2026-07-28 result names the gateway alone.
+    assert (text.meta or {}).get("io.modelcontextprotocol/serverInfo", {"name": "switchboard"})["name"] == "switchboard"
     rows = [(r.kind, r.upstream, r.tool, r.exposed_name, r.outcome) for r in audit_since(mark) if r.upstream]
     assert rows[:2] == [
         ("approved", "every", DOCUMENT.removeprefix("every+"), DOCUMENT, ""),
