@@ -83,7 +83,7 @@ TOOLS = [
     _tool("test_elicitation_sep1330_enums", "Asks the user to choose"),
     _tool("json_schema_2020_12_tool", "A tool with JSON Schema 2020-12 features", SCHEMA_2020_12),
     _tool("test_logging_tool", "Logs only when the request asked for a log level"),
-    _tool("test_missing_capability", "Needs the client's elicitation capability"),
+    _tool("test_missing_capability", "Needs the client's sampling capability"),
     _tool("test_streaming_elicitation", "Asks the user through an input-required result"),
     _tool("test_input_required_result_elicitation", "Asks the user's name"),
     _tool("test_input_required_result_sampling", "Asks the client's model"),

@@ -78,6 +78,11 @@ TOOLS = [
         input_schema={"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]},
     ),
     types.Tool(
+        name="log",
+        description="Send three log messages (debug, info, warning), then answer.",
+        input_schema={"type": "object", "properties": {}},
+    ),
+    types.Tool(
         name="announce",
         description="Tell the client that this server's tool list changed (after DEMO_MANIFEST was edited).",
         input_schema={"type": "object", "properties": {}},
@@ -206,6 +211,12 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
             return await progress(ctx, params, float(args.get("seconds", 1)))
         case "ask":
             return await ask(ctx, params, str(args.get("question", "")))
+        case "log":
+            for level in ("debug", "info", "warning"):
+                await ctx.session.send_log_message(
+                    level, f"a {level} message", "demo", related_request_id=ctx.request_id
+                )
+            return text("logged")
         case "announce":
             if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 await changes.publish(ToolsListChanged())

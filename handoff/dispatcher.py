@@ -48,8 +48,8 @@ from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial
 from policy.limits import Admission, health_of, limit_store, limits_denial
 from policy.redaction import redact, redact_error_result
 from registry.executor import get_executor
-from registry.pool import TUNNEL_GONE, Outcome, failure
-from registry.relay import Relay
+from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome, failure
+from registry.relay import LOGGING, Relay
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
                 parked.answer(responses_of(params))
                 return await parked.respond(ctx)
             rounds = {"requestState": state.get("s"), "inputResponses": responses_of(params)}
-        if not relay.capabilities:
+        if not relay.capabilities - {LOGGING}:  # nothing it could be asked: no need to park
             return await _call_tool(ctx, params, trace_id, relay, rounds)
         entry = (await snapshot.get()).tools.get(params.name)
         upstream = entry.route.upstream_slug if entry else ""
@@ -306,6 +306,8 @@ async def _call_tool(
             "own tools are restored (call tools/list). The call may not have run."
         )
         raise MCPError(HANDOFF_FAILED, message, {"code": TUNNEL_GONE, "requestId": str(request_id)})
+    if outcome.get("rpc_code") == MISSING_CLIENT_CAPABILITY:  # the agent's client, not its model, must act
+        raise MCPError(MISSING_CLIENT_CAPABILITY, redact(outcome["message"]), outcome.get("rpc_data"))
     return finish(ctx, result)
 
 

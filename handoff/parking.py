@@ -29,6 +29,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from handoff.caller import Caller
+from handoff.relaying import log_to
 from registry.relay import ASKS, may_ask, unsupported
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,11 @@ class ParkedCall:
         if self.ctx is not None:
             with contextlib.suppress(Exception):  # the request it rode on may have ended meanwhile
                 await self.ctx.session.report_progress(progress, total, message)
+
+    async def log(self, level: str, data: Any, logger: str | None) -> None:
+        if self.ctx is not None:
+            with contextlib.suppress(Exception):  # the request it rode on may have ended meanwhile
+                await log_to(self.ctx, level, data, logger)
 
     async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if not may_ask(method, self.capabilities):

@@ -1,17 +1,61 @@
-"""The agent's end of a relayed call (registry/relay.py): progress goes out on the call's own stream,
-and an upstream's request to the client goes to the agent only if it declared the capability for it."""
+"""The agent's end of a relayed call (registry/relay.py): progress and log messages go out on the call's
+own stream, and an upstream's request to the client goes to the agent only if it declared the capability
+for it. Log messages reach only agents that asked for them: a 2025-11-25 session that set a level with
+`logging/setLevel`, a 2026-07-28 request that carries one in its `_meta`."""
 
+from collections import OrderedDict
 from typing import Any
 
+from django.conf import settings
+from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.message import ServerMessageMetadata
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from registry.relay import ASKS, RELAYED_CAPABILITIES, may_ask, unsupported
+from handoff.caller import caller_of
+from handoff.tunnels import index_session
+from registry.relay import ASKS, LOGGING, RELAYED_CAPABILITIES, may_ask, unsupported
+
+LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
+LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+# 2025-11-25 sessions that set a log level, and the level (the newest, bounded like the sessions).
+_session_levels: OrderedDict[str, str] = OrderedDict()
+
+
+def _session(ctx: ServerRequestContext) -> str:
+    caller = caller_of(ctx)
+    return index_session(caller.agent_id, caller.session_key)
+
+
+async def set_logging_level(ctx: ServerRequestContext, params: types.SetLevelRequestParams) -> types.EmptyResult:
+    session = _session(ctx)
+    _session_levels[session] = params.level
+    _session_levels.move_to_end(session)
+    while len(_session_levels) > settings.GATEWAY_MAX_LEGACY_SESSIONS:
+        _session_levels.popitem(last=False)
+    return types.EmptyResult()
+
+
+def log_level(ctx: ServerRequestContext) -> str | None:
+    """The lowest level of log message the agent asked for on this request, if it asked."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        level = (ctx.meta or {}).get(LOG_LEVEL_KEY)
+        return level if level in LEVELS else None
+    return _session_levels.get(_session(ctx))
 
 
 def declared(ctx: ServerRequestContext) -> frozenset[str]:
+    """What the relay of this request's calls carries: the agent's client capabilities, and logging."""
     capabilities = ctx.session.client_capabilities
-    return frozenset(name for name in RELAYED_CAPABILITIES if capabilities and getattr(capabilities, name, None))
+    names = {name for name in RELAYED_CAPABILITIES if capabilities and getattr(capabilities, name, None)}
+    return frozenset(names | ({LOGGING} if log_level(ctx) else set()))
+
+
+async def log_to(ctx: ServerRequestContext, level: str, data: Any, logger: str | None) -> None:
+    """A log message on the request's stream, if the agent asked for that level."""
+    wanted = log_level(ctx)
+    if wanted and level in LEVELS and LEVELS.index(level) >= LEVELS.index(wanted):
+        await ctx.session.send_log_message(level, data, logger, related_request_id=ctx.request_id)
 
 
 class AgentRelay:
@@ -21,6 +65,9 @@ class AgentRelay:
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         await self.ctx.session.report_progress(progress, total, message)  # a no-op unless the agent asked
+
+    async def log(self, level: str, data: Any, logger: str | None) -> None:
+        await log_to(self.ctx, level, data, logger)
 
     async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if not may_ask(method, self.capabilities):

@@ -2,16 +2,19 @@
 (passthrough.py), change subscriptions (notify.py). Every transport (Streamable HTTP in both eras,
 WebSocket) feeds this same server."""
 
+import warnings
 from typing import Any
 
 from django.conf import settings
 from mcp.server import NotificationOptions, Server
 from mcp.server.caching import CacheHint
 from mcp.server.models import InitializationOptions
+from mcp.shared.exceptions import MCPDeprecationWarning
 
 from handoff import passthrough
 from handoff.dispatcher import call_tool, list_tools
 from handoff.notify import RememberSessions, subscriptions_listen
+from handoff.relaying import set_logging_level
 from handoff.snapshot import snapshot
 
 INSTRUCTIONS = (
@@ -50,7 +53,15 @@ class GatewayServer(Server):
 
 
 def build_server() -> Server:
-    gateway = GatewayServer(
+    with warnings.catch_warnings():  # logging is gone from 2026-07-28, but 2025-11-25 agents still set levels
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        gateway = _gateway_server()
+    gateway.middleware.append(RememberSessions())
+    return gateway
+
+
+def _gateway_server() -> GatewayServer:
+    return GatewayServer(
         settings.GATEWAY_NAME,
         version="0.1.0",
         instructions=INSTRUCTIONS.format(sep=settings.GATEWAY_TOOL_SEPARATOR),
@@ -66,9 +77,8 @@ def build_server() -> Server:
         on_get_prompt=passthrough.get_prompt,
         on_completion=passthrough.complete,
         on_subscriptions_listen=subscriptions_listen,
+        on_set_logging_level=set_logging_level,
     )
-    gateway.middleware.append(RememberSessions())
-    return gateway
 
 
 server = build_server()

@@ -175,14 +175,23 @@ async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float, rela
     if relay is None:
         reply = await async_redis().blpop([key], timeout=wait)
         return json.loads(reply[1]) if reply else _lost(wait)
+    pumped = anyio.Event()
+
+    async def pump() -> None:
+        await relay_pump(channels, relay)
+        pumped.set()
+
     async with anyio.create_task_group() as tg:
-        tg.start_soon(relay_pump, channels, relay)
+        tg.start_soon(pump)
         try:
             reply = await async_redis().blpop([key], timeout=wait)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await cancel_remote(channels)
             raise
+        if reply:  # the events travel apart from the reply: the last ones may still be on their way
+            with anyio.move_on_after(EXECUTOR_GRACE_SECONDS):
+                await pumped.wait()
         tg.cancel_scope.cancel()
     return json.loads(reply[1]) if reply else _lost(wait)
 

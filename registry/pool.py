@@ -21,12 +21,13 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
 
 from registry.egress import EgressRefused
-from registry.relay import ASKS, Relay
+from registry.relay import ASKS, LOGGING, Relay
 from registry.spec import UpstreamSpec
 
 logger = logging.getLogger(__name__)
 
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+MISSING_CLIENT_CAPABILITY = -32021  # 2026-07-28: the request needs a capability the client did not declare
 TUNNEL_GONE = "HANDOFF_UPSTREAM_UNAVAILABLE"
 # Connection-level failures: the session is gone and must be reopened (a stdio server that died, say).
 CONNECTION_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
@@ -40,6 +41,7 @@ class Outcome(TypedDict, total=False):
     detail: str  # when not ok: the full story, for the audit only
     validation: bool  # when not ok: the message judges the call's arguments (kept whole for the model)
     rpc_code: int  # when the upstream answered with a JSON-RPC error: its code
+    rpc_data: dict[str, Any]  # and, for a missing client capability, its data
 
 
 def failure(code: str, message: str, detail: str = "") -> Outcome:
@@ -102,10 +104,18 @@ class UpstreamConnection:
         self.serial = anyio.Lock()
         self._stop = anyio.Event()
 
+    async def _log(self, params: types.LoggingMessageNotificationParams) -> None:
+        if self.relay is not None:
+            await self.relay.log(params.level, params.data, params.logger)
+
     def _callbacks(self) -> dict[str, Any]:
-        return {
+        """The SDK client's callbacks (and with them the capabilities it declares) for this connection."""
+        callbacks: dict[str, Any] = {
             ask.callback: _relaying(self, method) for method, ask in ASKS.items() if ask.capability in self.capabilities
         }
+        if LOGGING in self.capabilities:  # every level: the agent's end filters (handoff/relaying.py)
+            callbacks |= {"logging_callback": self._log, "log_level": "debug"}
+        return callbacks
 
     async def _heard(self, message: Any) -> None:
         """A 2025-11-25 upstream's notifications: the list changes matter."""
@@ -313,6 +323,8 @@ class UpstreamPool:
                 )
             refused = failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
             refused["rpc_code"] = exc.code  # passed-through requests answer with the upstream's own code
+            if exc.code == MISSING_CLIENT_CAPABILITY and isinstance(exc.error.data, dict):
+                refused["rpc_data"] = exc.error.data  # names the capability the agent must declare
             # The upstream judged the arguments: its words tell the model how to fix them, so redaction spares them.
             return refused | {"validation": True} if exc.code == types.INVALID_PARAMS else refused
         except Unsupported as exc:

@@ -1,5 +1,6 @@
 """What an upstream sends back while it works on a call, on its way to the agent that made the call:
-progress, and requests to the client (elicitation, sampling, roots), whose answers go the other way.
+progress, log messages, and requests to the client (elicitation, sampling, roots), whose answers go
+the other way.
 
 The gateway hands the executor a `Relay` for each call. The inline executor runs the call on the pool
 thread's loop, so `LoopRelay` carries each event over to the web loop. The Celery executor runs it in a
@@ -42,12 +43,17 @@ ASKS = {
 }
 # The client capabilities an upstream may use through the gateway, when the agent declared them.
 RELAYED_CAPABILITIES = tuple(ask.capability for ask in ASKS.values())
+# Not a client capability, but routed like one: the agent asked for log messages (a level set for its
+# 2025-11-25 session, or a 2026-07-28 request's logLevel), so its calls go where logs can be told apart.
+LOGGING = "logging"
 
 
 class Relay(Protocol):
     capabilities: frozenset[str]  # of RELAYED_CAPABILITIES, those the agent declared
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
+
+    async def log(self, level: str, data: Any, logger: str | None) -> None: ...
 
     async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The agent's answer to a request of the upstream (ASKS), or MCPError."""
@@ -67,6 +73,9 @@ class LoopRelay:
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         await self._over(self._relay.progress(progress, total, message))
 
+    async def log(self, level: str, data: Any, logger: str | None) -> None:
+        await self._over(self._relay.log(level, data, logger))
+
     async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         return await self._over(self._relay.ask(method, params))
 
@@ -81,16 +90,30 @@ class ChannelRelay:
     """Worker side: the relay of a call whose agent waits in a web process (`relay_pump`)."""
 
     def __init__(self, channels: dict[str, str], capabilities: list[str]) -> None:
-        self.capabilities = frozenset(capabilities) & frozenset(RELAYED_CAPABILITIES)
+        self.capabilities = frozenset(capabilities) & frozenset((*RELAYED_CAPABILITIES, LOGGING))
         self._events = channels["events"]
         self._layer = get_channel_layer()
+        self._sent = 0
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        # Numbered (before the await: callbacks may run concurrently): the channel layer may deliver messages
+        # sent within the same instant out of order.
+        number, self._sent = self._sent, self._sent + 1
+        await self._layer.send(self._events, event | {"n": number})
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
-        await self._layer.send(self._events, {"type": "progress", "args": [progress, total, message]})
+        await self._send({"type": "progress", "args": [progress, total, message]})
+
+    async def log(self, level: str, data: Any, logger: str | None) -> None:
+        await self._send({"type": "log", "args": [level, data, logger]})
+
+    async def end(self) -> None:
+        """The call is over: the web side has every event once it reads this (then the reply)."""
+        await self._send({"type": "end"})
 
     async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         answers = f"{self._events}.{uuid.uuid4().hex}"
-        await self._layer.send(self._events, {"type": "ask", "method": method, "params": params, "reply": answers})
+        await self._send({"type": "ask", "method": method, "params": params, "reply": answers})
         answer = await self._layer.receive(answers)
         if "error" in answer:
             raise MCPError(answer["error"]["code"], answer["error"]["message"])
@@ -98,15 +121,23 @@ class ChannelRelay:
 
 
 async def relay_pump(channels: dict[str, str], relay: Relay) -> None:
-    """Web side: hand each event of a call running in a worker to the agent's relay, until cancelled."""
-    layer = get_channel_layer()
+    """Web side: hand each event of a call running in a worker to the agent's relay, until the call's end."""
+    layer, early, following = get_channel_layer(), {}, 0
     async with anyio.create_task_group() as tg:
         while True:
-            event = await layer.receive(channels["events"])
-            if event["type"] == "progress":
-                await relay.progress(*event["args"])
-            elif event["type"] == "ask":
-                tg.start_soon(_answer, layer, relay, event)
+            received = await layer.receive(channels["events"])
+            early[received["n"]] = received
+            while following in early:  # in the order they were sent
+                event = early.pop(following)
+                following += 1
+                if event["type"] == "end":
+                    return
+                if event["type"] == "progress":
+                    await relay.progress(*event["args"])
+                elif event["type"] == "log":
+                    await relay.log(*event["args"])
+                elif event["type"] == "ask":
+                    tg.start_soon(_answer, layer, relay, event)
 
 
 async def _answer(layer: Any, relay: Relay, event: dict[str, Any]) -> None:

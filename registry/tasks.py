@@ -40,7 +40,12 @@ def call_tool_task(
         def call() -> Awaitable[Outcome]:
             return runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here, rounds)
 
-        calling = cancellable(call, relay, CANCELLED)
+        async def relayed() -> Outcome:
+            outcome = await cancellable(call, relay, CANCELLED)
+            await here.end()
+            return outcome
+
+        calling = relayed()
     runner.submit(reply_after(reply_to, calling)).result()
 
 

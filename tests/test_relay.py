@@ -191,3 +191,23 @@ def test_an_upstream_announcing_new_tools_is_synced_again_and_agents_are_told(ga
             "catalog sync (the upstream announced a change)",
             "tool_added",
         )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_upstream_log_messages_reach_an_agent_that_asked_for_them_at_its_level(gateway, world, mode):
+    async def messages(level: str | None) -> list[tuple[str, str]]:
+        received: list[tuple[str, str]] = []
+
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            received.append((params.level, params.data))
+
+        options = {"log_level": level} if mode != "legacy" and level else {}
+        async with sdk_client(gateway.url, world.key, mode, logging_callback=on_log, **options) as client:
+            if mode == "legacy" and level:
+                await client.set_logging_level(level)
+            assert (await client.call_tool("demo__log", {})).content[0].text == "logged"
+            await anyio.sleep(0.2)
+        return received
+
+    assert run(lambda: messages("info")) == [("info", "a info message"), ("warning", "a warning message")]
+    assert run(lambda: messages(None)) == []  # never asked: never told
