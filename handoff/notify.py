@@ -31,6 +31,7 @@ from handoff.background import ProcessTask
 from handoff.caller import caller_of
 from handoff.snapshot import snapshot
 from handoff.tunnels import index_session
+from registry.naming import exposed_uri
 
 logger = logging.getLogger(__name__)
 GROUP = "switchboard.tools-changed"
@@ -132,6 +133,34 @@ async def list_changed_here(kind: str) -> None:
             _streams.pop(session, None)
 
 
+# 2025-11-25 sessions subscribed to a resource, by its exposed URI.
+_subscribers: dict[str, set[str]] = {}
+
+
+def resource_subscription(session: str, uri: str, subscribed: bool) -> None:
+    if subscribed:
+        _subscribers.setdefault(uri, set()).add(session)
+    elif uri in _subscribers:
+        _subscribers[uri].discard(session)
+        if not _subscribers[uri]:
+            del _subscribers[uri]
+
+
+async def resource_updated_here(uri: str) -> None:
+    for session in list(_subscribers.get(uri, ())):
+        stream = _streams.get(session)
+        try:
+            if stream is None:
+                raise LookupError(session)
+            await stream.send_resource_updated(uri)
+        except Exception:  # the client went away: nothing left to tell
+            resource_subscription(session, uri, subscribed=False)
+
+
+async def resource_updated_everywhere(upstream_id: int, uri: str) -> None:
+    await get_channel_layer().group_send(GROUP, {"type": "resource.updated", "upstream": upstream_id, "uri": uri})
+
+
 async def list_changed_everywhere(kind: str) -> None:
     await get_channel_layer().group_send(GROUP, {"type": "list.changed", "kind": kind})
 
@@ -154,6 +183,10 @@ async def _relay(ready: asyncio.Future) -> None:
             message = await layer.receive(channel)
             if message.get("type") == "tools.changed":
                 await tools_changed_here(message["session"])
+            elif message.get("type") == "resource.updated":
+                target = next((t for t in (await snapshot.get()).targets.values() if t.id == message["upstream"]), None)
+                if target is not None:
+                    await resource_updated_here(exposed_uri(target.namespace, message["uri"]))
             elif message.get("type") == "list.changed" and message.get("kind") in LISTS:
                 snapshot.invalidate()  # agents refetch at once: they must see the new catalog
                 await list_changed_here(message["kind"])

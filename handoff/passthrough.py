@@ -24,24 +24,21 @@ from audit.telemetry import DENIALS
 from handoff.caller import caller_of
 from handoff.cursors import list_page
 from handoff.dispatcher import CANCELLED, Decision, admit, finish, request_audit, with_payload
+from handoff.notify import resource_subscription
 from handoff.recording import record
 from handoff.snapshot import Route, Snapshot, UpstreamInfo, snapshot
+from handoff.tunnels import index_session
 from policy.limits import health_of, limit_store
 from policy.manifest import manifest_sanitize
 from policy.redaction import redact
 from registry.executor import get_executor
-from registry.naming import exposed_name, split_exposed_name
+from registry.naming import URI_MARK, exposed_name, exposed_uri, split_exposed_name
 from registry.pool import UNSUPPORTED, Outcome
 
 logger = logging.getLogger(__name__)
 
-URI_MARK = "+"
 MAX_PAGES = 100  # per upstream and list: an upstream whose cursors never end cannot hold a request forever
 AUDIT_TEXT = 256  # the audit's name columns; the whole URI goes in the row's detail
-
-
-def exposed_uri(namespace: str, uri: str) -> str:
-    return f"{namespace}{URI_MARK}{uri}" if namespace else uri
 
 
 def _prompt_name(namespace: str, name: str) -> str:
@@ -233,3 +230,23 @@ async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParam
         not_found = _not_found("resource template", exposed, "resources/templates/list")
     wire["ref"][field] = owner[1] if owner else ""
     return finish(ctx, await _forward(ctx, "completion/complete", exposed, owner, wire, not_found))
+
+
+async def subscribe_resource(ctx: ServerRequestContext, params: types.SubscribeRequestParams) -> types.EmptyResult:
+    return await _subscription(ctx, params.uri, subscribed=True)
+
+
+async def unsubscribe_resource(ctx: ServerRequestContext, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+    return await _subscription(ctx, params.uri, subscribed=False)
+
+
+async def _subscription(ctx: ServerRequestContext, uri: str, subscribed: bool) -> types.EmptyResult:
+    """(Un)subscribe at the upstream, and remember who hears of the resource's updates (notify.py)."""
+    owner = _owner_of_uri(await snapshot.get(), uri)
+    method = "resources/subscribe" if subscribed else "resources/unsubscribe"
+    await _forward(
+        ctx, method, uri, owner, {"uri": owner[1] if owner else ""}, _not_found("resource", uri, "resources/list")
+    )
+    caller = caller_of(ctx)
+    resource_subscription(index_session(caller.agent_id, caller.session_key), uri, subscribed)
+    return types.EmptyResult()

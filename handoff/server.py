@@ -73,6 +73,8 @@ def _gateway_server() -> GatewayServer:
         on_list_resources=passthrough.list_resources,
         on_list_resource_templates=passthrough.list_resource_templates,
         on_read_resource=passthrough.read_resource,
+        on_subscribe_resource=passthrough.subscribe_resource,
+        on_unsubscribe_resource=passthrough.unsubscribe_resource,
         on_list_prompts=passthrough.list_prompts,
         on_get_prompt=passthrough.get_prompt,
         on_completion=passthrough.complete,

@@ -12,7 +12,7 @@ import anyio
 from channels.db import database_sync_to_async
 
 from registry.models import Upstream
-from registry.pool import UpstreamPool
+from registry.pool import UPDATED, UpstreamPool
 from registry.spec import UpstreamSpec
 
 T = TypeVar("T")
@@ -29,10 +29,14 @@ load_spec = database_sync_to_async(_spec_of, thread_sensitive=False)
 
 async def upstream_changed(upstream_id: int, kind: str) -> None:
     """An upstream said a list of its changed: its tools are synced again (pins hold changed ones back), and
-    every agent is told, in whichever process holds its stream."""
-    from handoff.notify import list_changed_everywhere  # handoff builds on the registry, not the reverse
+    every agent is told, in whichever process holds its stream. Or one of its resources changed: the agents
+    subscribed to it are told."""
+    from handoff.notify import list_changed_everywhere, resource_updated_everywhere  # handoff builds on registry
     from registry.services import upstream_resync
 
+    if kind.startswith(UPDATED):
+        await resource_updated_everywhere(upstream_id, kind.removeprefix(UPDATED))
+        return
     if kind == "tools":
         await database_sync_to_async(upstream_resync, thread_sensitive=False)(upstream_id)
     await list_changed_everywhere(kind)

@@ -7,6 +7,7 @@ from django.conf import settings
 from policy.manifest import TOOL_NAME
 
 HASH_CHARS = 8
+URI_MARK = "+"  # between a prefixed upstream's slug and its own resource URI: `time+file:///x`
 
 
 def exposed_name(namespace: str, tool: str) -> str:
@@ -35,3 +36,9 @@ def gateway_tool_name(name: str) -> str:
     """A tool of the gateway itself (triage, return_to_triage): namespaced by GATEWAY_NAME, which no
     upstream may take as its slug."""
     return exposed_name(settings.GATEWAY_NAME, name)
+
+
+def exposed_uri(namespace: str, uri: str) -> str:
+    """A resource URI (or URI template) as agents see it: still a URI, since a scheme may hold `+`, and
+    reversible, since slugs hold none. An unprefixed upstream's URIs stay as they are."""
+    return f"{namespace}{URI_MARK}{uri}" if namespace else uri

@@ -95,7 +95,9 @@ class UpstreamConnection:
     ) -> None:
         self.spec = spec
         self.capabilities = capabilities
-        self.notice = notice  # told "tools", "prompts" or "resources" when the upstream says that list changed
+        # Told "tools", "prompts" or "resources" when the upstream says that list changed, UPDATED + uri when a
+        # subscribed resource did.
+        self.notice = notice
         self.client: Any = None
         self.alive = False
         self.last_used = anyio.current_time()
@@ -118,9 +120,13 @@ class UpstreamConnection:
         return callbacks
 
     async def _heard(self, message: Any) -> None:
-        """A 2025-11-25 upstream's notifications: the list changes matter."""
-        if self.notice and (kind := CHANGES.get(type(message))):
+        """A 2025-11-25 upstream's notifications: list changes, and updates of subscribed resources."""
+        if not self.notice:
+            return
+        if kind := CHANGES.get(type(message)):
             self.notice(kind)
+        elif isinstance(message, types.ResourceUpdatedNotification):
+            self.notice(f"{UPDATED}{message.params.uri}")
 
     async def _listen(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """A 2026-07-28 upstream tells its changes on a `subscriptions/listen` stream, which is acknowledged
@@ -188,6 +194,7 @@ CHANGES: dict[type, str] = {
     PromptsListChanged: "prompts",
     ResourcesListChanged: "resources",
 }
+UPDATED = "updated:"  # a change of kind "updated:<uri>": that resource changed
 ConnectionKey = tuple[int, frozenset[str]]  # the upstream, and the client capabilities the connection declares
 
 
@@ -472,6 +479,12 @@ FORWARDED: dict[str, tuple[str, type, Callable[[Any, Any], Awaitable[Any]]]] = {
     ),
     "prompts/get": ("prompts", types.GetPromptRequestParams, lambda c, p: c.get_prompt(p.name, p.arguments)),
     "completion/complete": ("completions", types.CompleteRequestParams, _complete),
+    "resources/subscribe": ("resources", types.SubscribeRequestParams, lambda c, p: c.subscribe_resource(p.uri)),
+    "resources/unsubscribe": (
+        "resources",
+        types.UnsubscribeRequestParams,
+        lambda c, p: c.unsubscribe_resource(p.uri),
+    ),
 }
 UNSUPPORTED = "UPSTREAM_UNSUPPORTED"
 

@@ -4,6 +4,7 @@ filtered by rules and audited, in both eras, through both executors. server-ever
 
 import base64
 
+import anyio
 import pytest
 from mcp import types
 from mcp.shared.exceptions import MCPError
@@ -190,3 +191,25 @@ def test_sync_records_the_era_each_upstream_speaks(world):
     eras = dict(Upstream.objects.filter(slug__in=["demo", "every", "time"]).values_list("slug", "protocol_version"))
     # The demo server and mcp-server-time answer server/discover; server-everything only initialize.
     assert eras == {"demo": "2026-07-28", "every": "2025-11-25", "time": "2026-07-28"}
+
+
+def test_a_subscribed_resource_s_updates_reach_the_subscriber_under_its_exposed_uri(gateway, world):
+    updates: list[str] = []
+
+    async def on_message(message) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(str(message.params.uri))
+
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, "legacy", message_handler=on_message) as client:
+            assert client.server_capabilities.resources.subscribe
+            await client.subscribe_resource(DOCUMENT)
+            await client.call_tool("every__toggle-subscriber-updates", {})  # server-everything: every 5 s
+            with anyio.fail_after(10):
+                while not updates:
+                    await anyio.sleep(0.1)
+            await client.unsubscribe_resource(DOCUMENT)
+            await client.call_tool("every__toggle-subscriber-updates", {})  # off again
+
+    run(scenario)
+    assert set(updates) == {DOCUMENT}
