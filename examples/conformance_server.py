@@ -252,11 +252,10 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.Result:
                 return answer
             return _text(f"User response: action={answer.action}, content={json.dumps(answer.content)}")
         case "test_missing_capability":
-            if not _declared(ctx, "elicitation"):
-                raise MCPError(
-                    -32021, "This tool needs the elicitation capability.", {"requiredCapabilities": {"elicitation": {}}}
-                )
-            return _text("elicitation declared")
+            if not _declared(ctx, "sampling"):
+                needs = {"requiredCapabilities": {"sampling": {}}}
+                raise MCPError(MISSING_CAPABILITY, "This tool needs the sampling capability.", needs)
+            return _text("sampling declared")
         case "test_streaming_elicitation":
             answer = await _ask(ctx, params, _elicit("Anything to add?", {"note": {"type": "string"}}, []))
             return answer if isinstance(answer, types.InputRequiredResult) else _text(f"action={answer.action}")
