@@ -34,6 +34,7 @@ from handoff.handoffs import (
 from handoff.parking import (
     InvalidRequestState,
     ParkedCall,
+    UndeclaredAsk,
     park,
     parked_call,
     passed_through,
@@ -205,7 +206,8 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         # A 2026-07-28 agent: what an upstream asks comes back as input-required results (parking.py).
         rounds: dict[str, Any] = {}
         if params.request_state is not None:  # it answers what an upstream asked
-            state = await _request_state(caller, params, trace_id)
+            arguments = params.arguments or {}
+            state = await request_state_verified(caller, params.name, params.request_state, arguments, trace_id)
             if "c" in state:
                 parked = parked_call(state, params.name)
                 parked.answer(responses_of(params))
@@ -222,13 +224,15 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         return await park(ctx, caller, params.name, upstream, relay.capabilities, run)
 
 
-async def _request_state(caller: Caller, params: types.CallToolRequestParams, trace_id: str) -> dict[str, Any]:
-    """The retry's verified requestState; a forged, foreign or expired one is refused and audited."""
+async def request_state_verified(
+    caller: Caller, name: str, request_state: str, arguments: dict[str, Any], trace_id: str = ""
+) -> dict[str, Any]:
+    """A retry's verified requestState; a forged, foreign or expired one is refused and audited."""
     try:
-        return state_load(caller, params.name, params.request_state or "")
+        return state_load(caller, name, request_state)
     except InvalidRequestState as refused:
         DENIALS.labels("INVALID_REQUEST_STATE").inc()
-        audit = request_audit(caller, params.name, uuid.uuid4(), params.arguments or {}, "", "", trace_id)
+        audit = request_audit(caller, name, uuid.uuid4(), arguments, "", "", trace_id)
         message = refused.error.message
         await record(kind="denied", outcome="denied", error_code="INVALID_REQUEST_STATE", error_detail=message, **audit)
         raise
@@ -279,7 +283,10 @@ async def _call_tool(
         raise
     result = _for_model(params.name, outcome)
     if result.get("resultType") == "input_required":
-        result = passed_through(caller, params.name, decision.upstream, result, relay.capabilities)
+        try:
+            result = passed_through(caller, params.name, decision.upstream, result, relay.capabilities)
+        except UndeclaredAsk as undeclared:  # the model reads why the call ended
+            result = {"content": [{"type": "text", "text": undeclared.error.message}], "isError": True}
     failed = not outcome["ok"] or bool(result.get("isError"))
     status = ("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok"
     call_observe(upstream=decision.upstream, outcome=status, duration_ms=duration_ms)

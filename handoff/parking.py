@@ -30,6 +30,7 @@ from mcp.shared.exceptions import MCPError
 
 from handoff.caller import Caller
 from handoff.relaying import log_to
+from registry.pool import MISSING_CLIENT_CAPABILITY
 from registry.relay import ASKS, may_ask, unsupported
 
 logger = logging.getLogger(__name__)
@@ -169,13 +170,21 @@ def passed_through(
     caller: Caller, name: str, upstream: str, result: dict[str, Any], capabilities: frozenset[str]
 ) -> dict[str, Any]:
     """A 2026-07-28 upstream's input-required result as the agent gets it: its state wrapped in the gateway's,
-    and only requests the agent declared the capability for (else the call ends in an error it can read)."""
+    and only if it asks what the agent declared the capability for (else UndeclaredAsk)."""
     requests = result.get("inputRequests") or {}
     undeclared = sorted({str(r.get("method")) for r in requests.values() if not may_ask(r.get("method"), capabilities)})
     if undeclared:
-        text = f"{name}: the service asked for {', '.join(undeclared)}, which this client did not declare."
-        return {"content": [{"type": "text", "text": text}], "isError": True}
+        raise UndeclaredAsk(
+            f"{name}: the service asked for {', '.join(undeclared)}, which this client did not declare."
+        )
     return result | {"requestState": state_sign(caller, name, upstream, s=result.get("requestState"))}
+
+
+class UndeclaredAsk(MCPError):
+    """An upstream asked the agent for what it did not declare: never forwarded."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(MISSING_CLIENT_CAPABILITY, message, {"code": "UNDECLARED_CAPABILITY"})
 
 
 def parked_call(state: dict[str, Any], name: str) -> ParkedCall:

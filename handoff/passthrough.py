@@ -19,13 +19,24 @@ import anyio
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.telemetry import DENIALS
 from handoff.caller import caller_of
 from handoff.cursors import list_page
-from handoff.dispatcher import CANCELLED, Decision, admit, finish, request_audit, with_payload
+from handoff.dispatcher import (
+    CANCELLED,
+    Decision,
+    admit,
+    finish,
+    request_audit,
+    request_state_verified,
+    with_payload,
+)
 from handoff.notify import resource_subscription
+from handoff.parking import passed_through, responses_of
 from handoff.recording import record
+from handoff.relaying import AgentRelay
 from handoff.snapshot import Route, Snapshot, UpstreamInfo, snapshot
 from handoff.tunnels import index_session
 from policy.limits import health_of, limit_store
@@ -128,6 +139,17 @@ def _not_found(what: str, exposed: str, listing: str) -> MCPError:
     return MCPError(types.INVALID_PARAMS, f"Unknown {what}: {exposed!r}. Call {listing} for what this gateway offers.")
 
 
+async def _rounds(ctx: ServerRequestContext, name: str, params: Any) -> dict[str, Any] | None:
+    """For a 2026-07-28 agent's prompts/get or resources/read: what passes an upstream's input-required
+    rounds through (parking.py); None for a 2025-11-25 agent, whose upstream asks on the request's stream."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return None
+    if params.request_state is None:
+        return {}
+    state = await request_state_verified(caller_of(ctx), name, params.request_state, {})
+    return {"requestState": state.get("s"), "inputResponses": responses_of(params)}
+
+
 async def _forward(
     ctx: ServerRequestContext,
     method: str,
@@ -135,10 +157,11 @@ async def _forward(
     owner: tuple[UpstreamInfo, str] | None,
     params: dict[str, Any],
     not_found: MCPError,
+    rounds: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Decide, record the approval, forward to the owner, record the completion: a tool call's path, for a
     read, a prompt or a completion. Refusals and upstream errors are JSON-RPC errors."""
-    caller, snap, request_id = caller_of(ctx), await snapshot.get(), uuid.uuid4()
+    caller, snap, request_id, relay = caller_of(ctx), await snapshot.get(), uuid.uuid4(), AgentRelay(ctx)
     target, own = owner if owner else (None, "")
     audit = request_audit(
         caller, exposed[:AUDIT_TEXT], request_id, params, target.slug if target else "", own[:AUDIT_TEXT], ""
@@ -165,7 +188,13 @@ async def _forward(
     started, outcome = time.perf_counter(), None
     try:
         outcome = await get_executor().forward(
-            upstream_id=target.id, revision=target.revision, method=method, params=params, timeout=target.timeout
+            upstream_id=target.id,
+            revision=target.revision,
+            method=method,
+            params=params,
+            timeout=target.timeout,
+            relay=relay,
+            rounds=rounds,
         )
     finally:
         with anyio.CancelScope(shield=True):
@@ -174,7 +203,10 @@ async def _forward(
         message = outcome["message"] if outcome.get("validation") else redact(outcome["message"])
         code = outcome.get("rpc_code", types.INTERNAL_ERROR)
         raise MCPError(code, message, {"code": outcome["code"], "requestId": str(request_id)})
-    return outcome["result"]
+    result = outcome["result"]
+    if result.get("resultType") == "input_required":
+        return passed_through(caller, exposed, target.slug, result, relay.capabilities)
+    return result
 
 
 async def _complete(audit: dict[str, Any], decision: Decision, outcome: Outcome | None, started: float) -> None:
@@ -202,8 +234,12 @@ async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceReq
     snap = await snapshot.get()
     owner = _owner_of_uri(snap, params.uri)
     not_found = _not_found("resource", params.uri, "resources/list")
-    result = await _forward(ctx, "resources/read", params.uri, owner, {"uri": owner[1] if owner else ""}, not_found)
+    rounds = await _rounds(ctx, params.uri, params)
+    forwarded = {"uri": owner[1] if owner else ""}
+    result = await _forward(ctx, "resources/read", params.uri, owner, forwarded, not_found, rounds)
     assert owner is not None
+    if result.get("resultType") == "input_required":
+        return result
     contents = [
         item | {"uri": exposed_uri(owner[0].namespace, item["uri"])} if isinstance(item.get("uri"), str) else item
         for item in result.get("contents") or []
@@ -215,7 +251,8 @@ async def get_prompt(ctx: ServerRequestContext, params: types.GetPromptRequestPa
     owner = _owner_of_name(await snapshot.get(), params.name)
     forwarded = {"name": owner[1] if owner else "", "arguments": params.arguments or {}}
     not_found = _not_found("prompt", params.name, "prompts/list")
-    return finish(ctx, await _forward(ctx, "prompts/get", params.name, owner, forwarded, not_found))
+    rounds = await _rounds(ctx, params.name, params)
+    return finish(ctx, await _forward(ctx, "prompts/get", params.name, owner, forwarded, not_found, rounds))
 
 
 async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParams) -> Any:

@@ -47,7 +47,15 @@ class Executor(Protocol):
 
     # Resources, prompts and completions (pool.FORWARDED), passed through as the upstream answers them.
     async def forward(
-        self, *, upstream_id: int, revision: int, method: str, params: dict[str, Any], timeout: float
+        self,
+        *,
+        upstream_id: int,
+        revision: int,
+        method: str,
+        params: dict[str, Any],
+        timeout: float,
+        relay: Relay | None = None,
+        rounds: dict[str, Any] | None = None,
     ) -> Outcome: ...
 
     # Handoff tunnels (handoff/tunnels.py): opened by whichever worker takes the task, then pinned to it;
@@ -83,10 +91,20 @@ class InlineExecutor:
         return await asyncio.wrap_future(runner.submit(calling))
 
     async def forward(
-        self, *, upstream_id: int, revision: int, method: str, params: dict[str, Any], timeout: float
+        self,
+        *,
+        upstream_id: int,
+        revision: int,
+        method: str,
+        params: dict[str, Any],
+        timeout: float,
+        relay: Relay | None = None,
+        rounds: dict[str, Any] | None = None,
     ) -> Outcome:
         runner = pool_thread()
-        return await asyncio.wrap_future(runner.submit(runner.pool.forward(upstream_id, revision, method, params)))
+        here = LoopRelay(relay, asyncio.get_running_loop()) if relay else None
+        forwarding = runner.pool.forward(upstream_id, revision, method, params, here, rounds)
+        return await asyncio.wrap_future(runner.submit(forwarding))
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         runner = pool_thread()
@@ -223,13 +241,21 @@ class CeleryExecutor:
         return await _publish_and_wait(call_tool_task, kwargs, wait, relay)
 
     async def forward(
-        self, *, upstream_id: int, revision: int, method: str, params: dict[str, Any], timeout: float
+        self,
+        *,
+        upstream_id: int,
+        revision: int,
+        method: str,
+        params: dict[str, Any],
+        timeout: float,
+        relay: Relay | None = None,
+        rounds: dict[str, Any] | None = None,
     ) -> Outcome:
         from registry.tasks import forward_task
 
         kwargs = {"upstream_id": upstream_id, "revision": revision, "method": method, "params": params}
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
-        return await _publish_and_wait(forward_task, kwargs, wait)
+        return await _publish_and_wait(forward_task, kwargs | {"rounds": rounds}, wait, relay)
 
     async def tunnel_open(
         self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float

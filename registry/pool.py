@@ -368,9 +368,18 @@ class UpstreamPool:
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
         return await self._run(upstream_id, revision, _catalog)
 
-    async def forward(self, upstream_id: int, revision: int, method: str, params: dict[str, Any]) -> Outcome:
-        """One resources, prompts or completion request (FORWARDED), when the upstream offers the feature."""
-        return await self._run(upstream_id, revision, _forwarding(method, params))
+    async def forward(
+        self,
+        upstream_id: int,
+        revision: int,
+        method: str,
+        params: dict[str, Any],
+        relay: Relay | None = None,
+        rounds: dict[str, Any] | None = None,
+    ) -> Outcome:
+        """One resources, prompts or completion request (FORWARDED), when the upstream offers the feature;
+        `relay` and `rounds` as for a tool call."""
+        return await self._run(upstream_id, revision, _forwarding(method, params, rounds), relay)
 
     # Handoff tunnels: a session of their own per agent session, opened with the delegation in `spec`,
     # never shared, never reopened behind the gateway's back (a new token means a new handoff).
@@ -422,6 +431,16 @@ def _wire(result: Any) -> dict[str, Any]:
 INPUT_RESPONSES = TypeAdapter(types.InputResponses)
 
 
+def _passing(rounds: dict[str, Any]) -> dict[str, Any]:
+    """The SDK session's arguments for a request whose input-required result goes back as it is."""
+    responses = rounds.get("inputResponses")
+    return {
+        "input_responses": INPUT_RESPONSES.validate_python(responses) if responses is not None else None,
+        "request_state": rounds.get("requestState"),
+        "allow_input_required": True,
+    }
+
+
 def _calling(
     tool: str,
     arguments: dict[str, Any],
@@ -437,17 +456,12 @@ def _calling(
 
     async def call(client: Any) -> dict[str, Any]:
         if rounds is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            responses = rounds.get("inputResponses")
-            result = await client.session.call_tool(
-                tool,
-                arguments,
-                meta=sent_meta,
-                progress_callback=on_progress,
-                input_responses=INPUT_RESPONSES.validate_python(responses) if responses is not None else None,
-                request_state=rounds.get("requestState"),
-                allow_input_required=True,
+            passing = _passing(rounds)
+            return _wire(
+                await client.session.call_tool(
+                    tool, arguments, meta=sent_meta, progress_callback=on_progress, **passing
+                )
             )
-            return _wire(result)
         return _wire(await client.call_tool(tool, arguments, meta=sent_meta, progress_callback=on_progress))
 
     return call
@@ -489,13 +503,25 @@ FORWARDED: dict[str, tuple[str, type, Callable[[Any, Any], Awaitable[Any]]]] = {
 UNSUPPORTED = "UPSTREAM_UNSUPPORTED"
 
 
-def _forwarding(method: str, params: dict[str, Any]) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+# The forwarded requests a 2026-07-28 upstream may answer with an input-required result.
+IN_ROUNDS: dict[str, Callable[..., Awaitable[Any]]] = {
+    "prompts/get": lambda c, p, passing: c.session.get_prompt(p.name, p.arguments, **passing),
+    "resources/read": lambda c, p, passing: c.session.read_resource(p.uri, **passing),
+}
+
+
+def _forwarding(
+    method: str, params: dict[str, Any], rounds: dict[str, Any] | None = None
+) -> Callable[[Any], Awaitable[dict[str, Any]]]:
     capability, params_type, send = FORWARDED[method]
 
     async def forward(client: Any) -> dict[str, Any]:
         if getattr(client.server_capabilities, capability, None) is None:
             raise Unsupported(method)
-        return _wire(await send(client, params_type.model_validate(params)))
+        typed = params_type.model_validate(params)
+        if rounds is not None and method in IN_ROUNDS and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return _wire(await IN_ROUNDS[method](client, typed, _passing(rounds)))
+        return _wire(await send(client, typed))
 
     return forward
 

@@ -1,7 +1,7 @@
 """Celery tasks: thin wrappers that run one request on this worker's pool (queue `upstream`, or for a tunnel
 the queue of the worker holding it)."""
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from celery import shared_task
@@ -10,12 +10,34 @@ from django.conf import settings
 from registry.executor import held_by, reply_after
 from registry.loop import pool_thread
 from registry.pool import Outcome, failure
-from registry.relay import ChannelRelay, cancellable
+from registry.relay import ChannelRelay, Relay, cancellable
 from registry.worker import worker_queue
 
 CANCELLED = failure("CANCELLED", "The call was cancelled.", "cancelled by the caller")
 # Past every call's own deadline; the pool enforces the real one.
 HARD_LIMIT = settings.GATEWAY_MAX_TIMEOUT + settings.GATEWAY_CONNECT_TIMEOUT + 30
+
+
+def _run_relayed(
+    work: Callable[[Relay | None], Awaitable[Outcome]],
+    reply_to: str,
+    relay: dict[str, str] | None,
+    capabilities: Iterable[str],
+) -> None:
+    """Run `work` on this worker's pool and reply; with `relay` (the call's channels), what the upstream sends
+    meanwhile goes to the web process that waits, and a cancel from there stops the work."""
+    runner = pool_thread()
+    if relay is None:
+        runner.submit(reply_after(reply_to, work(None))).result()
+        return
+    here = ChannelRelay(relay, list(capabilities))
+
+    async def relayed() -> Outcome:
+        outcome = await cancellable(lambda: work(here), relay, CANCELLED)
+        await here.end()
+        return outcome
+
+    runner.submit(reply_after(reply_to, relayed())).result()
 
 
 @shared_task(name="registry.call_tool", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
@@ -31,28 +53,32 @@ def call_tool_task(
     capabilities: list[str] = (),
     rounds: dict[str, Any] | None = None,
 ) -> None:
-    runner = pool_thread()
-    if relay is None:
-        calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, None, rounds)
-    else:
-        here = ChannelRelay(relay, list(capabilities))
+    pool = pool_thread().pool
 
-        def call() -> Awaitable[Outcome]:
-            return runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here, rounds)
+    def call(here: Relay | None) -> Awaitable[Outcome]:
+        return pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here, rounds)
 
-        async def relayed() -> Outcome:
-            outcome = await cancellable(call, relay, CANCELLED)
-            await here.end()
-            return outcome
-
-        calling = relayed()
-    runner.submit(reply_after(reply_to, calling)).result()
+    _run_relayed(call, reply_to, relay, capabilities)
 
 
 @shared_task(name="registry.forward", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
-def forward_task(*, upstream_id: int, revision: int, method: str, params: dict[str, Any], reply_to: str) -> None:
-    runner = pool_thread()
-    runner.submit(reply_after(reply_to, runner.pool.forward(upstream_id, revision, method, params))).result()
+def forward_task(
+    *,
+    upstream_id: int,
+    revision: int,
+    method: str,
+    params: dict[str, Any],
+    reply_to: str,
+    relay: dict[str, str] | None = None,
+    capabilities: list[str] = (),
+    rounds: dict[str, Any] | None = None,
+) -> None:
+    pool = pool_thread().pool
+
+    def forward(here: Relay | None) -> Awaitable[Outcome]:
+        return pool.forward(upstream_id, revision, method, params, here, rounds)
+
+    _run_relayed(forward, reply_to, relay, capabilities)
 
 
 @shared_task(name="registry.list_tools", ignore_result=True, time_limit=HARD_LIMIT)
