@@ -15,7 +15,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from django.conf import settings
 from mcp import types
-from mcp.server.subscriptions import PromptsListChanged, ResourcesListChanged, ToolsListChanged
+from mcp.server.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
@@ -210,6 +210,7 @@ class UpstreamPool:
         self._load_spec = load_spec
         self._on_change = on_change
         self._changing: dict[tuple[int, str], bool] = {}  # a change being handled -> another came meanwhile
+        self._watches: dict[tuple[int, str], anyio.CancelScope] = {}  # resources subscribed at 2026-07-28 upstreams
         self._connections: dict[ConnectionKey, UpstreamConnection] = {}
         self._tunnels: dict[str, UpstreamConnection] = {}
         self._locks: dict[ConnectionKey, anyio.Lock] = {}
@@ -290,18 +291,55 @@ class UpstreamPool:
         finally:
             del self._changing[key]
 
+    async def _open(
+        self, upstream_id: int, revision: int, capabilities: frozenset[str]
+    ) -> UpstreamConnection | Outcome:
+        """The connection, or the Outcome that says why there is none."""
+        try:
+            return await self._connection(upstream_id, revision, capabilities)
+        except TimeoutError:
+            return CONNECT_TIMEOUT
+        except Exception as exc:  # any way a connect can fail
+            return connect_failure(exc)
+
+    async def _watch(self, upstream_id: int, revision: int, method: str, uri: str) -> Outcome:
+        """Resource subscriptions. A 2025-11-25 upstream keeps them itself; a 2026-07-28 one tells of updates on
+        a `subscriptions/listen` stream per resource, held here. Either way they belong to the shared connection
+        (which hears the updates), not to one agent: agents' own subscriptions are the gateway's business."""
+        connection = await self._open(upstream_id, revision, frozenset())
+        if not isinstance(connection, UpstreamConnection):
+            return connection
+        if connection.client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return await self._request(connection, _forwarding(method, {"uri": uri}))
+        key = (upstream_id, uri)
+        if method == "resources/subscribe" and key not in self._watches:
+            self._watches[key] = anyio.CancelScope()
+            assert self._task_group is not None
+            self._task_group.start_soon(self._watching, connection, uri, self._watches[key])
+        elif method == "resources/unsubscribe" and key in self._watches:
+            self._watches.pop(key).cancel()
+        return {"ok": True, "result": {}}
+
+    async def _watching(self, connection: UpstreamConnection, uri: str, scope: anyio.CancelScope) -> None:
+        with scope:
+            try:
+                async with connection.client.listen(resource_subscriptions=[uri]) as subscription:
+                    async for event in subscription:
+                        if isinstance(event, ResourceUpdated) and connection.notice:
+                            connection.notice(f"{UPDATED}{event.uri}")
+            except Exception:  # the connection ended: the subscription with it (agents subscribe again)
+                logger.info("upstream %s: subscription to %s ended", connection.spec.slug, uri, exc_info=True)
+        self._watches.pop((connection.spec.id, uri), None)
+
     async def _run(
         self, upstream_id: int, revision: int, action: Callable[[Any], Awaitable[Any]], relay: Relay | None = None
     ) -> Outcome:
         """Run one request on the upstream's session for the relay's capabilities, and turn every failure into
         a specific Outcome."""
         capabilities = relay.capabilities if relay else frozenset()
-        try:
-            connection = await self._connection(upstream_id, revision, capabilities)
-        except TimeoutError:
-            return CONNECT_TIMEOUT
-        except Exception as exc:  # any way a connect can fail
-            return connect_failure(exc)
+        connection = await self._open(upstream_id, revision, capabilities)
+        if not isinstance(connection, UpstreamConnection):
+            return connection
         if not capabilities:
             return await self._request(connection, action)
         async with connection.serial:
@@ -379,6 +417,8 @@ class UpstreamPool:
     ) -> Outcome:
         """One resources, prompts or completion request (FORWARDED), when the upstream offers the feature;
         `relay` and `rounds` as for a tool call."""
+        if method in ("resources/subscribe", "resources/unsubscribe"):
+            return await self._watch(upstream_id, revision, method, str(params.get("uri", "")))
         return await self._run(upstream_id, revision, _forwarding(method, params, rounds), relay)
 
     # Handoff tunnels: a session of their own per agent session, opened with the delegation in `spec`,
