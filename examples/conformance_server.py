@@ -12,11 +12,12 @@ import hmac
 import json
 import secrets
 import sys
+from pathlib import Path
 
 import anyio
 from mcp import types
 from mcp.server import NotificationOptions, Server
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, PromptsListChanged, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -93,6 +94,9 @@ TOOLS = [
     _tool("test_input_required_result_multi_round", "Asks in two rounds"),
     _tool("test_input_required_result_tampered_state", "Refuses a tampered requestState"),
     _tool("test_input_required_result_capabilities", "Asks only what the client declared"),
+    _tool("test_reconnection", "Closes the call's SSE stream before it answers (the client resumes it)"),
+    _tool("test_trigger_tool_change", "Tells listening clients that the tool list changed"),
+    _tool("test_trigger_prompt_change", "Tells listening clients that the prompt list changed"),
 ]
 
 
@@ -259,6 +263,18 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.Result:
         case "test_streaming_elicitation":
             answer = await _ask(ctx, params, _elicit("Anything to add?", {"note": {"type": "string"}}, []))
             return answer if isinstance(answer, types.InputRequiredResult) else _text(f"action={answer.action}")
+        case "test_reconnection":
+            if ctx.close_sse_stream is not None:
+                await ctx.close_sse_stream()
+            await anyio.sleep(0.2)
+            return _text("Reconnection test completed successfully")
+        case "test_trigger_tool_change" | "test_trigger_prompt_change":
+            tools = name == "test_trigger_tool_change"
+            if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                await changes.publish(ToolsListChanged() if tools else PromptsListChanged())
+            else:
+                await (ctx.session.send_tool_list_changed() if tools else ctx.session.send_prompt_list_changed())
+            return _text("changed")
         case "test_input_required_result_capabilities":
             requests = {}
             if _declared(ctx, "sampling"):
@@ -484,4 +500,8 @@ async def _prompts() -> types.ListPromptsResult:
 if __name__ == "__main__":
     import uvicorn
 
-    uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from handoff.events import RecentEvents  # the gateway's own event store serves here just as well
+
+    app = server.streamable_http_app(event_store=RecentEvents(1000), retry_interval=500)  # resumable streams
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

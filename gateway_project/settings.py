@@ -219,6 +219,10 @@ GATEWAY_AUDIT_POOL_SIZE = env_int("GATEWAY_AUDIT_POOL_SIZE", 10)
 GATEWAY_SNAPSHOT_CHECK_SECONDS = env_float("GATEWAY_SNAPSHOT_CHECK_SECONDS", 1.0)
 
 # --- Policy: the stance with no matching rule, and a default for every limit ------------------------
+# Resumable SSE streams (2025-11-25): this many of the newest events are kept for clients that reconnect with
+# Last-Event-ID, and clients are told to wait this long before they do.
+GATEWAY_SSE_REPLAY_EVENTS = int(os.environ.get("GATEWAY_SSE_REPLAY_EVENTS", "1000"))
+GATEWAY_SSE_RETRY_MS = int(os.environ.get("GATEWAY_SSE_RETRY_MS", "1000"))
 # Aggregated lists (tools, resources, prompts) are served in pages of this many, with signed cursors.
 GATEWAY_LIST_PAGE_SIZE = int(os.environ.get("GATEWAY_LIST_PAGE_SIZE", "100"))
 GATEWAY_LIST_CURSOR_SECONDS = int(os.environ.get("GATEWAY_LIST_CURSOR_SECONDS", "3600"))

@@ -204,7 +204,8 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             return await _call_tool(ctx, params, trace_id, relay)
         # A 2026-07-28 agent: what an upstream asks comes back as input-required results (parking.py).
-        rounds: dict[str, Any] = {}
+        # Answers the agent sends unasked go to the upstream too (it may know what to do with them).
+        rounds: dict[str, Any] = {"inputResponses": responses_of(params)} if params.input_responses else {}
         if params.request_state is not None:  # it answers what an upstream asked
             arguments = params.arguments or {}
             state = await request_state_verified(caller, params.name, params.request_state, arguments, trace_id)

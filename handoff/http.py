@@ -14,6 +14,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from audit.telemetry import SESSIONS
 from handoff.background import ProcessTask
 from handoff.caller import Caller, caller_from_scope, header, host_allowed, origin_allowed
+from handoff.events import RecentEvents
 from handoff.frames import FrameError, parse_frame
 from handoff.handoffs import end_handoff
 from handoff.recording import session_record
@@ -26,6 +27,8 @@ sdk_app = server.streamable_http_app(
     session_idle_timeout=settings.GATEWAY_SESSION_IDLE_SECONDS,
     max_sessions=settings.GATEWAY_MAX_LEGACY_SESSIONS,
     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    event_store=RecentEvents(settings.GATEWAY_SSE_REPLAY_EVENTS),
+    retry_interval=settings.GATEWAY_SSE_RETRY_MS,
 )
 
 

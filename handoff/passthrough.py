@@ -136,7 +136,8 @@ async def list_prompts(ctx: ServerRequestContext, params: types.PaginatedRequest
 
 
 def _not_found(what: str, exposed: str, listing: str) -> MCPError:
-    return MCPError(types.INVALID_PARAMS, f"Unknown {what}: {exposed!r}. Call {listing} for what this gateway offers.")
+    message = f"Unknown {what}: {exposed!r}. Call {listing} for what this gateway offers."
+    return MCPError(types.INVALID_PARAMS, message, {"uri": exposed} if what == "resource" else None)
 
 
 async def _rounds(ctx: ServerRequestContext, name: str, params: Any) -> dict[str, Any] | None:
@@ -145,7 +146,7 @@ async def _rounds(ctx: ServerRequestContext, name: str, params: Any) -> dict[str
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return None
     if params.request_state is None:
-        return {}
+        return {"inputResponses": responses_of(params)} if params.input_responses else {}
     state = await request_state_verified(caller_of(ctx), name, params.request_state, {})
     return {"requestState": state.get("s"), "inputResponses": responses_of(params)}
 
@@ -202,7 +203,8 @@ async def _forward(
     if not outcome["ok"]:
         message = outcome["message"] if outcome.get("validation") else redact(outcome["message"])
         code = outcome.get("rpc_code", types.INTERNAL_ERROR)
-        raise MCPError(code, message, {"code": outcome["code"], "requestId": str(request_id)})
+        data = {"code": outcome["code"], "requestId": str(request_id)}
+        raise MCPError(code, message, data | ({"uri": exposed} if method == "resources/read" else {}))
     result = outcome["result"]
     if result.get("resultType") == "input_required":
         return passed_through(caller, exposed, target.slug, result, relay.capabilities)

@@ -3,10 +3,10 @@ directly and through the gateway, in both protocol eras.
 
 The gateway runs on the embedded default in a scratch directory, with the upstream imported unprefixed
 (`"namespace": ""`) and GATEWAY_ANONYMOUS_AGENT set, so that the suite sees the upstream's own names.
-Each direct run is held to `conformance/<upstream>.yml`: the scenarios (or single checks) the upstream
-itself fails, with the reason. The run through the gateway is held to the same file, plus
-`conformance/gateway-gaps.yml` while that lists anything. The suite exits non-zero on any failure not
-listed, and on any listed one that passes (a stale entry).
+Each run is held to `conformance/<upstream>.yml`: the scenarios (or single checks) the upstream itself
+fails, with the reason; the run through the gateway also to `conformance/gateway-gaps.yml`, which should
+stay empty. The suite exits non-zero on any failure not listed, and on any listed one that passes (a stale
+entry), so a run passes only when the gateway fails nothing the upstream does not fail itself.
 
 Usage: scripts/conformance [--upstream NAME] [--spec-version V] [--keep]; results land in var/conformance/.
 """
@@ -104,24 +104,26 @@ def start_gateway(upstream_url: str, var: Path) -> tuple[subprocess.Popen, str]:
 
 
 def baseline(upstream: str, version: str, through_gateway: bool, out: Path) -> Path:
-    """The expected-failures file for one run: the upstream's own failures, and the gateway's known gaps."""
-    entries: list[str] = []
-    sources = [BASELINES / f"{upstream}.yml"] + ([BASELINES / "gateway-gaps.yml"] if through_gateway else [])
-    for source in sources:
-        entries += _entries(source, version)
-    path = out / f"expected-{'gateway' if through_gateway else 'direct'}.yml"
-    path.write_text("server:\n" + "".join(f"  - {entry}\n" for entry in sorted(set(entries))))
+    """The expected-failures file for one run: the upstream's own failures (conformance/<upstream>.yml), and
+    through the gateway any gap it admits (conformance/gateway-gaps.yml, which should stay empty)."""
+    where = "gateway" if through_gateway else "direct"
+    entries = _entries(BASELINES / f"{upstream}.yml", {version, f"{version} {where}"})
+    if through_gateway:
+        entries += _entries(BASELINES / "gateway-gaps.yml", {f"{version} {upstream}"})
+    path = out / f"expected-{where}.yml"
+    listed = "".join(f"  - {entry}\n" for entry in sorted(set(entries)))
+    path.write_text(f"server:\n{listed}" if listed else "server: []\n")
     return path
 
 
-def _entries(source: Path, version: str) -> list[str]:
-    """The `- scenario[:check]` lines under `<version>:` (reasons are comments): a YAML subset read by hand."""
+def _entries(source: Path, keys: set[str]) -> list[str]:
+    """The `- scenario[:check]` lines under any of `keys` (reasons are comments): a YAML subset read by hand."""
     entries, current = [], None
-    for line in source.read_text().splitlines() if source.exists() else []:
+    for line in source.read_text().splitlines():
         text = line.split("#", 1)[0].rstrip()
         if text and not text.startswith(" ") and text.endswith(":"):
             current = text[:-1].strip("\"'")
-        elif text.strip().startswith("- ") and current == version:
+        elif text.strip().startswith("- ") and current in keys:
             entries.append(text.strip()[2:].strip())
     return entries
 
