@@ -182,7 +182,29 @@ def main() -> int:
             if not args.keep:
                 shutil.rmtree(var, ignore_errors=True)
     (results_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    (results_dir / "results.md").write_text(results_table(summary))
+    print(f"results: {results_dir / 'results.md'}")
     return 1 if failed else 0
+
+
+def results_table(summary: dict) -> str:
+    """Checks passed and failed per upstream and era, directly and through the gateway (docs/conformance.md)."""
+    lines = [
+        "| Fronted upstream | Era | Directly: checks passed / failed | Through the gateway | Run passes |",
+        "|---|---|---|---|---|",
+    ]
+    for upstream in sorted({run.rsplit("-", 4)[0] for run in summary}):
+        for version in VERSIONS:
+            runs = [summary.get(f"{upstream}-{version}-{where}") for where in ("direct", "gateway")]
+            if not all(runs):
+                continue
+            counts = [
+                f"{sum(p for p, _ in run['scenarios'].values())} / {sum(f for _, f in run['scenarios'].values())}"
+                for run in runs
+            ]
+            verdict = "yes" if not any(run["exit"] for run in runs) else "**no**"
+            lines.append(f"| {upstream} | {version} | {counts[0]} | {counts[1]} | {verdict} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
