@@ -20,9 +20,12 @@ def _consume_own_queue(sender: str, instance, **kwargs) -> None:
 
 @worker_ready.connect
 def _start_heartbeat(**kwargs) -> None:
+    from registry.loop import pool_thread
+    from registry.relay import cancel_listener
     from registry.worker import heartbeat_start
 
     heartbeat_start()
+    pool_thread().submit(cancel_listener())  # agents' cancellations reach the calls this process runs
 
 
 @worker_shutting_down.connect

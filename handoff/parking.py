@@ -49,6 +49,8 @@ class Question:
 class ParkedCall:
     """One call of a 2026-07-28 agent, and the relay its upstream's questions and progress go through."""
 
+    wanted = True
+
     def __init__(self, caller: Caller, name: str, upstream: str, capabilities: frozenset[str]) -> None:
         self.id = uuid.uuid4().hex
         self.caller, self.name, self.upstream = caller, name, upstream

@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from mcp import types
 from mcp.server.context import ServerRequestContext
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -62,6 +63,8 @@ class AgentRelay:
     def __init__(self, ctx: ServerRequestContext) -> None:
         self.ctx = ctx
         self.capabilities = declared(ctx)
+        # Nothing travels back for an agent that asked for no progress and declared and set nothing.
+        self.wanted = bool(self.capabilities) or progress_token_from_params(ctx.params) is not None
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         await self.ctx.session.report_progress(progress, total, message)  # a no-op unless the agent asked

@@ -86,7 +86,7 @@ class InlineExecutor:
     ) -> Outcome:
         runner = pool_thread()
         # Cancelling the wait cancels the call on the pool's loop, and the SDK client tells the upstream.
-        here = LoopRelay(relay, asyncio.get_running_loop()) if relay else None
+        here = LoopRelay(relay, asyncio.get_running_loop()) if relay and relay.wanted else None
         calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here, rounds)
         return await asyncio.wrap_future(runner.submit(calling))
 
@@ -102,7 +102,7 @@ class InlineExecutor:
         rounds: dict[str, Any] | None = None,
     ) -> Outcome:
         runner = pool_thread()
-        here = LoopRelay(relay, asyncio.get_running_loop()) if relay else None
+        here = LoopRelay(relay, asyncio.get_running_loop()) if relay and relay.wanted else None
         forwarding = runner.pool.forward(upstream_id, revision, method, params, here, rounds)
         return await asyncio.wrap_future(runner.submit(forwarding))
 
@@ -178,21 +178,37 @@ def async_redis(url: str = "") -> aredis.Redis:
         return _async_clients[key]
 
 
-async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float, relay: Relay | None = None) -> Outcome:
-    """Publish to queue `upstream` and wait up to `wait` seconds for the reply the task pushes to `reply_to`,
-    relaying what the upstream sends meanwhile; if the wait is cancelled, so is the call in the worker."""
+async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float) -> Outcome:
+    """Publish to queue `upstream` and wait up to `wait` seconds for the reply the task pushes to `reply_to`."""
     from registry.publish import task_publish  # publish and tasks both import this module
 
     key = reply_key()
-    if relay is not None:
-        channels = relay_channels()
-        kwargs = kwargs | {"relay": channels, "capabilities": sorted(relay.capabilities)}
     # A task that no worker starts within the grace period could no longer answer in time: it expires
     # rather than run late.
     await task_publish(task, kwargs=kwargs | {"reply_to": key}, queue="upstream", expires=EXECUTOR_GRACE_SECONDS)
-    if relay is None:
-        reply = await async_redis().blpop([key], timeout=wait)
-        return json.loads(reply[1]) if reply else _lost(wait)
+    reply = await async_redis().blpop([key], timeout=wait)
+    return json.loads(reply[1]) if reply else _lost(wait)
+
+
+async def _publish_call(task: Any, kwargs: dict[str, Any], wait: float, relay: Relay | None) -> Outcome:
+    """A call of an agent's: published and waited for as any task, relaying what the upstream sends meanwhile
+    (if the relay wants anything); if the wait is cancelled, so is the call in the worker."""
+    call = uuid.uuid4().hex
+    kwargs = kwargs | {"call": call}
+    if relay is not None and relay.wanted:
+        channels = relay_channels(call)
+        kwargs |= {"relay": channels, "capabilities": sorted(relay.capabilities)}
+    try:
+        if relay is None or not relay.wanted:
+            return await _publish_and_wait(task, kwargs, wait)
+        return await _relayed(_publish_and_wait(task, kwargs, wait), channels, relay)
+    except anyio.get_cancelled_exc_class():
+        with anyio.CancelScope(shield=True):
+            await cancel_remote(call)
+        raise
+
+
+async def _relayed(waiting: Awaitable[Outcome], channels: dict[str, str], relay: Relay) -> Outcome:
     pumped = anyio.Event()
 
     async def pump() -> None:
@@ -201,17 +217,12 @@ async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float, rela
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(pump)
-        try:
-            reply = await async_redis().blpop([key], timeout=wait)
-        except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                await cancel_remote(channels)
-            raise
-        if reply:  # the events travel apart from the reply: the last ones may still be on their way
-            with anyio.move_on_after(EXECUTOR_GRACE_SECONDS):
+        outcome = await waiting
+        if outcome.get("code") != "EXECUTOR_UNAVAILABLE":  # events travel apart from the reply: the last ones
+            with anyio.move_on_after(EXECUTOR_GRACE_SECONDS):  # may still be on their way
                 await pumped.wait()
         tg.cancel_scope.cancel()
-    return json.loads(reply[1]) if reply else _lost(wait)
+    return outcome
 
 
 class CeleryExecutor:
@@ -238,7 +249,7 @@ class CeleryExecutor:
             "rounds": rounds,
         }
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
-        return await _publish_and_wait(call_tool_task, kwargs, wait, relay)
+        return await _publish_call(call_tool_task, kwargs, wait, relay)
 
     async def forward(
         self,
@@ -255,7 +266,7 @@ class CeleryExecutor:
 
         kwargs = {"upstream_id": upstream_id, "revision": revision, "method": method, "params": params}
         wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
-        return await _publish_and_wait(forward_task, kwargs | {"rounds": rounds}, wait, relay)
+        return await _publish_call(forward_task, kwargs | {"rounds": rounds}, wait, relay)
 
     async def tunnel_open(
         self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float

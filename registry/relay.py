@@ -2,14 +2,16 @@
 progress, log messages, and requests to the client (elicitation, sampling, roots), whose answers go
 the other way.
 
-The gateway hands the executor a `Relay` for each call. The inline executor runs the call on the pool
+The gateway hands the executor a `Relay` for each call; one that `wanted` nothing (no progress token,
+no capability, no log level) is not carried at all. The inline executor runs the call on the pool
 thread's loop, so `LoopRelay` carries each event over to the web loop. The Celery executor runs it in a
 worker process: `ChannelRelay` (worker side) sends events over the channel layer to `relay_pump` (web
-side), which answers requests on a channel of the call's own; a `cancel` on the call's control channel
-cancels the call in the worker.
+side), which answers requests on a channel of the call's own. Cancellation needs no relay: a web process
+names the call to every worker process's `cancel_listener`, and the one running it cancels it.
 """
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ LOGGING = "logging"
 
 class Relay(Protocol):
     capabilities: frozenset[str]  # of RELAYED_CAPABILITIES, those the agent declared
+    wanted: bool  # whether anything need travel back at all
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
 
@@ -62,6 +66,8 @@ class Relay(Protocol):
 
 class LoopRelay:
     """A relay living on another event loop (the web's), used from the pool thread's loop."""
+
+    wanted = True
 
     def __init__(self, relay: Relay, loop: asyncio.AbstractEventLoop) -> None:
         self.capabilities = relay.capabilities
@@ -80,14 +86,15 @@ class LoopRelay:
         return await self._over(self._relay.ask(method, params))
 
 
-def relay_channels() -> dict[str, str]:
+def relay_channels(call: str) -> dict[str, str]:
     """The channels of one relayed call. Plain names (no `!`), so that any process may receive on them."""
-    call = uuid.uuid4().hex
-    return {"events": f"upstream-call.{call}.events", "control": f"upstream-call.{call}.control"}
+    return {"events": f"upstream-call.{call}.events"}
 
 
 class ChannelRelay:
     """Worker side: the relay of a call whose agent waits in a web process (`relay_pump`)."""
+
+    wanted = True
 
     def __init__(self, channels: dict[str, str], capabilities: list[str]) -> None:
         self.capabilities = frozenset(capabilities) & frozenset((*RELAYED_CAPABILITIES, LOGGING))
@@ -148,25 +155,41 @@ async def _answer(layer: Any, relay: Relay, event: dict[str, Any]) -> None:
     await layer.send(event["reply"], answer)
 
 
-async def cancel_remote(channels: dict[str, str]) -> None:
-    """Web side: the agent left, so the worker stops the call (and the upstream hears of it)."""
-    await get_channel_layer().send(channels["control"], {"type": "cancel"})
+CANCELS = "upstream-call-cancels"  # the group every worker process listens on for cancellations
+_running: dict[str, anyio.CancelScope] = {}  # worker side: the calls this process runs, by call id
 
 
-async def cancellable(work: Callable[[], Awaitable[T]], channels: dict[str, str], cancelled: T) -> T:
-    """Worker side: run `work` until it ends or the call's control channel says cancel (then `cancelled`)."""
-    layer, outcome = get_channel_layer(), cancelled
+async def cancel_remote(call: str) -> None:
+    """Web side: the agent left, so the worker running the call stops it (and the upstream hears of it)."""
+    await get_channel_layer().group_send(CANCELS, {"type": "cancel", "call": call})
 
-    async def run(scope: anyio.CancelScope) -> None:
-        nonlocal outcome
-        outcome = await work()
-        scope.cancel()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run, tg.cancel_scope)
-        await layer.receive(channels["control"])
-        tg.cancel_scope.cancel()
-    return outcome
+async def cancellable(work: Callable[[], Awaitable[T]], call: str, cancelled: T) -> T:
+    """Worker side: `work`'s result, or `cancelled` if a web process cancels the call meanwhile."""
+    with anyio.CancelScope() as scope:
+        _running[call] = scope
+        try:
+            return await work()
+        finally:
+            _running.pop(call, None)
+    return cancelled
+
+
+async def cancel_listener() -> None:
+    """Worker side, on the pool's loop for the life of the process: one ear for every call's cancellation."""
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    while True:
+        try:
+            await layer.group_add(CANCELS, channel)  # memberships expire (channels_redis: after a day): renewed
+            with anyio.move_on_after(3600):
+                while True:
+                    message = await layer.receive(channel)
+                    if scope := _running.get(message.get("call", "")):
+                        scope.cancel()
+        except Exception:  # Redis went away for a while: calls run to their end until it is back
+            logger.warning("cancellation listener: channel layer unavailable", exc_info=True)
+            await anyio.sleep(1)
 
 
 def may_ask(method: Any, capabilities: frozenset[str]) -> bool:

@@ -18,26 +18,24 @@ CANCELLED = failure("CANCELLED", "The call was cancelled.", "cancelled by the ca
 HARD_LIMIT = settings.GATEWAY_MAX_TIMEOUT + settings.GATEWAY_CONNECT_TIMEOUT + 30
 
 
-def _run_relayed(
+def _run_call(
     work: Callable[[Relay | None], Awaitable[Outcome]],
     reply_to: str,
+    call: str,
     relay: dict[str, str] | None,
     capabilities: Iterable[str],
 ) -> None:
-    """Run `work` on this worker's pool and reply; with `relay` (the call's channels), what the upstream sends
-    meanwhile goes to the web process that waits, and a cancel from there stops the work."""
-    runner = pool_thread()
-    if relay is None:
-        runner.submit(reply_after(reply_to, work(None))).result()
-        return
-    here = ChannelRelay(relay, list(capabilities))
+    """Run an agent's call on this worker's pool and reply; the web process that waits may cancel it, and
+    with `relay` (the call's channels) what the upstream sends meanwhile goes to that process."""
+    here = ChannelRelay(relay, list(capabilities)) if relay else None
 
-    async def relayed() -> Outcome:
-        outcome = await cancellable(lambda: work(here), relay, CANCELLED)
-        await here.end()
+    async def running() -> Outcome:
+        outcome = await cancellable(lambda: work(here), call, CANCELLED)
+        if here is not None:
+            await here.end()
         return outcome
 
-    runner.submit(reply_after(reply_to, relayed())).result()
+    pool_thread().submit(reply_after(reply_to, running())).result()
 
 
 @shared_task(name="registry.call_tool", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
@@ -48,6 +46,7 @@ def call_tool_task(
     tool: str,
     arguments: dict[str, Any],
     reply_to: str,
+    call: str = "",
     traceparent: str = "",
     relay: dict[str, str] | None = None,
     capabilities: list[str] = (),
@@ -55,10 +54,10 @@ def call_tool_task(
 ) -> None:
     pool = pool_thread().pool
 
-    def call(here: Relay | None) -> Awaitable[Outcome]:
+    def calling(here: Relay | None) -> Awaitable[Outcome]:
         return pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here, rounds)
 
-    _run_relayed(call, reply_to, relay, capabilities)
+    _run_call(calling, reply_to, call, relay, capabilities)
 
 
 @shared_task(name="registry.forward", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
@@ -69,6 +68,7 @@ def forward_task(
     method: str,
     params: dict[str, Any],
     reply_to: str,
+    call: str = "",
     relay: dict[str, str] | None = None,
     capabilities: list[str] = (),
     rounds: dict[str, Any] | None = None,
@@ -78,7 +78,7 @@ def forward_task(
     def forward(here: Relay | None) -> Awaitable[Outcome]:
         return pool.forward(upstream_id, revision, method, params, here, rounds)
 
-    _run_relayed(forward, reply_to, relay, capabilities)
+    _run_call(forward, reply_to, call, relay, capabilities)
 
 
 @shared_task(name="registry.list_tools", ignore_result=True, time_limit=HARD_LIMIT)
