@@ -74,8 +74,16 @@ TOOLS = [
     ),
     types.Tool(
         name="ask",
-        description="Ask the user a question (elicitation) and answer with what they said.",
-        input_schema={"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]},
+        description="Ask the client something and answer with what it said: the user a question (elicitation), "
+        "its model a prompt (sampling), or its roots.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "question": {"type": "string"},
+                "of": {"type": "string", "enum": ["elicitation", "sampling", "roots"], "default": "elicitation"},
+            },
+            "required": ["question"],
+        },
     ),
     types.Tool(
         name="log",
@@ -162,20 +170,40 @@ async def sleep(seconds: float, mark: str) -> types.CallToolResult:
     return text("slept")
 
 
-async def ask(ctx, params: types.CallToolRequestParams, question: str) -> types.CallToolResult:
-    """Elicitation in the caller's era: a request on the call's stream (2025-11-25), or an input-required
-    result answered by the retry (2026-07-28)."""
+def _question(of: str, question: str) -> tuple[types.ServerRequest, type]:
+    """What `ask` sends the client, and the type of its answer."""
+    if of == "sampling":
+        message = types.SamplingMessage(role="user", content=types.TextContent(type="text", text=question))
+        request = types.CreateMessageRequest(params=types.CreateMessageRequestParams(messages=[message], max_tokens=50))
+        return request, types.CreateMessageResult
+    if of == "roots":
+        return types.ListRootsRequest(), types.ListRootsResult
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
     request = types.ElicitRequest(params=types.ElicitRequestFormParams(message=question, requested_schema=schema))
+    return request, types.ElicitResult
+
+
+def _said(result: types.Result) -> str:
+    if isinstance(result, types.ElicitResult):
+        return f"{result.action}: {json.dumps(result.content, sort_keys=True)}"
+    if isinstance(result, types.CreateMessageResult):
+        return f"the model said: {result.content.text}"
+    return "roots: " + ", ".join(str(root.uri) for root in result.roots)
+
+
+async def ask(ctx, params: types.CallToolRequestParams, of: str, question: str) -> types.CallToolResult:
+    """A question in the caller's era: a request on the call's stream (2025-11-25), or an input-required
+    result answered by the retry (2026-07-28)."""
+    request, answer_type = _question(of, question)
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         answer = (params.input_responses or {}).get("answer")
         if answer is None:
             return types.InputRequiredResult(input_requests={"answer": request})
-        result = types.ElicitResult.model_validate(answer.model_dump(by_alias=True, exclude_none=True))
+        result = answer_type.model_validate(answer.model_dump(by_alias=True, exclude_none=True))
     else:
         related = ServerMessageMetadata(related_request_id=ctx.request_id)
-        result = await ctx.session.send_request(request, types.ElicitResult, metadata=related)
-    return text(f"{result.action}: {json.dumps(result.content, sort_keys=True)}")
+        result = await ctx.session.send_request(request, answer_type, metadata=related)
+    return text(_said(result))
 
 
 def leak(how: str) -> types.CallToolResult:
@@ -210,7 +238,7 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         case "progress":
             return await progress(ctx, params, float(args.get("seconds", 1)))
         case "ask":
-            return await ask(ctx, params, str(args.get("question", "")))
+            return await ask(ctx, params, str(args.get("of", "elicitation")), str(args.get("question", "")))
         case "log":
             for level in ("debug", "info", "warning"):
                 await ctx.session.send_log_message(

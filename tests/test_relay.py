@@ -211,3 +211,40 @@ def test_upstream_log_messages_reach_an_agent_that_asked_for_them_at_its_level(g
 
     assert run(lambda: messages("info")) == [("info", "a info message"), ("warning", "a warning message")]
     assert run(lambda: messages(None)) == []  # never asked: never told
+
+
+async def _sampled(context, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+    prompt = params.messages[0].content.text
+    return types.CreateMessageResult(
+        role="assistant", content=types.TextContent(type="text", text=f"echo of {prompt}"), model="test-model"
+    )
+
+
+async def _roots(context) -> types.ListRootsResult:
+    return types.ListRootsResult(roots=[types.Root(uri="file:///work/project", name="project")])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sampling_and_roots_requests_reach_an_agent_that_declared_them(gateway, world, asking, mode):
+    async def scenario():
+        async with sdk_client(
+            gateway.url, world.key, mode, sampling_callback=_sampled, list_roots_callback=_roots
+        ) as client:
+            sampled = await client.call_tool(f"{asking}__ask", {"question": "Say hi", "of": "sampling"})
+            rooted = await client.call_tool(f"{asking}__ask", {"question": "", "of": "roots"})
+            return sampled.content[0].text, rooted.content[0].text
+
+    assert run(scenario) == ("the model said: echo of Say hi", "roots: file:///work/project")
+
+
+def test_a_2026_agent_is_never_asked_what_it_did_not_declare(gateway, world):
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, "2026-07-28", sampling_callback=_sampled) as client:
+            return await client.call_tool("demo__ask", {"question": "Favourite colour?"})
+
+    result = run(scenario)
+    # The upstream asked for elicitation all the same (the demo server does not check): the gateway refuses.
+    assert result.is_error
+    assert result.content[0].text == (
+        "demo__ask: the service asked for elicitation/create, which this client did not declare."
+    )
