@@ -100,14 +100,18 @@ class WebSocketSession:
 
 
 @asynccontextmanager
-async def ws_session(base_url: str, key: str, initialize: bool = True) -> AsyncIterator[WebSocketSession]:
+async def ws_session(
+    base_url: str, key: str, initialize: bool = True, capabilities: dict | None = None
+) -> AsyncIterator[WebSocketSession]:
+    """A JSON-RPC session on /mcp/ws, initialized (2025-11-25) with the client `capabilities` given."""
     url = base_url.replace("http://", "ws://") + "/mcp/ws"
     async with websockets.connect(
         url, additional_headers={"Authorization": f"Bearer {key}"}, open_timeout=TIMEOUT
     ) as ws:
         session = WebSocketSession(ws)
         if initialize:
-            await ws.send(json.dumps(INITIALIZE))
+            declared = {"params": INITIALIZE["params"] | {"capabilities": capabilities or {}}}
+            await ws.send(json.dumps(INITIALIZE | declared))
             reply = await session.receive()
             assert reply["result"]["protocolVersion"] == "2025-11-25", reply
             await ws.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))

@@ -12,7 +12,7 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
-from tests.clients import sdk_client, tool_names, watched_client
+from tests.clients import sdk_client, tool_names, watched_client, ws_session
 from tests.factories import demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -248,3 +248,15 @@ def test_a_2026_agent_is_never_asked_what_it_did_not_declare(gateway, world):
     assert result.content[0].text == (
         "demo__ask: the service asked for elicitation/create, which this client did not declare."
     )
+
+
+def test_an_upstreams_elicitation_reaches_a_websocket_agent_and_its_answer_returns(gateway, world):
+    async def scenario():
+        async with ws_session(gateway.url, world.key, capabilities={"elicitation": {}}) as ws:
+            asked = await ws.request("tools/call", {"name": "demo__ask", "arguments": {"question": "Colour?"}})
+            assert (asked["method"], asked["params"]["message"]) == ("elicitation/create", "Colour?")
+            answer = {"action": "accept", "content": {"answer": "red"}}
+            return await ws.send_raw(json.dumps({"jsonrpc": "2.0", "id": asked["id"], "result": answer}))
+
+    reply = run(scenario)
+    assert reply["result"]["content"][0]["text"] == 'accept: {"answer": "red"}'
