@@ -22,6 +22,7 @@ from mcp.server.subscriptions import (
     ListenHandler,
     PromptsListChanged,
     ResourcesListChanged,
+    ResourceUpdated,
     ServerEvent,
     ToolsListChanged,
 )
@@ -147,6 +148,7 @@ def resource_subscription(session: str, uri: str, subscribed: bool) -> None:
 
 
 async def resource_updated_here(uri: str) -> None:
+    await bus.publish(ResourceUpdated(uri=uri))  # 2026-07-28 listeners that named the resource
     for session in list(_subscribers.get(uri, ())):
         stream = _streams.get(session)
         try:

@@ -34,6 +34,7 @@ from handoff.dispatcher import (
     with_payload,
 )
 from handoff.notify import resource_subscription
+from handoff.notify import subscriptions_listen as listen
 from handoff.parking import passed_through, responses_of
 from handoff.recording import record
 from handoff.relaying import AgentRelay
@@ -289,3 +290,15 @@ async def _subscription(ctx: ServerRequestContext, uri: str, subscribed: bool) -
     caller = caller_of(ctx)
     resource_subscription(index_session(caller.agent_id, caller.session_key), uri, subscribed)
     return types.EmptyResult()
+
+
+async def subscriptions_listen(
+    ctx: ServerRequestContext, params: types.SubscriptionsListenRequestParams
+) -> types.SubscriptionsListenResult:
+    """A 2026-07-28 agent subscribes to resources on its listen stream: each resource's upstream is asked
+    for its updates (decided and audited like resources/subscribe), then the stream is served (notify.py)."""
+    for uri in params.notifications.resource_subscriptions or ():
+        owner = _owner_of_uri(await snapshot.get(), uri)
+        not_found = _not_found("resource", uri, "resources/list")
+        await _forward(ctx, "resources/subscribe", uri, owner, {"uri": owner[1] if owner else ""}, not_found)
+    return await listen(ctx, params)

@@ -13,7 +13,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 
 from handoff import passthrough
 from handoff.dispatcher import call_tool, list_tools
-from handoff.notify import RememberSessions, subscriptions_listen
+from handoff.notify import RememberSessions
 from handoff.relaying import set_logging_level
 from handoff.snapshot import snapshot
 
@@ -78,7 +78,7 @@ def _gateway_server() -> GatewayServer:
         on_list_prompts=passthrough.list_prompts,
         on_get_prompt=passthrough.get_prompt,
         on_completion=passthrough.complete,
-        on_subscriptions_listen=subscriptions_listen,
+        on_subscriptions_listen=passthrough.subscriptions_listen,
         on_set_logging_level=set_logging_level,
     )
 

@@ -213,3 +213,19 @@ def test_a_subscribed_resource_s_updates_reach_the_subscriber_under_its_exposed_
 
     run(scenario)
     assert set(updates) == {DOCUMENT}
+
+
+def test_a_2026_agent_hears_of_a_resource_it_names_on_its_listen_stream(gateway, world):
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, "2026-07-28") as client:
+            async with client.listen(resource_subscriptions=[DOCUMENT]) as subscription:
+                await client.call_tool("every__toggle-subscriber-updates", {})  # server-everything: every 5 s
+                try:
+                    with anyio.fail_after(10):
+                        async for event in subscription:
+                            return event
+                finally:
+                    await client.call_tool("every__toggle-subscriber-updates", {})  # off again
+
+    event = run(scenario)
+    assert (type(event).__name__, event.uri) == ("ResourceUpdated", DOCUMENT)
