@@ -204,11 +204,15 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             return await _call_tool(ctx, params, trace_id, relay)
         # A 2026-07-28 agent: what an upstream asks comes back as input-required results (parking.py).
+        entry = (await snapshot.get()).tools.get(params.name)
+        upstream = entry.route.upstream_slug if entry else ""
         # Answers the agent sends unasked go to the upstream too (it may know what to do with them).
         rounds: dict[str, Any] = {"inputResponses": responses_of(params)} if params.input_responses else {}
         if params.request_state is not None:  # it answers what an upstream asked
             arguments = params.arguments or {}
-            state = await request_state_verified(caller, params.name, params.request_state, arguments, trace_id)
+            state = await request_state_verified(
+                caller, params.name, upstream, params.request_state, arguments, trace_id
+            )
             if "c" in state:
                 parked = parked_call(state, params.name)
                 parked.answer(responses_of(params))
@@ -216,8 +220,6 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
             rounds = {"requestState": state.get("s"), "inputResponses": responses_of(params)}
         if not relay.capabilities - {LOGGING}:  # nothing it could be asked: no need to park
             return await _call_tool(ctx, params, trace_id, relay, rounds)
-        entry = (await snapshot.get()).tools.get(params.name)
-        upstream = entry.route.upstream_slug if entry else ""
 
         def run(parked: ParkedCall) -> Awaitable[dict[str, Any]]:
             return _call_tool(ctx, params, trace_id, parked, rounds)
@@ -226,14 +228,14 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
 
 
 async def request_state_verified(
-    caller: Caller, name: str, request_state: str, arguments: dict[str, Any], trace_id: str = ""
+    caller: Caller, name: str, upstream: str, request_state: str, arguments: dict[str, Any], trace_id: str = ""
 ) -> dict[str, Any]:
     """A retry's verified requestState; a forged, foreign or expired one is refused and audited."""
     try:
-        return state_load(caller, name, request_state)
+        return state_load(caller, name, upstream, request_state)
     except InvalidRequestState as refused:
         DENIALS.labels("INVALID_REQUEST_STATE").inc()
-        audit = request_audit(caller, name, uuid.uuid4(), arguments, "", "", trace_id)
+        audit = request_audit(caller, name, uuid.uuid4(), arguments, upstream, "", trace_id)
         message = refused.error.message
         await record(kind="denied", outcome="denied", error_code="INVALID_REQUEST_STATE", error_detail=message, **audit)
         raise

@@ -30,7 +30,7 @@ from mcp.shared.exceptions import MCPError
 
 from handoff.caller import Caller
 from handoff.relaying import log_to
-from registry.pool import MISSING_CLIENT_CAPABILITY
+from registry.pool import INPUT_RESPONSES, MISSING_CLIENT_CAPABILITY
 from registry.relay import ASKS, may_ask, unsupported
 
 logger = logging.getLogger(__name__)
@@ -155,8 +155,9 @@ def state_sign(caller: Caller, name: str, upstream: str, **content: Any) -> str:
     return signing.dumps({"a": caller.agent_id, "n": name, "u": upstream} | content, salt=SALT, compress=True)
 
 
-def state_load(caller: Caller, name: str, request_state: str) -> dict[str, Any]:
-    """What a retry's requestState holds, if it is genuine, this agent's, for this tool, and not expired."""
+def state_load(caller: Caller, name: str, upstream: str, request_state: str) -> dict[str, Any]:
+    """What a retry's requestState holds, if it is genuine, this agent's, for this tool of this upstream
+    (a name an administrator moved to another upstream meanwhile does not count), and not expired."""
     try:
         state = signing.loads(request_state, salt=SALT, max_age=settings.GATEWAY_INPUT_WAIT_SECONDS)
     except signing.SignatureExpired:
@@ -165,6 +166,8 @@ def state_load(caller: Caller, name: str, request_state: str) -> dict[str, Any]:
         raise InvalidRequestState("Invalid requestState: send back the one the gateway gave, unchanged.") from None
     if not isinstance(state, dict) or state.get("a") != caller.agent_id or state.get("n") != name:
         raise InvalidRequestState("Invalid requestState: it was issued for another agent or tool.")
+    if state.get("u") != upstream:
+        raise InvalidRequestState(f"This requestState no longer applies: {name} has changed; call it again without it.")
     return state
 
 
@@ -200,10 +203,6 @@ def parked_call(state: dict[str, Any], name: str) -> ParkedCall:
     return parked
 
 
-def responses_of(params: types.CallToolRequestParams) -> dict[str, Any]:
-    return {
-        key: response.model_dump(mode="json", by_alias=True, exclude_none=True)
-        if hasattr(response, "model_dump")
-        else response
-        for key, response in (params.input_responses or {}).items()
-    }
+def responses_of(params: Any) -> dict[str, Any]:
+    """A retry's `inputResponses` as JSON, to pass on."""
+    return INPUT_RESPONSES.dump_python(params.input_responses or {}, mode="json", by_alias=True, exclude_none=True)

@@ -141,14 +141,17 @@ def _not_found(what: str, exposed: str, listing: str) -> MCPError:
     return MCPError(types.INVALID_PARAMS, message, {"uri": exposed} if what == "resource" else None)
 
 
-async def _rounds(ctx: ServerRequestContext, name: str, params: Any) -> dict[str, Any] | None:
+async def _rounds(
+    ctx: ServerRequestContext, name: str, owner: tuple[UpstreamInfo, str] | None, params: Any
+) -> dict[str, Any] | None:
     """For a 2026-07-28 agent's prompts/get or resources/read: what passes an upstream's input-required
     rounds through (parking.py); None for a 2025-11-25 agent, whose upstream asks on the request's stream."""
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return None
     if params.request_state is None:
         return {"inputResponses": responses_of(params)} if params.input_responses else {}
-    state = await request_state_verified(caller_of(ctx), name, params.request_state, {})
+    upstream = owner[0].slug if owner else ""
+    state = await request_state_verified(caller_of(ctx), name, upstream, params.request_state, {})
     return {"requestState": state.get("s"), "inputResponses": responses_of(params)}
 
 
@@ -237,7 +240,7 @@ async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceReq
     snap = await snapshot.get()
     owner = _owner_of_uri(snap, params.uri)
     not_found = _not_found("resource", params.uri, "resources/list")
-    rounds = await _rounds(ctx, params.uri, params)
+    rounds = await _rounds(ctx, params.uri, owner, params)
     forwarded = {"uri": owner[1] if owner else ""}
     result = await _forward(ctx, "resources/read", params.uri, owner, forwarded, not_found, rounds)
     assert owner is not None
@@ -254,7 +257,7 @@ async def get_prompt(ctx: ServerRequestContext, params: types.GetPromptRequestPa
     owner = _owner_of_name(await snapshot.get(), params.name)
     forwarded = {"name": owner[1] if owner else "", "arguments": params.arguments or {}}
     not_found = _not_found("prompt", params.name, "prompts/list")
-    rounds = await _rounds(ctx, params.name, params)
+    rounds = await _rounds(ctx, params.name, owner, params)
     return finish(ctx, await _forward(ctx, "prompts/get", params.name, owner, forwarded, not_found, rounds))
 
 
