@@ -53,10 +53,6 @@ MAX_PAGES = 100  # per upstream and list: an upstream whose cursors never end ca
 AUDIT_TEXT = 256  # the audit's name columns; the whole URI goes in the row's detail
 
 
-def _prompt_name(namespace: str, name: str) -> str:
-    return exposed_name(namespace, name)
-
-
 def _owner_of_uri(snap: Snapshot, uri: str) -> tuple[UpstreamInfo, str] | None:
     namespace, mark, own = uri.partition(URI_MARK)
     target = snap.targets.get(namespace) if mark else None
@@ -82,7 +78,7 @@ def _unprefixed(snap: Snapshot, own: str) -> tuple[UpstreamInfo, str] | None:
 LISTS: dict[str, tuple[str, str, Callable[[str, str], str]]] = {
     "resources/list": ("resources", "uri", exposed_uri),
     "resources/templates/list": ("resourceTemplates", "uriTemplate", exposed_uri),
-    "prompts/list": ("prompts", "name", _prompt_name),
+    "prompts/list": ("prompts", "name", exposed_name),
 }
 
 
