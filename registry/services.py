@@ -126,6 +126,9 @@ def _refusal(definition: Any, seen: set[str]) -> str | None:
 def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncReport, actor: str) -> None:
     """Store the listing. The first sync approves what the administrator registered; afterwards a new tool
     follows the upstream's `new_tools` setting and a changed definition is held until approved."""
+    # One sync of an upstream at a time (an upstream's list_changed may start one while another runs): the
+    # second waits, then reads what the first stored.
+    Upstream.objects.select_for_update().filter(pk=upstream.pk).first()
     now = timezone.now()
     existing = {tool.name: tool for tool in upstream.tools.all()}
     first_sync = upstream.last_synced_at is None and not existing
