@@ -95,6 +95,15 @@ TOOLS = [
     _tool("test_input_required_result_tampered_state", "Refuses a tampered requestState"),
     _tool("test_input_required_result_capabilities", "Asks only what the client declared"),
     _tool("test_reconnection", "Closes the call's SSE stream before it answers (the client resumes it)"),
+    _tool(
+        "test_custom_headers",
+        "Takes its region as an Mcp-Param header too (SEP-2243)",
+        {
+            "type": "object",
+            "properties": {"region": {"type": "string", "x-mcp-header": "Region"}},
+            "required": ["region"],
+        },
+    ),
     _tool("test_trigger_tool_change", "Tells listening clients that the tool list changed"),
     _tool("test_trigger_prompt_change", "Tells listening clients that the prompt list changed"),
 ]
@@ -263,6 +272,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.Result:
         case "test_streaming_elicitation":
             answer = await _ask(ctx, params, _elicit("Anything to add?", {"note": {"type": "string"}}, []))
             return answer if isinstance(answer, types.InputRequiredResult) else _text(f"action={answer.action}")
+        case "test_custom_headers":
+            return _text(f"region: {args.get('region', '')}")
         case "test_reconnection":
             if ctx.close_sse_stream is not None:
                 await ctx.close_sse_stream()
