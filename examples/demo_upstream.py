@@ -295,7 +295,10 @@ def main() -> None:
                 else:
                     await server.run(read, write, options)
 
-        anyio.run(serve)
+        try:
+            anyio.run(serve)
+        except* BrokenPipeError:  # the client went away: nothing left to say
+            pass
 
 
 if __name__ == "__main__":

@@ -139,8 +139,11 @@ class UpstreamConnection:
                 async for event in subscription:
                     if kind := CHANGES.get(type(event)):
                         self.notice(kind)
-        except Exception:  # an upstream without the feature, or a lost stream: changes then go unheard
-            logger.info("upstream %s: no change subscription", self.spec.slug, exc_info=True)
+        except MCPError as refused:  # an upstream without the feature: its changes go unheard
+            logger.info("upstream %s: no change subscription (%s)", self.spec.slug, refused.error.message)
+            task_status.started()
+        except Exception:  # a lost stream: changes go unheard until the connection is reopened
+            logger.info("upstream %s: change subscription ended", self.spec.slug, exc_info=True)
             task_status.started()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
