@@ -86,6 +86,11 @@ TOOLS = [
         },
     ),
     types.Tool(
+        name="needs_sampling",
+        description="Refuse with -32021 (missing client capability) unless the client declared sampling.",
+        input_schema={"type": "object", "properties": {}},
+    ),
+    types.Tool(
         name="log",
         description="Send three log messages (debug, info, warning), then answer.",
         input_schema={"type": "object", "properties": {}},
@@ -119,6 +124,9 @@ TOOLS = [
         input_schema={"type": "object", "properties": {}},
     ),
 ]
+
+
+MISSING_CLIENT_CAPABILITY = -32021
 
 
 def text(value: str, is_error: bool = False) -> types.CallToolResult:
@@ -239,6 +247,12 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
             return await progress(ctx, params, float(args.get("seconds", 1)))
         case "ask":
             return await ask(ctx, params, str(args.get("of", "elicitation")), str(args.get("question", "")))
+        case "needs_sampling":
+            capabilities = ctx.session.client_capabilities
+            if capabilities is None or capabilities.sampling is None:
+                needs = {"requiredCapabilities": {"sampling": {}}}
+                raise MCPError(MISSING_CLIENT_CAPABILITY, "This tool needs the sampling capability.", needs)
+            return text("sampling declared")
         case "log":
             for level in ("debug", "info", "warning"):
                 await ctx.session.send_log_message(

@@ -15,6 +15,7 @@ from audit.models import AuditEvent
 from tests.clients import sdk_client, tool_names, watched_client, ws_session
 from tests.factories import demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
+from tests.servers import inline_gateway_with
 
 MODES = ["legacy", "2026-07-28"]
 CANCELLED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-cancelled")  # the demo server's
@@ -260,3 +261,62 @@ def test_an_upstreams_elicitation_reaches_a_websocket_agent_and_its_answer_retur
 
     reply = run(scenario)
     assert reply["result"]["content"][0]["text"] == 'accept: {"answer": "red"}'
+
+
+def test_an_upstreams_missing_capability_error_reaches_a_2026_agent_as_it_is(gateway, world):
+    async def scenario(**callbacks):
+        async with sdk_client(gateway.url, world.key, "2026-07-28", **callbacks) as client:
+            try:
+                return await client.call_tool("demo__needs_sampling", {})
+            except MCPError as refused:
+                return refused.error
+
+    refused = run(scenario)
+    assert (refused.code, refused.message, refused.data) == (
+        -32021,
+        "The service refused the request: This tool needs the sampling capability.",
+        {"requiredCapabilities": {"sampling": {}}},
+    )
+    # The agent's client declares it: the gateway's upstream session declares it too, and the tool runs.
+    assert run(lambda: scenario(sampling_callback=_sampled)).content[0].text == "sampling declared"
+
+
+def test_a_request_state_is_refused_once_its_parked_call_is_over_or_it_expired(server_env, world, legacy_demo, logs):
+    name = f"{legacy_demo.slug}__ask"
+    answers = {"elicitation-1": types.ElicitResult(action="accept", content={"answer": "x"})}
+
+    async def answered(gateway, pause: float, times: int) -> list:
+        """The first round, then `times` answers with its state after `pause` seconds: results or errors."""
+        async with sdk_client(gateway.url, world.key, "2026-07-28", elicitation_callback=_answering("x", [])) as c:
+            pending = await c.session.call_tool(name, {"question": "Q?"}, allow_input_required=True)
+            await anyio.sleep(pause)
+            replies = []
+            for _ in range(times):
+                try:
+                    replies.append(
+                        await c.session.call_tool(
+                            name,
+                            {"question": "Q?"},
+                            input_responses=answers,
+                            request_state=pending.request_state,
+                            allow_input_required=True,
+                        )  # fmt: skip
+                    )
+                except MCPError as refused:
+                    replies.append(refused.error)
+            return replies
+
+    with inline_gateway_with(server_env, logs / "input-wait.log", GATEWAY_INPUT_WAIT_SECONDS="2") as gateway:
+        eventually(lambda: name in run(lambda: tool_names(gateway.url, world.key)))
+        done, replayed = run(lambda: answered(gateway, 0, 2))
+        [late] = run(lambda: answered(gateway, 3, 1))
+    assert done.content[0].text == 'accept: {"answer": "x"}'
+    assert (replayed.code, replayed.message) == (
+        types.INVALID_PARAMS,
+        f"This requestState is no longer open (answered, expired, or held by another gateway process): "
+        f"call {name} again without it.",
+    )
+    assert (late.code, late.message) == (
+        types.INVALID_PARAMS,
+        f"This requestState has expired: call {name} again without it.",
+    )
