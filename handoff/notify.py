@@ -97,11 +97,17 @@ class RememberSessions:
         return await call_next(ctx)
 
 
+def per_session(table: OrderedDict[str, Any], session: str, value: Any) -> None:
+    """Keep `value` for the session in `table`, which holds the newest sessions' only (as many as the SDK may
+    keep open), so a process's memory stays flat however many come and go."""
+    table[session] = value
+    table.move_to_end(session)
+    while len(table) > settings.GATEWAY_MAX_LEGACY_SESSIONS:
+        table.popitem(last=False)
+
+
 def session_remember(session: str, server_session: Any) -> None:
-    _streams[session] = server_session
-    _streams.move_to_end(session)
-    while len(_streams) > settings.GATEWAY_MAX_LEGACY_SESSIONS:
-        _streams.popitem(last=False)
+    per_session(_streams, session, server_session)
 
 
 async def tools_changed_here(session: str) -> None:

@@ -6,7 +6,6 @@ for it. Log messages reach only agents that asked for them: a 2025-11-25 session
 from collections import OrderedDict
 from typing import Any
 
-from django.conf import settings
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
@@ -14,6 +13,7 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from handoff.caller import caller_of
+from handoff.notify import per_session
 from handoff.tunnels import index_session
 from registry.relay import ASKS, LOGGING, RELAYED_CAPABILITIES, may_ask, unsupported
 
@@ -29,11 +29,7 @@ def _session(ctx: ServerRequestContext) -> str:
 
 
 async def set_logging_level(ctx: ServerRequestContext, params: types.SetLevelRequestParams) -> types.EmptyResult:
-    session = _session(ctx)
-    _session_levels[session] = params.level
-    _session_levels.move_to_end(session)
-    while len(_session_levels) > settings.GATEWAY_MAX_LEGACY_SESSIONS:
-        _session_levels.popitem(last=False)
+    per_session(_session_levels, _session(ctx), params.level)
     return types.EmptyResult()
 
 

@@ -21,12 +21,13 @@ from django.conf import settings
 
 from registry.loop import pool_thread
 from registry.pool import TUNNEL_GONE, Outcome, failure
-from registry.relay import LoopRelay, Relay, cancel_remote, relay_channels, relay_pump
+from registry.relay import LoopRelay, Relay, cancel_remote, carried, relay_channels, relay_pump
 from registry.worker import HEARTBEAT_SECONDS, alive_key
 
 # How long past the upstream's own timeout a caller waits for the executor before calling it lost.
 EXECUTOR_GRACE_SECONDS = 5.0
 REPLY_TTL_SECONDS = 60
+EXECUTOR_UNAVAILABLE = "EXECUTOR_UNAVAILABLE"  # no executor answered in time
 
 
 class Executor(Protocol):
@@ -86,7 +87,7 @@ class InlineExecutor:
     ) -> Outcome:
         runner = pool_thread()
         # Cancelling the wait cancels the call on the pool's loop, and the SDK client tells the upstream.
-        here = LoopRelay(relay, asyncio.get_running_loop()) if relay and relay.wanted else None
+        here = LoopRelay(wanted, asyncio.get_running_loop()) if (wanted := carried(relay)) else None
         calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here, rounds)
         return await asyncio.wrap_future(runner.submit(calling))
 
@@ -102,7 +103,7 @@ class InlineExecutor:
         rounds: dict[str, Any] | None = None,
     ) -> Outcome:
         runner = pool_thread()
-        here = LoopRelay(relay, asyncio.get_running_loop()) if relay and relay.wanted else None
+        here = LoopRelay(wanted, asyncio.get_running_loop()) if (wanted := carried(relay)) else None
         forwarding = runner.pool.forward(upstream_id, revision, method, params, here, rounds)
         return await asyncio.wrap_future(runner.submit(forwarding))
 
@@ -148,7 +149,7 @@ def _worker_gone(queue: str) -> Outcome:
 
 def _lost(timeout: float) -> Outcome:
     return failure(
-        "EXECUTOR_UNAVAILABLE",
+        EXECUTOR_UNAVAILABLE,
         "No answer from the gateway's workers in time: the call may or may not have run. "
         "Check its effect before repeating it.",
         f"no reply from an executor within {timeout:g}s",
@@ -193,15 +194,14 @@ async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float) -> O
 async def _publish_call(task: Any, kwargs: dict[str, Any], wait: float, relay: Relay | None) -> Outcome:
     """A call of an agent's: published and waited for as any task, relaying what the upstream sends meanwhile
     (if the relay wants anything); if the wait is cancelled, so is the call in the worker."""
-    call = uuid.uuid4().hex
+    call, wanted = uuid.uuid4().hex, carried(relay)
     kwargs = kwargs | {"call": call}
-    if relay is not None and relay.wanted:
-        channels = relay_channels(call)
-        kwargs |= {"relay": channels, "capabilities": sorted(relay.capabilities)}
     try:
-        if relay is None or not relay.wanted:
+        if wanted is None:
             return await _publish_and_wait(task, kwargs, wait)
-        return await _relayed(_publish_and_wait(task, kwargs, wait), channels, relay)
+        channels = relay_channels(call)
+        kwargs |= {"relay": channels, "capabilities": sorted(wanted.capabilities)}
+        return await _relayed(_publish_and_wait(task, kwargs, wait), channels, wanted)
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
             await cancel_remote(call)
@@ -218,7 +218,7 @@ async def _relayed(waiting: Awaitable[Outcome], channels: dict[str, str], relay:
     async with anyio.create_task_group() as tg:
         tg.start_soon(pump)
         outcome = await waiting
-        if outcome.get("code") != "EXECUTOR_UNAVAILABLE":  # events travel apart from the reply: the last ones
+        if outcome.get("code") != EXECUTOR_UNAVAILABLE:  # events travel apart from the reply: the last ones
             with anyio.move_on_after(EXECUTOR_GRACE_SECONDS):  # may still be on their way
                 await pumped.wait()
         tg.cancel_scope.cancel()

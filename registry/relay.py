@@ -64,6 +64,11 @@ class Relay(Protocol):
         ...
 
 
+def carried(relay: Relay | None) -> Relay | None:
+    """The relay, if the agent wants anything back; else None, and a plain call carries nothing."""
+    return relay if relay is not None and relay.wanted else None
+
+
 class LoopRelay:
     """A relay living on another event loop (the web's), used from the pool thread's loop."""
 
