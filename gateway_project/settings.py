@@ -267,6 +267,18 @@ CELERY_BEAT_SCHEDULE = {
     "audit-checkpoint": {"task": "audit.checkpoint", "schedule": GATEWAY_AUDIT_CHECKPOINT_SECONDS},
     "audit-prune": {"task": "audit.prune", "schedule": 3600.0},
 }
+# Code mode (docs/code-mode.md): `search_tools` and `execute` beside the full tool list ("on"), instead of it
+# ("only": tools/list shows just these two and the handoff tools), or not at all ("off").
+GATEWAY_CODE_MODE = env_str("GATEWAY_CODE_MODE", "on")
+if GATEWAY_CODE_MODE not in ("on", "only", "off"):
+    raise ValueError("GATEWAY_CODE_MODE must be 'on', 'only' or 'off'")
+GATEWAY_SEARCH_MAX_RESULTS = env_int("GATEWAY_SEARCH_MAX_RESULTS", 20)
+# Each execution: wall clock, V8 heap, the code's size, its output (value and console lines) and its tool calls.
+GATEWAY_SANDBOX_TIMEOUT = env_float("GATEWAY_SANDBOX_TIMEOUT", 30.0)
+GATEWAY_SANDBOX_HEAP_MB = env_int("GATEWAY_SANDBOX_HEAP_MB", 128)
+GATEWAY_SANDBOX_MAX_CODE_BYTES = env_int("GATEWAY_SANDBOX_MAX_CODE_BYTES", 65_536)
+GATEWAY_SANDBOX_MAX_OUTPUT_BYTES = env_int("GATEWAY_SANDBOX_MAX_OUTPUT_BYTES", 65_536)
+GATEWAY_SANDBOX_MAX_CALLS = env_int("GATEWAY_SANDBOX_MAX_CALLS", 50)
 # Networks HTTP upstreams may reach without being marked internal (CIDRs); public addresses always may.
 GATEWAY_EGRESS_ALLOWED_NETWORKS = env_list("GATEWAY_EGRESS_ALLOWED_NETWORKS", "")
 

@@ -1,30 +1,40 @@
 """The transport-free MCP layer: one SDK `Server` whose handlers route, decide, audit and execute.
 Every transport (Streamable HTTP in both eras, WebSocket) feeds this same server."""
 
-import asyncio
 import json
 import logging
 import time
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import Any
 
-import anyio
 from django.conf import settings
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from audit.services import canonical_sha256
-from audit.telemetry import DENIALS, call_observe, call_span, current_traceparent, trace_id_of
+from audit.telemetry import DENIALS, call_span, trace_id_of
+from handoff.builtins import EXECUTE
 from handoff.caller import Caller, caller_of
+from handoff.calling import (
+    Decision,
+    admit,
+    conclude,
+    decide,
+    deny,
+    for_model,
+    request_audit,
+    route_execute,
+    run_admitted,
+    timed,
+    with_payload,
+)
+from handoff.codemode import code_detail, execute, tools_search
 from handoff.cursors import list_page
 from handoff.db import database_async
 from handoff.handoffs import (
     HANDOFF_FAILED,
-    HandoffRefused,
     connecting,
     handoff_activate,
     handoff_return,
@@ -45,48 +55,12 @@ from handoff.recording import record
 from handoff.relaying import AgentRelay
 from handoff.snapshot import Route, Snapshot, snapshot
 from handoff.tunnels import SessionStateUnavailable, SessionTunnel, index_session, session_index, tunnel_touch
-from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial
-from policy.limits import Admission, health_of, limit_store, limits_denial
-from policy.redaction import redact, redact_error_result
-from registry.executor import get_executor
-from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome, failure
+from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial, ToolRefused
+from policy.redaction import redact
+from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome
 from registry.relay import LOGGING, Relay
 
 logger = logging.getLogger(__name__)
-
-CANCELLED = "cancelled before the upstream answered"
-
-
-async def _execute(
-    route: Route, arguments: dict[str, Any], tunnel: SessionTunnel | None, relay: Relay, rounds: dict[str, Any] | None
-) -> Outcome:
-    """The executor's outcome; if it fails in a way it did not foresee, an outcome all the same, so that
-    every approved call gets its completion row."""
-    executor = get_executor()
-    try:
-        if tunnel is not None:
-            return await executor.tunnel_call(
-                tunnel_id=tunnel.tunnel_id,
-                queue=tunnel.queue,
-                tool=route.tool,
-                arguments=arguments,
-                timeout=route.timeout,
-            )
-        return await executor.call_tool(
-            upstream_id=route.upstream_id,
-            revision=route.revision,
-            tool=route.tool,
-            arguments=arguments,
-            timeout=route.timeout,
-            traceparent=current_traceparent(),
-            relay=relay,
-            rounds=rounds,
-        )
-    except Exception as exc:
-        logger.exception("executor failed on %s/%s", route.upstream_slug, route.tool)
-        return failure(
-            "GATEWAY_ERROR", "The gateway failed while running this call; it may or may not have run.", repr(exc)
-        )
 
 
 def finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
@@ -94,48 +68,6 @@ def finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         return {"resultType": "complete"} | result  # an input-required result keeps its own
     return result
-
-
-def _for_model(name: str, outcome: Outcome) -> dict[str, Any]:
-    """What the model sees: results as the upstream sent them, errors redacted (the audit has them whole)."""
-    if outcome["ok"]:
-        result = outcome["result"]
-        return redact_error_result(result) if result.get("isError") else result
-    message = outcome["message"] if outcome.get("validation") else redact(outcome["message"])
-    return {"content": [{"type": "text", "text": f"{name}: {message}"}], "isError": True}
-
-
-def _error_text(result: dict[str, Any]) -> str:
-    return "\n".join(item.get("text", "") for item in result.get("content") or [] if item.get("type") == "text")
-
-
-@dataclass(frozen=True)
-class Decision:
-    upstream: str  # the upstream the name points at, for the audit
-    route: Route | None = None
-    denial: Denial | None = None
-    admission: Admission | None = None  # held while the call runs; given back by release
-    probing: bool = False  # this call is the half-open circuit's one probe
-    tunnel: SessionTunnel | None = None  # the handoff tunnel the call goes through
-
-
-async def admit(snap: Snapshot, caller: Caller, name: str, route: Route, request_id: str, **found: Any) -> Decision:
-    """Admission against shared state (isolation, breaker, limits), which takes the call's share of every
-    limit when it admits it."""
-    session = index_session(caller.agent_id, caller.session_key)
-    admission = Admission(request_id, session, caller.agent_id, snap.agents[caller.agent_id], route.limits)
-    verdict = await limit_store().admit(admission)
-    if verdict.code:
-        return Decision(route.upstream_slug, route, limits_denial(admission, verdict, name), **found)
-    return Decision(route.upstream_slug, route, admission=admission, probing=verdict.probing, **found)
-
-
-async def _decide(snap: Snapshot, caller: Caller, name: str, request_id: str) -> Decision:
-    """The static decision over the snapshot, then admission."""
-    denial, entry, upstream = snap.decide(caller.agent_id, name)
-    if denial or entry is None:
-        return Decision(upstream, entry.route if entry else None, denial)
-    return await admit(snap, caller, name, entry.route, request_id)
 
 
 async def _decide_tunnelled(
@@ -175,14 +107,22 @@ async def _route(
     if tunnel is not None:
         if name == return_tool_name():
             move = handoff_return(ctx, caller, snap, tunnel, arguments)
-            return await _gateway_tool(caller, name, request_id, trace_id, arguments, move)
+            return await _gateway_tool(caller, name, request_id, trace_id, arguments, _completed(move))
         return await _decide_tunnelled(snap, caller, tunnel, name, str(request_id))
     if triage := snap.triage.get(name):
-        if denial := snap.triage_denial(caller.agent_id, name):
+        if denial := snap.gateway_denial(caller.agent_id, name):
             return Decision(settings.GATEWAY_NAME, denial=denial)
         move = handoff_activate(ctx, caller, snap, triage, arguments)
-        return await _gateway_tool(caller, name, request_id, trace_id, arguments, move)
-    return await _decide(snap, caller, name, str(request_id))
+        return await _gateway_tool(caller, name, request_id, trace_id, arguments, _completed(move))
+    if builtin := snap.builtins.get(name):
+        if denial := snap.gateway_denial(caller.agent_id, name):
+            return Decision(settings.GATEWAY_NAME, denial=denial)
+        if builtin.policy_target.tool == EXECUTE:
+            run = execute(caller, arguments, request_id, trace_id)
+            return await _gateway_tool(caller, name, request_id, trace_id, arguments, run, code_detail(arguments))
+        found = tools_search(snap, caller, arguments)
+        return await _gateway_tool(caller, name, request_id, trace_id, arguments, _completed(found))
+    return await decide(snap, caller, name, str(request_id))
 
 
 def _state_unavailable(name: str) -> Denial:
@@ -267,48 +207,21 @@ async def _call_tool(
     if tunnel is not None:
         audit["detail"] = {"domain": tunnel.domain, "tunnel_id": tunnel.tunnel_id, "token_id": tunnel.token_id}
     if denial:
-        DENIALS.labels(denial.code).inc()
-        await record(
-            kind="denied",
-            outcome="denied",
-            error_code=denial.code,
-            error_detail=denial.message,
-            **with_payload(audit, arguments),
-        )
-        raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)})
+        await deny(denial, audit, arguments)
     assert route is not None and admission is not None
-    try:
-        await record(kind="approved", **with_payload(audit, arguments))  # before the upstream is touched
-        outcome, duration_ms = await _run(route, arguments, audit, decision.tunnel, relay, rounds)
-    except BaseException:  # audit refused, or the client left: the admission goes back all the same
-        with anyio.CancelScope(shield=True):
-            await limit_store().release(admission, "none", decision.probing)
-        raise
-    result = _for_model(params.name, outcome)
+
+    def run() -> Awaitable[Outcome]:
+        return route_execute(route, arguments, decision.tunnel, relay, rounds)
+
+    outcome, duration_ms = await run_admitted(decision, audit, arguments, run)
+    result = for_model(params.name, outcome)
     if result.get("resultType") == "input_required":
         try:
             result = passed_through(caller, params.name, decision.upstream, result, relay.capabilities)
         except UndeclaredAsk as undeclared:  # the model reads why the call ended
             result = {"content": [{"type": "text", "text": undeclared.error.message}], "isError": True}
-    failed = not outcome["ok"] or bool(result.get("isError"))
-    status = ("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok"
-    call_observe(upstream=decision.upstream, outcome=status, duration_ms=duration_ms)
-    completion = record(
-        kind="completed",
-        duration_ms=duration_ms,
-        response_bytes=len(json.dumps(result)),
-        outcome=status,
-        error_code=outcome.get("code", "TOOL_ERROR" if failed else ""),
-        error_detail=outcome.get("detail") or (_error_text(outcome["result"]) if failed else ""),
-        **audit,
-    )
-    release = limit_store().release(admission, health_of(outcome.get("code")), decision.probing)
-    writes = [completion, release]
-    if decision.tunnel:
-        writes.append(database_async(tunnel_touch)(decision.tunnel.tunnel_id))
-    # Independent writes, so none waits for another; shielded, so a client that leaves now loses none.
-    with anyio.CancelScope(shield=True):
-        await asyncio.gather(*writes)
+    touched = [database_async(tunnel_touch)(decision.tunnel.tunnel_id)] if decision.tunnel else []
+    await conclude(decision, audit, outcome, result, duration_ms, *touched)
     if decision.tunnel and outcome.get("code") == TUNNEL_GONE:
         await tunnel_gone(caller, decision.tunnel, TUNNEL_GONE)
         message = (
@@ -321,34 +234,8 @@ async def _call_tool(
     return finish(ctx, result)
 
 
-def request_audit(
-    caller: Caller,
-    name: str,
-    request_id: uuid.UUID,
-    arguments: dict[str, Any],
-    upstream: str,
-    tool: str,
-    trace_id: str,
-) -> dict[str, Any]:
-    return {
-        "request_id": request_id,
-        "trace_id": trace_id,
-        "agent_id": caller.agent_id,
-        "agent_name": caller.agent_name,
-        "session_id": caller.session_id,
-        "transport": caller.transport,
-        "exposed_name": name,
-        "arguments_sha256": canonical_sha256(arguments),
-        "upstream": upstream,
-        "tool": tool,
-    }
-
-
-def with_payload(audit: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a decision row, holding the arguments themselves where the operator keeps payloads."""
-    if not settings.GATEWAY_AUDIT_PAYLOADS:
-        return audit
-    return audit | {"detail": audit.get("detail", {}) | {"arguments": arguments}}
+async def _completed(move: Awaitable[dict[str, Any]]) -> Outcome:
+    return {"ok": True, "result": await move}
 
 
 async def _gateway_tool(
@@ -357,15 +244,19 @@ async def _gateway_tool(
     request_id: uuid.UUID,
     trace_id: str,
     arguments: dict[str, Any],
-    move: Awaitable[dict[str, Any]],
+    move: Awaitable[Outcome],
+    detail: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A handoff move (triage, return) under the same audit as any call: approved, then completed."""
+    """A gateway tool (handoff moves, code mode) under the same audit as any call: approved, then
+    completed. A refusal is a JSON-RPC error; a failed outcome, an error result the model reads."""
     audit = request_audit(caller, name, request_id, arguments, settings.GATEWAY_NAME, name, trace_id)
+    if detail:
+        audit["detail"] = detail
     await record(kind="approved", **with_payload(audit, arguments))
     started = time.perf_counter()
     try:
-        result = await move
-    except HandoffRefused as refusal:
+        outcome, duration_ms = await timed(lambda: move, audit)
+    except ToolRefused as refusal:
         denial = refusal.denial
         duration_ms = (time.perf_counter() - started) * 1000
         await record(
@@ -377,37 +268,17 @@ async def _gateway_tool(
             **audit,
         )
         raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)}) from None
-    duration_ms = (time.perf_counter() - started) * 1000
+    result = for_model(name, outcome)
     await record(
-        kind="completed", outcome="ok", duration_ms=duration_ms, response_bytes=len(json.dumps(result)), **audit
+        kind="completed",
+        outcome="ok" if outcome["ok"] else "error",
+        error_code=outcome.get("code", ""),
+        error_detail=outcome.get("detail", ""),
+        duration_ms=duration_ms,
+        response_bytes=len(json.dumps(result)),
+        **audit,
     )
     return result
-
-
-async def _run(
-    route: Route,
-    arguments: dict[str, Any],
-    audit: dict[str, Any],
-    tunnel: SessionTunnel | None,
-    relay: Relay,
-    rounds: dict[str, Any] | None,
-) -> tuple[Outcome, float]:
-    """The outcome and its duration; a cancelled call (the client left) gets its completion row all the same."""
-    started = time.perf_counter()
-    try:
-        outcome = await _execute(route, arguments, tunnel, relay, rounds)
-    except anyio.get_cancelled_exc_class():
-        with anyio.CancelScope(shield=True):
-            await record(
-                kind="completed",
-                outcome="error",
-                error_code="CANCELLED",
-                error_detail=CANCELLED,
-                duration_ms=(time.perf_counter() - started) * 1000,
-                **audit,
-            )
-        raise
-    return outcome, (time.perf_counter() - started) * 1000
 
 
 async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict[str, Any]:

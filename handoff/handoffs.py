@@ -2,7 +2,7 @@
 its own, and `return_to_triage` brings it back with the specialist's summary as untrusted data.
 
 Both run as gateway tools inside the dispatcher's audit (approved, then completed); a refusal is a
-`HandoffRefused` carrying the code the model sees. Errors of the tunnelled calls in between are the
+`ToolRefused` carrying the code the model sees. Errors of the tunnelled calls in between are the
 dispatcher's, like those of any call.
 """
 
@@ -37,7 +37,7 @@ from handoff.tunnels import (
     tunnel_end,
     tunnel_opened,
 )
-from policy.decisions import RETRY_LATER, Denial
+from policy.decisions import RETRY_LATER, Denial, ToolRefused
 from policy.manifest import manifest_sanitize, schema_problem, tool_name_problem
 from registry.executor import get_executor
 from registry.naming import exposed_name, gateway_tool_name
@@ -56,16 +56,10 @@ OPEN_FAILURES = {
 }
 
 
-class HandoffRefused(Exception):
-    def __init__(self, denial: Denial) -> None:
-        super().__init__(denial.message)
-        self.denial = denial
-
-
 def refused(
     code: str, message: str, jsonrpc_code: int = HANDOFF_FAILED, retry_after: float | None = None
-) -> HandoffRefused:
-    return HandoffRefused(Denial(code, message, jsonrpc_code, retry_after))
+) -> ToolRefused:
+    return ToolRefused(Denial(code, message, jsonrpc_code, retry_after))
 
 
 def connecting() -> Denial:
@@ -235,7 +229,7 @@ async def handoff_activate(ctx: Any, caller: Caller, snap: Snapshot, triage: Tri
         )
     except TunnelRefused as refusal:
         if refusal.code == "HANDOFF_CONNECTING":
-            raise HandoffRefused(connecting()) from None
+            raise ToolRefused(connecting()) from None
         raise refused(
             "SESSION_LIMIT_EXCEEDED",
             f"The {plan.route.domain} specialist has no room for another session. Try again later.",
@@ -301,7 +295,7 @@ async def _open(ctx: Any, caller: Caller, snap: Snapshot, plan: Plan, session: S
 
 async def handoff_return(ctx: Any, caller: Caller, snap: Snapshot, session: SessionTunnel, arguments: dict) -> dict:
     if not session.is_open:
-        raise HandoffRefused(connecting())
+        raise ToolRefused(connecting())
     summary, executor = "", get_executor()
     if session.summary_tool:
         target = snap.targets.get(session.upstream_slug)

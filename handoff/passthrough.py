@@ -23,16 +23,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.telemetry import DENIALS
 from handoff.caller import caller_of
+from handoff.calling import CANCELLED, Decision, admit, request_audit, with_payload
 from handoff.cursors import list_page
-from handoff.dispatcher import (
-    CANCELLED,
-    Decision,
-    admit,
-    finish,
-    request_audit,
-    request_state_verified,
-    with_payload,
-)
+from handoff.dispatcher import finish, request_state_verified
 from handoff.notify import resource_subscription
 from handoff.notify import subscriptions_listen as listen
 from handoff.parking import passed_through, responses_of

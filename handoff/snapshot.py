@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import F
 
+from handoff.builtins import EXECUTE, SEARCH_TOOLS, execute_definition, search_tools_definition
 from handoff.db import database_async
 from handoff.models import ConfigVersion, HandoffRoute
 from handoff.triage import TriageTool, triage_tools
@@ -64,6 +65,7 @@ class ToolEntry:
     route: Route
     target: Target
     definition: dict[str, Any]  # sanitised, under its exposed name
+    sha256: str = ""  # of the upstream's definition: what derived texts (TypeScript) are cached by
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,14 @@ class TriageEntry:
 
 
 @dataclass(frozen=True)
+class GatewayTool:
+    """A tool of the gateway's own that no handoff hides (code mode's)."""
+
+    definition: dict[str, Any]
+    policy_target: Target  # rules match it by its name, under the gateway's namespace
+
+
+@dataclass(frozen=True)
 class Snapshot:
     version: int
     keys: dict[str, KeyEntry] = field(default_factory=dict)  # key prefix -> key of an enabled agent
@@ -115,11 +125,13 @@ class Snapshot:
     targets: dict[str, UpstreamInfo] = field(default_factory=dict)  # slug -> every upstream, as handoff target
     routes: dict[str, RouteSettings] = field(default_factory=dict)  # target slug -> its (first) route
     triage: dict[str, TriageEntry] = field(default_factory=dict)  # exposed name -> triage tool
+    builtins: dict[str, GatewayTool] = field(default_factory=dict)  # exposed name -> code mode's tools
     anonymous: KeyEntry | None = None  # GATEWAY_ANONYMOUS_AGENT, while that agent exists and is enabled
     instructions: tuple[tuple[str, str], ...] = ()  # (slug, cleaned text) of upstreams that give instructions
     # Per-agent results, filled on first use; bounded by agents × known tools.
     _decisions: dict[tuple[int, str], Denial | None] = field(default_factory=dict, compare=False)
     _visible: dict[int, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
+    memo: dict[str, Any] = field(default_factory=dict, compare=False)  # what others derive from it, once
 
     def key_holder(self, key: str) -> KeyEntry | None:
         """The enabled agent holding this API key, or None; constant-time (policy/keys.py)."""
@@ -140,19 +152,26 @@ class Snapshot:
         return self._decisions[key], entry, entry.route.upstream_slug
 
     def visible_for(self, agent_id: int) -> tuple[dict[str, Any], ...]:
-        """The tools/list payload for this agent: only what it may call, and the triage tools."""
+        """The tools/list payload for this agent: only what it may call (in GATEWAY_CODE_MODE=only, code
+        mode's tools instead of the upstreams'), and the gateway's own tools."""
         if agent_id not in self._visible:
-            self._visible[agent_id] = tuple(
-                entry.definition for name, entry in self.tools.items() if self.decide(agent_id, name)[0] is None
-            ) + tuple(entry.definition for name, entry in self.triage.items() if not self.triage_denial(agent_id, name))
+            upstream_tools = () if settings.GATEWAY_CODE_MODE == "only" else self.allowed_tools(agent_id)
+            own = {**self.builtins, **self.triage}
+            self._visible[agent_id] = tuple(entry.definition for entry in upstream_tools) + tuple(
+                entry.definition for name, entry in own.items() if not self.gateway_denial(agent_id, name)
+            )
         return self._visible[agent_id]
 
-    def triage_denial(self, agent_id: int, name: str) -> Denial | None:
-        """Rules apply to triage tools too: a route's by its target upstream (and the tool name
-        `handoff_to_<domain>`), a Python triage tool's by its name alone."""
+    def allowed_tools(self, agent_id: int) -> tuple[ToolEntry, ...]:
+        return tuple(entry for name, entry in self.tools.items() if self.decide(agent_id, name)[0] is None)
+
+    def gateway_denial(self, agent_id: int, name: str) -> Denial | None:
+        """Rules apply to the gateway's own tools too: a route's by its target upstream (and the tool name
+        `handoff_to_<domain>`), a Python triage tool's or code mode's by its name alone."""
         key = (agent_id, name)
         if key not in self._decisions:
-            self._decisions[key] = self._decide(agent_id, self.triage[name].policy_target)
+            own = self.triage.get(name) or self.builtins[name]
+            self._decisions[key] = self._decide(agent_id, own.policy_target)
         return self._decisions[key]
 
     def permits(self, agent_id: int, target: UpstreamInfo, name: str, tool: str) -> Denial | None:
@@ -222,7 +241,8 @@ def _tools(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) ->
             tool=tool.name,
             approved=tool.is_approved,
         )
-        tools[name] = ToolEntry(route, target, manifest_sanitize(tool.definition) | {"name": name})
+        definition = manifest_sanitize(tool.definition) | {"name": name}
+        tools[name] = ToolEntry(route, target, definition, tool.definition_sha256)
     return tools
 
 
@@ -273,6 +293,16 @@ def _triage() -> dict[str, TriageEntry]:
     return entries
 
 
+def _builtins() -> dict[str, GatewayTool]:
+    if settings.GATEWAY_CODE_MODE == "off":
+        return {}
+    tools = {}
+    for tool, definition in ((SEARCH_TOOLS, search_tools_definition()), (EXECUTE, execute_definition())):
+        target = Target(definition["name"], settings.GATEWAY_NAME, True, True, tool=tool)
+        tools[definition["name"]] = GatewayTool(definition, target)
+    return tools
+
+
 def snapshot_compile() -> Snapshot:
     version = config_version()  # read first: a change racing the compile leaves the version behind, not ahead
     keys = AgentKey.objects.filter(revoked=False, agent__enabled=True).select_related("agent")
@@ -314,6 +344,7 @@ def snapshot_compile() -> Snapshot:
         },
         routes=routes,
         triage=_triage(),
+        builtins=_builtins(),
         instructions=tuple(
             (u.slug, clean_text(u.instructions, settings.GATEWAY_MAX_DESCRIPTION_CHARS))
             for u in sorted(upstreams.values(), key=lambda u: u.slug)

@@ -1,12 +1,18 @@
-"""Celery tasks of the handoff app: the idle-tunnel sweep that beat schedules (GATEWAY_HANDOFF_SWEEP_SECONDS)."""
+"""Celery tasks of the handoff app: the idle-tunnel sweep that beat schedules (GATEWAY_HANDOFF_SWEEP_SECONDS),
+and code mode's executions (queue `sandbox`)."""
 
 import asyncio
+from typing import Any
 
 from celery import shared_task
+from django.conf import settings
 
+from handoff.codemode import execution_run
 from handoff.db import database_async
 from handoff.notify import tools_changed_everywhere
 from handoff.tunnels import index_session, tunnels_sweep_idle
+from registry.executor import reply_after
+from registry.loop import pool_thread
 
 
 async def sweep_and_tell(*, in_process: bool) -> int:
@@ -19,3 +25,11 @@ async def sweep_and_tell(*, in_process: bool) -> int:
 @shared_task(name="handoff.sweep_idle_tunnels", ignore_result=True)
 def sweep_idle_tunnels() -> int:
     return asyncio.run(sweep_and_tell(in_process=False))
+
+
+@shared_task(
+    name="handoff.run_code", ignore_result=True, acks_late=False, time_limit=settings.GATEWAY_SANDBOX_TIMEOUT + 30
+)
+def run_code_task(*, execution: dict[str, Any], reply_to: str) -> None:
+    """One execution, on this worker's event loop (where its async clients live); the sandbox bounds it."""
+    pool_thread().submit(reply_after(reply_to, execution_run(execution))).result()

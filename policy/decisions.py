@@ -28,6 +28,14 @@ class Denial:
         return data
 
 
+class ToolRefused(Exception):
+    """A gateway tool (a handoff move, code mode) refusing its call: the agent gets the denial's error."""
+
+    def __init__(self, denial: Denial) -> None:
+        super().__init__(denial.message)
+        self.denial = denial
+
+
 @dataclass(frozen=True)
 class Target:
     """What the router found for an exposed tool name (None fields: nothing found)."""

@@ -71,6 +71,9 @@ class Executor(Protocol):
 
     async def tunnel_close(self, *, tunnel_id: str, queue: str) -> None: ...
 
+    # Code mode (handoff/codemode.py): an execution, its code's tool calls decided and audited where it runs.
+    async def run_code(self, *, execution: dict[str, Any], timeout: float) -> Outcome: ...
+
 
 class InlineExecutor:
     async def call_tool(
@@ -133,6 +136,12 @@ class InlineExecutor:
         runner = pool_thread()
         runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)
 
+    async def run_code(self, *, execution: dict[str, Any], timeout: float) -> Outcome:
+        """On this process's own loop: the sandbox is a subprocess, and its calls go through this executor."""
+        from handoff.codemode import execution_run  # handoff builds on registry
+
+        return await execution_run(execution)
+
 
 def held_by(outcome: Outcome, queue: str) -> Outcome:
     """An opened tunnel's outcome, naming the worker queue that holds it."""
@@ -179,14 +188,14 @@ def async_redis(url: str = "") -> aredis.Redis:
         return _async_clients[key]
 
 
-async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float) -> Outcome:
-    """Publish to queue `upstream` and wait up to `wait` seconds for the reply the task pushes to `reply_to`."""
+async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float, queue: str = "upstream") -> Outcome:
+    """Publish to `queue` and wait up to `wait` seconds for the reply the task pushes to `reply_to`."""
     from registry.publish import task_publish  # publish and tasks both import this module
 
     key = reply_key()
     # A task that no worker starts within the grace period could no longer answer in time: it expires
     # rather than run late.
-    await task_publish(task, kwargs=kwargs | {"reply_to": key}, queue="upstream", expires=EXECUTOR_GRACE_SECONDS)
+    await task_publish(task, kwargs=kwargs | {"reply_to": key}, queue=queue, expires=EXECUTOR_GRACE_SECONDS)
     reply = await async_redis().blpop([key], timeout=wait)
     return json.loads(reply[1]) if reply else _lost(wait)
 
@@ -309,6 +318,14 @@ class CeleryExecutor:
 
         if queue:  # else no worker took it yet; one that opens it late closes it when it idles (pool.py)
             await task_publish(tunnel_close_task, kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
+
+    async def run_code(self, *, execution: dict[str, Any], timeout: float) -> Outcome:
+        """On a worker of queue `sandbox`, whose code's tool calls go to queue `upstream` like any call: a
+        sandbox worker needs no upstream credentials."""
+        from handoff.tasks import run_code_task  # handoff builds on registry
+
+        wait = timeout + EXECUTOR_GRACE_SECONDS
+        return await _publish_and_wait(run_code_task, {"execution": execution}, wait, queue="sandbox")
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         from registry.tasks import list_tools_task  # tasks import the executor's helpers

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from policy.limits import Admission, AgentLimits, UpstreamLimits
-from policy.models import Agent
+from policy.models import Agent, ServerGroup
 from policy.services import agent_create
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_save
@@ -88,3 +88,16 @@ def specialist_register(slug: str, url: str, *, route: bool = False, **route_fie
         yield upstream
     finally:
         upstream.delete()
+
+
+@contextmanager
+def two_strict_groups() -> Iterator[None]:
+    """Demo servers `secrets` (strict group vault) and `mailer` (strict group outbound)."""
+    vault = ServerGroup.objects.create(name="vault", isolation="strict")
+    outbound = ServerGroup.objects.create(name="outbound", isolation="strict")
+    try:
+        with demo_upstream("secrets", group=vault), demo_upstream("mailer", group=outbound):
+            yield
+    finally:
+        vault.delete()
+        outbound.delete()

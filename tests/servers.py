@@ -87,7 +87,7 @@ def start_worker(env: dict[str, str], log: Path) -> Running:
         *CELERY,
         "worker",
         "-Q",
-        "upstream",
+        "upstream,sandbox",
         "-P",
         "threads",
         "-c",

@@ -2,28 +2,12 @@
 strict group is then out of reach (POLICY_GROUP_ISOLATION), open and ungrouped servers are not. The lock is
 shared state, so every gateway process sees it; 2026-07-28 requests have no session and bind it to their key."""
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 from mcp.shared.exceptions import MCPError
 
-from policy.models import ServerGroup
 from policy.services import agent_key_issue
 from tests.clients import call, sdk_client, tool_names, ws_session
-from tests.factories import agent, demo_upstream
+from tests.factories import agent, two_strict_groups
 from tests.helpers import audit_mark, audit_since, eventually, run
-
-
-@contextmanager
-def two_strict_groups() -> Iterator[None]:
-    vault = ServerGroup.objects.create(name="vault", isolation="strict")
-    outbound = ServerGroup.objects.create(name="outbound", isolation="strict")
-    try:
-        with demo_upstream("secrets", group=vault), demo_upstream("mailer", group=outbound):
-            yield
-    finally:
-        vault.delete()
-        outbound.delete()
 
 
 async def session_calls(url: str, key: str, mode: str, names: list[str]) -> list:

@@ -1,0 +1,217 @@
+"""One tool call's path after routing, shared by calls from agents (dispatcher.py) and calls from code
+(codemode.py): decide and admit, record the approval, run, record the completion and give the admission
+back. Every approved call gets exactly one completion row, whatever happens in between."""
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import anyio
+from django.conf import settings
+from mcp.shared.exceptions import MCPError
+
+from audit.services import canonical_sha256
+from audit.telemetry import DENIALS, call_observe, current_traceparent
+from handoff.caller import Caller
+from handoff.recording import record
+from handoff.snapshot import Route, Snapshot
+from handoff.tunnels import SessionTunnel, index_session
+from policy.decisions import Denial
+from policy.limits import Admission, health_of, limit_store, limits_denial
+from policy.redaction import redact, redact_error_result
+from registry.executor import get_executor
+from registry.pool import Outcome, failure
+from registry.relay import Relay
+
+logger = logging.getLogger(__name__)
+
+CANCELLED = "cancelled before the upstream answered"
+
+
+@dataclass(frozen=True)
+class Decision:
+    upstream: str  # the upstream the name points at, for the audit
+    route: Route | None = None
+    denial: Denial | None = None
+    admission: Admission | None = None  # held while the call runs; given back by release
+    probing: bool = False  # this call is the half-open circuit's one probe
+    tunnel: SessionTunnel | None = None  # the handoff tunnel the call goes through
+
+
+async def admit(snap: Snapshot, caller: Caller, name: str, route: Route, request_id: str, **found: Any) -> Decision:
+    """Admission against shared state (isolation, breaker, limits), which takes the call's share of every
+    limit when it admits it."""
+    session = index_session(caller.agent_id, caller.session_key)
+    admission = Admission(request_id, session, caller.agent_id, snap.agents[caller.agent_id], route.limits)
+    verdict = await limit_store().admit(admission)
+    if verdict.code:
+        return Decision(route.upstream_slug, route, limits_denial(admission, verdict, name), **found)
+    return Decision(route.upstream_slug, route, admission=admission, probing=verdict.probing, **found)
+
+
+async def decide(snap: Snapshot, caller: Caller, name: str, request_id: str) -> Decision:
+    """The static decision over the snapshot, then admission."""
+    denial, entry, upstream = snap.decide(caller.agent_id, name)
+    if denial or entry is None:
+        return Decision(upstream, entry.route if entry else None, denial)
+    return await admit(snap, caller, name, entry.route, request_id)
+
+
+def request_audit(
+    caller: Caller,
+    name: str,
+    request_id: uuid.UUID,
+    arguments: dict[str, Any],
+    upstream: str,
+    tool: str,
+    trace_id: str,
+) -> dict[str, Any]:
+    return {
+        "request_id": request_id,
+        "trace_id": trace_id,
+        "agent_id": caller.agent_id,
+        "agent_name": caller.agent_name,
+        "session_id": caller.session_id,
+        "transport": caller.transport,
+        "exposed_name": name,
+        "arguments_sha256": canonical_sha256(arguments),
+        "upstream": upstream,
+        "tool": tool,
+    }
+
+
+def with_payload(audit: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a decision row, holding the arguments themselves where the operator keeps payloads."""
+    if not settings.GATEWAY_AUDIT_PAYLOADS:
+        return audit
+    return audit | {"detail": audit.get("detail", {}) | {"arguments": arguments}}
+
+
+def for_model(name: str, outcome: Outcome) -> dict[str, Any]:
+    """What the model sees: results as the upstream sent them, errors redacted (the audit has them whole)."""
+    if outcome["ok"]:
+        result = outcome["result"]
+        return redact_error_result(result) if result.get("isError") else result
+    message = outcome["message"] if outcome.get("validation") else redact(outcome["message"])
+    return {"content": [{"type": "text", "text": f"{name}: {message}"}], "isError": True}
+
+
+def error_text(result: dict[str, Any]) -> str:
+    return "\n".join(item.get("text", "") for item in result.get("content") or [] if item.get("type") == "text")
+
+
+async def route_execute(
+    route: Route,
+    arguments: dict[str, Any],
+    tunnel: SessionTunnel | None = None,
+    relay: Relay | None = None,
+    rounds: dict[str, Any] | None = None,
+) -> Outcome:
+    """The executor's outcome; if it fails in a way it did not foresee, an outcome all the same, so that
+    every approved call gets its completion row."""
+    executor = get_executor()
+    try:
+        if tunnel is not None:
+            return await executor.tunnel_call(
+                tunnel_id=tunnel.tunnel_id,
+                queue=tunnel.queue,
+                tool=route.tool,
+                arguments=arguments,
+                timeout=route.timeout,
+            )
+        return await executor.call_tool(
+            upstream_id=route.upstream_id,
+            revision=route.revision,
+            tool=route.tool,
+            arguments=arguments,
+            timeout=route.timeout,
+            traceparent=current_traceparent(),
+            relay=relay,
+            rounds=rounds,
+        )
+    except Exception as exc:
+        logger.exception("executor failed on %s/%s", route.upstream_slug, route.tool)
+        return failure(
+            "GATEWAY_ERROR", "The gateway failed while running this call; it may or may not have run.", repr(exc)
+        )
+
+
+async def deny(denial: Denial, audit: dict[str, Any], arguments: dict[str, Any]) -> NoReturn:
+    """Record the refusal, then raise it as the JSON-RPC error the agent gets."""
+    DENIALS.labels(denial.code).inc()
+    await record(
+        kind="denied",
+        outcome="denied",
+        error_code=denial.code,
+        error_detail=denial.message,
+        **with_payload(audit, arguments),
+    )
+    raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(audit["request_id"])})
+
+
+async def timed(run: Callable[[], Awaitable[Outcome]], audit: dict[str, Any]) -> tuple[Outcome, float]:
+    """The outcome and its duration; a call cancelled meanwhile (the client left) gets its completion row."""
+    started = time.perf_counter()
+    try:
+        outcome = await run()
+    except anyio.get_cancelled_exc_class():
+        with anyio.CancelScope(shield=True):
+            duration_ms = (time.perf_counter() - started) * 1000
+            await record(
+                kind="completed",
+                outcome="error",
+                error_code="CANCELLED",
+                error_detail=CANCELLED,
+                duration_ms=duration_ms,
+                **audit,
+            )
+        raise
+    return outcome, (time.perf_counter() - started) * 1000
+
+
+async def run_admitted(
+    decision: Decision, audit: dict[str, Any], arguments: dict[str, Any], run: Callable[[], Awaitable[Outcome]]
+) -> tuple[Outcome, float]:
+    """Record the approval, then run. If the approval cannot be written or the client leaves, the
+    admission goes back all the same."""
+    assert decision.admission is not None
+    try:
+        await record(kind="approved", **with_payload(audit, arguments))  # before the upstream is touched
+        return await timed(run, audit)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await limit_store().release(decision.admission, "none", decision.probing)
+        raise
+
+
+async def conclude(
+    decision: Decision,
+    audit: dict[str, Any],
+    outcome: Outcome,
+    result: dict[str, Any],
+    duration_ms: float,
+    *more: Awaitable[Any],
+) -> None:
+    """The completion row and the admission's release (and `more` writes), at once and shielded from a
+    client that leaves now."""
+    assert decision.admission is not None
+    failed = not outcome["ok"] or bool(result.get("isError"))
+    status = ("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok"
+    call_observe(upstream=decision.upstream, outcome=status, duration_ms=duration_ms)
+    completion = record(
+        kind="completed",
+        duration_ms=duration_ms,
+        response_bytes=len(json.dumps(result)),
+        outcome=status,
+        error_code=outcome.get("code", "TOOL_ERROR" if failed else ""),
+        error_detail=outcome.get("detail") or (error_text(outcome["result"]) if failed else ""),
+        **audit,
+    )
+    release = limit_store().release(decision.admission, health_of(outcome.get("code")), decision.probing)
+    with anyio.CancelScope(shield=True):
+        await asyncio.gather(completion, release, *more)

@@ -1,0 +1,182 @@
+"""Code mode: `search_tools` finds the tools an agent may use, with TypeScript signatures; `execute` runs
+the agent's code in the sandbox (registry/codemode/sandbox.py), where each tool call it makes is decided,
+admitted, audited and run exactly like a direct call (calling.py), its rows naming the execution's
+request id. Nothing the agent may not call is found, bound or run."""
+
+import hashlib
+import json
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from django.conf import settings
+from mcp.shared.exceptions import MCPError
+
+from handoff.caller import Caller
+from handoff.calling import (
+    conclude,
+    decide,
+    deny,
+    error_text,
+    for_model,
+    request_audit,
+    route_execute,
+    run_admitted,
+)
+from handoff.snapshot import Snapshot, snapshot
+from policy.decisions import INVALID_PARAMS, Denial, ToolRefused
+from registry.codemode.bindings import Bindings, bindings_build
+from registry.codemode.sandbox import SandboxError, SandboxLimits, SandboxRun, sandbox_run
+from registry.codemode.search import SearchIndex
+from registry.codemode.typescript import method_declaration
+from registry.executor import get_executor
+from registry.naming import gateway_tool_name
+from registry.pool import Outcome, failure
+
+MAX_QUERY_CHARS = 1000
+DEFAULT_RESULTS = 5
+
+
+@dataclass(frozen=True)
+class CodeCatalog:
+    """Bindings and the search index over every tool of a snapshot; each caller sees its permitted part."""
+
+    bindings: Bindings
+    index: SearchIndex
+
+
+def code_catalog(snap: Snapshot) -> CodeCatalog:
+    """Built once per snapshot, so rebuilt whenever the catalog, the rules or the upstreams change."""
+    if "code" not in snap.memo:
+        tools = [(name, entry.route.upstream_slug, entry.route.tool) for name, entry in snap.tools.items()]
+        index = SearchIndex(entry.definition for entry in snap.tools.values())
+        snap.memo["code"] = CodeCatalog(bindings_build(tools), index)
+    return snap.memo["code"]
+
+
+def _invalid(message: str, code: str = "INVALID_ARGUMENTS") -> ToolRefused:
+    return ToolRefused(Denial(code, message, INVALID_PARAMS))
+
+
+async def tools_search(snap: Snapshot, caller: Caller, arguments: dict[str, Any]) -> dict[str, Any]:
+    query, k = arguments.get("query"), arguments.get("k", DEFAULT_RESULTS)
+    most = settings.GATEWAY_SEARCH_MAX_RESULTS
+    if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_CHARS:
+        raise _invalid(f"`query` must be a non-empty string of at most {MAX_QUERY_CHARS} characters.")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= most:
+        raise _invalid(f"`k` must be a whole number from 1 to {most}.")
+    catalog = code_catalog(snap)
+    hits = catalog.index.search(query, k, lambda name: snap.decide(caller.agent_id, name)[0] is None)
+    found = [_found(snap, catalog, hit.name) for hit in hits]
+    return {"content": [{"type": "text", "text": _listing(query, found)}], "structuredContent": {"tools": found}}
+
+
+def _found(snap: Snapshot, catalog: CodeCatalog, name: str) -> dict[str, Any]:
+    entry, binding = snap.tools[name], catalog.bindings.by_name.get(name)
+    found = {"name": name, "description": entry.definition.get("description") or ""}
+    if binding is None:
+        return found | {"call": None, "note": f"Not callable from code: {catalog.bindings.refused[name]}."}
+    signature = method_declaration(binding.path, entry.definition, entry.sha256)
+    return found | {"call": binding.path, "signature": signature}
+
+
+def _listing(query: str, found: list[dict[str, Any]]) -> str:
+    if not found:
+        return f"No tool you may use matches {query!r}."
+    execute = gateway_tool_name("execute")
+    parts = [f"{len(found)} tools for {query!r}; call them in {execute} as shown, or directly by name."]
+    for tool in found:
+        parts.append(f"// {tool['name']}\n{tool.get('signature') or tool['note']}")
+    return "\n\n".join(parts)
+
+
+async def execute(caller: Caller, arguments: dict[str, Any], request_id: uuid.UUID, trace_id: str) -> Outcome:
+    code = arguments.get("code")
+    limit = settings.GATEWAY_SANDBOX_MAX_CODE_BYTES
+    if not isinstance(code, str) or not code.strip():
+        raise _invalid("`code` must be a non-empty string of TypeScript.")
+    if len(code.encode("utf-8", "surrogatepass")) > limit:
+        message = f"`code` is larger than {limit} bytes; split the work into several executions."
+        raise _invalid(message, "CODE_TOO_LARGE")
+    execution = {"caller": asdict(caller), "request_id": str(request_id), "trace_id": trace_id, "code": code}
+    return await get_executor().run_code(execution=execution, timeout=settings.GATEWAY_SANDBOX_TIMEOUT)
+
+
+def code_detail(arguments: dict[str, Any]) -> dict[str, Any]:
+    """What an execution's rows say of its code: its hash always (its text only with audit payloads on)."""
+    code = arguments.get("code")
+    if not isinstance(code, str):
+        return {}
+    return {"code_sha256": hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()}
+
+
+def sandbox_limits() -> SandboxLimits:
+    return SandboxLimits(
+        timeout=settings.GATEWAY_SANDBOX_TIMEOUT,
+        heap_mb=settings.GATEWAY_SANDBOX_HEAP_MB,
+        max_calls=settings.GATEWAY_SANDBOX_MAX_CALLS,
+        max_output_bytes=settings.GATEWAY_SANDBOX_MAX_OUTPUT_BYTES,
+    )
+
+
+async def execution_run(execution: dict[str, Any]) -> Outcome:
+    """Run one execution where the executor put it (this process, or a worker on queue `sandbox`)."""
+    caller = Caller(**execution["caller"])
+    snap = await snapshot.get()
+    permitted = code_catalog(snap).bindings.only(lambda name: snap.decide(caller.agent_id, name)[0] is None)
+
+    async def call(binding: Any, arguments: dict[str, Any]) -> dict[str, Any]:
+        return await code_call(caller, execution, binding.exposed_name, arguments)
+
+    try:
+        run = await sandbox_run(code=execution["code"], bindings=permitted, call=call, limits=sandbox_limits())
+    except SandboxError as error:
+        return failure(error.code, error.message, f"{error.message} (after {error.calls} tool calls)")
+    return {"ok": True, "result": _result(run)}
+
+
+def _result(run: SandboxRun) -> dict[str, Any]:
+    value = run.value if isinstance(run.value, str) else json.dumps(run.value, ensure_ascii=False)
+    content = [{"type": "text", "text": value}]
+    if run.logs:
+        content.append({"type": "text", "text": "console:\n" + "\n".join(run.logs)})
+    return {"content": content}
+
+
+async def code_call(caller: Caller, execution: dict[str, Any], name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One tool call made by code: the same decision, admission, audit and executor as a direct call
+    (so the session's strict-group lock holds inside the execution too); its answer for the sandbox."""
+    snap, request_id = await snapshot.get(), uuid.uuid4()
+    decision = await decide(snap, caller, name, str(request_id))
+    tool = decision.route.tool if decision.route else ""
+    audit = request_audit(caller, name, request_id, arguments, decision.upstream, tool, execution["trace_id"])
+    audit["detail"] = {"execution": execution["request_id"]}
+    try:
+        if decision.denial:
+            await deny(decision.denial, audit, arguments)
+        route = decision.route
+        assert route is not None
+        outcome, duration_ms = await run_admitted(decision, audit, arguments, lambda: route_execute(route, arguments))
+    except MCPError as refused:  # a denial, or an approval that could not be recorded
+        code = (refused.error.data or {}).get("code", "REFUSED")
+        return {"ok": False, "error": {"code": code, "message": refused.error.message}}
+    result = for_model(name, outcome)
+    await conclude(decision, audit, outcome, result, duration_ms)
+    if result.get("isError"):
+        return {"ok": False, "error": {"code": outcome.get("code") or "TOOL_ERROR", "message": error_text(result)}}
+    return {"ok": True, "value": tool_value(result)}
+
+
+def tool_value(result: dict[str, Any]) -> Any:
+    """What `await tools.x.y()` resolves to: structured content, else a lone text (parsed if it is JSON),
+    else the content list."""
+    if isinstance(result.get("structuredContent"), dict):
+        return result["structuredContent"]
+    content = result.get("content") or []
+    if len(content) == 1 and content[0].get("type") == "text":
+        text = content[0].get("text", "")
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return content
