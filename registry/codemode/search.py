@@ -17,10 +17,12 @@ SUFFIXES = ("ies", "ing", "ed", "es", "s")
 
 
 def stem(word: str) -> str:
+    """`stage`, `staged`, `staging` and `stages` all become `stag`: crude, but the same for query and tool."""
     for suffix in SUFFIXES:
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
-    return word
+            word = word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+            break
+    return word[:-1] if word.endswith("e") and len(word) > 3 else word
 
 
 def terms(text: str) -> list[str]:

@@ -1,0 +1,143 @@
+"""Code mode's figures (docs/benchmarks.md, "Code mode"):
+
+- search quality: recall@1/@5/@10 of switchboard__search_tools' ranking on bench/search_eval.json, over the
+  real catalogs in bench/catalogs (each catalog an upstream named after its file);
+- search latency: one query, at the real catalog's size and at 5,000 tools (the catalogs repeated under
+  other namespaces), with the per-agent filter a real query pays; and the index build;
+- context saved: tokens (o200k_base) of the full tools/list against the two code-mode tools plus a typical
+  search result, for 50, 150 and 500 tools;
+- the sandbox: an execution that returns at once, and the cost per tool call of the stdio protocol.
+
+    bench/run code_mode     # or .venv/bin/python bench/code_mode.py
+"""
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from bpe_openai import get_encoding  # noqa: E402
+
+from handoff.builtins import execute_definition, search_tools_definition  # noqa: E402
+from registry.codemode.bindings import bindings_build  # noqa: E402
+from registry.codemode.sandbox import SandboxLimits, sandbox_run  # noqa: E402
+from registry.codemode.search import SearchIndex  # noqa: E402
+from registry.codemode.typescript import method_declaration  # noqa: E402
+
+CATALOGS = Path(__file__).parent / "catalogs"
+TYPICAL_QUERY = "list recent commits of a GitHub repository"
+
+
+def catalog(copies: int = 1) -> list[dict]:
+    """Every real tool under its exposed name; further copies under other namespaces (`github2__...`)."""
+    tools = []
+    for copy in range(copies):
+        for path in sorted(CATALOGS.glob("*.json")):
+            namespace = path.stem + (str(copy + 1) if copy else "")
+            for tool in json.loads(path.read_text())["tools"]:
+                tools.append(tool | {"name": f"{namespace}__{tool['name']}", "_slug": namespace, "_tool": tool["name"]})
+    return tools
+
+
+def recall() -> None:
+    queries = json.loads((Path(__file__).parent / "search_eval.json").read_text())["queries"]
+    tools = catalog()
+    index = SearchIndex(tools)
+    print(f"\n{len(queries)} queries over {len(tools)} tools from {len(list(CATALOGS.glob('*.json')))} servers\n")
+    print("| k | recall@k |\n|---|---|")
+    for k in (1, 5, 10):
+        shares = []
+        for query in queries:
+            found = {hit.name for hit in index.search(query["query"], k, lambda name: True)}
+            shares.append(len(found & set(query["expected"])) / min(k, len(query["expected"])))
+        print(f"| {k} | {statistics.mean(shares):.3f} |")
+    misses = [
+        q["query"]
+        for q in queries
+        if not {h.name for h in index.search(q["query"], 5, lambda n: True)} & set(q["expected"])
+    ]
+    print(f"\nqueries with no expected tool in the first five: {misses}")
+
+
+def latency() -> None:
+    print("\n| tools | index build (ms) | one query, p50 (ms) | p90 (ms) |\n|---|---|---|---|")
+    queries = [q["query"] for q in json.loads((Path(__file__).parent / "search_eval.json").read_text())["queries"]]
+    for copies in (1, 13):
+        tools = catalog(copies)[:5000] if copies > 1 else catalog()
+        started = time.perf_counter()
+        index = SearchIndex(tools)
+        build = (time.perf_counter() - started) * 1000
+        permitted = {tool["name"]: True for tool in tools}  # what Snapshot.decide's memo costs per name
+        times = []
+        for _ in range(5):
+            for query in queries:
+                started = time.perf_counter()
+                index.search(query, 5, permitted.__getitem__)
+                times.append((time.perf_counter() - started) * 1000)
+        cuts = statistics.quantiles(times, n=10)
+        print(f"| {len(tools)} | {build:.1f} | {statistics.median(times):.3f} | {cuts[8]:.3f} |")
+
+
+def context() -> None:
+    encoding = get_encoding("o200k_base")
+
+    def tokens(value: object) -> int:
+        return len(encoding.encode(json.dumps(value)))
+
+    tools = catalog(2)
+    two = tokens([search_tools_definition(), execute_definition()])
+    print("\n| tools | full tools/list (tokens) | search_tools + execute (tokens) | + one search result, k=5 | saved |")
+    print("|---|---|---|---|---|")
+    for count in (50, 150, 500):
+        offered = tools[:count]
+        listed = [{key: t[key] for key in ("name", "description", "inputSchema") if key in t} for t in offered]
+        index = SearchIndex(offered)
+        bindings = bindings_build([(t["name"], t["_slug"], t["_tool"]) for t in offered])
+        found = []
+        for hit in index.search(TYPICAL_QUERY, 5, lambda name: True):
+            binding, tool = bindings.by_name.get(hit.name), next(t for t in offered if t["name"] == hit.name)
+            signature = method_declaration(binding.path, tool, hit.name) if binding else ""
+            found.append(f"// {hit.name}\n{signature}")
+        result = tokens("\n\n".join(found))
+        full = tokens(listed)
+        print(f"| {count} | {full} | {two} | {two + result} | {1 - (two + result) / full:.0%} |")
+
+
+async def sandbox() -> None:
+    limits = SandboxLimits(timeout=30, heap_mb=128, max_calls=1000, max_output_bytes=1_000_000)
+    bindings = bindings_build([("bench__noop", "bench", "noop")])
+
+    async def answer(binding, arguments):
+        return {"ok": True, "value": arguments}
+
+    async def timed(code: str, runs: int) -> float:
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            await sandbox_run(code=code, bindings=bindings, call=answer, limits=limits)
+            times.append((time.perf_counter() - started) * 1000)
+        return statistics.median(times)
+
+    empty = await timed("return 1;", 20)
+    calls = await timed("for (let i = 0; i < 200; i++) await tools.bench.noop({ i });", 10)
+    print("\n| sandbox | p50 |\n|---|---|")
+    print(f"| an execution that returns at once (Deno started and ended) | {empty:.1f} ms |")
+    print(f"| each tool call's round trip over stdio (200 sequential calls) | {(calls - empty) / 200 * 1000:.0f} µs |")
+
+
+if __name__ == "__main__":
+    recall()
+    latency()
+    context()
+    asyncio.run(sandbox())
