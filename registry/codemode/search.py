@@ -1,19 +1,28 @@
 """Tool search: BM25 over each tool's name, title, description and parameter names (a name counts three
-times, a title twice), with a light stemmer so that `commits` finds `list_commits`. Built once per
-catalog; a query filters by what the caller may use before ranking, so nothing else is ever returned."""
+times, a title twice), with a light stemmer so that `commits` finds `list_commits`; combined, once its
+vectors are ready, with the cosine similarity of sentence embeddings (embeddings.py), so that `folder`
+finds `create_directory`. Built once per catalog; a query filters by what the caller may use before
+ranking, so nothing else is ever returned."""
 
 import math
 import re
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from registry.codemode.embeddings import encoder
+
 K1, B = 1.2, 0.75
 NAME_WEIGHT, TITLE_WEIGHT = 3, 2
+SEMANTIC_SHARE = 0.5  # of the combined score; the other half is BM25 scaled to the query's best match
 WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 STOP_WORDS = frozenset("a an and are as at be by for from in into is it of on or that the this to with".split())
 SUFFIXES = ("ies", "ing", "ed", "es", "s")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 
 
 def stem(word: str) -> str:
@@ -45,6 +54,14 @@ def document(definition: dict[str, Any]) -> list[str]:
     return name + title + terms(definition.get("description") or "") + parameters
 
 
+def sentence(definition: dict[str, Any]) -> str:
+    """What a tool's embedding is made of: its name's words and the first sentence of its description
+    (short texts keep embedding a catalog cheap; whole descriptions ranked no better)."""
+    words = " ".join(WORD.findall(definition.get("name", ""))).lower()
+    first = SENTENCE_END.split((definition.get("description") or "").strip(), maxsplit=1)[0]
+    return f"{definition.get('title') or words}: {first}"
+
+
 @dataclass(frozen=True)
 class Hit:
     name: str
@@ -54,20 +71,22 @@ class Hit:
 class SearchIndex:
     def __init__(self, definitions: Iterable[dict[str, Any]]) -> None:
         self.names: list[str] = []
+        self.sentences: list[str] = []
         self.lengths: list[int] = []
         self.postings: dict[str, list[tuple[int, int]]] = defaultdict(list)  # term -> (doc, frequency)
         for definition in definitions:
             words = document(definition)
             doc = len(self.names)
             self.names.append(definition["name"])
+            self.sentences.append(sentence(definition))
             self.lengths.append(len(words))
             for term, frequency in Counter(words).items():
                 self.postings[term].append((doc, frequency))
         self.average = sum(self.lengths) / len(self.lengths) if self.lengths else 1.0
+        self.vectors: np.ndarray | None = None  # a unit row per tool, once an Embedder filled it
 
-    def search(self, query: str, k: int, allowed: Callable[[str], bool]) -> list[Hit]:
-        """The k best tools for the query among those `allowed` says the caller may use."""
-        scores: dict[int, float] = defaultdict(float)
+    def lexical(self, query: str) -> np.ndarray:
+        scores = np.zeros(len(self.names))
         count = len(self.names)
         for term in set(terms(query)):
             postings = self.postings.get(term, [])
@@ -75,10 +94,49 @@ class SearchIndex:
             for doc, frequency in postings:
                 norm = K1 * (1 - B + B * self.lengths[doc] / self.average)
                 scores[doc] += idf * frequency * (K1 + 1) / (frequency + norm)
-        best: list[Hit] = []
-        for doc, score in sorted(scores.items(), key=lambda item: -item[1]):
+        return scores
+
+    def search(
+        self, query: str, k: int, allowed: Callable[[str], bool], query_vector: np.ndarray | None = None
+    ) -> list[Hit]:
+        """The k best tools for the query among those `allowed` says the caller may use."""
+        scores = self.lexical(query)
+        vectors = self.vectors
+        if vectors is not None and query_vector is not None:
+            best = scores.max(initial=0.0)
+            scores = (1 - SEMANTIC_SHARE) * (scores / best if best else scores) + SEMANTIC_SHARE * (
+                vectors @ query_vector
+            )
+        hits: list[Hit] = []
+        for doc in np.argsort(-scores, kind="stable"):
+            if scores[doc] <= 0:
+                break
             if allowed(self.names[doc]):
-                best.append(Hit(self.names[doc], score))
-                if len(best) == k:
+                hits.append(Hit(self.names[doc], float(scores[doc])))
+                if len(hits) == k:
                     break
-        return best
+        return hits
+
+
+class Embedder:
+    """Fills an index's vectors in a thread of its own, so that no search waits for a catalog to be
+    embedded (it ranks lexically until then). A sentence the last catalog had is not embedded again."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, np.ndarray] = {}
+        self.lock = threading.Lock()
+
+    def start(self, index: SearchIndex) -> None:
+        threading.Thread(target=self._fill, args=(index,), name="tool-embeddings", daemon=True).start()
+
+    def _fill(self, index: SearchIndex) -> None:
+        with self.lock:
+            self.encoder = encoder()  # loaded here, the first time: reading 90 MB of weights takes a while
+            missing = [text for text in dict.fromkeys(index.sentences) if text not in self.known]
+            self.known.update(zip(missing, self.encoder.embed(missing), strict=True))
+            self.known = {text: self.known[text] for text in index.sentences}  # what the next catalog reuses
+            index.vectors = np.stack([self.known[text] for text in index.sentences]) if index.sentences else None
+
+    def query(self, text: str) -> np.ndarray:
+        """A query's vector; only asked for once an index has vectors, so the encoder is loaded."""
+        return self.encoder.embed([text])[0]
