@@ -138,6 +138,24 @@ def test_search_finds_the_right_tool_with_its_typescript_signature(gateway, worl
     assert "// time__get_current_time\n" in found.content[0].text
 
 
+def test_search_ranks_by_meaning_once_the_catalog_is_embedded(gateway, world):
+    query = {"query": "what does the clock show in Paris right now", "k": 3}
+
+    def semantic():
+        found = run(lambda: call(gateway.url, world.key, SEARCH, query)).structured_content
+        return found if found["ranking"] == "lexical+semantic" else None
+
+    found = eventually(semantic, timeout=60)  # the embeddings are made in the background
+    assert found["tools"][0]["name"] == "time__get_current_time"
+
+
+def test_without_semantic_ranking_search_is_lexical(server_env, world, logs):
+    with servers.inline_gateway_with(server_env, logs / "gateway-lexical.log", GATEWAY_SEARCH_SEMANTIC="0") as gw:
+        found = run(lambda: call(gw.url, world.key, SEARCH, {"query": "current time in a timezone"}))
+    assert found.structured_content["ranking"] == "lexical"
+    assert found.structured_content["tools"][0]["name"] == "time__get_current_time"
+
+
 @pytest.mark.parametrize(
     ("tool", "arguments", "code", "message"),
     [

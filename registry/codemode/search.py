@@ -18,7 +18,7 @@ from registry.codemode.embeddings import encoder
 
 K1, B = 1.2, 0.75
 NAME_WEIGHT, TITLE_WEIGHT = 3, 2
-SEMANTIC_SHARE = 0.5  # of the combined score; the other half is BM25 scaled to the query's best match
+SEMANTIC_SHARE = 0.3  # of the combined score: cosine similarity; the rest is BM25 scaled to [0, 1]
 WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 STOP_WORDS = frozenset("a an and are as at be by for from in into is it of on or that the this to with".split())
 SUFFIXES = ("ies", "ing", "ed", "es", "s")
@@ -85,28 +85,29 @@ class SearchIndex:
         self.average = sum(self.lengths) / len(self.lengths) if self.lengths else 1.0
         self.vectors: np.ndarray | None = None  # a unit row per tool, once an Embedder filled it
 
-    def lexical(self, query: str) -> np.ndarray:
-        scores = np.zeros(len(self.names))
+    def lexical(self, query: str) -> tuple[np.ndarray, float]:
+        """BM25 scores, and the most any tool could score: what matching every term at saturation gives."""
+        scores, ceiling = np.zeros(len(self.names)), 0.0
         count = len(self.names)
         for term in set(terms(query)):
             postings = self.postings.get(term, [])
             idf = math.log(1 + (count - len(postings) + 0.5) / (len(postings) + 0.5))
+            ceiling += idf * (K1 + 1)
             for doc, frequency in postings:
                 norm = K1 * (1 - B + B * self.lengths[doc] / self.average)
                 scores[doc] += idf * frequency * (K1 + 1) / (frequency + norm)
-        return scores
+        return scores, ceiling
 
     def search(
         self, query: str, k: int, allowed: Callable[[str], bool], query_vector: np.ndarray | None = None
     ) -> list[Hit]:
         """The k best tools for the query among those `allowed` says the caller may use."""
-        scores = self.lexical(query)
+        scores, ceiling = self.lexical(query)
         vectors = self.vectors
         if vectors is not None and query_vector is not None:
-            best = scores.max(initial=0.0)
-            scores = (1 - SEMANTIC_SHARE) * (scores / best if best else scores) + SEMANTIC_SHARE * (
-                vectors @ query_vector
-            )
+            # Scaled by the ceiling, not by the best match: a tool sharing one word of a long query stays small.
+            lexical = scores / ceiling if ceiling else scores
+            scores = (1 - SEMANTIC_SHARE) * lexical + SEMANTIC_SHARE * (vectors @ query_vector)
         hits: list[Hit] = []
         for doc in np.argsort(-scores, kind="stable"):
             if scores[doc] <= 0:
