@@ -128,6 +128,22 @@ def test_a_denied_tool_is_absent_from_search_and_refused_from_code(inline_gatewa
     assert not [row for row in audit_since(mark) if row.exposed_name == "demo__echo"], "it reached no upstream"
 
 
+def test_a_rule_can_deny_execute_itself(inline_gateway, world):
+    with agent("dana") as (dana, key):
+        rule = Rule.objects.create(effect="deny", agent=dana, tool_pattern="execute")
+        try:
+            eventually(lambda: (n := run(lambda: tool_names(inline_gateway.url, key))) and EXECUTE not in n)
+            names = run(lambda: tool_names(inline_gateway.url, key))
+            mark = audit_mark()
+            refused = run(lambda: call(inline_gateway.url, key, EXECUTE, {"code": "return 1;"}))
+        finally:
+            rule.delete()
+    assert SEARCH in names and "demo__echo" in names
+    assert isinstance(refused, MCPError) and (refused.code, refused.data["code"]) == (-32001, "POLICY_DENIED")
+    [denied] = audit_since(mark)
+    assert (denied.kind, denied.exposed_name, denied.upstream) == ("denied", EXECUTE, "switchboard")
+
+
 def test_search_finds_the_right_tool_with_its_typescript_signature(gateway, world):
     found = run(lambda: call(gateway.url, world.key, SEARCH, {"query": "current time in a timezone", "k": 3}))
     first = found.structured_content["tools"][0]
