@@ -216,6 +216,8 @@ def capped(server_env, world, logs) -> Iterator[servers.Running]:
         ("while (true) {}", "SANDBOX_TIMEOUT", "The code ran longer than 2 s."),
         ("const a = []; while (true) a.push('x'.repeat(1000) + a.length);", "SANDBOX_MEMORY_LIMIT",
          "The code used more than 32 MB of heap."),
+        ("const a = []; for (let i = 0; i < 50; i++) a.push(new Uint8Array(100_000_000).fill(1));", "CODE_ERROR",
+         "RangeError: Array buffer allocation failed"),
         ("return 'x'.repeat(5000);", "SANDBOX_OUTPUT_LIMIT",
          "The code's output (its value and console lines) passed 2000 bytes."),
         ("for (let i = 0; i < 100; i++) console.log('line', i, 'x'.repeat(30));", "SANDBOX_OUTPUT_LIMIT",

@@ -6,6 +6,7 @@ and audit live there, not here). Every message from the sandbox is untrusted."""
 import asyncio
 import json
 import re
+import resource
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ PRELUDE = (Path(__file__).parent / "prelude.ts").as_uri()
 MAIN = "main.ts"
 HEADER_LINES = 2  # the lines main.ts puts before the model's code
 STDERR_KEPT = 4096
+DENO_START_MB = 640  # the data segment Deno 2.9 reserves to start (measured: 512 MB is too little)
 
 # A tool call's answer as the sandbox gets it: {"ok": True, "value": ...} or {"ok": False, "error": {...}}.
 ToolCall = Callable[[Binding, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -69,6 +71,17 @@ def _prepare(workdir: Path, code: str) -> dict[str, str]:
     return {"DENO_DIR": str(workdir / "deno"), "DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1", "PATH": ""}
 
 
+def _cap_memory(pid: int, heap_mb: int) -> None:
+    """The heap cap leaves ArrayBuffers out (their memory is not V8's heap): the process's data segment is
+    capped too, at what Deno reserves to start plus the heap. Set before the code is sent, so it never
+    runs uncapped."""
+    limit = (DENO_START_MB + heap_mb) << 20
+    try:
+        resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
+    except ProcessLookupError:
+        pass  # it has already ended; its exit status says why
+
+
 async def sandbox_run(*, code: str, bindings: Bindings, call: ToolCall, limits: SandboxLimits) -> SandboxRun:
     with tempfile.TemporaryDirectory(prefix="switchboard-code-") as workdir:
         environment = _prepare(Path(workdir), code)
@@ -81,6 +94,7 @@ async def sandbox_run(*, code: str, bindings: Bindings, call: ToolCall, limits: 
             env=environment,
             limit=limits.max_output_bytes + 65_536,  # a longer line is refused as output over the cap
         )
+        _cap_memory(process.pid, limits.heap_mb)
         conversation = _Conversation(process, bindings, call, limits)
         try:
             with anyio.fail_after(limits.timeout):
