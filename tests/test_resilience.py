@@ -18,7 +18,7 @@ def test_progress_notifications_do_not_extend_an_upstreams_timeout(gateway, worl
     result = run(lambda: call(gateway.url, world.key, "slow__progress", {"seconds": 4}))
     assert result.is_error
     assert result.content[0].text == "slow__progress: The service did not answer within 1 seconds."
-    # Only this call's rows: a row an earlier test's gateway wrote late (a parked call it cancelled) is not ours.
+    # Only this call's rows: a row another test's gateway writes late is not this call's.
     [completed] = [r for r in audit_since(mark) if r.kind == "completed" and r.exposed_name == "slow__progress"]
     assert (completed.outcome, completed.error_code) == ("timeout", "UPSTREAM_TIMEOUT")
 
