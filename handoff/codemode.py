@@ -6,6 +6,7 @@ request id. Nothing the agent may not call is found, bound or run."""
 import asyncio
 import hashlib
 import json
+import logging
 import uuid
 from dataclasses import asdict
 from functools import cache
@@ -35,6 +36,8 @@ from registry.codemode.typescript import method_declaration
 from registry.executor import get_executor
 from registry.naming import gateway_tool_name
 from registry.pool import Outcome, failure
+
+logger = logging.getLogger(__name__)
 
 MAX_QUERY_CHARS = 1000
 DEFAULT_RESULTS = 5
@@ -112,7 +115,12 @@ async def execute(caller: Caller, arguments: dict[str, Any], request_id: uuid.UU
         message = f"`code` is larger than {limit} bytes; split the work into several executions."
         raise _invalid(message, "CODE_TOO_LARGE")
     execution = {"caller": asdict(caller), "request_id": str(request_id), "trace_id": trace_id, "code": code}
-    return await get_executor().run_code(execution=execution, timeout=settings.GATEWAY_SANDBOX_TIMEOUT)
+    try:
+        return await get_executor().run_code(execution=execution, timeout=settings.GATEWAY_SANDBOX_TIMEOUT)
+    except Exception as exc:  # an outcome all the same, so that the execution gets its completion row
+        logger.exception("execution %s failed", request_id)
+        message = "The gateway failed while running this code; its tool calls may or may not have run."
+        return failure("GATEWAY_ERROR", message, repr(exc))
 
 
 def code_detail(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -2,15 +2,19 @@
 `switchboard__execute`, whose code's tool calls meet the same policy, isolation and audit as direct ones."""
 
 import json
+import os
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
+import redis
 from mcp.shared.exceptions import MCPError
 
 from policy.models import Rule
 from registry.models import Upstream
 from tests import servers
 from tests.clients import call, tool_names, ws_session
+from tests.conftest import needs
 from tests.factories import agent, two_strict_groups
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -319,3 +323,40 @@ def test_execute_in_a_celery_gateway_runs_on_the_sandbox_queue(celery_gateway, c
     result = execute(celery_gateway, world.key, code)
     assert not result.is_error
     assert b"handoff.run_code" in celery_worker.log.read_bytes()
+
+
+def test_an_execution_whose_broker_is_unreachable_gets_a_gateway_error_and_its_completion(server_env, world, logs):
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set")
+    broker = f"redis://127.0.0.1:{servers.free_port()}/0"
+    env = server_env | {"GATEWAY_EXECUTOR": "celery", "CELERY_BROKER_URL": broker}
+    gateway = servers.start_gateway(env, logs / "gateway-code-no-broker.log")
+    try:
+        mark = audit_mark()
+        failed = execute(gateway, world.key, "return 1;")
+    finally:
+        gateway.stop()
+    assert failed.is_error and failed.content[0].text == (
+        f"{EXECUTE}: The gateway failed while running this code; its tool calls may or may not have run."
+    )
+    [completed] = [r for r in audit_since(mark) if r.kind == "completed"]
+    assert completed.error_code == "GATEWAY_ERROR" and "ConnectionError" in completed.error_detail
+
+
+def test_an_execution_no_worker_takes_is_reported_as_unavailable(server_env, world, logs):
+    """A broker no worker of queue `sandbox` listens on: the wait ends after the sandbox's timeout and grace."""
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set")
+    broker = urlsplit(os.environ["REDIS_URL"])._replace(path="/11").geturl()
+    env = server_env | {"GATEWAY_EXECUTOR": "celery", "REDIS_URL": broker, "GATEWAY_SANDBOX_TIMEOUT": "1"}
+    gateway = servers.start_gateway(env, logs / "gateway-code-workerless.log")
+    try:
+        mark = audit_mark()
+        lost = execute(gateway, world.key, "return 1;")
+    finally:
+        gateway.stop()
+        redis.Redis.from_url(broker).flushdb()  # the expired task nobody took
+    assert lost.is_error and lost.content[0].text == (
+        f"{EXECUTE}: No answer from the gateway's workers in time: the call may or may not have run. "
+        "Check its effect before repeating it."
+    )
+    [completed] = [r for r in audit_since(mark) if r.kind == "completed"]
+    assert completed.error_code == "EXECUTOR_UNAVAILABLE"
