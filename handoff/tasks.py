@@ -13,6 +13,8 @@ from handoff.notify import tools_changed_everywhere
 from handoff.tunnels import index_session, tunnels_sweep_idle
 from registry.executor import reply_after
 from registry.loop import pool_thread
+from registry.relay import cancellable
+from registry.tasks import CANCELLED
 
 
 async def sweep_and_tell(*, in_process: bool) -> int:
@@ -30,6 +32,8 @@ def sweep_idle_tunnels() -> int:
 @shared_task(
     name="handoff.run_code", ignore_result=True, acks_late=False, time_limit=settings.GATEWAY_SANDBOX_TIMEOUT + 30
 )
-def run_code_task(*, execution: dict[str, Any], reply_to: str) -> None:
-    """One execution, on this worker's event loop (where its async clients live); the sandbox bounds it."""
-    pool_thread().submit(reply_after(reply_to, execution_run(execution))).result()
+def run_code_task(*, execution: dict[str, Any], reply_to: str, call: str = "") -> None:
+    """One execution, on this worker's event loop (where its async clients live); the sandbox bounds it, and
+    the web process that waits may cancel it (which ends Deno and cancels the calls in flight)."""
+    running = cancellable(lambda: execution_run(execution), call, CANCELLED)
+    pool_thread().submit(reply_after(reply_to, running)).result()

@@ -200,14 +200,16 @@ async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float, queu
     return json.loads(reply[1]) if reply else _lost(wait)
 
 
-async def _publish_call(task: Any, kwargs: dict[str, Any], wait: float, relay: Relay | None) -> Outcome:
+async def _publish_call(
+    task: Any, kwargs: dict[str, Any], wait: float, relay: Relay | None, queue: str = "upstream"
+) -> Outcome:
     """A call of an agent's: published and waited for as any task, relaying what the upstream sends meanwhile
     (if the relay wants anything); if the wait is cancelled, so is the call in the worker."""
     call, wanted = uuid.uuid4().hex, carried(relay)
     kwargs = kwargs | {"call": call}
     try:
         if wanted is None:
-            return await _publish_and_wait(task, kwargs, wait)
+            return await _publish_and_wait(task, kwargs, wait, queue)
         channels = relay_channels(call)
         kwargs |= {"relay": channels, "capabilities": sorted(wanted.capabilities)}
         return await _relayed(_publish_and_wait(task, kwargs, wait), channels, wanted)
@@ -321,11 +323,11 @@ class CeleryExecutor:
 
     async def run_code(self, *, execution: dict[str, Any], timeout: float) -> Outcome:
         """On a worker of queue `sandbox`, whose code's tool calls go to queue `upstream` like any call: a
-        sandbox worker needs no upstream credentials."""
+        sandbox worker needs no upstream credentials. An agent that leaves cancels the execution there."""
         from handoff.tasks import run_code_task  # handoff builds on registry
 
         wait = timeout + EXECUTOR_GRACE_SECONDS
-        return await _publish_and_wait(run_code_task, {"execution": execution}, wait, queue="sandbox")
+        return await _publish_call(run_code_task, {"execution": execution}, wait, None, queue="sandbox")
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         from registry.tasks import list_tools_task  # tasks import the executor's helpers

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EVERYTHING_JS = ROOT / "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 LOOPBACK_JS = ROOT / "tests/support/loopback.cjs"
 START_TIMEOUT = 30.0
+# Where the demo server marks a call of its `sleep` tool that was cancelled (examples/demo_upstream.py).
+CANCELLED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-cancelled")
 
 
 def free_port() -> int:

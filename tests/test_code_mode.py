@@ -3,9 +3,11 @@
 
 import json
 import os
+import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+import anyio
 import pytest
 import redis
 from mcp.shared.exceptions import MCPError
@@ -13,7 +15,7 @@ from mcp.shared.exceptions import MCPError
 from policy.models import Rule
 from registry.models import Upstream
 from tests import servers
-from tests.clients import call, tool_names, ws_session
+from tests.clients import call, sdk_client, tool_names, ws_session
 from tests.conftest import needs
 from tests.factories import agent, two_strict_groups
 from tests.helpers import audit_mark, audit_since, eventually, run
@@ -360,3 +362,22 @@ def test_an_execution_no_worker_takes_is_reported_as_unavailable(server_env, wor
     )
     [completed] = [r for r in audit_since(mark) if r.kind == "completed"]
     assert completed.error_code == "EXECUTOR_UNAVAILABLE"
+
+
+def test_an_agent_that_leaves_cancels_the_execution_and_the_calls_it_has_in_flight(gateway, world):
+    mark, started = f"code-{uuid.uuid4().hex[:12]}", audit_mark()
+    code = f"await tools.demo.sleep({{ seconds: 20, mark: '{mark}' }}); return 'not reached';"
+
+    async def scenario():
+        async with sdk_client(gateway.url, world.key, "legacy", timeout=30) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, EXECUTE, {"code": code})
+                await anyio.sleep(2)
+                tg.cancel_scope.cancel()
+
+    run(scenario)
+    assert eventually(lambda: os.path.exists(os.path.join(servers.CANCELLED_DIR, mark)), timeout=10), "upstream told"
+    [completed] = eventually(
+        lambda: [r for r in audit_since(started) if r.exposed_name == "demo__sleep" and r.kind == "completed"]
+    )
+    assert completed.error_code == "CANCELLED" and completed.detail["execution"]

@@ -3,7 +3,6 @@ reaches the agent, cancelling a call cancels it at the upstream (the demo server
 
 import json
 import os
-import tempfile
 import uuid
 
 import anyio
@@ -15,10 +14,9 @@ from audit.models import AuditEvent
 from tests.clients import sdk_client, tool_names, watched_client, ws_session
 from tests.factories import demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
-from tests.servers import inline_gateway_with
+from tests.servers import CANCELLED_DIR, inline_gateway_with
 
 MODES = ["legacy", "2026-07-28"]
-CANCELLED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-cancelled")  # the demo server's
 
 
 @pytest.mark.parametrize("mode", MODES)
