@@ -57,13 +57,21 @@ def _embedder() -> Embedder | None:
     return Embedder() if settings.GATEWAY_SEARCH_SEMANTIC and model_dir() else None
 
 
+_last_index: dict[tuple[tuple[str, str], ...], SearchIndex] = {}  # the catalog it was built from -> index
+
+
 async def search_index(snap: Snapshot) -> SearchIndex:
-    """Built off the event loop once per snapshot, so rebuilt whenever the catalog, rules or upstreams
-    change; its embeddings follow in the background."""
+    """The index of the snapshot's catalog: the last one while no tool changed (a new snapshot may change
+    only keys or rules, which search applies per query), else built off the event loop, its embeddings
+    following in the background."""
     if "index" not in snap.memo:
-        index = await asyncio.to_thread(SearchIndex, [entry.definition for entry in snap.tools.values()])
-        if (embedder := _embedder()) is not None:
-            embedder.start(index)
+        catalog = tuple((name, entry.sha256) for name, entry in snap.tools.items())
+        if (index := _last_index.get(catalog)) is None:
+            index = await asyncio.to_thread(SearchIndex, [entry.definition for entry in snap.tools.values()])
+            if (embedder := _embedder()) is not None:
+                embedder.start(index)
+            _last_index.clear()
+            _last_index[catalog] = index
         snap.memo.setdefault("index", index)
     return snap.memo["index"]
 

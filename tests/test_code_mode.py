@@ -381,3 +381,21 @@ def test_an_agent_that_leaves_cancels_the_execution_and_the_calls_it_has_in_flig
         lambda: [r for r in audit_since(started) if r.exposed_name == "demo__sleep" and r.kind == "completed"]
     )
     assert completed.error_code == "CANCELLED" and completed.detail["execution"]
+
+
+def test_the_search_index_is_built_again_only_when_a_tool_changes():
+    from handoff.codemode import search_index
+    from handoff.snapshot import Route, Snapshot, ToolEntry
+    from policy.decisions import Target
+    from tests.factories import admission
+
+    limits = admission().upstream
+    route, target = Route(1, "t", 1, 1.0, "a", limits), Target("t__a", "t", True, True, 1, None, "a")
+
+    def snapshot_with(version: int, digest: str) -> Snapshot:
+        entry = ToolEntry(route, target, {"name": "t__a", "description": "Say a."}, digest)
+        return Snapshot(version, tools={"t__a": entry})
+
+    first = anyio.run(search_index, snapshot_with(1, "one"))
+    assert anyio.run(search_index, snapshot_with(2, "one")) is first, "only keys or rules changed"
+    assert anyio.run(search_index, snapshot_with(3, "two")) is not first, "the tool's definition changed"
