@@ -2,12 +2,16 @@
 
 - direct:  the demo upstream over stdio, one subprocess per client session (no gateway at all);
 - proxy:   the same stdio upstream behind mcp-proxy, the minimal pass-through proxy (our floor);
+- sdk:     the same pass-through on the gateway's own stack (the `mcp` 2.x SDK's server under Daphne,
+           bench/sdk_passthrough.py): what that stack costs before the gateway does anything;
 - inline:  Switchboard with the inline executor;
 - celery:  Switchboard with the Celery executor and a worker;
 
 both Switchboard targets with audit on PostgreSQL. Every target is driven by the official SDK client
 (2025-11-25, the one era mcp-proxy speaks) at 1, 8 and 32 concurrent sessions. Figures are printed as a
-Markdown table, with ratios to the proxy measured in the same run, and saved as JSON.
+Markdown table, with ratios to the proxy measured in the same run, and saved as JSON. Beside latency and
+throughput, each target's CPU per call is read from /proc: its server's processes (with their upstreams
+and, for Celery, the worker) and the whole machine's, client, PostgreSQL and Redis included.
 
     bench/run            # see bench/run for the environment it sets up
 """
@@ -19,7 +23,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -37,6 +41,7 @@ from tests import servers  # noqa: E402  (the process helpers the tests use)
 
 DEMO = [sys.executable, str(ROOT / "examples/demo_upstream.py")]
 PROXY = ROOT / ".venv-proxy/bin/mcp-proxy"
+SDK_PASSTHROUGH = "bench.sdk_passthrough:app"
 ARGUMENTS = {"text": "benchmark"}
 
 
@@ -79,7 +84,31 @@ def stdio_session() -> Client:
     return Client(StdioServerParameters(command=DEMO[0], args=DEMO[1:]), mode="legacy")
 
 
-async def measure(open_session: Callable, tool: str, sessions: int, calls: int, warmup: int) -> dict:
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy (every state but idle and iowait) since boot."""
+    ticks = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS
+
+
+def sessions_cpu_seconds(session_ids: Collection[int]) -> float:
+    """CPU time of the live processes in these process sessions (a server with its upstreams)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[3]) in session_ids:
+            total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICKS
+
+
+async def measure(
+    open_session: Callable, tool: str, sessions: int, calls: int, warmup: int, server_sessions: Collection[int] = ()
+) -> dict:
     """`calls` calls spread over `sessions` concurrent sessions, after `warmup` calls on each."""
     latencies: list[float] = []
     async with AsyncExitStack() as stack:
@@ -94,9 +123,11 @@ async def measure(open_session: Callable, tool: str, sessions: int, calls: int, 
                 assert not result.is_error, result
 
         await asyncio.gather(*(drive(client, warmup, False) for client in clients))
+        machine, server = machine_cpu_seconds(), sessions_cpu_seconds(server_sessions)
         started = time.perf_counter()
         await asyncio.gather(*(drive(client, calls // sessions, True) for client in clients))
         wall = time.perf_counter() - started
+        machine, server = machine_cpu_seconds() - machine, sessions_cpu_seconds(server_sessions) - server
     cut = statistics.quantiles(latencies, n=100)
     return {
         "sessions": sessions,
@@ -105,6 +136,8 @@ async def measure(open_session: Callable, tool: str, sessions: int, calls: int, 
         "p90_ms": cut[89] * 1000,
         "p99_ms": cut[98] * 1000,
         "calls_per_s": len(latencies) / wall,
+        "server_cpu_ms": server * 1000 / len(latencies) if server_sessions else None,
+        "machine_cpu_ms": machine * 1000 / len(latencies),
     }
 
 
@@ -117,16 +150,27 @@ def start_targets(key: str, logs: Path) -> tuple[dict, list]:
     )
     servers.wait_for_port(proxy_port, proxy, logs / "proxy.log")
     started.append(servers.Running(proxy, logs / "proxy.log"))
+    sdk_port = servers.free_port()
+    sdk_command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(sdk_port), SDK_PASSTHROUGH]
+    sdk = servers.start(sdk_command, env, logs / "sdk.log")
+    servers.wait_for_port(sdk_port, sdk, logs / "sdk.log")
+    started.append(servers.Running(sdk, logs / "sdk.log"))
     inline = servers.start_gateway(env | {"GATEWAY_EXECUTOR": "inline"}, logs / "inline.log")
     worker = servers.start_worker(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "worker.log")
     celery = servers.start_gateway(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "celery.log")
     started += [inline, worker, celery]
     auth = {"Authorization": f"Bearer {key}"}
+    # Each server runs in a process session of its own (servers.start), so its upstreams count with it.
     targets = {
-        "direct": (stdio_session, "echo"),
-        "proxy": (lambda: http_session(f"http://127.0.0.1:{proxy_port}/mcp", {}), "echo"),
-        "inline": (lambda: http_session(f"{inline.url}/mcp", auth), "demo__echo"),
-        "celery": (lambda: http_session(f"{celery.url}/mcp", auth), "demo__echo"),
+        "direct": (stdio_session, "echo", ()),
+        "proxy": (lambda: http_session(f"http://127.0.0.1:{proxy_port}/mcp", {}), "echo", {proxy.pid}),
+        "sdk": (lambda: http_session(f"http://127.0.0.1:{sdk_port}/mcp", {}), "echo", {sdk.pid}),
+        "inline": (lambda: http_session(f"{inline.url}/mcp", auth), "demo__echo", {inline.process.pid}),
+        "celery": (
+            lambda: http_session(f"{celery.url}/mcp", auth),
+            "demo__echo",
+            {celery.process.pid, worker.process.pid},
+        ),
     }
     return targets, started
 
@@ -134,15 +178,17 @@ def start_targets(key: str, logs: Path) -> tuple[dict, list]:
 def table(results: list[dict]) -> str:
     floor = {r["sessions"]: r for r in results if r["target"] == "proxy"}
     lines = [
-        "| target | sessions | p50 ms | p90 ms | p99 ms | calls/s | p50 / proxy | calls/s / proxy |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| target | sessions | p50 ms | p90 ms | p99 ms | calls/s | p50 / proxy | calls/s / proxy "
+        "| server CPU ms/call | machine CPU ms/call |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         base = floor[r["sessions"]]
+        server = "" if r["server_cpu_ms"] is None else f"{r['server_cpu_ms']:.2f}"
         lines.append(
             f"| {r['target']} | {r['sessions']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
             f"{r['p99_ms']:.2f} | {r['calls_per_s']:.0f} | {r['p50_ms'] / base['p50_ms']:.2f} | "
-            f"{r['calls_per_s'] / base['calls_per_s']:.2f} |"
+            f"{r['calls_per_s'] / base['calls_per_s']:.2f} | {server} | {r['machine_cpu_ms']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -152,7 +198,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=640, help="measured calls per target and concurrency")
     parser.add_argument("--warmup", type=int, default=10, help="unmeasured calls per session first")
     parser.add_argument("--sessions", default="1,8,32")
-    parser.add_argument("--targets", default="direct,proxy,inline,celery")
+    parser.add_argument("--targets", default="direct,proxy,sdk,inline,celery")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/latest.json")
     args = parser.parse_args()
     database = urlsplit(os.environ["DATABASE_URL"]).path
@@ -175,11 +221,12 @@ async def measure_all(targets: dict, args: argparse.Namespace) -> list[dict]:
     # Interleave targets within each concurrency so drifts in machine load hit all of them alike.
     for sessions in (int(s) for s in args.sessions.split(",")):
         for name in args.targets.split(","):
-            open_session, tool = targets[name]
-            result = await measure(open_session, tool, sessions, args.calls, args.warmup)
+            open_session, tool, server_sessions = targets[name]
+            result = await measure(open_session, tool, sessions, args.calls, args.warmup, server_sessions)
             results.append({"target": name, **result})
             print(
-                f"{name:7} {sessions:3} sessions  p50 {result['p50_ms']:.2f} ms  {result['calls_per_s']:.0f} calls/s",
+                f"{name:7} {sessions:3} sessions  p50 {result['p50_ms']:.2f} ms  {result['calls_per_s']:.0f} calls/s  "
+                f"machine CPU {result['machine_cpu_ms']:.2f} ms/call",
                 file=sys.stderr,
             )
     return results
