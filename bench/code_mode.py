@@ -74,7 +74,7 @@ def recall(embedder: Embedder) -> None:
             shares = []
             for query, vector in zip(queries, vectors, strict=True):
                 hits = index.search(query["query"], k, lambda name: True, vector if use else None)
-                shares.append(len({hit.name for hit in hits} & set(query["expected"])) / min(k, len(query["expected"])))
+                shares.append(len(set(hits) & set(query["expected"])) / min(k, len(query["expected"])))
             cells.append(f"{statistics.mean(shares):.3f}")
         print(f"| {ranking} | {' | '.join(cells)} |")
 
@@ -124,10 +124,10 @@ def context() -> None:
         index = SearchIndex(offered)
         bindings = bindings_build([(t["name"], t["_slug"], t["_tool"]) for t in offered])
         found = []
-        for hit in index.search(TYPICAL_QUERY, 5, lambda name: True):
-            binding, tool = bindings.by_name.get(hit.name), next(t for t in offered if t["name"] == hit.name)
-            signature = method_declaration(binding.path, tool, hit.name) if binding else ""
-            found.append(f"// {hit.name}\n{signature}")
+        for name in index.search(TYPICAL_QUERY, 5, lambda name: True):
+            binding, tool = bindings.by_name.get(name), next(t for t in offered if t["name"] == name)
+            signature = method_declaration(binding.path, tool, name) if binding else ""
+            found.append(f"// {name}\n{signature}")
         result = tokens("\n\n".join(found))
         full = tokens(listed)
         print(f"| {count} | {full} | {two} | {two + result} | {1 - (two + result) / full:.0%} |")

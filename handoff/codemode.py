@@ -90,7 +90,7 @@ async def tools_search(snap: Snapshot, caller: Caller, arguments: dict[str, Any]
     index, embedder = await search_index(snap), _embedder()
     vector = await asyncio.to_thread(embedder.query, query) if embedder and index.vectors is not None else None
     hits = index.search(query, k, lambda name: snap.decide(caller.agent_id, name)[0] is None, vector)
-    found = [_found(snap, code_bindings(snap), hit.name) for hit in hits]
+    found = [_found(snap, code_bindings(snap), name) for name in hits]
     structured = {"tools": found, "ranking": "lexical+semantic" if vector is not None else "lexical"}
     return {"content": [{"type": "text", "text": _listing(query, found)}], "structuredContent": structured}
 

@@ -159,13 +159,11 @@ def test_search_ranks_by_name_first_and_returns_only_what_is_allowed():
             {"name": "fs__read_file", "description": "Read a file"},
         ]
     )
-    assert [hit.name for hit in index.search("list commits", 3, lambda name: True)][:2] == [
+    assert index.search("list commits", 3, lambda name: True)[:2] == [
         "gh__list_commits",
         "git__git_log",
     ]
-    assert [hit.name for hit in index.search("list commits", 3, lambda name: name != "gh__list_commits")] == [
-        "git__git_log"
-    ]
+    assert index.search("list commits", 3, lambda name: name != "gh__list_commits") == ["git__git_log"]
     assert index.search("nothing matches zzz", 3, lambda name: True) == []
 
 
@@ -187,7 +185,7 @@ def test_search_finds_the_expected_tools_in_the_first_five_for_the_evaluation_qu
     shares = []
     for query in queries:
         vector = query["vector"] if ranking == "lexical+semantic" else None
-        found = {hit.name for hit in index.search(query["query"], 5, lambda name: True, vector)}
+        found = set(index.search(query["query"], 5, lambda name: True, vector))
         shares.append(len(found & set(query["expected"])) / min(5, len(query["expected"])))
     assert sum(shares) / len(shares) >= floor
 
@@ -195,8 +193,8 @@ def test_search_finds_the_expected_tools_in_the_first_five_for_the_evaluation_qu
 def test_meaning_finds_what_words_alone_miss(evaluation):
     index, queries = evaluation
     [folder] = [q for q in queries if q["query"] == "make a new folder"]
-    lexical = [hit.name for hit in index.search(folder["query"], 5, lambda name: True)]
-    combined = [hit.name for hit in index.search(folder["query"], 5, lambda name: True, folder["vector"])]
+    lexical = index.search(folder["query"], 5, lambda name: True)
+    combined = index.search(folder["query"], 5, lambda name: True, folder["vector"])
     assert "filesystem__create_directory" not in lexical
     assert "filesystem__create_directory" in combined
 

@@ -9,7 +9,6 @@ import re
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,12 +61,6 @@ def sentence(definition: dict[str, Any]) -> str:
     return f"{definition.get('title') or words}: {first}"
 
 
-@dataclass(frozen=True)
-class Hit:
-    name: str
-    score: float
-
-
 class SearchIndex:
     def __init__(self, definitions: Iterable[dict[str, Any]]) -> None:
         self.names: list[str] = []
@@ -100,20 +93,20 @@ class SearchIndex:
 
     def search(
         self, query: str, k: int, allowed: Callable[[str], bool], query_vector: np.ndarray | None = None
-    ) -> list[Hit]:
-        """The k best tools for the query among those `allowed` says the caller may use."""
+    ) -> list[str]:
+        """The names of the k best tools for the query, best first, among those `allowed` says the caller may use."""
         scores, ceiling = self.lexical(query)
         vectors = self.vectors
         if vectors is not None and query_vector is not None:
             # Scaled by the ceiling, not by the best match: a tool sharing one word of a long query stays small.
             lexical = scores / ceiling if ceiling else scores
             scores = (1 - SEMANTIC_SHARE) * lexical + SEMANTIC_SHARE * (vectors @ query_vector)
-        hits: list[Hit] = []
+        hits: list[str] = []
         for doc in np.argsort(-scores, kind="stable"):
             if scores[doc] <= 0:
                 break
             if allowed(self.names[doc]):
-                hits.append(Hit(self.names[doc], float(scores[doc])))
+                hits.append(self.names[doc])
                 if len(hits) == k:
                     break
         return hits
