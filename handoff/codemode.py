@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import threading
 import uuid
 from dataclasses import asdict
 from functools import cache
@@ -148,8 +149,30 @@ def sandbox_limits() -> SandboxLimits:
     )
 
 
+@cache
+def _sandbox_slots() -> threading.BoundedSemaphore:
+    """The executions this process may run at once: without a bound, agents could start Deno processes
+    until the machine's memory ran out. Never waited on (a full sandbox refuses), so any loop may take it."""
+    return threading.BoundedSemaphore(settings.GATEWAY_SANDBOX_MAX_RUNNING)
+
+
 async def execution_run(execution: dict[str, Any]) -> Outcome:
-    """Run one execution where the executor put it (this process, or a worker on queue `sandbox`)."""
+    """Run one execution where the executor put it (this process, or a worker on queue `sandbox`), if a
+    sandbox slot is free."""
+    slots = _sandbox_slots()
+    if not slots.acquire(blocking=False):
+        slots_total = settings.GATEWAY_SANDBOX_MAX_RUNNING
+        return failure(
+            "SANDBOX_BUSY",
+            f"No sandbox is free (at most {slots_total} executions run at once here); retry in a few seconds.",
+        )
+    try:
+        return await _sandboxed(execution)
+    finally:
+        slots.release()
+
+
+async def _sandboxed(execution: dict[str, Any]) -> Outcome:
     caller = Caller(**execution["caller"])
     snap = await snapshot.get()
     permitted = code_bindings(snap).only(lambda name: snap.decide(caller.agent_id, name)[0] is None)

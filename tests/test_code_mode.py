@@ -247,6 +247,43 @@ def test_code_over_the_size_cap_is_refused_before_it_runs(capped, world):
     assert str(refused) == "`code` is larger than 1000 bytes; split the work into several executions."
 
 
+@pytest.fixture(scope="module")
+def one_sandbox(server_env, world, logs) -> Iterator[servers.Running]:
+    with servers.inline_gateway_with(
+        server_env, logs / "gateway-one-sandbox.log", GATEWAY_SANDBOX_MAX_RUNNING="1"
+    ) as running:
+        yield running
+
+
+def test_an_execution_beyond_the_running_cap_is_refused_until_a_sandbox_is_free(one_sandbox, world):
+    started = audit_mark()
+    slow = "await tools.demo.sleep({ seconds: 3, mark: 'busy' }); return 1;"
+
+    def sleeping() -> list:
+        return [r for r in audit_since(started) if r.exposed_name == "demo__sleep" and r.kind == "approved"]
+
+    async def scenario():
+        async with anyio.create_task_group() as tg:
+            first: list = []
+
+            async def run_first():
+                first.append(await call(one_sandbox.url, world.key, EXECUTE, {"code": slow}))
+
+            tg.start_soon(run_first)
+            await anyio.to_thread.run_sync(eventually, sleeping)  # the first one holds the only sandbox
+            second = await call(one_sandbox.url, world.key, EXECUTE, {"code": "return 2;"})
+        return first[0], second
+
+    first, second = run(scenario)
+    assert value_of(first) == 1
+    assert second.is_error and second.content[0].text == (
+        f"{EXECUTE}: No sandbox is free (at most 1 executions run at once here); retry in a few seconds."
+    )
+    completed = [r for r in audit_since(started) if r.exposed_name == EXECUTE and r.kind == "completed"]
+    assert sorted((r.outcome, r.error_code) for r in completed) == [("error", "SANDBOX_BUSY"), ("ok", "")]
+    assert value_of(execute(one_sandbox, world.key, "return 3;")) == 3, "the slot was given back"
+
+
 ESCAPES = {
     "network": ("await fetch('http://127.0.0.1:5432/');", 'NotCapable: Requires net access to "127.0.0.1:5432"'),
     "file system": ("Deno.readTextFileSync('{canary}');", "NotCapable: Requires read access to"),
