@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
+import anyio
 from django.conf import settings
 from mcp import types
 from mcp.server.context import ServerRequestContext
@@ -56,6 +57,7 @@ from handoff.relaying import AgentRelay
 from handoff.snapshot import Route, Snapshot, snapshot
 from handoff.tunnels import SessionStateUnavailable, SessionTunnel, index_session, session_index, tunnel_touch
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial, ToolRefused
+from policy.limits import limit_store
 from policy.redaction import redact
 from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome
 from registry.relay import LOGGING, Relay
@@ -117,11 +119,18 @@ async def _route(
     if builtin := snap.builtins.get(name):
         if denial := snap.gateway_denial(caller.agent_id, name):
             return Decision(settings.GATEWAY_NAME, denial=denial)
-        if builtin.policy_target.tool == EXECUTE:
-            run = execute(caller, arguments, request_id, trace_id)
-            return await _gateway_tool(caller, name, request_id, trace_id, arguments, run, code_detail(arguments))
-        found = tools_search(snap, caller, arguments)
-        return await _gateway_tool(caller, name, request_id, trace_id, arguments, _completed(found))
+        decision = await admit(snap, caller, name, builtin.route, str(request_id))
+        if decision.denial:
+            return decision
+        try:
+            if builtin.policy_target.tool == EXECUTE:
+                run = execute(caller, arguments, request_id, trace_id)
+                return await _gateway_tool(caller, name, request_id, trace_id, arguments, run, code_detail(arguments))
+            found = tools_search(snap, caller, arguments)
+            return await _gateway_tool(caller, name, request_id, trace_id, arguments, _completed(found))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await limit_store().release(decision.admission, "none", False)
     return await decide(snap, caller, name, str(request_id))
 
 

@@ -112,6 +112,7 @@ class GatewayTool:
 
     definition: dict[str, Any]
     policy_target: Target  # rules match it by its name, under the gateway's namespace
+    route: "Route"  # what admission counts it against: the agent's limits, and the gateway's own
 
 
 @dataclass(frozen=True)
@@ -293,13 +294,35 @@ def _triage() -> dict[str, TriageEntry]:
     return entries
 
 
+GATEWAY_UPSTREAM_ID = 0  # what admission keys the gateway's own tools under: no upstream has this id
+
+
+def _gateway_limits() -> UpstreamLimits:
+    """Code mode's tools are counted like calls to an upstream with the default limits, besides the agent's
+    own: so an agent's rate and session caps hold for executions too. No breaker opens on them, since
+    their release reports no health."""
+    return UpstreamLimits(
+        id=GATEWAY_UPSTREAM_ID,
+        slug=settings.GATEWAY_NAME,
+        strict_group=None,
+        group_name="",
+        calls_per_minute=settings.GATEWAY_UPSTREAM_CALLS_PER_MINUTE,
+        max_concurrent=settings.GATEWAY_UPSTREAM_MAX_CONCURRENT,
+        breaker_failures=settings.GATEWAY_BREAKER_FAILURES,
+        breaker_recovery=settings.GATEWAY_BREAKER_RECOVERY_SECONDS,
+        probe_seconds=settings.GATEWAY_SANDBOX_TIMEOUT + EXECUTOR_GRACE_SECONDS,
+    )
+
+
 def _builtins() -> dict[str, GatewayTool]:
     if settings.GATEWAY_CODE_MODE == "off":
         return {}
-    tools = {}
+    tools, limits = {}, _gateway_limits()
     for tool, definition in ((SEARCH_TOOLS, search_tools_definition()), (EXECUTE, execute_definition())):
         target = Target(definition["name"], settings.GATEWAY_NAME, True, True, tool=tool)
-        tools[definition["name"]] = GatewayTool(definition, target)
+        name = definition["name"]  # as the rows of its approved calls name it
+        route = Route(GATEWAY_UPSTREAM_ID, settings.GATEWAY_NAME, 0, settings.GATEWAY_SANDBOX_TIMEOUT, name, limits)
+        tools[name] = GatewayTool(definition, target, route)
     return tools
 
 

@@ -150,6 +150,24 @@ def test_a_rule_can_deny_execute_itself(inline_gateway, world):
     assert (denied.kind, denied.exposed_name, denied.upstream) == ("denied", EXECUTE, "switchboard")
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_executions_and_the_calls_their_code_makes_count_against_the_agents_rate_limit(gateway, world, mode):
+    with agent("erin", calls_per_minute=3) as (_, key):
+        eventually(lambda: EXECUTE in run(lambda: tool_names(gateway.url, key)))
+        mark = audit_mark()
+        first = execute(gateway, key, "return await tools.demo.add({ a: 1, b: 2 });", mode)  # two calls
+        searched = run(lambda: call(gateway.url, key, SEARCH, {"query": "add"}, mode))  # the third
+        refused = execute(gateway, key, "return 1;", mode)
+    assert value_of(first) == 3 and not searched.is_error
+    assert isinstance(refused, MCPError) and (refused.code, refused.data["code"]) == (-32003, "AGENT_RATE_LIMITED")
+    assert str(refused).startswith("This agent may make 3 tool calls a minute. Retry after ")
+    assert 0 < refused.data["retryAfter"] <= 60
+    rows = [(r.kind, r.exposed_name) for r in audit_since(mark)]
+    assert rows.count(("denied", EXECUTE)) == 1 and ("approved", "demo__add") in rows
+    [denied] = [r for r in audit_since(mark) if r.kind == "denied"]
+    assert (denied.upstream, denied.tool, denied.error_code) == ("switchboard", EXECUTE, "AGENT_RATE_LIMITED")
+
+
 def test_search_finds_the_right_tool_with_its_typescript_signature(gateway, world):
     found = run(lambda: call(gateway.url, world.key, SEARCH, {"query": "current time in a timezone", "k": 3}))
     first = found.structured_content["tools"][0]
