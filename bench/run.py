@@ -193,6 +193,22 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def added_table(results: list[dict]) -> str:
+    """What each gateway adds over the same pass-through on its own stack (the `sdk` target), per level."""
+    stack = {r["sessions"]: r for r in results if r["target"] == "sdk"}
+    lines = [
+        "| target | sessions | p50 added ms | server CPU added ms/call | calls/s / sdk |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if r["target"] in ("inline", "celery") and (base := stack.get(r["sessions"])):
+            lines.append(
+                f"| {r['target']} | {r['sessions']} | {r['p50_ms'] - base['p50_ms']:.2f} | "
+                f"{r['server_cpu_ms'] - base['server_cpu_ms']:.2f} | {r['calls_per_s'] / base['calls_per_s']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=640, help="measured calls per target and concurrency")
@@ -214,6 +230,9 @@ def main() -> None:
             running.stop()
     args.out.write_text(json.dumps(results, indent=2))
     print(table(results))
+    if any(r["target"] == "sdk" for r in results):
+        print("\nWhat the gateway adds over its own stack (the sdk pass-through):\n")
+        print(added_table(results))
 
 
 async def measure_all(targets: dict, args: argparse.Namespace) -> list[dict]:
