@@ -1,16 +1,19 @@
-"""The admin site of the console: the stock admin, with the dashboard as its front page."""
+"""The admin site of the console: the stock admin, with the dashboard as its front page and a sign-in
+that is throttled (sign_in.py)."""
 
 from django.contrib import admin
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from audit.dashboard import WINDOWS, gateway_state, window_stats
+from audit.sign_in import ThrottledAuthenticationForm
 
 
 class ConsoleSite(admin.AdminSite):
     site_header = site_title = "Switchboard"
     index_title = "Gateway health"
     index_template = "admin/console_index.html"
+    login_form = ThrottledAuthenticationForm
 
     def index(self, request: HttpRequest, extra_context: dict | None = None) -> TemplateResponse:
         context = extra_context or {}

@@ -187,6 +187,16 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Failed console sign-ins are counted here (audit/sign_in.py): in Redis, so that every web process sees them.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "sign_in": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "sb:sign-in"}
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "sign-in"}
+    ),
+}
+
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "memory://")
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "upstream"
@@ -285,6 +295,10 @@ GATEWAY_SANDBOX_MAX_CALLS = env_int("GATEWAY_SANDBOX_MAX_CALLS", 50)
 GATEWAY_SANDBOX_MAX_RUNNING = env_int("GATEWAY_SANDBOX_MAX_RUNNING", 8)
 # Networks HTTP upstreams may reach without being marked internal (CIDRs); public addresses always may.
 GATEWAY_EGRESS_ALLOWED_NETWORKS = env_list("GATEWAY_EGRESS_ALLOWED_NETWORKS", "")
+# Console sign-in: after this many failures for one username from one address, that pair is refused (even
+# with the right password) until the window, counted from the first failure, has passed.
+GATEWAY_SIGN_IN_MAX_FAILURES = env_int("GATEWAY_SIGN_IN_MAX_FAILURES", 5)
+GATEWAY_SIGN_IN_WINDOW_SECONDS = env_int("GATEWAY_SIGN_IN_WINDOW_SECONDS", 900)
 
 # --- REST API (DRF): admin tokens only, no session or Basic auth, so no CSRF surface ---------------------------
 REST_FRAMEWORK = {
