@@ -119,6 +119,12 @@ TOOLS = [
         input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
     ),
     types.Tool(
+        name="query",
+        description="Over HTTP: the value of the named query parameter of the request's URL (to check what a "
+        "gateway sends).",
+        input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    ),
+    types.Tool(
         name="trace",
         description="The W3C traceparent the request's _meta carried (to check what a gateway propagates).",
         input_schema={"type": "object", "properties": {}},
@@ -275,6 +281,9 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         case "header":
             headers = ctx.request.headers if ctx.request is not None else {}
             return text(headers.get(str(args["name"]), ""))
+        case "query":
+            query = ctx.request.query_params if ctx.request is not None else {}
+            return text(query.get(str(args["name"]), ""))
     if any(tool.get("name") == params.name for tool in manifest().get("tools", [])):
         return text(str(args.get("text", "")))
     raise ValueError(f"Unknown tool: {params.name}")

@@ -1,7 +1,7 @@
 """The REST API of the service registry: upstreams, through the same audited services as the admin.
 
-Credentials (env values, headers) are write-only: a read shows each stored one as a mask, and a write that
-sends the mask keeps what is stored under that name.
+Credentials (env values, headers, query values; a query typed into `url` moves to `query`) are write-only: a
+read shows each stored one as a mask, and a write that sends the mask keeps what is stored under that name.
 """
 
 from typing import Any
@@ -30,6 +30,7 @@ class UpstreamSerializer(AuditedModelSerializer):
     group = by_name(ServerGroup)
     env = SecretMapField(required=False)
     headers = SecretMapField(required=False)
+    query = SecretMapField(required=False)
     circuit = serializers.SerializerMethodField()
     reachable = serializers.BooleanField(source="is_reachable", read_only=True)
 
@@ -56,7 +57,7 @@ class UpstreamSerializer(AuditedModelSerializer):
         return merged
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        for name in ("env", "headers"):
+        for name in Upstream.SECRET_MAPS:
             if name in attrs:
                 attrs[name] = self._unmasked(name, attrs[name])
         return super().validate(attrs)

@@ -9,7 +9,7 @@ from django.db import transaction
 
 from handoff.models import HandoffRoute
 from policy.services import policy_object_save
-from registry.models import Upstream
+from registry.models import Upstream, query_split
 from registry.services import upstream_save
 
 HTTP_TYPES = {
@@ -43,14 +43,17 @@ def _fields(entry: dict[str, Any]) -> dict[str, Any]:
             "cwd": entry.get("cwd", ""),
             "url": "",
             "headers": {},
+            "query": {},
         }
     if "url" in entry:
         kind = entry.get("type") or entry.get("transport") or "http"
         if kind not in HTTP_TYPES:
             raise ValueError(f"unknown transport type {kind!r}")
+        url, query = query_split(entry["url"]) if isinstance(entry["url"], str) else (entry["url"], {})
         return {
             "transport": HTTP_TYPES[kind],
-            "url": entry["url"],
+            "url": url,
+            "query": query,
             "headers": entry.get("headers", {}),
             "command": "",
             "args": [],
@@ -80,7 +83,7 @@ def mcp_config_import(*, config: Any, actor: str = "", internal: bool = False) -
 def _up_to_date(upstream: Upstream, fields: dict[str, Any]) -> bool:
     """Sealed credentials cannot be compared here (only the executor opens them): an entry that carries
     any is imported again."""
-    credentials = ("env", "headers")
+    credentials = Upstream.SECRET_MAPS
     if any(fields[name] or getattr(upstream, name) for name in credentials):
         return False
     return all(getattr(upstream, key) == value for key, value in fields.items() if key not in credentials)

@@ -1,4 +1,4 @@
-"""The upstream form: `env` and `headers` often hold credentials, so their values never go back to the
+"""The upstream form: `env`, `headers` and `query` often hold credentials, so their values never go back to the
 browser. Each shows as MASK; a MASK sent back keeps the stored value, anything else replaces it. A form
 shown again after an error masks newly typed values too: they have to be typed again."""
 
@@ -29,6 +29,11 @@ class SecretMapField(forms.JSONField):
 class UpstreamForm(forms.ModelForm):
     env = SecretMapField(required=False, help_text="Environment of a stdio server. Stored values show as " + MASK)
     headers = SecretMapField(required=False, help_text="HTTP headers sent upstream. Stored values show as " + MASK)
+    query = SecretMapField(
+        required=False,
+        help_text="Query parameters added to the URL (a query typed into the URL moves here). Stored values show "
+        "as " + MASK,
+    )
 
     class Meta:
         model = Upstream
@@ -39,6 +44,9 @@ class UpstreamForm(forms.ModelForm):
 
     def clean_headers(self) -> dict[str, str]:
         return self._unmask("headers")
+
+    def clean_query(self) -> dict[str, str]:
+        return self._unmask("query")
 
     def _unmask(self, name: str) -> dict[str, str]:
         value = self.cleaned_data.get(name) or {}

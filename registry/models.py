@@ -1,4 +1,4 @@
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -13,6 +13,14 @@ slug_validator = RegexValidator(
     r"^[a-z][a-z0-9]*(-[a-z0-9]+)*\Z",
     "Lower-case letters and digits in words joined by single hyphens, starting with a letter.",
 )
+
+
+def query_split(url: str) -> tuple[str, dict[str, str]]:
+    """The URL without its query, and the query's parameters: what `Upstream.query` keeps sealed."""
+    parts = urlsplit(url)
+    if not parts.query:
+        return url, {}
+    return urlunsplit(parts._replace(query="")), dict(parse_qsl(parts.query, keep_blank_values=True))
 
 
 class Upstream(models.Model):
@@ -36,6 +44,12 @@ class Upstream(models.Model):
     cwd = models.CharField(max_length=512, blank=True)
     url = models.URLField(max_length=1024, blank=True)
     headers = models.JSONField(default=dict, blank=True, help_text="HTTP headers sent to the upstream")
+    query = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Query parameters added to the URL (a query typed into the URL moves here): keys often travel "
+        "there, so their values are sealed like headers",
+    )
     group = models.ForeignKey(ServerGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="upstreams")
     enabled = models.BooleanField(default=True)
     internal = models.BooleanField(
@@ -84,7 +98,8 @@ class Upstream(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    CONNECTION_FIELDS = ("transport", "command", "args", "env", "cwd", "url", "headers")
+    CONNECTION_FIELDS = ("transport", "command", "args", "env", "cwd", "url", "headers", "query")
+    SECRET_MAPS = ("env", "headers", "query")  # name -> value maps whose values are sealed (credentials.py)
 
     class Meta:
         ordering = ["slug"]
@@ -102,9 +117,12 @@ class Upstream(models.Model):
         if urlsplit(self.url).username is not None:
             clear = "Credentials in the URL would be stored and shown in clear: put them in a header, which is sealed."
             raise ValidationError({"url": clear})
+        pairs = parse_qsl(urlsplit(self.url).query, keep_blank_values=True)
+        if len({name for name, _ in pairs}) < len(pairs):
+            raise ValidationError({"url": "The URL's query names a parameter twice; each may appear once."})
         if self.transport != self.Transport.STDIO and not self.internal and (problem := url_problem(self.url)):
             raise ValidationError({"url": f"{problem}. Mark the upstream as internal to allow it."})
-        for field in ("env", "headers"):
+        for field in self.SECRET_MAPS:
             value = getattr(self, field)
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise ValidationError({field: "A JSON object of strings."})

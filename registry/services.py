@@ -15,7 +15,7 @@ from policy.limits import limit_store
 from policy.manifest import schema_problem, tool_name_problem
 from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
-from registry.models import Tool, Upstream
+from registry.models import Tool, Upstream, query_split
 from registry.naming import exposed_name
 
 logger = logging.getLogger(__name__)
@@ -215,10 +215,12 @@ def upstream_set_enabled(*, upstream: Upstream, enabled: bool, actor: str = "") 
 
 
 def upstream_save(*, upstream: Upstream, actor: str = "", created: bool = False) -> None:
-    """Save an upstream, its credentials sealed; a change in how to reach it bumps its revision so executors
-    reconnect."""
-    upstream.env = credentials_seal(upstream.env)
-    upstream.headers = credentials_seal(upstream.headers)
+    """Save an upstream, its credentials sealed (a query typed into the URL among them); a change in how to
+    reach it bumps its revision so executors reconnect."""
+    upstream.url, typed = query_split(upstream.url)
+    upstream.query = upstream.query | typed
+    for name in Upstream.SECRET_MAPS:
+        setattr(upstream, name, credentials_seal(getattr(upstream, name)))
     with transaction.atomic():
         stored = None if created else Upstream.objects.filter(pk=upstream.pk).first()
         if stored and any(getattr(stored, f) != getattr(upstream, f) for f in Upstream.CONNECTION_FIELDS):
@@ -243,8 +245,8 @@ def upstream_delete(*, upstream: Upstream, actor: str) -> None:
 
 
 def _upstream_state(upstream: Upstream) -> dict:
-    # env values and headers may hold credentials, and so may a URL's user part and query.
-    return object_state(upstream, secret_maps=("env", "headers"), urls=("url",))
+    # env values, headers and query values may hold credentials, and so may a URL's user part.
+    return object_state(upstream, secret_maps=Upstream.SECRET_MAPS, urls=("url",))
 
 
 def upstream_breaker_reset(*, upstream: Upstream, actor: str) -> None:
@@ -258,11 +260,10 @@ def upstream_credentials_reseal(*, actor: str) -> int:
     Opens each value, so it runs where the private keys are, like the executor."""
     count = 0
     with transaction.atomic():
-        for upstream in Upstream.objects.select_for_update().exclude(env={}, headers={}):
-            upstream.env = credentials_reseal(upstream.env)
-            upstream.headers = credentials_reseal(upstream.headers)
+        for upstream in Upstream.objects.select_for_update().exclude(env={}, headers={}, query={}):
+            resealed = {name: credentials_reseal(getattr(upstream, name)) for name in Upstream.SECRET_MAPS}
             # Same plaintext, same connection: no revision bump, no reconnect.
-            Upstream.objects.filter(pk=upstream.pk).update(env=upstream.env, headers=upstream.headers)
+            Upstream.objects.filter(pk=upstream.pk).update(**resealed)
             count += 1
         audit_record(kind="admin_change", actor=actor, detail={"action": "credentials_resealed", "upstreams": count})
     return count

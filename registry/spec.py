@@ -28,6 +28,7 @@ class UpstreamSpec:
     cwd: str = ""
     url: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    query: dict[str, str] = field(default_factory=dict)  # added to every request's URL
     internal: bool = False
     grant: dict[str, Any] | None = None  # a handoff tunnel's delegation (handoff/delegation.py)
 
@@ -45,13 +46,14 @@ class UpstreamSpec:
             cwd=upstream.cwd,
             url=upstream.url,
             headers=credentials_open(upstream.headers),
+            query=credentials_open(upstream.query),
             internal=upstream.internal,
         )
 
     def _http_client(self, **kwargs: Any) -> httpx2.AsyncClient:
         if self.grant:
             kwargs["auth"] = DelegationAuth(self.grant)
-        return guarded_client(internal=self.internal, **kwargs)
+        return guarded_client(internal=self.internal, params=self.query, **kwargs)
 
     async def connect(self, stack: AsyncExitStack, **callbacks: Any) -> Client:
         """An open `mcp.Client` whose resources `stack` owns; the caller's task must exit the stack. The

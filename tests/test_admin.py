@@ -204,7 +204,8 @@ def test_an_upstream_change_is_audited_as_before_and_after_with_its_secrets_mask
         assert before["headers"]["Authorization"] != after["headers"]["Authorization"]
         assert after["headers"]["Authorization"].startswith("•••• ")
         created = AuditEvent.objects.filter(upstream="masked", detail__action="upstream_created").get()
-        assert created.detail["after"]["url"] == "https://••••@api.example/mcp?token=••••"
+        assert created.detail["after"]["url"] == "https://••••@api.example/mcp"  # its query moved, sealed:
+        assert created.detail["after"]["query"]["token"].startswith("•••• ")
         text = json.dumps([row.detail, created.detail])
         assert not any(secret in text for secret in ("first-secret", "second-secret", "abc123", "pw@"))
     finally:

@@ -29,6 +29,7 @@ DEMO_TOOLS = {
     "raise",
     "bad_output",
     "header",
+    "query",
     "progress",
     "leak",
     "env",
@@ -45,7 +46,7 @@ def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tm
         "mcpServers": {
             "Imported Time": {"command": str(BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
             "remote-docs": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer s3cret"}},
-            "legacy-sse": {"url": "http://127.0.0.1:9/sse", "type": "sse"},
+            "legacy-sse": {"url": "http://127.0.0.1:9/sse?api_key=q-s3cret", "type": "sse"},
             "metadata": {"url": "http://169.254.169.254/latest/mcp"},
             "off": {"command": "true", "disabled": True},
             "neither": {"foo": 1},
@@ -78,7 +79,9 @@ def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tm
         assert (docs.transport, docs.revision, list(docs.headers)) == ("streamable_http", 2, ["Authorization"])
         assert "s3cret" not in docs.headers["Authorization"]  # sealed at rest; only the executor opens it
         assert credentials_open(docs.headers) == {"Authorization": "Bearer s3cret"}
-        assert Upstream.objects.get(slug="legacy-sse").transport == "sse"
+        sse = Upstream.objects.get(slug="legacy-sse")
+        assert (sse.transport, sse.url) == ("sse", "http://127.0.0.1:9/sse")  # the key moved to `query`, sealed
+        assert "q-s3cret" not in json.dumps(sse.query) and credentials_open(sse.query) == {"api_key": "q-s3cret"}
         assert "s3cret" not in json.dumps(list(docs_audit_details()))
     finally:
         Upstream.objects.filter(slug__in=["imported-time", "remote-docs", "legacy-sse", "metadata"]).delete()
@@ -106,7 +109,7 @@ def test_import_then_sync_lists_the_new_upstreams_tools(db, tmp_path, capsys):
     path.write_text(json.dumps({"mcpServers": {"demo-two": {"command": sys.executable, "args": demo}}}))
     try:
         call_command("import_mcp_config", str(path))
-        assert capsys.readouterr().out.splitlines()[-1] == "demo-two: 17 added, 0 changed, 0 removed, 0 rejected"
+        assert capsys.readouterr().out.splitlines()[-1] == "demo-two: 18 added, 0 changed, 0 removed, 0 rejected"
         assert set(Tool.objects.filter(upstream__slug="demo-two").values_list("name", flat=True)) == DEMO_TOOLS
     finally:
         Upstream.objects.filter(slug="demo-two").delete()
