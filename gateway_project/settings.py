@@ -343,7 +343,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.channels.server": {"level": "WARNING"},
+        # Their INFO lines carry every request's full URL, with any query parameters an upstream needs.
         "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},
         "mcp": {"level": "WARNING"},
     },
 }

@@ -67,7 +67,7 @@ def test_configured_headers_reach_an_http_upstream(gateway, world, http_upstream
 
 
 def test_a_query_typed_into_the_url_is_sealed_and_still_reaches_the_upstream(
-    gateway, world, http_upstreams, admin_client, admin_token
+    gateway, world, http_upstreams, admin_client, admin_token, logs
 ):
     eventually(lambda: "demo-http__query" in _listed(gateway, world.key))
     assert _call(gateway, world.key, "demo-http__query", {"name": "api_key"}).content[0].text == QUERY_KEY
@@ -79,3 +79,5 @@ def test_a_query_typed_into_the_url_is_sealed_and_still_reaches_the_upstream(
     assert "api_key" in page and QUERY_KEY not in page
     read = api(gateway, "GET", "upstreams/demo-http", admin_token).json()
     assert (read["url"], read["query"]) == (stored.url, {"api_key": "********", "region": "********"})
+    for log in logs.iterdir():  # the gateways' and the worker's logs among them
+        assert QUERY_KEY not in log.read_text(errors="replace"), f"the key is in {log.name}"
