@@ -291,8 +291,10 @@ GATEWAY_SANDBOX_HEAP_MB = env_int("GATEWAY_SANDBOX_HEAP_MB", 128)
 GATEWAY_SANDBOX_MAX_CODE_BYTES = env_int("GATEWAY_SANDBOX_MAX_CODE_BYTES", 65_536)
 GATEWAY_SANDBOX_MAX_OUTPUT_BYTES = env_int("GATEWAY_SANDBOX_MAX_OUTPUT_BYTES", 65_536)
 GATEWAY_SANDBOX_MAX_CALLS = env_int("GATEWAY_SANDBOX_MAX_CALLS", 50)
-# Executions one process runs at once (each is a Deno process with its own heap); more are refused, not queued.
+# Executions one process runs at once (each is a Deno process with its own heap), in all and per agent; more
+# are refused, not queued.
 GATEWAY_SANDBOX_MAX_RUNNING = env_int("GATEWAY_SANDBOX_MAX_RUNNING", 8)
+GATEWAY_SANDBOX_MAX_RUNNING_PER_AGENT = env_int("GATEWAY_SANDBOX_MAX_RUNNING_PER_AGENT", 4)
 # Networks HTTP upstreams may reach without being marked internal (CIDRs); public addresses always may.
 GATEWAY_EGRESS_ALLOWED_NETWORKS = env_list("GATEWAY_EGRESS_ALLOWED_NETWORKS", "")
 # Console sign-in: after this many failures for one username from one address, that pair is refused (even

@@ -7,7 +7,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import threading
 import uuid
 from dataclasses import asdict
 from functools import cache
@@ -33,6 +32,7 @@ from registry.codemode.bindings import Bindings, bindings_build
 from registry.codemode.embeddings import model_dir
 from registry.codemode.sandbox import SandboxError, SandboxLimits, SandboxRun, sandbox_run
 from registry.codemode.search import Embedder, SearchIndex
+from registry.codemode.slots import SandboxSlots
 from registry.codemode.typescript import method_declaration
 from registry.executor import get_executor
 from registry.naming import gateway_tool_name
@@ -150,26 +150,20 @@ def sandbox_limits() -> SandboxLimits:
 
 
 @cache
-def _sandbox_slots() -> threading.BoundedSemaphore:
-    """The executions this process may run at once: without a bound, agents could start Deno processes
-    until the machine's memory ran out. Never waited on (a full sandbox refuses), so any loop may take it."""
-    return threading.BoundedSemaphore(settings.GATEWAY_SANDBOX_MAX_RUNNING)
+def _sandbox_slots() -> SandboxSlots:
+    return SandboxSlots(settings.GATEWAY_SANDBOX_MAX_RUNNING, settings.GATEWAY_SANDBOX_MAX_RUNNING_PER_AGENT)
 
 
 async def execution_run(execution: dict[str, Any]) -> Outcome:
     """Run one execution where the executor put it (this process, or a worker on queue `sandbox`), if a
-    sandbox slot is free."""
-    slots = _sandbox_slots()
-    if not slots.acquire(blocking=False):
-        slots_total = settings.GATEWAY_SANDBOX_MAX_RUNNING
-        return failure(
-            "SANDBOX_BUSY",
-            f"No sandbox is free (at most {slots_total} executions run at once here); retry in a few seconds.",
-        )
+    sandbox slot is free for its agent."""
+    slots, agent_id = _sandbox_slots(), execution["caller"]["agent_id"]
+    if refusal := slots.take(agent_id):
+        return refusal
     try:
         return await _sandboxed(execution)
     finally:
-        slots.release()
+        slots.give_back(agent_id)
 
 
 async def _sandboxed(execution: dict[str, Any]) -> Outcome:

@@ -266,40 +266,67 @@ def test_code_over_the_size_cap_is_refused_before_it_runs(capped, world):
 
 
 @pytest.fixture(scope="module")
-def one_sandbox(server_env, world, logs) -> Iterator[servers.Running]:
-    with servers.inline_gateway_with(
-        server_env, logs / "gateway-one-sandbox.log", GATEWAY_SANDBOX_MAX_RUNNING="1"
-    ) as running:
+def two_sandboxes(server_env, world, logs) -> Iterator[servers.Running]:
+    """A gateway that runs two executions at once, one per agent."""
+    caps = {"GATEWAY_SANDBOX_MAX_RUNNING": "2", "GATEWAY_SANDBOX_MAX_RUNNING_PER_AGENT": "1"}
+    with servers.inline_gateway_with(server_env, logs / "gateway-two-sandboxes.log", **caps) as running:
         yield running
 
 
-def test_an_execution_beyond_the_running_cap_is_refused_until_a_sandbox_is_free(one_sandbox, world):
-    started = audit_mark()
-    slow = "await tools.demo.sleep({ seconds: 3, mark: 'busy' }); return 1;"
+SLOW = "await tools.demo.sleep({ seconds: 3, mark: 'busy' }); return 1;"
 
-    def sleeping() -> list:
-        return [r for r in audit_since(started) if r.exposed_name == "demo__sleep" and r.kind == "approved"]
+
+def while_running(gateway, slow_keys: list[str], key: str) -> tuple[list, object]:
+    """Executions of SLOW under `slow_keys`, and, once all of them are running, one quick one under `key`."""
+    started = audit_mark()
+
+    def sleeping() -> bool:
+        rows = [r for r in audit_since(started) if r.exposed_name == "demo__sleep" and r.kind == "approved"]
+        return len(rows) == len(slow_keys)
 
     async def scenario():
+        slow: list = []
         async with anyio.create_task_group() as tg:
-            first: list = []
+            for slow_key in slow_keys:
 
-            async def run_first():
-                first.append(await call(one_sandbox.url, world.key, EXECUTE, {"code": slow}))
+                async def run_slow(slow_key=slow_key):
+                    slow.append(await call(gateway.url, slow_key, EXECUTE, {"code": SLOW}))
 
-            tg.start_soon(run_first)
-            await anyio.to_thread.run_sync(eventually, sleeping)  # the first one holds the only sandbox
-            second = await call(one_sandbox.url, world.key, EXECUTE, {"code": "return 2;"})
-        return first[0], second
+                tg.start_soon(run_slow)
+            await anyio.to_thread.run_sync(eventually, sleeping)
+            quick = await call(gateway.url, key, EXECUTE, {"code": "return 2;"})
+        return slow, quick
 
-    first, second = run(scenario)
-    assert value_of(first) == 1
+    return run(scenario)
+
+
+def test_an_agent_runs_at_most_its_share_of_the_sandboxes_and_others_still_run(two_sandboxes, world):
+    with agent("olga") as (_, other):
+        eventually(lambda: EXECUTE in run(lambda: tool_names(two_sandboxes.url, other)))
+        mark = audit_mark()
+        [first], second = while_running(two_sandboxes, [world.key], world.key)
+        [_], others = while_running(two_sandboxes, [world.key], other)
+    assert value_of(first) == 1 and value_of(others) == 2, "another agent takes the free sandbox"
     assert second.is_error and second.content[0].text == (
-        f"{EXECUTE}: No sandbox is free (at most 1 executions run at once here); retry in a few seconds."
+        f"{EXECUTE}: This agent is running as many executions as it may at once here (1); retry when one has finished."
     )
-    completed = [r for r in audit_since(started) if r.exposed_name == EXECUTE and r.kind == "completed"]
-    assert sorted((r.outcome, r.error_code) for r in completed) == [("error", "SANDBOX_BUSY"), ("ok", "")]
-    assert value_of(execute(one_sandbox, world.key, "return 3;")) == 3, "the slot was given back"
+    codes = [r.error_code for r in audit_since(mark) if r.exposed_name == EXECUTE and r.kind == "completed"]
+    assert sorted(codes) == ["", "", "", "SANDBOX_AGENT_LIMIT"]
+
+
+def test_an_execution_beyond_the_running_cap_is_refused_until_a_sandbox_is_free(two_sandboxes, world):
+    with agent("pia") as (_, second), agent("quinn") as (_, third):
+        for key in (second, third):
+            eventually(lambda key=key: EXECUTE in run(lambda: tool_names(two_sandboxes.url, key)))
+        mark = audit_mark()
+        slow, refused = while_running(two_sandboxes, [world.key, second], third)
+        assert value_of(execute(two_sandboxes, third, "return 3;")) == 3, "the slots were given back"
+    assert [value_of(result) for result in slow] == [1, 1]
+    assert refused.is_error and refused.content[0].text == (
+        f"{EXECUTE}: No sandbox is free (at most 2 executions run at once here); retry in a few seconds."
+    )
+    codes = [r.error_code for r in audit_since(mark) if r.exposed_name == EXECUTE and r.kind == "completed"]
+    assert sorted(codes) == ["", "", "", "SANDBOX_BUSY"]
 
 
 ESCAPES = {
