@@ -105,7 +105,7 @@ TOOLS = [
         description="Fail with a message full of infrastructure details and credentials (for trying redaction).",
         input_schema={
             "type": "object",
-            "properties": {"how": {"type": "string", "enum": ["result", "error", "validation"]}},
+            "properties": {"how": {"type": "string", "enum": ["result", "error", "validation", "own-key"]}},
         },
     ),
     types.Tool(
@@ -221,6 +221,8 @@ async def ask(ctx, params: types.CallToolRequestParams, of: str, question: str) 
 
 
 def leak(how: str) -> types.CallToolResult:
+    if how == "own-key":  # as APIs do: "invalid key <the key you sent>"
+        raise MCPError(types.INVALID_PARAMS, f"invalid key {os.environ.get('DEMO_SECRET', '')}: try another")
     if how == "error":
         raise MCPError(types.INTERNAL_ERROR, LEAK)
     if how == "validation":

@@ -344,11 +344,11 @@ class UpstreamPool:
         if not isinstance(connection, UpstreamConnection):
             return connection
         if not capabilities:
-            return await self._request(connection, action)
+            return scrubbed(await self._request(connection, action), connection.spec.secrets)
         async with connection.serial:
             connection.relay = relay
             try:
-                return await self._request(connection, action)
+                return scrubbed(await self._request(connection, action), connection.spec.secrets)
             finally:
                 connection.relay = None
 
@@ -462,6 +462,29 @@ class UpstreamPool:
 
     def tunnel_ids(self) -> list[str]:
         return list(self._tunnels)
+
+
+CREDENTIAL = "[credential]"
+
+
+def scrubbed(outcome: Outcome, secrets: tuple[str, ...]) -> Outcome:
+    """A failure or error result with every credential value of the upstream's blanked out: upstreams echo
+    the key they were given ("invalid key sk-..."), and neither the model nor the audit may read it."""
+    result = outcome.get("result")
+    failed = not outcome["ok"] or (isinstance(result, dict) and result.get("isError"))
+    return _blanked(outcome, secrets) if secrets and failed else outcome
+
+
+def _blanked(value: Any, secrets: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, CREDENTIAL)
+        return value
+    if isinstance(value, list):
+        return [_blanked(item, secrets) for item in value]
+    if isinstance(value, dict):
+        return {key: _blanked(item, secrets) for key, item in value.items()}
+    return value
 
 
 def _wire(result: Any) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 import os
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import httpx2
@@ -13,6 +14,8 @@ from mcp.client.streamable_http import streamable_http_client
 from handoff.delegation import DelegationAuth
 from registry.credentials import credentials_open
 from registry.egress import guarded_client
+
+MIN_SECRET_CHARS = 8  # shorter values ("true", "eu", "prod") would blank out ordinary words; keys are longer
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,14 @@ class UpstreamSpec:
             query=credentials_open(upstream.query),
             internal=upstream.internal,
         )
+
+    @cached_property
+    def secrets(self) -> tuple[str, ...]:
+        """Its credential values that are long enough to find in text (and a header's token without its
+        scheme, as in "Bearer <token>"), longest first: what the upstream's errors must not repeat."""
+        values = {*self.env.values(), *self.headers.values(), *self.query.values()}
+        values |= {value.split(" ", 1)[1] for value in self.headers.values() if " " in value}
+        return tuple(sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True))
 
     def _http_client(self, **kwargs: Any) -> httpx2.AsyncClient:
         if self.grant:

@@ -69,9 +69,14 @@ def test_a_credential_reaches_the_upstream_and_nothing_else(gateway, world, logs
         eventually(lambda: "keyed__env" in run(lambda: tool_names(gateway.url, world.key)))
         seen = run(lambda: call(gateway.url, world.key, "keyed__env", {"name": "DEMO_SECRET"}))
         run(lambda: call(gateway.url, world.key, "keyed__leak", {"how": "error"}))
+        echoed = run(lambda: call(gateway.url, world.key, "keyed__leak", {"how": "own-key"}))
         page = admin_client.get(f"/admin/registry/upstream/{keyed.pk}/change/").content.decode()
         stored = json.dumps(Upstream.objects.filter(pk=keyed.pk).values("env").get())
     assert seen.content[0].text == CANARY
+    # The upstream's error repeats the key it was given: the executor blanks it out for model and audit alike.
+    assert echoed.is_error and echoed.content[0].text == (
+        "keyed__leak: The service refused the request: invalid key [credential]: try another"
+    )
     assert CANARY not in page and "DEMO_SECRET" in page
     assert CANARY not in stored
     for row in AuditEvent.objects.values():
