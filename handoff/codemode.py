@@ -29,11 +29,12 @@ from handoff.calling import (
 from handoff.snapshot import Snapshot, snapshot
 from policy.decisions import INVALID_PARAMS, Denial, ToolRefused
 from registry.codemode.bindings import Bindings, bindings_build
-from registry.codemode.embeddings import model_dir
+from registry.codemode.embeddings import model_dir, model_id
 from registry.codemode.sandbox import SandboxError, SandboxLimits, SandboxRun, sandbox_run
 from registry.codemode.search import Embedder, SearchIndex
 from registry.codemode.slots import SandboxSlots
 from registry.codemode.typescript import method_declaration
+from registry.codemode.vectors import StoredVectors
 from registry.executor import get_executor
 from registry.naming import gateway_tool_name
 from registry.pool import Outcome, failure
@@ -55,7 +56,9 @@ def code_bindings(snap: Snapshot) -> Bindings:
 @cache
 def _embedder() -> Embedder | None:
     """Semantic ranking, where the embedding model's package is installed and GATEWAY_SEARCH_SEMANTIC allows."""
-    return Embedder() if settings.GATEWAY_SEARCH_SEMANTIC and model_dir() else None
+    if not (settings.GATEWAY_SEARCH_SEMANTIC and model_dir()):
+        return None
+    return Embedder(StoredVectors(model_id()))
 
 
 _last_index: dict[tuple[tuple[str, str], ...], SearchIndex] = {}  # the catalog it was built from -> index

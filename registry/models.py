@@ -176,3 +176,16 @@ class Tool(models.Model):
     @property
     def is_approved(self) -> bool:
         return self.approved_sha256 == self.definition_sha256
+
+
+class ToolEmbedding(models.Model):
+    """A tool's sentence (its name and first sentence, code mode's search) embedded once for every process:
+    a process that starts loads what another computed instead of spending seconds of CPU per hundred tools."""
+
+    model = models.CharField(max_length=64, help_text="The embedding model and its version")
+    sentence_sha256 = models.CharField(max_length=64)
+    vector = models.BinaryField(help_text="float32, little-endian")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "sentence_sha256"], name="embedding_unique")]

