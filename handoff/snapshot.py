@@ -319,8 +319,9 @@ def _builtins() -> dict[str, GatewayTool]:
         return {}
     tools, limits = {}, _gateway_limits()
     for tool, definition in ((SEARCH_TOOLS, search_tools_definition()), (EXECUTE, execute_definition())):
-        target = Target(definition["name"], settings.GATEWAY_NAME, True, True, tool=tool)
-        name = definition["name"]  # as the rows of its approved calls name it
+        name = definition["name"]
+        target = Target(name, settings.GATEWAY_NAME, True, True, tool=tool)
+        # The route names the exposed name as its tool, as the rows of approved calls do.
         route = Route(GATEWAY_UPSTREAM_ID, settings.GATEWAY_NAME, 0, settings.GATEWAY_SANDBOX_TIMEOUT, name, limits)
         tools[name] = GatewayTool(definition, target, route)
     return tools
