@@ -14,6 +14,7 @@ class AuditEvent(models.Model):
         ADMIN_CHANGE = "admin_change"
         HANDOFF = "handoff"
         SESSION = "session"
+        SIGN_IN = "sign_in"  # a console sign-in locked after repeated failures
 
     class Outcome(models.TextChoices):
         OK = "ok"

@@ -14,6 +14,8 @@ from django.contrib.auth import get_user_model
 from django.core.cache import caches
 from django.http import HttpRequest
 
+from audit.services import audit_record
+
 logger = logging.getLogger(__name__)
 
 
@@ -37,10 +39,16 @@ class SignInAttempts:
             self.cache.add(self.key, 1, window)
             failures = 1
         if failures == settings.GATEWAY_SIGN_IN_MAX_FAILURES:
-            # A username is logged only if it is one: people type passwords into the username field too.
-            known = get_user_model().objects.filter(username=self.username).exists()
-            who = repr(self.username) if known else "an unknown username"
-            logger.warning("console sign-in locked for %s from %s after %d failures", who, self.address, failures)
+            self._locked_record(failures)
+
+    def _locked_record(self, failures: int) -> None:
+        """One audit row and one log line per lock (not per failure, which would let a flood of guesses write
+        rows without bound). The username only if it is one: people type passwords into that field too."""
+        known = get_user_model().objects.filter(username=self.username).exists()
+        named = self.username if known else "an unknown username"
+        logger.warning("console sign-in locked for %s from %s after %d failures", named, self.address, failures)
+        detail = {"action": "sign_in_locked", "address": self.address, "failures": failures, "known_user": known}
+        audit_record(kind="sign_in", actor=self.username if known else "", detail=detail)
 
     def clear(self) -> None:
         self.cache.delete(self.key)

@@ -14,6 +14,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from tests.conftest import needs
+from tests.helpers import audit_mark, audit_since
 
 PASSWORD = "right-password-for-tests"
 WRONG = "Please enter the correct username and password for a staff account."
@@ -42,7 +43,13 @@ def fail_until_locked(username: str) -> None:
 
 
 def test_after_five_failures_even_the_right_password_is_refused(operator, db):
+    mark = audit_mark()
     fail_until_locked(operator)
+    fail_until_locked("nobody-of-ours")
+    assert [(r.kind, r.actor, r.detail) for r in audit_since(mark)] == [
+        ("sign_in", operator, {"action": "sign_in_locked", "address": "127.0.0.1", "failures": 5, "known_user": True}),
+        ("sign_in", "", {"action": "sign_in_locked", "address": "127.0.0.1", "failures": 5, "known_user": False}),
+    ], "one row per lock, naming only real accounts"
     client = Client()
     refused = sign_in(client, operator, PASSWORD)
     assert refused.status_code == 200 and LOCKED in refused.content.decode()
