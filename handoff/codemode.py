@@ -126,7 +126,9 @@ async def execute(caller: Caller, arguments: dict[str, Any], request_id: uuid.UU
     if len(code.encode("utf-8", "surrogatepass")) > limit:
         message = f"`code` is larger than {limit} bytes; split the work into several executions."
         raise _invalid(message, "CODE_TOO_LARGE")
+    seen = snapshot.latest.version if snapshot.latest else 0  # the configuration this call was admitted on
     execution = {"caller": asdict(caller), "request_id": str(request_id), "trace_id": trace_id, "code": code}
+    execution["version"] = seen
     try:
         return await get_executor().run_code(execution=execution, timeout=settings.GATEWAY_SANDBOX_TIMEOUT)
     except Exception as exc:  # an outcome all the same, so that the execution gets its completion row
@@ -171,7 +173,7 @@ async def execution_run(execution: dict[str, Any]) -> Outcome:
 
 async def _sandboxed(execution: dict[str, Any]) -> Outcome:
     caller = Caller(**execution["caller"])
-    snap = await snapshot.get()
+    snap = await snapshot.at_least(execution.get("version", 0))
     permitted = code_bindings(snap).only(lambda name: snap.decide(caller.agent_id, name)[0] is None)
 
     async def call(binding: Any, arguments: dict[str, Any]) -> dict[str, Any]:

@@ -392,6 +392,13 @@ class SnapshotHolder:
         """Look at the version on the next read (a change was announced that this process did not make)."""
         self._checked_at = 0.0
 
+    async def at_least(self, version: int) -> Snapshot:
+        """The snapshot, looked at again first if it is older than `version`: work sent by another process
+        (an execution on a worker) is decided on what that process had already seen, not a second older."""
+        if self._snapshot and self._snapshot.version < version:
+            self.invalidate()
+        return await self.get()
+
     async def get(self) -> Snapshot:
         if self._snapshot and time.monotonic() - self._checked_at < settings.GATEWAY_SNAPSHOT_CHECK_SECONDS:
             return self._snapshot

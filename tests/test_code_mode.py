@@ -426,6 +426,26 @@ def test_an_execution_whose_broker_is_unreachable_gets_a_gateway_error_and_its_c
     assert completed.error_code == "GATEWAY_ERROR" and "ConnectionError" in completed.error_detail
 
 
+def test_a_worker_runs_an_execution_on_no_older_configuration_than_the_gateway_that_sent_it(server_env, world, logs):
+    """A worker that would look at the configuration only once an hour still binds a brand-new agent's tools:
+    the execution names the version the gateway admitted it on."""
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Redis, so no Celery executor")
+    own_redis = urlsplit(os.environ["REDIS_URL"])._replace(path="/11").geturl()
+    env = server_env | {"GATEWAY_EXECUTOR": "celery", "REDIS_URL": own_redis}
+    worker = servers.start_worker(env | {"GATEWAY_SNAPSHOT_CHECK_SECONDS": "3600"}, logs / "worker-slow-to-look.log")
+    gateway = servers.start_gateway(env, logs / "gateway-slow-worker.log")
+    try:
+        assert value_of(execute(gateway, world.key, "return 1;")) == 1  # the worker's snapshot is made now
+        with agent("rosa") as (_, key):
+            eventually(lambda: EXECUTE in run(lambda: tool_names(gateway.url, key)))
+            added = execute(gateway, key, "return await tools.demo.add({ a: 2, b: 2 });")
+        assert value_of(added) == 4
+    finally:
+        gateway.stop()
+        worker.stop()
+        redis.Redis.from_url(own_redis).flushdb()
+
+
 def test_an_execution_no_worker_takes_is_reported_as_unavailable(server_env, world, logs):
     """A broker no worker of queue `sandbox` listens on: the wait ends after the sandbox's timeout and grace."""
     needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set")
