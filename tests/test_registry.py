@@ -161,6 +161,23 @@ def test_slugs_that_could_blur_the_namespace_are_refused(slug):
         Upstream(slug=slug, transport="stdio", command="x").full_clean(exclude=["group"])
 
 
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [
+        ("http://u:pw@127.0.0.1:9/mcp", "Credentials in the URL would be stored and shown in clear: put them in a "
+         "header, which is sealed."),
+        ("http://127.0.0.1:9/mcp?key=a&key=b", "The URL's query names a parameter twice; each may appear once."),
+    ],
+)  # fmt: skip
+def test_a_url_that_would_show_a_secret_or_lose_a_parameter_is_refused(db, url, error):
+    from django.core.exceptions import ValidationError
+
+    upstream = Upstream(slug="urls", transport="streamable_http", url=url, internal=True)
+    with pytest.raises(ValidationError) as refused:
+        upstream.full_clean(exclude=["group"])
+    assert refused.value.message_dict["url"] == [error]
+
+
 def test_long_names_are_shortened_deterministically_and_stay_distinct():
     a = exposed_name("github", "x" * 80 + "_list_issues")
     b = exposed_name("github", "x" * 80 + "_list_pulls")
