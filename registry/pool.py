@@ -22,6 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from registry.egress import EgressRefused
 from registry.relay import ASKS, LOGGING, Relay
+from registry.scrub import scrubbed
 from registry.spec import UpstreamSpec
 
 logger = logging.getLogger(__name__)
@@ -462,29 +463,6 @@ class UpstreamPool:
 
     def tunnel_ids(self) -> list[str]:
         return list(self._tunnels)
-
-
-CREDENTIAL = "[credential]"
-
-
-def scrubbed(outcome: Outcome, secrets: tuple[str, ...]) -> Outcome:
-    """A failure or error result with every credential value of the upstream's blanked out: upstreams echo
-    the key they were given ("invalid key sk-..."), and neither the model nor the audit may read it."""
-    result = outcome.get("result")
-    failed = not outcome["ok"] or (isinstance(result, dict) and result.get("isError"))
-    return _blanked(outcome, secrets) if secrets and failed else outcome
-
-
-def _blanked(value: Any, secrets: tuple[str, ...]) -> Any:
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, CREDENTIAL)
-        return value
-    if isinstance(value, list):
-        return [_blanked(item, secrets) for item in value]
-    if isinstance(value, dict):
-        return {key: _blanked(item, secrets) for key, item in value.items()}
-    return value
 
 
 def _wire(result: Any) -> dict[str, Any]:
