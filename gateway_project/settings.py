@@ -247,6 +247,10 @@ if GATEWAY_POLICY_DEFAULT not in ("allow", "deny"):
 GATEWAY_AGENT_CALLS_PER_MINUTE = env_int("GATEWAY_AGENT_CALLS_PER_MINUTE", 600)
 GATEWAY_UPSTREAM_CALLS_PER_MINUTE = env_int("GATEWAY_UPSTREAM_CALLS_PER_MINUTE", 6000)
 GATEWAY_SESSION_MAX_CALLS = env_int("GATEWAY_SESSION_MAX_CALLS", 5000)
+# 2026-07-28 requests have no session: per API key, the session's call cap and strict-group lock hold over a
+# window of this length from the key's first call (or first entry into the group), which later calls do not
+# extend, so a busy stateless key is never held for ever.
+GATEWAY_STATELESS_WINDOW_SECONDS = env_int("GATEWAY_STATELESS_WINDOW_SECONDS", 600)
 GATEWAY_UPSTREAM_MAX_CONCURRENT = env_int("GATEWAY_UPSTREAM_MAX_CONCURRENT", 64)
 GATEWAY_BREAKER_FAILURES = env_int("GATEWAY_BREAKER_FAILURES", 5)
 GATEWAY_BREAKER_RECOVERY_SECONDS = env_float("GATEWAY_BREAKER_RECOVERY_SECONDS", 30.0)

@@ -47,7 +47,8 @@ async def admit(snap: Snapshot, caller: Caller, name: str, route: Route, request
     """Admission against shared state (isolation, breaker, limits), which takes the call's share of every
     limit when it admits it."""
     session = index_session(caller.agent_id, caller.session_key)
-    admission = Admission(request_id, session, caller.agent_id, snap.agents[caller.agent_id], route.limits)
+    agent = snap.agents[caller.agent_id]
+    admission = Admission(request_id, session, caller.agent_id, agent, route.limits, stateless=not caller.session_id)
     verdict = await limit_store().admit(admission)
     if verdict.code:
         return Decision(route.upstream_slug, route, limits_denial(admission, verdict, name), **found)

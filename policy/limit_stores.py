@@ -18,14 +18,18 @@ SWEEP_SECONDS = 10.0
 
 # KEYS: group lock, session calls, agent window, upstream window, upstream busy, breaker.
 # ARGV: strict group ('' if none), session ttl, session max, agent rate, upstream rate, max concurrent,
-#       request id, busy ttl, probe seconds, window seconds.
+#       request id, busy ttl, probe seconds, window seconds, stateless ('1': the ttl is a fixed window).
 ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local group, ttl, window = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[10])
+local group, ttl, window, fixed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[10]), ARGV[11] == '1'
+local function left(key)
+  if not fixed then return '0' end
+  return tostring(math.max(redis.call('PTTL', key), 0) / 1000)
+end
 if group ~= '' then
   local held = redis.call('GET', KEYS[1])
-  if held and held ~= group then return {'POLICY_GROUP_ISOLATION', '0', '0'} end
+  if held and held ~= group then return {'POLICY_GROUP_ISOLATION', left(KEYS[1]), '0'} end
 end
 local probing = '0'
 local open_until = tonumber(redis.call('HGET', KEYS[6], 'open_until') or '0')
@@ -35,7 +39,9 @@ if open_until > 0 then
   if now < probe_until then return {'UPSTREAM_CIRCUIT_OPEN', tostring(probe_until - now), '0'} end
   probing = '1'
 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[3]) then return {'SESSION_CALL_LIMIT', '0', '0'} end
+if tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[3]) then
+  return {fixed and 'KEY_CALL_LIMIT' or 'SESSION_CALL_LIMIT', left(KEYS[2]), '0'}
+end
 local windows = {
   {KEYS[3], tonumber(ARGV[4]), 'AGENT_RATE_LIMITED'},
   {KEYS[4], tonumber(ARGV[5]), 'UPSTREAM_RATE_LIMITED'},
@@ -48,9 +54,14 @@ for _, w in ipairs(windows) do
   end
 end
 if tonumber(redis.call('GET', KEYS[5]) or '0') >= tonumber(ARGV[6]) then return {'UPSTREAM_BUSY', '1', '0'} end
-if group ~= '' then redis.call('SET', KEYS[1], group, 'EX', ttl) else redis.call('EXPIRE', KEYS[1], ttl) end
-redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], ttl)
+if fixed then
+  if group ~= '' then redis.call('SET', KEYS[1], group, 'EX', ttl, 'NX') end
+  if redis.call('INCR', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ttl) end
+else
+  if group ~= '' then redis.call('SET', KEYS[1], group, 'EX', ttl) else redis.call('EXPIRE', KEYS[1], ttl) end
+  redis.call('INCR', KEYS[2])
+  redis.call('EXPIRE', KEYS[2], ttl)
+end
 for _, w in ipairs(windows) do
   redis.call('ZADD', w[1], now, ARGV[7])
   redis.call('EXPIRE', w[1], window + 1)
@@ -109,7 +120,7 @@ class RedisLimitStore:
         ]
         args = [
             "" if a.upstream.strict_group is None else str(a.upstream.strict_group),
-            int(settings.GATEWAY_SESSION_IDLE_SECONDS),
+            max(1, int(a.term)),
             a.agent.max_calls_per_session,
             a.agent.calls_per_minute,
             a.upstream.calls_per_minute,
@@ -118,6 +129,7 @@ class RedisLimitStore:
             int(a.upstream.probe_seconds) + 1,
             a.upstream.probe_seconds,
             WINDOW_SECONDS,
+            "1" if a.stateless else "0",
         ]
         try:
             code, retry_after, probing = await async_redis().eval(ADMIT, len(keys), *keys, *args)
@@ -170,14 +182,14 @@ class LocalLimitStore:
         held = self.locks.get(a.session)
         held = held if held and held[1] > now else None
         if a.upstream.strict_group is not None and held and held[0] != a.upstream.strict_group:
-            return Verdict("POLICY_GROUP_ISOLATION")
+            return Verdict("POLICY_GROUP_ISOLATION", held[1] - now if a.stateless else 0.0)
         breaker = self.breakers.get(a.upstream.id, _Breaker())
         if breaker.open_until and now < max(breaker.open_until, breaker.probe_until):
             return Verdict("UPSTREAM_CIRCUIT_OPEN", max(breaker.open_until, breaker.probe_until) - now)
         count, expiry = self.calls.get(a.session, (0, 0.0))
         count = count if expiry > now else 0
         if count >= a.agent.max_calls_per_session:
-            return Verdict("SESSION_CALL_LIMIT")
+            return Verdict("KEY_CALL_LIMIT", expiry - now) if a.stateless else Verdict("SESSION_CALL_LIMIT")
         windows = [
             (f"agent:{a.agent_id}", a.agent.calls_per_minute, "AGENT_RATE_LIMITED"),
             (f"upstream:{a.upstream.id}", a.upstream.calls_per_minute, "UPSTREAM_RATE_LIMITED"),
@@ -190,13 +202,13 @@ class LocalLimitStore:
                 return Verdict(code, window[0] + WINDOW_SECONDS - now)
         if self.busy.get(a.upstream.id, 0) >= a.upstream.max_concurrent:
             return Verdict("UPSTREAM_BUSY", 1.0)
-        expiry = now + settings.GATEWAY_SESSION_IDLE_SECONDS
-        if a.upstream.strict_group is not None or held:
-            self.locks[a.session] = (
-                a.upstream.strict_group if a.upstream.strict_group is not None else held[0],
-                expiry,
-            )
-        self.calls[a.session] = (count + 1, expiry)
+        renewed = now + a.term
+        if a.upstream.strict_group is not None and not (a.stateless and held):
+            self.locks[a.session] = (a.upstream.strict_group, renewed)
+        elif held and not a.stateless:
+            self.locks[a.session] = (held[0], renewed)
+        # A stateless key's window is fixed from its first call: later calls never extend it.
+        self.calls[a.session] = (count + 1, expiry if a.stateless and count else renewed)
         for key, _, _ in windows:
             self.windows[key].append(now)
         self.busy[a.upstream.id] = self.busy.get(a.upstream.id, 0) + 1

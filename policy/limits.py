@@ -64,6 +64,14 @@ class Admission:
     agent_id: int
     agent: AgentLimits
     upstream: UpstreamLimits
+    # A 2026-07-28 request, which has no session: its API key stands for one, over a window of fixed length
+    # from the key's first call (GATEWAY_STATELESS_WINDOW_SECONDS) that busy use does not extend.
+    stateless: bool = False
+
+    @property
+    def term(self) -> float:
+        """How long session state lasts: idle time for a session, the fixed window for a stateless key."""
+        return settings.GATEWAY_STATELESS_WINDOW_SECONDS if self.stateless else settings.GATEWAY_SESSION_IDLE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,16 @@ def limits_denial(a: Admission, verdict: Verdict, tool: str) -> Denial:
     """The refusal for a verdict, written for the model."""
     wait = _seconds(verdict.retry_after)
     match verdict.code:
+        case "POLICY_GROUP_ISOLATION" if a.stateless:
+            return Denial(
+                "POLICY_GROUP_ISOLATION",
+                f"Stateless requests with this API key used another isolated server group in the last "
+                f"{_seconds(a.term)}, so {tool!r} (group {a.upstream.group_name!r}) is out of their reach: "
+                f"isolated groups never share a conversation. Retry after {wait}, or use another API key of "
+                f"this agent for group {a.upstream.group_name!r}.",
+                POLICY_DENIED,
+                verdict.retry_after,
+            )
         case "POLICY_GROUP_ISOLATION":
             return Denial(
                 "POLICY_GROUP_ISOLATION",
@@ -126,6 +144,14 @@ def limits_denial(a: Admission, verdict: Verdict, tool: str) -> Denial:
                 f"This session has made the {a.agent.max_calls_per_session} tool calls it may make. "
                 "Start a new session.",
                 POLICY_DENIED,
+            )
+        case "KEY_CALL_LIMIT":
+            return Denial(
+                "KEY_CALL_LIMIT",
+                f"Stateless requests with this API key may make {a.agent.max_calls_per_session} tool calls in "
+                f"{_seconds(a.term)}, and have made them. Retry after {wait}.",
+                RETRY_LATER,
+                verdict.retry_after,
             )
         case "AGENT_RATE_LIMITED":
             return Denial(

@@ -134,6 +134,15 @@ def inline_gateway(server_env, world, logs) -> Iterator[servers.Running]:
 
 
 @pytest.fixture(scope="session")
+def short_window_gateway(server_env, world, logs) -> Iterator[servers.Running]:
+    """An embedded-default gateway whose stateless keys' windows last 2 s (GATEWAY_STATELESS_WINDOW_SECONDS)."""
+    with servers.inline_gateway_with(
+        server_env, logs / "gateway-short-window.log", GATEWAY_STATELESS_WINDOW_SECONDS="2"
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
 def celery_worker(server_env, logs) -> Iterator[servers.Running]:
     needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Redis, so no Celery executor")
     running = servers.start_worker(server_env | {"GATEWAY_EXECUTOR": "celery"}, logs / "worker.log")

@@ -2,6 +2,7 @@
 strict group is then out of reach (POLICY_GROUP_ISOLATION), open and ungrouped servers are not. The lock is
 shared state, so every gateway process sees it; 2026-07-28 requests have no session and bind it to their key."""
 
+import anyio
 from mcp.shared.exceptions import MCPError
 
 from policy.services import agent_key_issue
@@ -54,7 +55,40 @@ def test_stateless_requests_bind_the_lock_to_their_api_key(inline_gateway, world
         other = run(lambda: session_calls(url, other_key, "2026-07-28", ["mailer__echo"]))
     assert first == ["secrets__echo"]
     assert isinstance(same_key, MCPError) and same_key.data["code"] == "POLICY_GROUP_ISOLATION"
+    assert 0 < same_key.data["retryAfter"] <= 600, "the default window is ten minutes"
+    assert str(same_key).startswith(
+        "Stateless requests with this API key used another isolated server group in the last 600 seconds, so "
+        "'mailer__echo' (group 'outbound') is out of their reach: isolated groups never share a conversation. "
+        "Retry after "
+    )
+    assert str(same_key).endswith(", or use another API key of this agent for group 'outbound'.")
     assert other == ["mailer__echo"], "another key of the same agent is another stateless session"
+
+
+def test_a_busy_stateless_key_leaves_its_strict_group_when_its_window_ends(short_window_gateway, world):
+    """The lock lasts a fixed window (2 s here) from the key's first call into the group: calls into that group
+    made meanwhile do not extend it, so a key in steady use is not held there for ever."""
+    url = short_window_gateway.url
+
+    async def busy_until_crossed() -> tuple[MCPError, str]:
+        entered = await call(url, key, "secrets__echo", {"text": "in"}, mode="2026-07-28")
+        assert entered.content[0].text == "in"
+        refused = await call(url, key, "mailer__echo", {"text": "out"}, mode="2026-07-28")
+        with anyio.fail_after(6):
+            while isinstance(
+                crossed := await call(url, key, "mailer__echo", {"text": "out"}, mode="2026-07-28"), MCPError
+            ):
+                assert (await call(url, key, "secrets__echo", {"text": "busy"}, mode="2026-07-28")).content[
+                    0
+                ].text == "busy"
+        return refused, crossed.content[0].text
+
+    with two_strict_groups(), agent("judy") as (_, key):
+        eventually(lambda: "mailer__echo" in run(lambda: tool_names(url, key, "2026-07-28")))
+        refused, crossed = run(busy_until_crossed)
+    assert (refused.code, refused.data["code"]) == (-32001, "POLICY_GROUP_ISOLATION")
+    assert 0 < refused.data["retryAfter"] <= 2
+    assert crossed == "out"
 
 
 def test_a_websocket_connection_is_its_own_session_for_the_lock(inline_gateway, world):

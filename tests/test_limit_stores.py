@@ -57,6 +57,40 @@ def test_sessions_and_concurrency_are_capped_and_a_release_frees_a_slot(store):
     ]
 
 
+def admitted_once_window_ends(store, a: Admission, busy: Admission, busy_code: str) -> float:
+    """Seconds until `a` is admitted, while the key also tries `busy` every 50 ms, answered `busy_code`."""
+    started = time.monotonic()
+    while time.monotonic() - started < 5:
+        if admit_all(store, [a]) == [""]:
+            return time.monotonic() - started
+        # "" too: the window may end between the two tries.
+        assert admit_all(store, [replace(busy, request_id=f"busy-{time.monotonic()}")])[0] in (busy_code, "")
+        time.sleep(0.05)
+    raise AssertionError("still refused 5 s after a window of 1 s")
+
+
+def test_a_stateless_keys_calls_are_counted_in_a_fixed_window_that_busy_use_does_not_extend(store, settings):
+    settings.GATEWAY_STATELESS_WINDOW_SECONDS = 1
+    a = admission(agent={"max_calls_per_session": 2}, strict_group=None)
+    a = replace(a, stateless=True)
+    verdicts = anyio.run(lambda: _admit_each(store, [replace(a, request_id=f"r{i}") for i in range(3)]))
+    assert [v.code for v in verdicts] == ["", "", "KEY_CALL_LIMIT"]
+    assert 0 < verdicts[2].retry_after <= 1
+    # Refused calls go on meanwhile: they do not push the window's end.
+    assert admitted_once_window_ends(store, replace(a, request_id="after"), a, "KEY_CALL_LIMIT") <= 1.5
+
+
+def test_a_stateless_keys_strict_group_lock_ends_with_its_window_though_the_key_stays_busy(store, settings):
+    settings.GATEWAY_STATELESS_WINDOW_SECONDS = 1
+    vault = replace(admission(strict_group=1), stateless=True)
+    mailer = replace(vault, request_id="out", upstream=replace(vault.upstream, strict_group=2))
+    [entered, refused] = anyio.run(lambda: _admit_each(store, [vault, mailer]))
+    assert (entered.code, refused.code) == ("", "POLICY_GROUP_ISOLATION")
+    assert 0 < refused.retry_after <= 1
+    # The key keeps calling into the vault group all the while: the lock still ends with its window.
+    assert admitted_once_window_ends(store, mailer, vault, "") <= 1.5
+
+
 def test_the_breaker_opens_after_its_failures_lets_one_probe_through_and_closes_on_success(store):
     a = admission()
     for _ in range(2):
@@ -104,6 +138,10 @@ def test_without_redis_admission_is_refused_as_limits_unavailable(settings):
 
 async def _admit_one(store, a):
     return [await store.admit(a)]
+
+
+async def _admit_each(store, admissions: list[Admission]) -> list:
+    return [await store.admit(a) for a in admissions]
 
 
 def test_what_an_outcome_tells_the_breaker():

@@ -81,6 +81,35 @@ def test_a_session_may_make_only_its_maximum_of_calls_and_a_new_session_starts_a
     assert first == second == expected
 
 
+def test_a_stateless_key_gets_its_session_cap_per_window_and_a_busy_key_gets_out_when_it_ends(
+    short_window_gateway, world
+):
+    """2026-07-28 requests have no session to start afresh: the cap counts per key over a fixed window (2 s
+    here), which refused calls made meanwhile do not extend."""
+    url = short_window_gateway.url
+    with agent("ivan", max_calls_per_session=2) as (_, key):
+        eventually(lambda: "demo__echo" in run(lambda: tool_names(url, key, "2026-07-28")))
+
+        async def until_admitted() -> tuple[list, list]:
+            outcomes = [await call(url, key, "demo__echo", {"text": "x"}, mode="2026-07-28") for _ in range(3)]
+            refused = []
+            with anyio.fail_after(6):
+                while isinstance(
+                    outcome := await call(url, key, "demo__echo", {"text": "y"}, mode="2026-07-28"), MCPError
+                ):
+                    refused.append(outcome)
+            return outcomes, [*refused, outcome]
+
+        (first, second, third), later = run(until_admitted)
+    assert (first.is_error, second.is_error) == (False, False)
+    assert (third.code, third.data["code"]) == (-32003, "KEY_CALL_LIMIT")
+    assert 0 < third.data["retryAfter"] <= 2
+    assert str(third).startswith(
+        "Stateless requests with this API key may make 2 tool calls in 2 seconds, and have made them. Retry after "
+    )
+    assert later[-1].content[0].text == "y", "the key is served again once its window ends"
+
+
 def test_calls_past_an_upstreams_concurrency_are_refused_as_busy(inline_gateway, world):
     with demo_upstream("narrow", max_concurrent=1):
         wait_until_offered(inline_gateway, world.key, "narrow__sleep")
