@@ -100,7 +100,7 @@ async def sandbox_run(*, code: str, bindings: Bindings, call: ToolCall, limits: 
             with anyio.fail_after(limits.timeout):
                 return await conversation.run()
         except TimeoutError:
-            message = f"The code ran longer than {limits.timeout:g} s."
+            message = f"The code ran longer than {limits.timeout:g} s; do less in one execution."
             raise SandboxError("SANDBOX_TIMEOUT", message, conversation.calls) from None
         finally:
             if process.returncode is None:
@@ -154,7 +154,10 @@ class _Conversation:
         if kind == "call":
             self.result.calls += 1
             if self.result.calls > self.limits.max_calls:
-                raise self.failure("SANDBOX_CALL_LIMIT", f"The code made more than {self.limits.max_calls} tool calls.")
+                raise self.failure(
+                    "SANDBOX_CALL_LIMIT",
+                    f"The code made more than {self.limits.max_calls} tool calls; split the work across executions.",
+                )
             tasks.start_soon(self.answer, message)
         elif kind == "done":
             self._count(json.dumps(message.get("value")))
@@ -176,7 +179,9 @@ class _Conversation:
             raise self.failure("SANDBOX_OUTPUT_LIMIT", self._over_output())
 
     def _over_output(self) -> str:
-        return f"The code's output (its value and console lines) passed {self.limits.max_output_bytes} bytes."
+        return (
+            f"The code's output (its value and console lines) passed {self.limits.max_output_bytes} bytes; return less."
+        )
 
     def failure(self, code: str, message: str) -> SandboxError:
         return SandboxError(code, message, self.result.calls)
@@ -205,7 +210,9 @@ class _Conversation:
         await self.process.wait()
         stderr = (await self.process.stderr.read(STDERR_KEPT * 4)).decode("utf-8", "replace")
         if "out of memory" in stderr or "heap limit" in stderr:
-            return self.failure("SANDBOX_MEMORY_LIMIT", f"The code used more than {self.limits.heap_mb} MB of heap.")
+            return self.failure(
+                "SANDBOX_MEMORY_LIMIT", f"The code used more than {self.limits.heap_mb} MB of heap; hold less at once."
+            )
         if stderr.strip():
             return self.failure("CODE_ERROR", _code_position(stderr.strip())[:STDERR_KEPT])
         return self.failure("SANDBOX_EXITED", "The code ended the sandbox before returning a value.")
