@@ -3,6 +3,7 @@ import json
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import F
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import path
@@ -111,12 +112,17 @@ class UpstreamAdmin(admin.ModelAdmin):
             self.delete_model(request, upstream)
 
     def response_post_save_add(self, request, obj):
-        self._sync(request, [obj])
+        self._sync_after_commit(request, obj)
         return super().response_post_save_add(request, obj)
 
     def response_post_save_change(self, request, obj):
-        self._sync(request, [obj])
+        self._sync_after_commit(request, obj)
         return super().response_post_save_change(request, obj)
+
+    def _sync_after_commit(self, request, upstream: Upstream) -> None:
+        # The admin saves inside a transaction; the executor reads the upstream through another connection
+        # (or process), which would find the row as it was before the save, or none.
+        transaction.on_commit(lambda: self._sync(request, [upstream]))
 
     def _sync(self, request, upstreams) -> None:
         for upstream in upstreams:

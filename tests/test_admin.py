@@ -2,8 +2,10 @@
 read-only."""
 
 import json
+import sys
 
 import anyio
+import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
@@ -13,7 +15,8 @@ from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
 from registry.credentials import credentials_open
 from registry.models import Upstream
 from registry.services import upstream_save
-from tests.factories import admission, agent
+from tests.conftest import BIN
+from tests.factories import DEMO, admission, agent
 from tests.helpers import audit_mark, audit_since
 
 
@@ -252,3 +255,39 @@ def test_operator_accounts_changed_in_the_admin_are_audited_with_the_password_ma
     assert newop.password not in json.dumps([r.detail for r in rows])
     assert rows[2].detail["after"]["is_staff"] is True and rows[3].detail["groups"] == ["Auditor"]
     assert "password" not in rows[2].detail["after"]  # unchanged: not in the change
+
+
+@pytest.fixture(params=["inline", "celery"])
+def admin_executor(request, settings):
+    """The admin's own process runs catalog syncs through either executor (Celery: the test worker's)."""
+    from registry.executor import get_executor
+
+    if request.param == "celery":
+        request.getfixturevalue("celery_worker")
+    settings.GATEWAY_EXECUTOR = request.param
+    get_executor.cache_clear()
+    yield request.param
+    get_executor.cache_clear()
+
+
+def _messages(response) -> list[str]:
+    return [str(message) for message in response.context["messages"]]
+
+
+def test_adding_and_editing_an_upstream_in_the_admin_reports_the_sync_of_what_was_saved(admin_client, admin_executor):
+    """The sync runs once the save is committed, so the executor (another connection, or another process) reads
+    the row as saved: a new upstream is found, and an edit reports the edited command, not the previous one."""
+    time_server = Upstream(slug="clock", transport="stdio", command=str(BIN / "mcp-server-time"))
+    form = _upstream_form(time_server, args=json.dumps(["--local-timezone", "UTC"]), env="{}", headers="{}")
+    added = admin_client.post("/admin/registry/upstream/add/", form, follow=True)
+    upstream = Upstream.objects.get(slug="clock")
+    try:
+        assert _messages(added)[-1] == "clock: 2 added, 0 changed, 0 removed, 0 rejected"
+        edit = _upstream_form(upstream, command=sys.executable, args=json.dumps(DEMO), env="{}", headers="{}")
+        edited = admin_client.post(f"/admin/registry/upstream/{upstream.pk}/change/", edit, follow=True)
+        [report] = [m for m in _messages(edited) if m.startswith("clock:")]
+        assert report.startswith("clock: ") and " 2 removed, 0 rejected; held for approval: " in report
+        names = set(upstream.tools.values_list("name", flat=True))
+        assert "echo" in names and "get_current_time" not in names, "the catalog is the edited command's"
+    finally:
+        upstream.delete()
