@@ -223,6 +223,8 @@ GATEWAY_CONNECT_TIMEOUT = env_float("GATEWAY_CONNECT_TIMEOUT", 20.0)
 GATEWAY_UPSTREAM_IDLE_SECONDS = env_float("GATEWAY_UPSTREAM_IDLE_SECONDS", 600.0)
 GATEWAY_MAX_LEGACY_SESSIONS = env_int("GATEWAY_MAX_LEGACY_SESSIONS", 10_000)
 GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0)
+# On SIGTERM a web process answers /readyz with 503 and lets requests in flight finish, for at most this long.
+GATEWAY_DRAIN_SECONDS = env_float("GATEWAY_DRAIN_SECONDS", 20.0)
 # Connections of each web process's async audit writer (PostgreSQL only).
 GATEWAY_AUDIT_POOL_SIZE = env_int("GATEWAY_AUDIT_POOL_SIZE", 10)
 # How stale a process's view of upstreams, agents and keys may get after an admin's change.

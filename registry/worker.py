@@ -4,12 +4,14 @@ so that callers learn within seconds, not at their timeout, that it died. Worker
 process, one pool, one queue."""
 
 import threading
+import time
 import uuid
 
 from django.conf import settings
 
 HEARTBEAT_SECONDS = 1.0
 ALIVE_TTL_SECONDS = 3
+FORGOTTEN_SECONDS = 3600.0  # a worker silent this long leaves the set
 
 _queue = ""  # this process's tunnel queue, once it is a worker
 _beating = threading.Event()
@@ -21,6 +23,27 @@ def worker_queue() -> str:
 
 def alive_key(queue: str) -> str:
     return f"{settings.GATEWAY_REDIS_PREFIX}alive:{queue}"
+
+
+def workers_key() -> str:
+    """A sorted set of worker queues by their last heartbeat: counting the live ones is one ZCOUNT."""
+    return f"{settings.GATEWAY_REDIS_PREFIX}workers"
+
+
+def _beat_once(client) -> None:
+    now = time.time()
+    with client.pipeline(transaction=False) as pipe:
+        pipe.set(alive_key(_queue), "1", ex=ALIVE_TTL_SECONDS)
+        pipe.zadd(workers_key(), {_queue: now})
+        pipe.zremrangebyscore(workers_key(), "-inf", now - FORGOTTEN_SECONDS)
+        pipe.execute()
+
+
+async def workers_alive() -> int:
+    """How many workers beat within the last ALIVE_TTL_SECONDS."""
+    from registry.executor import async_redis
+
+    return await async_redis().zcount(workers_key(), time.time() - ALIVE_TTL_SECONDS, "+inf")
 
 
 def worker_consume_own_queue(nodename: str, consumer_app) -> None:
@@ -35,9 +58,9 @@ def heartbeat_start() -> None:
 
     def beat() -> None:
         while not _beating.wait(HEARTBEAT_SECONDS):
-            sync_redis().set(alive_key(_queue), "1", ex=ALIVE_TTL_SECONDS)
+            _beat_once(sync_redis())
 
-    sync_redis().set(alive_key(_queue), "1", ex=ALIVE_TTL_SECONDS)
+    _beat_once(sync_redis())
     threading.Thread(target=beat, name="tunnel-heartbeat", daemon=True).start()
 
 
@@ -45,4 +68,7 @@ def heartbeat_stop() -> None:
     from registry.executor import sync_redis
 
     _beating.set()
-    sync_redis().delete(alive_key(_queue))
+    with sync_redis().pipeline(transaction=False) as pipe:
+        pipe.delete(alive_key(_queue))
+        pipe.zrem(workers_key(), _queue)
+        pipe.execute()

@@ -145,3 +145,32 @@ def api(gateway, method: str, path: str, token: str | None, **kwargs) -> httpx2.
 def circuit(gateway, slug: str, token: str) -> dict:
     """The upstream's circuit as the gateway itself sees it (in the embedded default, only it knows)."""
     return api(gateway, "GET", f"upstreams/{slug}", token).json()["circuit"]
+
+
+STATELESS_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+async def stateless_call(base_url: str, key: str, name: str, arguments: dict) -> dict:
+    """One 2026-07-28 tools/call as a single HTTP request, without the SDK client (which may send more
+    requests of its own around it); its JSON-RPC answer."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments, "_meta": STATELESS_META},
+    }
+    headers = {
+        "authorization": f"Bearer {key}",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": name,
+    }
+    async with httpx2.AsyncClient(timeout=TIMEOUT) as http:
+        response = await http.post(f"{base_url}/mcp", json=body, headers=headers)
+    if response.headers["content-type"].startswith("text/event-stream"):
+        return json.loads([line for line in response.text.splitlines() if line.startswith("data:")][-1][5:])
+    return response.json()

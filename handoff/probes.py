@@ -1,0 +1,141 @@
+"""`/healthz` and `/readyz`: what a load balancer or an orchestrator asks a web process. No credentials, no
+Host check (probes name the pod's address), nothing secret in the answer, and cheap enough to ask every
+second: `/healthz` touches nothing, `/readyz` makes one round trip to each store.
+
+On SIGTERM the process drains: `/readyz` answers 503 so that traffic moves elsewhere, requests to `/mcp`
+already running finish (for at most GATEWAY_DRAIN_SECONDS), then the server's own shutdown runs."""
+
+import asyncio
+import json
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from handoff.db import database_async
+from registry.executor import async_redis
+from registry.worker import workers_alive
+
+logger = logging.getLogger(__name__)
+CHECK_SECONDS = 2.0  # a store slower than this to answer a probe counts as down
+
+AsgiApp = Callable[[dict, Any, Any], Awaitable[None]]
+
+
+class Drain:
+    """This process's requests to `/mcp` in flight, and whether it is draining."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._watching = False
+
+    def watch(self) -> None:
+        """Put the drain in front of the server's own SIGTERM handler (Daphne's or uvicorn's), which runs
+        after it. Called from requests: the server installs its handler when it starts serving."""
+        if self._watching:
+            return
+        self._watching = True
+        loop = asyncio.get_running_loop()
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def server_shutdown() -> None:
+            if callable(previous):
+                previous(signal.SIGTERM, None)
+            else:
+                raise SystemExit(0)
+
+        loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(self.begin(server_shutdown)))
+
+    def tracked(self, app: AsgiApp) -> AsgiApp:
+        async def counted(scope: dict, receive: Any, send: Any) -> None:
+            self.watch()
+            if scope.get("method") != "POST":  # GET streams last as long as their client: they are not work
+                return await app(scope, receive, send)
+            self.in_flight += 1
+            self._idle.clear()
+            try:
+                await app(scope, receive, send)
+            finally:
+                self.in_flight -= 1
+                if not self.in_flight:
+                    self._idle.set()
+
+        return counted
+
+    async def begin(self, then: Callable[[], None]) -> None:
+        self.draining = True
+        logger.warning("SIGTERM: draining %d request(s) for up to %g s", self.in_flight, settings.GATEWAY_DRAIN_SECONDS)
+        if self.in_flight:
+            try:
+                await asyncio.wait_for(self._idle.wait(), settings.GATEWAY_DRAIN_SECONDS)
+            except TimeoutError:
+                logger.warning("drain time is up with %d request(s) in flight", self.in_flight)
+        then()
+
+
+drain = Drain()
+
+
+class _StoreCheck:
+    """One store's check. A check still waiting on a dead store (a connection pool waits its own timeout) is
+    awaited again by the next probe rather than doubled, so probing a dead store every second piles up nothing."""
+
+    def __init__(self, probe: Callable[[], Awaitable[Any]]) -> None:
+        self._probe = probe
+        self._task: asyncio.Future | None = None
+
+    async def state(self) -> str:
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._probe())
+            self._task.add_done_callback(lambda task: task.cancelled() or task.exception())  # retrieved: no warning
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), CHECK_SECONDS)
+        except TimeoutError:
+            return f"no answer within {CHECK_SECONDS:g} s"
+        except Exception as exc:  # the kind only: a message may name hosts or users
+            return f"unavailable ({type(exc).__name__})"
+        return "ok"
+
+
+def _select_one() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+database_check = _StoreCheck(database_async(_select_one))
+redis_check = _StoreCheck(lambda: async_redis().ping())
+
+
+async def readiness() -> tuple[int, dict[str, Any]]:
+    checks = {"database": await database_check.state()}
+    body: dict[str, Any] = {"checks": checks}
+    if settings.REDIS_URL:
+        checks["redis"] = await redis_check.state()
+    if settings.GATEWAY_EXECUTOR == "celery" and checks.get("redis") == "ok":
+        # Reported, not required: with no worker, calls fail as EXECUTOR_UNAVAILABLE, which beats taking
+        # every web process out of rotation.
+        body["workers"] = {"alive": await workers_alive()}
+    ready = all(state == "ok" for state in checks.values())
+    body["status"] = "draining" if drain.draining else "ready" if ready else "unready"
+    return (200 if ready and not drain.draining else 503), body
+
+
+async def _answer(send: Any, status: int, body: dict[str, Any]) -> None:
+    headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+async def healthz_app(scope: dict, receive: Any, send: Any) -> None:
+    drain.watch()
+    await _answer(send, 200, {"status": "draining" if drain.draining else "ok"})
+
+
+async def readyz_app(scope: dict, receive: Any, send: Any) -> None:
+    drain.watch()
+    await _answer(send, *await readiness())
