@@ -49,7 +49,10 @@ class Drain:
             else:
                 raise SystemExit(0)
 
-        loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(self.begin(server_shutdown)))
+        try:
+            loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(self.begin(server_shutdown)))
+        except (ValueError, RuntimeError):  # an event loop outside the main thread (an embedding test harness)
+            logger.info("SIGTERM stops this process without a drain: its event loop is not the main thread's")
 
     def tracked(self, app: AsgiApp) -> AsgiApp:
         async def counted(scope: dict, receive: Any, send: Any) -> None:
