@@ -1,7 +1,22 @@
+import unicodedata
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
+
+# Control, format (zero-width, bidi), surrogate, private-use and unassigned characters, and line breaks.
+INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def visible_name(value: str) -> None:
+    """Names show in the console, the trail, filters and logs: each character must be one a person sees."""
+    hidden = next((c for c in value if unicodedata.category(c) in INVISIBLE), None)
+    if hidden is not None:
+        what = unicodedata.name(hidden, "a control character")
+        raise ValidationError(f"Use visible characters only: this holds U+{ord(hidden):04X} ({what}).")
+    if value != value.strip():
+        raise ValidationError("Remove the spaces at the start or end.")
 
 
 class ServerGroup(models.Model):
@@ -9,7 +24,7 @@ class ServerGroup(models.Model):
         STRICT = "strict", "Strict: a session that enters this group stays in it"
         OPEN = "open", "Open: reachable from any session"
 
-    name = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=64, unique=True, validators=[visible_name])
     isolation = models.CharField(max_length=8, choices=Isolation.choices, default=Isolation.OPEN)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -30,7 +45,7 @@ def limit_field(help_text: str) -> models.PositiveIntegerField:
 class Agent(models.Model):
     """A client of the gateway (an MCP host such as Claude Desktop or an automation)."""
 
-    name = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=64, unique=True, validators=[visible_name])
     enabled = models.BooleanField(default=True)
     calls_per_minute = limit_field("Tool calls in any 60 seconds; empty: GATEWAY_AGENT_CALLS_PER_MINUTE")
     max_calls_per_session = limit_field("Tool calls in one session; empty: GATEWAY_SESSION_MAX_CALLS")
@@ -64,7 +79,7 @@ class AgentKey(models.Model):
 class AgentGroup(models.Model):
     """Agents that rules treat alike (a team, say)."""
 
-    name = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=64, unique=True, validators=[visible_name])
     agents = models.ManyToManyField(Agent, blank=True, related_name="agent_groups")
 
     class Meta:
@@ -95,7 +110,7 @@ class Rule(models.Model):
         help_text="Shell-style pattern over the upstream's own tool name, e.g. delete_* or get_?",
     )
     enabled = models.BooleanField(default=True)
-    note = models.CharField(max_length=256, blank=True, help_text="Why this rule exists")
+    note = models.CharField(max_length=256, blank=True, validators=[visible_name], help_text="Why this rule exists")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -11,7 +11,7 @@ from audit.changes import change_detail, object_state
 from audit.services import audit_record
 from handoff.snapshot import config_changed
 from policy.keys import ADMIN_TOKEN_PREFIX, KEY_PREFIX, key_digest
-from policy.models import AdminToken, Agent, AgentKey, Rule, ServerGroup
+from policy.models import AdminToken, Agent, AgentKey, Rule, ServerGroup, visible_name
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ def agent_key_issue(*, agent: Agent, label: str = "", actor: str = "") -> Issued
 
 
 def agent_create(*, name: str, actor: str = "") -> IssuedKey:
+    visible_name(name)
     with transaction.atomic():
         agent = Agent.objects.create(name=name)
         audit_record(

@@ -20,6 +20,9 @@ def unmasked(values: dict[str, str], stored: dict[str, str]) -> tuple[dict[str, 
 
 
 class SecretMapField(forms.JSONField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(initial=dict, **kwargs)  # a new upstream's field starts as {}, not null
+
     def prepare_value(self, value: Any) -> str:
         if isinstance(value, dict):
             value = {key: MASK for key in value}

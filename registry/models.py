@@ -58,8 +58,8 @@ class Upstream(models.Model):
     )
     prefixed = models.BooleanField(
         default=True,
-        help_text="Expose names as '<slug><separator><name>'. Off: exactly as the upstream names them, for "
-        "single-server use; a name that collides with another upstream's is refused at sync",
+        help_text="Expose names as slug, separator, name (time__get_current_time). Off: exactly as the upstream "
+        "names them, for single-server use; a name that collides with another upstream's is refused at sync",
     )
     handoff_only = models.BooleanField(
         default=False,

@@ -1,3 +1,4 @@
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError
 
@@ -15,4 +16,6 @@ class Command(BaseCommand):
             issued = agent_create(name=name, actor="manage.py create_agent")
         except IntegrityError as exc:
             raise CommandError(f"An agent named {name!r} already exists.") from exc
+        except ValidationError as exc:
+            raise CommandError(f"The name {name!r} is refused: {exc.messages[0]}") from exc
         self.stdout.write(issued.key)
