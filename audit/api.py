@@ -3,6 +3,8 @@
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -28,6 +30,22 @@ class PagingSerializer(serializers.Serializer):
     limit = serializers.IntegerField(min_value=1, max_value=500, default=PAGE_SIZE, source="size")
 
 
+@extend_schema_serializer(many=False)  # the list action answers one envelope, not an array of them
+class AuditPageSerializer(serializers.Serializer):
+    """What a page of the feed is: its rows, newest first, and where the next (older) page starts."""
+
+    results = AuditEventSerializer(many=True)
+    next_before = serializers.IntegerField(
+        allow_null=True, help_text="Pass as `before` for the next, older page; null on the last page"
+    )
+
+
+FILTERS = [
+    OpenApiParameter(name, OpenApiTypes.DATETIME if name in ("since", "until") else OpenApiTypes.STR)
+    for name in AuditFilter.base_fields
+]
+
+
 class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     """Every audit row, filterable by since, until, kind, agent, upstream, tool, outcome, error_code,
     request_id and trace_id."""
@@ -38,6 +56,7 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     def get_serializer_context(self) -> dict[str, Any]:
         return super().get_serializer_context() | {"auditor": is_auditor(self.request)}
 
+    @extend_schema(parameters=[*FILTERS, PagingSerializer], responses=AuditPageSerializer)
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         form = AuditFilter(request.query_params)
         if not form.is_valid():

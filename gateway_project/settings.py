@@ -324,7 +324,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Upstreams, server groups, agents, rules and the audit feed. Authenticate with an admin token.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # The schema holds nothing secret: served without a token, so it can be pasted into an editor or generator.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "OAS_VERSION": "3.1.0",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "policy.api_errors.document_refusals"],
 }
 # A bearer token Prometheus sends to GET /metrics; without one, only loopback may scrape.
 GATEWAY_METRICS_TOKEN = env_str("GATEWAY_METRICS_TOKEN")

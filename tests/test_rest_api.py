@@ -5,7 +5,10 @@ import uuid
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from jsonschema import Draft202012Validator
 from mcp.shared.exceptions import MCPError
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 from policy.models import Agent, Rule, ServerGroup
 from policy.services import admin_token_issue, admin_token_revoke
@@ -135,3 +138,34 @@ def test_the_openapi_schema_describes_every_resource_and_the_token_scheme(inline
         "type": "http", "scheme": "bearer", "description": "An admin token, sba_<prefix>_<secret>"
     }  # fmt: skip
     assert "post" not in schema["paths"]["/api/v1/audit"]
+
+
+def _validator(schema: dict, path: str, method: str, status: str) -> Draft202012Validator:
+    """A validator of one response's body against the served OpenAPI 3.1 schema (its $refs resolved in it)."""
+    registry = Registry().with_resource("urn:api", Resource.from_contents(schema, default_specification=DRAFT202012))
+    pointer = f"/paths/{path.replace('/', '~1')}/{method}/responses/{status}/content/application~1json/schema"
+    return Draft202012Validator({"$ref": f"urn:api#{pointer}"}, registry=registry)
+
+
+def test_the_schema_is_served_without_a_token_and_the_audit_feed_answers_as_it_says(inline_gateway, admin_token):
+    from audit.services import audit_record
+
+    served = api(inline_gateway, "GET", "schema", None, params={"format": "json"})
+    assert served.status_code == 200, "no token needed: it holds nothing secret"
+    schema = served.json()
+    tool = f"schema-{uuid.uuid4().hex[:8]}"
+    for _ in range(2):
+        audit_record(kind="completed", tool=tool, outcome="ok")
+    page = api(inline_gateway, "GET", "audit", admin_token, params={"tool": tool, "limit": 1}).json()
+    bad = api(inline_gateway, "GET", "audit", admin_token, params={"trace_id": "x"}).json()
+    missing = api(inline_gateway, "GET", "agents/nobody-by-this-name", admin_token).json()
+    _validator(schema, "/api/v1/audit", "get", "200").validate(page)
+    _validator(schema, "/api/v1/audit", "get", "400").validate(bad)
+    _validator(schema, "/api/v1/agents/{name}", "get", "404").validate(missing)
+    assert page["next_before"] is not None, "a page of an envelope, not a bare array"
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            assert {"400", "401", "403", "404", "429"} <= set(operation["responses"]), (method, path)
+            assert "Retry-After" in operation["responses"]["429"]["headers"]
+    parameters = {p["name"] for p in schema["paths"]["/api/v1/audit"]["get"]["parameters"]}
+    assert {"since", "until", "kind", "agent", "tool", "outcome", "before", "limit", "trace_id"} <= parameters
