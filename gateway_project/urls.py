@@ -6,12 +6,15 @@ from rest_framework.routers import SimpleRouter
 
 from audit.api import AuditEventViewSet
 from audit.metrics import metrics_view
+from handoff.api import HandoffRouteViewSet
 from handoff.views import claim_redeem
 from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet
-from registry.api import UpstreamViewSet
+from registry.api import ToolViewSet, UpstreamViewSet
 
 api = SimpleRouter(trailing_slash=False)
 api.register("upstreams", UpstreamViewSet)
+api.register("tools", ToolViewSet, basename="tool")
+api.register("handoff-routes", HandoffRouteViewSet)
 api.register("groups", ServerGroupViewSet)
 api.register("agents", AgentViewSet)
 api.register("rules", RuleViewSet)

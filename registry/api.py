@@ -4,10 +4,15 @@ Credentials (env values, headers, query values; a query typed into `url` moves t
 read shows each stored one as a mask, and a write that sends the mask keeps what is stored under that name.
 """
 
+from dataclasses import asdict
 from typing import Any
 
+from django.db.models import F
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -15,8 +20,15 @@ from policy.api import AuditedModelSerializer, EnabledSerializer, by_name, enabl
 from policy.limits import limit_store
 from policy.models import ServerGroup
 from registry.forms import MASK, unmasked
-from registry.models import Upstream
-from registry.services import upstream_catalog_sync, upstream_delete, upstream_save, upstream_set_enabled
+from registry.models import Tool, Upstream
+from registry.services import (
+    SyncReport,
+    tool_approve,
+    upstream_catalog_sync,
+    upstream_delete,
+    upstream_save,
+    upstream_set_enabled,
+)
 
 
 class SecretMapField(serializers.DictField):
@@ -66,6 +78,22 @@ class UpstreamSerializer(AuditedModelSerializer):
         upstream_save(upstream=obj, actor=actor, created=created)
 
 
+class SyncReportSerializer(serializers.Serializer):
+    upstream = serializers.CharField()
+    ok = serializers.BooleanField()
+    added = serializers.ListField(child=serializers.CharField())
+    changed = serializers.ListField(child=serializers.CharField())
+    removed = serializers.ListField(child=serializers.CharField())
+    held = serializers.ListField(child=serializers.CharField(), help_text="Waiting for an administrator's approval")
+    rejected = serializers.ListField(child=serializers.CharField(), help_text='"name: why"')
+    error = serializers.CharField()
+    summary = serializers.CharField()
+
+
+def _report(report: SyncReport) -> Response:
+    return Response(SyncReportSerializer(asdict(report) | {"summary": report.summary()}).data)
+
+
 class UpstreamViewSet(viewsets.ModelViewSet):
     """Upstream MCP servers. Saving one (with `enabled`) syncs its tool catalog, as the admin does."""
 
@@ -92,3 +120,48 @@ class UpstreamViewSet(viewsets.ModelViewSet):
         if upstream.enabled:
             upstream_catalog_sync(upstream=upstream)
         return Response({"enabled": upstream.enabled})
+
+    @extend_schema(request=None, responses=SyncReportSerializer)
+    @action(detail=True, methods=["post"])
+    def sync(self, request: Request, slug: str) -> Response:
+        """Sync the upstream's tool catalog now (through the pins) and say what changed."""
+        return _report(upstream_catalog_sync(upstream=self.get_object()))
+
+
+class ToolSerializer(serializers.ModelSerializer):
+    upstream = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    approved = serializers.BooleanField(source="is_approved", read_only=True)
+
+    class Meta:
+        model = Tool
+        exclude = ("approved_definition",)
+
+
+class ToolViewSet(viewsets.ReadOnlyModelViewSet):
+    """The catalog as upstreams list it. `?upstream=<slug>` narrows it; `?pending=true` lists the tools whose
+    definition changed and waits for approval (agents are offered the approved version meanwhile, or nothing)."""
+
+    serializer_class = ToolSerializer
+
+    def get_permissions(self) -> list[Any]:
+        # Approving is a change to a tool (as in the admin), not the adding a POST would otherwise ask for.
+        return [IsAuthenticated()] if self.action == "approve" else super().get_permissions()
+
+    def get_queryset(self):
+        tools = Tool.objects.select_related("upstream").order_by("upstream__slug", "name")
+        if slug := self.request.query_params.get("upstream"):
+            tools = tools.filter(upstream__slug=slug)
+        if self.request.query_params.get("pending") == "true":
+            tools = tools.exclude(approved_sha256=F("definition_sha256"))
+        return tools
+
+    @extend_schema(request=None, responses=ToolSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str) -> Response:
+        """Approve the tool's current definition: agents are offered it from now on."""
+        if not request.user.has_perm("registry.change_tool"):
+            raise PermissionDenied("Approving a tool needs the permission to change tools.")
+        tool = self.get_object()
+        if not tool.is_approved:
+            tool_approve(tool=tool, actor=request.user.get_username())
+        return Response(ToolSerializer(tool).data)

@@ -12,8 +12,9 @@ from referencing.jsonschema import DRAFT202012
 
 from policy.models import Agent, Rule, ServerGroup
 from policy.services import admin_token_issue, admin_token_revoke
-from registry.models import Upstream
+from registry.models import Tool, Upstream
 from tests.clients import api, call, tool_names
+from tests.factories import demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 
 
@@ -169,3 +170,61 @@ def test_the_schema_is_served_without_a_token_and_the_audit_feed_answers_as_it_s
             assert "Retry-After" in operation["responses"]["429"]["headers"]
     parameters = {p["name"] for p in schema["paths"]["/api/v1/audit"]["get"]["parameters"]}
     assert {"since", "until", "kind", "agent", "tool", "outcome", "before", "limit", "trace_id"} <= parameters
+
+
+def test_the_api_syncs_an_upstream_and_approves_a_held_tool(inline_gateway, world, admin_token):
+    with demo_upstream("catalog") as upstream:
+        synced = api(inline_gateway, "POST", "upstreams/catalog/sync", admin_token)
+        echo = Tool.objects.get(upstream=upstream, name="echo")
+        Tool.objects.filter(pk=echo.pk).update(approved_sha256="0" * 64)  # as if its definition had changed
+        held = api(inline_gateway, "GET", "tools", admin_token, params={"upstream": "catalog", "pending": "true"})
+        mark = audit_mark()
+        approved = api(inline_gateway, "POST", f"tools/{echo.pk}/approve", admin_token)
+        after = api(inline_gateway, "GET", "tools", admin_token, params={"upstream": "catalog", "pending": "true"})
+        missing = api(inline_gateway, "POST", "upstreams/nothing-here/sync", admin_token)
+    assert synced.status_code == 200
+    assert synced.json() | {"added": [], "held": []} == {
+        "upstream": "catalog", "ok": True, "added": [], "changed": [], "removed": [], "held": [], "rejected": [],
+        "error": "", "summary": "catalog: 0 added, 0 changed, 0 removed, 0 rejected",
+    }  # fmt: skip
+    assert [(t["name"], t["upstream"], t["approved"]) for t in held.json()] == [("echo", "catalog", False)]
+    assert (approved.status_code, approved.json()["approved"]) == (200, True)
+    assert after.json() == []
+    assert [(r.actor, r.detail["action"], r.tool) for r in audit_since(mark)] == [("operator", "tool_approved", "echo")]
+    assert (missing.status_code, missing.json()) == (404, {"detail": "No Upstream matches the given query."})
+
+
+def test_handoff_routes_are_managed_through_the_api(inline_gateway, world, admin_token):
+    body = {"domain": "legal", "description": "Contracts and their clauses", "target": "demo", "max_sessions": 3}
+    mark = audit_mark()
+    created = api(inline_gateway, "POST", "handoff-routes", admin_token, json=body)
+    try:
+        changed = api(inline_gateway, "PATCH", "handoff-routes/legal", admin_token, json={"enabled": False})
+        unknown = api(
+            inline_gateway, "POST", "handoff-routes", admin_token, json=body | {"domain": "x", "target": "nope"}
+        )
+    finally:
+        deleted = api(inline_gateway, "DELETE", "handoff-routes/legal", admin_token)
+    assert created.status_code == 201 and created.json()["target"] == "demo"
+    assert (changed.status_code, changed.json()["enabled"]) == (200, False)
+    assert (unknown.status_code, unknown.json()) == (400, {"target": ["Object with slug=nope does not exist."]})
+    assert deleted.status_code == 204
+    actions = [r.detail["action"] for r in audit_since(mark) if r.kind == "admin_change"]
+    assert actions == ["handoffroute_created", "handoffroute_saved", "handoffroute_deleted"]
+
+
+def test_approving_a_tool_needs_the_permission_to_change_tools(inline_gateway, world, admin_token):
+    clerk = get_user_model().objects.create_user("reader", password="reader-pw-for-tests")
+    clerk.user_permissions.add(Permission.objects.get(codename="view_tool"))
+    token = admin_token_issue(user=clerk, actor="tests")
+    try:
+        echo = Tool.objects.get(upstream__slug="demo", name="echo")
+        listed = api(inline_gateway, "GET", "tools", token, params={"upstream": "demo"})
+        refused = api(inline_gateway, "POST", f"tools/{echo.pk}/approve", token)
+    finally:
+        clerk.delete()
+    assert listed.status_code == 200 and "echo" in [t["name"] for t in listed.json()]
+    assert (refused.status_code, refused.json()) == (
+        403,
+        {"detail": "Approving a tool needs the permission to change tools."},
+    )

@@ -1,0 +1,24 @@
+"""The REST API's handoff routes: the triage tools the gateway offers (`handoff_to_<domain>`), saved through
+the same audited service as the admin."""
+
+from rest_framework import serializers
+
+from handoff.models import HandoffRoute
+from policy.api import AuditedModelSerializer, AuditedViewSet
+from registry.models import Upstream
+
+
+class HandoffRouteSerializer(AuditedModelSerializer):
+    target = serializers.SlugRelatedField(slug_field="slug", queryset=Upstream.objects.all())
+
+    class Meta:
+        model = HandoffRoute
+        exclude = ("id",)
+
+
+class HandoffRouteViewSet(AuditedViewSet):
+    """Handoff routes by domain; a route's target is an upstream's slug."""
+
+    queryset = HandoffRoute.objects.select_related("target")
+    serializer_class = HandoffRouteSerializer
+    lookup_field = "domain"
