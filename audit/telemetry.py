@@ -10,9 +10,11 @@ and dropped.
 Prometheus metrics are per web process, which is where every call completes, whichever executor ran it.
 """
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -33,6 +35,22 @@ LATENCY = Histogram(
 SESSIONS = Gauge("switchboard_open_sessions", "Stateful MCP sessions open in this process", ["transport"])
 
 _propagator = TraceContextTextMapPropagator()
+# What is known of the call the current task serves, for its log lines: request_id, trace_id, agent,
+# upstream, tool. Each request runs in a task of its own, whose context ends with it.
+_log_fields: ContextVar[dict[str, str] | None] = ContextVar("switchboard_log_fields", default=None)
+
+
+def log_fields_add(**fields: str) -> None:
+    """Name these in every log line the current task writes from now on (empty values are left out)."""
+    _log_fields.set((_log_fields.get() or {}) | {name: value for name, value in fields.items() if value})
+
+
+class LogFields(logging.Filter):
+    """Puts the current call's fields on every record (the JSON format writes them; the text one does not)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.__dict__.update(_log_fields.get() or {})
+        return True
 
 
 def _provider() -> TracerProvider:

@@ -347,11 +347,25 @@ STATIC_ROOT = VAR_DIR / "static"
 # The console's charts: Chart.js as npm installed it (scripts/bootstrap), served like the admin's own files.
 STATICFILES_DIRS = [("vendor/chart.js", BASE_DIR / "node_modules" / "chart.js" / "dist")]
 
+# text: one line per record for a terminal; json: one object per line for a log platform (time, level,
+# logger, message, and request_id, trace_id, agent, upstream, tool where a call is being served).
+GATEWAY_LOG_FORMAT = env_str("GATEWAY_LOG_FORMAT", "text")
+if GATEWAY_LOG_FORMAT not in ("text", "json"):
+    raise ValueError(f"GATEWAY_LOG_FORMAT must be 'text' or 'json', not {GATEWAY_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(levelname)s %(name)s %(message)s",
+            "rename_fields": {"levelname": "level", "name": "logger"},
+            "timestamp": "time",  # ISO 8601, UTC
+        },
+    },
+    "filters": {"call": {"()": "audit.telemetry.LogFields"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": GATEWAY_LOG_FORMAT, "filters": ["call"]}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.channels.server": {"level": "WARNING"},
@@ -361,3 +375,5 @@ LOGGING = {
         "mcp": {"level": "WARNING"},
     },
 }
+# Celery workers log through the same handler and format instead of their own.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

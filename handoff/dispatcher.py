@@ -15,7 +15,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from audit.telemetry import DENIALS, call_span, trace_id_of
+from audit.telemetry import DENIALS, call_span, log_fields_add, trace_id_of
 from handoff.builtins import EXECUTE
 from handoff.caller import Caller, caller_of
 from handoff.calling import (
@@ -150,6 +150,7 @@ async def _session_tunnel(caller: Caller) -> SessionTunnel | None:
 async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> Any:
     with call_span(params.name, params.meta) as span:
         trace_id, caller, relay = trace_id_of(span), caller_of(ctx), AgentRelay(ctx)
+        log_fields_add(trace_id=trace_id, agent=caller.agent_name, tool=params.name)
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             return await _call_tool(ctx, params, trace_id, relay)
         # A 2026-07-28 agent: what an upstream asks comes back as input-required results (parking.py).
@@ -212,6 +213,7 @@ async def _call_tool(
         return finish(ctx, decision)
     route, denial, admission = decision.route, decision.denial, decision.admission
     tool = route.tool if route else ""
+    log_fields_add(request_id=str(request_id), upstream=decision.upstream)
     audit = request_audit(caller, params.name, request_id, arguments, decision.upstream, tool, trace_id)
     if tunnel is not None:
         audit["detail"] = {"domain": tunnel.domain, "tunnel_id": tunnel.tunnel_id, "token_id": tunnel.token_id}
@@ -231,6 +233,7 @@ async def _call_tool(
             result = {"content": [{"type": "text", "text": undeclared.error.message}], "isError": True}
     touched = [database_async(tunnel_touch)(decision.tunnel.tunnel_id)] if decision.tunnel else []
     await conclude(decision, audit, outcome, result, duration_ms, *touched)
+    logger.info("tools/call %s: %s in %.0f ms", params.name, outcome.get("code") or "ok", duration_ms)
     if decision.tunnel and outcome.get("code") == TUNNEL_GONE:
         await tunnel_gone(caller, decision.tunnel, TUNNEL_GONE)
         message = (
