@@ -38,6 +38,7 @@ DEMO_TOOLS = {
     "announce",
     "log",
     "needs_sampling",
+    "nested",
 }
 
 
