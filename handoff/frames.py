@@ -1,10 +1,18 @@
-"""The first look at an incoming JSON-RPC frame, shared by every transport: is it JSON, and is it one
-JSON-RPC 2.0 message? Anything finer is the SDK's to check."""
+"""The first look at an incoming JSON-RPC frame, shared by every transport: is it JSON no deeper than
+GATEWAY_MAX_JSON_DEPTH, and is it one JSON-RPC 2.0 message? Anything finer is the SDK's to check."""
 
 import json
+import re
 from typing import Any
 
+from django.conf import settings
 from mcp import types
+
+# A JSON string, escapes and all; an unterminated one runs to the end (so no input makes the scan backtrack).
+STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.S)
+NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+OPENING = bytes.maketrans(b"{}", b"[]")
+OPEN = ord("[")
 
 
 class FrameError(Exception):
@@ -24,8 +32,23 @@ def frame_id(payload: dict[str, Any]) -> str | int | None:
     return request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
 
 
+def nested_deeper_than(raw: bytes | str, limit: int) -> bool:
+    """Whether JSON text nests arrays and objects deeper than `limit`: one linear scan of the text, strings
+    left out, without parsing it (Python's parser recurses, and fails near 1,000 levels)."""
+    text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    depth = 0
+    for bracket in STRING.sub(b"", text).translate(OPENING, NOT_BRACKETS):
+        depth += 1 if bracket == OPEN else -1
+        if depth > limit:
+            return True
+    return False
+
+
 def parse_frame(raw: bytes | str) -> dict[str, Any]:
     """The frame as a dict, or FrameError with the JSON-RPC code and a message a client can act on."""
+    limit = settings.GATEWAY_MAX_JSON_DEPTH
+    if nested_deeper_than(raw, limit):
+        raise FrameError(types.PARSE_ERROR, f"Parse error: JSON nested deeper than {limit} levels")
     try:
         payload = json.loads(raw)
     except (ValueError, UnicodeDecodeError):

@@ -1,0 +1,73 @@
+"""Hostile input, in agents' frames and in upstreams' replies: a specific error, and the gateway (and the
+agent's connection) serves on. The frame checks are shared by every transport, so each frame test runs over
+/mcp and /mcp/ws alike."""
+
+import json
+
+import pytest
+
+from tests.clients import ws_session
+from tests.helpers import run
+from tests.test_mcp_errors import bearer, list_status, post
+
+DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH's default
+TOO_DEEP = {"code": -32700, "message": f"Parse error: JSON nested deeper than {DEPTH} levels"}
+ADD = {"name": "demo__add", "arguments": {"a": 2, "b": 3}}
+TRANSPORTS = pytest.mark.parametrize("transport", ["http", "ws"])
+
+
+def nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def echo_frame(text: str, request_id: int = 5) -> str:
+    """A tools/call of demo__echo with the JSON `text` as its text, under three levels of envelope."""
+    params = f'{{"name":"demo__echo","arguments":{{"text":{text}}}}}'
+    return f'{{"jsonrpc":"2.0","id":{request_id},"method":"tools/call","params":{params}}}'
+
+
+def answer(gateway, key: str, transport: str, frame: str) -> tuple[int | None, dict]:
+    """The HTTP status (None over WebSocket) and the reply a frame gets. Over WebSocket the socket must go on
+    serving: a ping and a call after the frame are answered on it."""
+    if transport == "http":
+        response = post(gateway, frame, **bearer(key))
+        assert response.headers["content-type"] == "application/json"
+        return response.status_code, response.json()
+
+    async def scenario():
+        async with ws_session(gateway.url, key) as ws:
+            reply = await ws.send_raw(frame)
+            assert await ws.request("ping") == {"jsonrpc": "2.0", "id": 1, "result": {}}
+            works = await ws.request("tools/call", ADD)
+            assert works["result"]["content"][0]["text"] == "5", works
+            return reply
+
+    return None, run(scenario)
+
+
+@TRANSPORTS
+@pytest.mark.parametrize(
+    "frame", [nested(100_000), echo_frame(nested(1_000))], ids=["an array 10^5 deep", "arguments 1,000 deep"]
+)
+def test_a_frame_nested_far_too_deep_is_a_parse_error_and_the_gateway_serves_on(gateway, world, transport, frame):
+    status, reply = answer(gateway, world.key, transport, frame)
+    assert (status, reply) == (400 if transport == "http" else None, {"jsonrpc": "2.0", "id": None, "error": TOO_DEEP})
+    assert list_status(gateway, world.key) == 200
+
+
+@TRANSPORTS
+def test_a_frame_one_level_over_the_limit_is_refused_and_one_at_the_limit_is_served(inline_gateway, world, transport):
+    over = echo_frame(nested(DEPTH - 2))  # 3 levels of envelope
+    assert answer(inline_gateway, world.key, transport, over)[1]["error"] == TOO_DEEP
+    at_limit = echo_frame(nested(DEPTH - 3))
+    if transport == "http":  # a 2026-07-28 request: one exchange, no session
+        body = json.loads(at_limit)
+        body["params"]["_meta"] = {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
+        headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "demo__echo"}
+        served = post(inline_gateway, json.dumps(body), **headers, **bearer(world.key)).json()
+    else:
+        served = answer(inline_gateway, world.key, transport, at_limit)[1]
+    assert served["result"]["content"][0]["text"] == str(json.loads(nested(DEPTH - 3)))
