@@ -1,5 +1,6 @@
 """The first look at an incoming JSON-RPC frame, shared by every transport: is it JSON no deeper than
-GATEWAY_MAX_JSON_DEPTH, and is it one JSON-RPC 2.0 message? Anything finer is the SDK's to check."""
+GATEWAY_MAX_JSON_DEPTH, is it one JSON-RPC 2.0 message, and is its text Unicode where it must be? Anything
+finer is the SDK's to check."""
 
 import json
 import re
@@ -44,6 +45,16 @@ def nested_deeper_than(raw: bytes | str, limit: int) -> bool:
     return False
 
 
+def is_unicode(value: Any) -> bool:
+    """False when a string in `value` holds a lone UTF-16 surrogate (JSON allows "\\ud800"; nothing can
+    encode it, so every later step that serialises it fails)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_frame(raw: bytes | str) -> dict[str, Any]:
     """The frame as a dict, or FrameError with the JSON-RPC code and a message a client can act on."""
     limit = settings.GATEWAY_MAX_JSON_DEPTH
@@ -57,6 +68,8 @@ def parse_frame(raw: bytes | str) -> dict[str, Any]:
         raise FrameError(
             types.INVALID_REQUEST, "Invalid Request: send one JSON-RPC 2.0 object (batches are not part of MCP)"
         )
+    if not is_unicode(payload.get("id")):
+        raise FrameError(types.INVALID_REQUEST, 'Invalid Request: "id" holds a lone UTF-16 surrogate')
     request_id = frame_id(payload)
     is_message = isinstance(payload.get("method"), str) or (
         "id" in payload and ("result" in payload or "error" in payload)
@@ -70,4 +83,18 @@ def parse_frame(raw: bytes | str) -> dict[str, Any]:
             'or response ("jsonrpc": "2.0" and a "method")',
             request_id,
         )
+    _check_text(payload, request_id)
     return payload
+
+
+def _check_text(payload: dict[str, Any], request_id: Any) -> None:
+    if not is_unicode(payload.get("method")):
+        raise FrameError(types.INVALID_REQUEST, 'Invalid Request: "method" holds a lone UTF-16 surrogate', request_id)
+    params = payload.get("params")
+    if isinstance(params, dict) and not is_unicode(params.get("arguments")):
+        raise FrameError(
+            types.INVALID_PARAMS,
+            "Invalid params: the arguments hold a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its "
+            "pair); send the text as valid Unicode",
+            request_id,
+        )

@@ -71,3 +71,50 @@ def test_a_frame_one_level_over_the_limit_is_refused_and_one_at_the_limit_is_ser
     else:
         served = answer(inline_gateway, world.key, transport, at_limit)[1]
     assert served["result"]["content"][0]["text"] == str(json.loads(nested(DEPTH - 3)))
+
+
+@TRANSPORTS
+@pytest.mark.parametrize(
+    ("frame", "request_id", "member"),
+    [
+        ('{"jsonrpc":"2.0","id":4,"method":"\\ud800"}', 4, "method"),
+        ('{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}', None, "id"),
+    ],
+    ids=["method", "id"],
+)
+def test_a_method_or_id_holding_a_lone_surrogate_is_an_invalid_request_and_the_connection_serves_on(
+    gateway, world, transport, frame, request_id, member
+):
+    status, reply = answer(gateway, world.key, transport, frame)
+    assert status == (400 if transport == "http" else None)
+    message = f'Invalid Request: "{member}" holds a lone UTF-16 surrogate'
+    assert reply == {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32600, "message": message}}
+    assert list_status(gateway, world.key) == 200
+
+
+@TRANSPORTS
+@pytest.mark.parametrize("text", ['"a\\ud800b"', '{"\\udfff": 1}'], ids=["in a value", "in a key"])
+def test_arguments_holding_a_lone_surrogate_are_invalid_params_and_the_connection_serves_on(
+    gateway, world, transport, text
+):
+    status, reply = answer(gateway, world.key, transport, echo_frame(text, request_id=6))
+    assert status == (400 if transport == "http" else None)
+    message = (
+        "Invalid params: the arguments hold a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair); "
+        "send the text as valid Unicode"
+    )
+    assert reply == {"jsonrpc": "2.0", "id": 6, "error": {"code": -32602, "message": message}}
+    assert list_status(gateway, world.key) == 200
+
+
+def test_a_reply_that_would_repeat_a_lone_surrogate_is_an_error_and_the_socket_serves_on(gateway, world):
+    """Over WebSocket only: the SDK's HTTP transport refuses such text as it parses the body."""
+    frame = '{"jsonrpc":"2.0","id":7,"method":"resources/read","params":{"uri":"every+demo://x\\ud800"}}'
+    message = (
+        "Invalid params: the request holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair) "
+        "that its reply would repeat; send the text as valid Unicode"
+    )
+    assert answer(gateway, world.key, "ws", frame) == (
+        None,
+        {"jsonrpc": "2.0", "id": 7, "error": {"code": -32602, "message": message}},
+    )
