@@ -4,11 +4,12 @@ agent's connection) serves on. The frame checks are shared by every transport, s
 
 import json
 
+import httpx2
 import pytest
 
-from tests.clients import ws_session
+from tests.clients import TIMEOUT, ws_session
 from tests.helpers import run
-from tests.test_mcp_errors import bearer, list_status, post
+from tests.test_mcp_errors import HEADERS, LIST, bearer, list_status, post
 
 DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH's default
 TOO_DEEP = {"code": -32700, "message": f"Parse error: JSON nested deeper than {DEPTH} levels"}
@@ -118,3 +119,18 @@ def test_a_reply_that_would_repeat_a_lone_surrogate_is_an_error_and_the_socket_s
         None,
         {"jsonrpc": "2.0", "id": 7, "error": {"code": -32602, "message": message}},
     )
+
+
+@pytest.mark.parametrize("accept", ["text/event-stream", "application/json", "text/html", ""])
+@pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
+def test_a_post_not_accepting_both_json_and_event_streams_is_406_with_what_to_send(inline_gateway, world, accept, era):
+    """Both eras of the SDK's transport demand both types of a POST; its 2026-07-28 one said so with no body."""
+    headers = HEADERS | bearer(world.key) | {"accept": accept, "mcp-protocol-version": era, "mcp-method": "tools/list"}
+    response = httpx2.post(f"{inline_gateway.url}/mcp", content=json.dumps(LIST), headers=headers, timeout=TIMEOUT)
+    assert response.status_code == 406
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32600, "message": "Not Acceptable: send 'Accept: application/json, text/event-stream'"},
+    }
