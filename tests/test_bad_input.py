@@ -7,8 +7,11 @@ import json
 import httpx2
 import pytest
 
-from tests.clients import TIMEOUT, ws_session
-from tests.helpers import run
+from registry.models import Upstream
+from registry.services import upstream_catalog_sync, upstream_save
+from tests import servers
+from tests.clients import TIMEOUT, call, ws_session
+from tests.helpers import audit_mark, audit_since, run
 from tests.test_mcp_errors import HEADERS, LIST, bearer, list_status, post
 
 DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH's default
@@ -134,3 +137,34 @@ def test_a_post_not_accepting_both_json_and_event_streams_is_406_with_what_to_se
         "id": None,
         "error": {"code": -32600, "message": "Not Acceptable: send 'Accept: application/json, text/event-stream'"},
     }
+
+
+@pytest.fixture(scope="module")
+def deep_http(world, logs):
+    """The demo server over Streamable HTTP, as upstream `deep-http`."""
+    demo = servers.start_demo_http(logs / "demo-deep-http.log")
+    upstream = Upstream(slug="deep-http", transport="streamable_http", url=demo.url)
+    upstream_save(upstream=upstream, created=True)
+    assert upstream_catalog_sync(upstream=upstream).ok
+    yield upstream.slug
+    upstream.delete()
+    demo.stop()
+
+
+@pytest.mark.parametrize("slug", ["demo", "deep-http"], ids=["stdio", "streamable http"])
+@pytest.mark.parametrize("levels", [DEPTH - 2, 230], ids=["one level over", "beyond what the SDK parses"])
+def test_an_upstream_reply_nested_too_deep_is_a_tool_error_naming_the_upstream_and_the_next_call_works(
+    gateway, world, deep_http, slug, levels
+):
+    """The reply's structured content holds lists `levels` deep, under three levels of envelope."""
+    mark = audit_mark()
+    refused = run(lambda: call(gateway.url, world.key, f"{slug}__nested", {"levels": levels}))
+    message = (
+        f"The upstream {slug!r} answered with JSON nested deeper than {DEPTH} levels, "
+        "which the gateway does not pass on."
+    )
+    assert refused.is_error and refused.content[0].text == f"{slug}__nested: {message}"
+    [completed] = [row for row in audit_since(mark) if row.kind == "completed"]
+    assert (completed.error_code, completed.error_detail) == ("UPSTREAM_INVALID_RESPONSE", message)
+    served = run(lambda: call(gateway.url, world.key, f"{slug}__nested", {"levels": DEPTH - 3}))
+    assert not served.is_error and served.structured_content == {"value": json.loads(nested(DEPTH - 3))}
