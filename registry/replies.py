@@ -22,7 +22,7 @@ from handoff.frames import STRING
 TOO_DEEP = {"code": "UPSTREAM_REPLY_TOO_DEEP"}  # the data of the error that stands in for such a reply
 PARSER_GAVE_UP = "recursion limit exceeded"  # pydantic's words for JSON nested beyond its limit
 TOKEN = re.compile(STRING.pattern + rb"|[\[\]{}]", re.S)
-MEMBER = re.compile(rb'"(id|method)"\s*:\s*(-?\d+|"[^"\\]*(?:\\.[^"\\]*)*")?')
+MEMBER = re.compile(rb'"(id|method)"\s*:\s*(-?\d+(?![.eE\d])|"[^"\\]*(?:\\.[^"\\]*)*")?')
 
 
 def reply_too_deep(exc: MCPError) -> bool:
