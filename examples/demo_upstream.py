@@ -127,7 +127,7 @@ TOOLS = [
     types.Tool(
         name="nested",
         description="Answer with structured content holding lists nested `levels` deep (for trying depth limits).",
-        input_schema={"type": "object", "properties": {"levels": {"type": "integer", "minimum": 0, "maximum": 250}}},
+        input_schema={"type": "object", "properties": {"levels": {"type": "integer", "minimum": 1, "maximum": 250}}},
     ),
     types.Tool(
         name="trace",
