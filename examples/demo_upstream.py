@@ -125,6 +125,11 @@ TOOLS = [
         input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
     ),
     types.Tool(
+        name="nested",
+        description="Answer with structured content holding lists nested `levels` deep (for trying depth limits).",
+        input_schema={"type": "object", "properties": {"levels": {"type": "integer", "minimum": 1, "maximum": 250}}},
+    ),
+    types.Tool(
         name="trace",
         description="The W3C traceparent the request's _meta carried (to check what a gateway propagates).",
         input_schema={"type": "object", "properties": {}},
@@ -230,6 +235,14 @@ def leak(how: str) -> types.CallToolResult:
     return text(LEAK, is_error=True)
 
 
+def nested(levels: int) -> types.CallToolResult:
+    """Built without recursion; the SDK serialises up to about 250 levels."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return types.CallToolResult(content=[], structured_content={"value": value})
+
+
 async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
     args = params.arguments or {}
     match params.name:
@@ -278,6 +291,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         case "env":
             name = str(args["name"])
             return text(os.environ.get(name, "") if name.startswith("DEMO_") else "")
+        case "nested":
+            return nested(min(int(args.get("levels", 1)), 250))
         case "trace":
             return text(str((params.meta or {}).get("traceparent", "")))
         case "header":

@@ -213,6 +213,11 @@ if GATEWAY_TOOL_SEPARATOR not in ("__", "_", "."):
     raise ValueError("GATEWAY_TOOL_SEPARATOR must be one of '__', '_', '.'")
 GATEWAY_MAX_TOOL_NAME = env_int("GATEWAY_MAX_TOOL_NAME", 64)
 GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 1_048_576)
+# How deep JSON may nest, in agents' frames and upstreams' replies: checked before parsing (Python's parser
+# recurses). The SDK's own parser stops near 200 levels, and replies travel wrapped in a few more.
+GATEWAY_MAX_JSON_DEPTH = env_int("GATEWAY_MAX_JSON_DEPTH", 64)
+if not 8 <= GATEWAY_MAX_JSON_DEPTH <= 128:
+    raise ValueError("GATEWAY_MAX_JSON_DEPTH must be between 8 and 128")
 GATEWAY_ALLOWED_ORIGINS = env_list(
     "GATEWAY_ALLOWED_ORIGINS", "http://127.0.0.1,http://localhost,http://[::1],https://127.0.0.1,https://localhost"
 )

@@ -13,6 +13,7 @@ from django.conf import settings
 from mcp import types
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from handoff.caller import Caller, caller_from_scope, host_allowed, origin_allowed
 from handoff.frames import FrameError, frame_id, parse_frame
@@ -22,6 +23,10 @@ from handoff.server import server
 from handoff.sweeper import background_start
 
 INBOX_SIZE = 64
+UNENCODABLE = (
+    "Invalid params: the request holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair) "
+    "that its reply would repeat; send the text as valid Unicode"
+)
 logger = logging.getLogger(__name__)
 
 
@@ -29,6 +34,18 @@ def _log_failure(task: asyncio.Task) -> None:
     """The session's tasks are awaited only at disconnect: without this their failures would go unseen."""
     if not task.cancelled() and (exc := task.exception()) is not None:
         logger.error("websocket session task %s failed", task.get_name(), exc_info=exc)
+
+
+def _encoded(message: types.JSONRPCMessage) -> str | None:
+    """The frame for a message. A reply that cannot be encoded (a lone surrogate the agent sent, echoed back:
+    a URI, say) becomes an error for its request instead of ending the pump, and with it the socket."""
+    try:
+        return message.model_dump_json(by_alias=True, exclude_unset=True)
+    except PydanticSerializationError:
+        if not isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+            logger.warning("websocket: dropped a %s that cannot be encoded", type(message).__name__, exc_info=True)
+            return None
+        return FrameError(types.INVALID_PARAMS, UNENCODABLE, message.id).body()
 
 
 class McpWebSocketConsumer(AsyncWebsocketConsumer):
@@ -74,7 +91,8 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
                 self._last_frame = time.monotonic()
                 if isinstance(item.message, types.JSONRPCResponse | types.JSONRPCError):
                     self._pending.discard(item.message.id)
-                await self.send(text_data=item.message.model_dump_json(by_alias=True, exclude_unset=True))
+                if (frame := _encoded(item.message)) is not None:
+                    await self.send(text_data=frame)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         self._last_frame = time.monotonic()

@@ -1,10 +1,19 @@
-"""The first look at an incoming JSON-RPC frame, shared by every transport: is it JSON, and is it one
-JSON-RPC 2.0 message? Anything finer is the SDK's to check."""
+"""The first look at an incoming JSON-RPC frame, shared by every transport: is it JSON no deeper than
+GATEWAY_MAX_JSON_DEPTH, is it one JSON-RPC 2.0 message, and is its text Unicode where it must be? Anything
+finer is the SDK's to check."""
 
 import json
+import re
 from typing import Any
 
+from django.conf import settings
 from mcp import types
+
+# A JSON string, escapes and all; an unterminated one runs to the end (so no input makes the scan backtrack).
+STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.S)
+NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+OPENING = bytes.maketrans(b"{}", b"[]")
+OPEN = ord("[")
 
 
 class FrameError(Exception):
@@ -24,8 +33,33 @@ def frame_id(payload: dict[str, Any]) -> str | int | None:
     return request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
 
 
+def nested_deeper_than(raw: bytes | str, limit: int) -> bool:
+    """Whether JSON text nests arrays and objects deeper than `limit`: one linear scan of the text, strings
+    left out, without parsing it (Python's parser recurses, and fails near 1,000 levels)."""
+    text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    depth = 0
+    for bracket in STRING.sub(b"", text).translate(OPENING, NOT_BRACKETS):
+        depth += 1 if bracket == OPEN else -1
+        if depth > limit:
+            return True
+    return False
+
+
+def is_unicode(value: Any) -> bool:
+    """False when a string in `value` holds a lone UTF-16 surrogate (JSON allows "\\ud800"; nothing can
+    encode it, so every later step that serialises it fails)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_frame(raw: bytes | str) -> dict[str, Any]:
     """The frame as a dict, or FrameError with the JSON-RPC code and a message a client can act on."""
+    limit = settings.GATEWAY_MAX_JSON_DEPTH
+    if nested_deeper_than(raw, limit):
+        raise FrameError(types.PARSE_ERROR, f"Parse error: JSON nested deeper than {limit} levels")
     try:
         payload = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -34,6 +68,8 @@ def parse_frame(raw: bytes | str) -> dict[str, Any]:
         raise FrameError(
             types.INVALID_REQUEST, "Invalid Request: send one JSON-RPC 2.0 object (batches are not part of MCP)"
         )
+    if not is_unicode(payload.get("id")):
+        raise FrameError(types.INVALID_REQUEST, 'Invalid Request: "id" holds a lone UTF-16 surrogate')
     request_id = frame_id(payload)
     is_message = isinstance(payload.get("method"), str) or (
         "id" in payload and ("result" in payload or "error" in payload)
@@ -47,4 +83,18 @@ def parse_frame(raw: bytes | str) -> dict[str, Any]:
             'or response ("jsonrpc": "2.0" and a "method")',
             request_id,
         )
+    _check_text(payload, request_id)
     return payload
+
+
+def _check_text(payload: dict[str, Any], request_id: Any) -> None:
+    if not is_unicode(payload.get("method")):
+        raise FrameError(types.INVALID_REQUEST, 'Invalid Request: "method" holds a lone UTF-16 surrogate', request_id)
+    params = payload.get("params")
+    if isinstance(params, dict) and not is_unicode(params.get("arguments")):
+        raise FrameError(
+            types.INVALID_PARAMS,
+            "Invalid params: the arguments hold a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its "
+            "pair); send the text as valid Unicode",
+            request_id,
+        )

@@ -9,7 +9,9 @@ from typing import Any
 
 from django.conf import settings
 from mcp import types
+from mcp.server.streamable_http import check_accept_headers
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.requests import Request
 
 from audit.telemetry import SESSIONS
 from handoff.background import ProcessTask
@@ -41,6 +43,11 @@ def live_session_ids() -> Collection[str]:
 SESSIONS.labels("http").set_function(lambda: len(live_session_ids()))
 # How often sessions the SDK let expire are looked for: a fraction of the idle time, at most a minute.
 REAP_SECONDS = min(60.0, max(0.5, settings.GATEWAY_SESSION_IDLE_SECONDS / 4))
+
+
+# What a POST must accept, in both eras: the SDK's transports demand both types (this gateway streams replies),
+# and its 2026-07-28 one refuses with an empty body.
+NOT_ACCEPTABLE = "Not Acceptable: send 'Accept: application/json, text/event-stream'"
 
 
 class BodyTooLarge(Exception):
@@ -150,6 +157,8 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
             "Missing or invalid API key: send 'Authorization: Bearer <agent key>'",
             [(b"www-authenticate", b'Bearer realm="switchboard"')],
         )
+    if scope["method"] == "POST" and not all(check_accept_headers(Request(scope))):
+        return await _reject(send, 406, types.INVALID_REQUEST, NOT_ACCEPTABLE)
     limit = settings.GATEWAY_MAX_BODY_BYTES
     declared = header(scope, b"content-length")
     try:

@@ -22,6 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from registry.egress import EgressRefused
 from registry.relay import ASKS, LOGGING, Relay
+from registry.replies import reply_too_deep
 from registry.scrub import scrubbed
 from registry.spec import UpstreamSpec
 
@@ -362,6 +363,8 @@ class UpstreamPool:
         except TimeoutError:
             return failure("UPSTREAM_TIMEOUT", f"The service did not answer within {spec.timeout:g} seconds.")
         except MCPError as exc:
+            if reply_too_deep(exc):  # registry/replies.py stood in for the reply
+                return failure("UPSTREAM_INVALID_RESPONSE", exc.message)
             if exc.code == types.CONNECTION_CLOSED:
                 connection.stop()
                 return failure(

@@ -9,11 +9,13 @@ from typing import Any
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from handoff.delegation import DelegationAuth
 from registry.credentials import credentials_open
 from registry.egress import guarded_client
+from registry.replies import DepthCheckedTransport
 
 MIN_SECRET_CHARS = 8  # shorter values ("true", "eu", "prod") would blank out ordinary words; keys are longer
 
@@ -72,7 +74,8 @@ class UpstreamSpec:
         if self.transport == "stdio":
             # PATH comes along so that commands like `npx` and `uvx` resolve as they would in a shell.
             env = {"PATH": os.environ.get("PATH", "")} | self.env
-            target: Any = StdioServerParameters(command=self.command, args=self.args, env=env, cwd=self.cwd or None)
+            params = StdioServerParameters(command=self.command, args=self.args, env=env, cwd=self.cwd or None)
+            target: Any = stdio_client(params)
         elif self.transport == "sse":
             target = sse_client(
                 self.url, headers=self.headers, timeout=self.timeout, httpx_client_factory=self._http_client
@@ -83,4 +86,5 @@ class UpstreamSpec:
             )
             target = streamable_http_client(self.url, http_client=http)
         # No response cache: the catalog must see what the upstream says now.
-        return await stack.enter_async_context(Client(target, cache=None, **callbacks))
+        checked = DepthCheckedTransport(target, self.slug)
+        return await stack.enter_async_context(Client(checked, cache=None, **callbacks))

@@ -38,6 +38,7 @@ DEMO_TOOLS = {
     "announce",
     "log",
     "needs_sampling",
+    "nested",
 }
 
 
@@ -109,7 +110,8 @@ def test_import_then_sync_lists_the_new_upstreams_tools(db, tmp_path, capsys):
     path.write_text(json.dumps({"mcpServers": {"demo-two": {"command": sys.executable, "args": demo}}}))
     try:
         call_command("import_mcp_config", str(path))
-        assert capsys.readouterr().out.splitlines()[-1] == "demo-two: 18 added, 0 changed, 0 removed, 0 rejected"
+        report = f"demo-two: {len(DEMO_TOOLS)} added, 0 changed, 0 removed, 0 rejected"
+        assert capsys.readouterr().out.splitlines()[-1] == report
         assert set(Tool.objects.filter(upstream__slug="demo-two").values_list("name", flat=True)) == DEMO_TOOLS
     finally:
         Upstream.objects.filter(slug="demo-two").delete()
