@@ -156,11 +156,11 @@ class UpstreamConnection:
         legacy = client.protocol_version not in MODERN_PROTOCOL_VERSIONS
         if self._declares(legacy) == self._declares(guess):
             return client, stack
-        discovered = client.session.discover_result
+        version, discovered = client.protocol_version, client.session.discover_result
         await stack.aclose()
         if legacy:
             return await self._attempt("legacy", legacy=True)
-        return await self._attempt(client.protocol_version, legacy=False, prior_discover=discovered)
+        return await self._attempt(version, legacy=False, prior_discover=discovered)
 
     async def _heard(self, message: Any) -> None:
         """A 2025-11-25 upstream's notifications: list changes, and updates of subscribed resources."""

@@ -5,7 +5,9 @@ import uuid
 
 import pytest
 from mcp import types
+from mcp.shared.exceptions import MCPError
 
+from registry.models import Upstream
 from tests.clients import sdk_client, tool_names
 from tests.factories import demo_upstream
 from tests.helpers import eventually, run
@@ -46,6 +48,27 @@ def test_a_legacy_agent_answers_what_a_dual_era_upstream_asks_on_the_calls_strea
     result = run(scenario)
     said = "the model said: echo of Say hi" if of == "sampling" else 'accept: {"answer": "yes to Say hi"}'
     assert (result.is_error, result.content[0].text) == (False, said)
+
+
+def test_an_upstream_that_spoke_only_2025_11_25_at_its_last_sync_still_gets_each_agents_era(inline_gateway, world):
+    slug = f"upgraded-{uuid.uuid4().hex[:8]}"
+    with demo_upstream(slug, env={"DEMO_PUSH": "1"}) as upstream:
+        Upstream.objects.filter(pk=upstream.pk).update(protocol_version="2025-11-25")  # the era the gateway guesses
+        eventually(lambda: f"{slug}__ask" in run(lambda: tool_names(inline_gateway.url, world.key)))
+
+        async def scenario():
+            async with sdk_client(inline_gateway.url, world.key, "legacy", sampling_callback=_sampled) as client:
+                sampled = await client.call_tool(f"{slug}__ask", {"question": "Say hi", "of": "sampling"})
+            async with sdk_client(inline_gateway.url, world.key, "2026-07-28") as client:
+                try:
+                    await client.call_tool(f"{slug}__needs_sampling", {})
+                except MCPError as refused:
+                    return sampled, refused.error
+
+        sampled, refused = run(scenario)
+    assert sampled.content[0].text == "the model said: echo of Say hi"
+    # At 2026-07-28 its requests carry the agent's capabilities, not all those a 2025-11-25 session declares.
+    assert (refused.code, refused.data) == (-32021, {"requiredCapabilities": {"sampling": {}}})
 
 
 @pytest.mark.parametrize("mode", MODES)
