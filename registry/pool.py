@@ -118,6 +118,7 @@ class UpstreamConnection:
         clients that declare sampling or elicitation, and the relay refuses, call by call, what the agent did
         not declare. A 2026-07-28 request carries the connection's own set (the agents'), so that an upstream
         can refuse what they lack (-32021) rather than use what they never granted."""
+        # A handoff tunnel declares nothing either way: it connects once per delegation, never twice.
         return EVERYTHING if legacy and self.spec.grant is None else self.capabilities & EVERYTHING
 
     def _callbacks(self, declared: frozenset[str]) -> dict[str, Any]:
