@@ -2,8 +2,10 @@
 expects of a server under test: its tools, resources, prompts and input-required flows, in both eras.
 
 Switchboard's conformance run (scripts/conformance) fronts it with the gateway to check that everything
-an upstream offers reaches the agent unchanged. Run: `python examples/conformance_server.py PORT`
-(Streamable HTTP at http://127.0.0.1:PORT/mcp).
+an upstream offers reaches the agent unchanged. Run: `python examples/conformance_server.py PORT [--push]`
+(Streamable HTTP at http://127.0.0.1:PORT/mcp). With --push (the run's `conformance-push`), the fixtures of
+the sampling and elicitation scenarios ask on the call's stream whatever the era, as SDK servers that call
+`ctx.session.create_message` or `ctx.elicit` do: a client that reaches it at 2026-07-28 gives them no channel.
 """
 
 import base64
@@ -34,6 +36,7 @@ WAV = base64.b64encode(
     b"\x88X\x01\x00\x02\x00\x10\x00data\x00\x00\x00\x00"
 ).decode()
 STATE_KEY = secrets.token_bytes(32)
+PUSH = "--push" in sys.argv[2:]
 MISSING_CAPABILITY = -32021
 NO_ARGUMENTS = {"type": "object", "properties": {}}
 SCHEMA_2020_12 = {
@@ -142,10 +145,11 @@ def _declared(ctx, capability: str) -> bool:
     return capabilities is not None and getattr(capabilities, capability, None) is not None
 
 
-async def _ask(ctx, params, request) -> types.Result:
+async def _ask(ctx, params, request, push: bool = False) -> types.Result:
     """One server-to-client request in the caller's era: on the call's stream, or as an input-required
-    round (the answer then comes back in the retry's inputResponses under `answer`)."""
-    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+    round (the answer then comes back in the retry's inputResponses under `answer`); on the stream in
+    either era if `push`."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and not push:
         answer = (params.input_responses or {}).get("answer")
         if answer is None:
             return types.InputRequiredResult(input_requests={"answer": request})
@@ -255,12 +259,12 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.Result:
         case "json_schema_2020_12_tool":
             return _text("ok")
         case "test_sampling":
-            answer = await _ask(ctx, params, _sample(str(args.get("prompt", "")), 100))
+            answer = await _ask(ctx, params, _sample(str(args.get("prompt", "")), 100), PUSH)
             if isinstance(answer, types.InputRequiredResult):
                 return answer
             return _text(f"LLM response: {getattr(answer.content, 'text', '')}")
         case "test_elicitation" | "test_elicitation_sep1034_defaults" | "test_elicitation_sep1330_enums":
-            answer = await _ask(ctx, params, ELICITATIONS[name](args))
+            answer = await _ask(ctx, params, ELICITATIONS[name](args), PUSH)
             if isinstance(answer, types.InputRequiredResult):
                 return answer
             return _text(f"User response: action={answer.action}, content={json.dumps(answer.content)}")

@@ -4,6 +4,8 @@ Run it over stdio (`python examples/demo_upstream.py`) or Streamable HTTP (`... 
 DEMO_MANIFEST names a JSON file read on every tools/list, to play a server whose tools change:
 {"descriptions": {"echo": "..."}, "tools": [extra tool definitions, which answer like echo]}.
 DEMO_LEGACY_ONLY=1 plays a server that speaks only 2025-11-25 (no server/discover).
+DEMO_PUSH=1 plays one whose `ask` asks on the call's stream in either era, as SDK servers that call
+`ctx.session.create_message` or `ctx.elicit` do: a 2026-07-28 client gives it no channel for that.
 """
 
 import json
@@ -212,9 +214,9 @@ def _said(result: types.Result) -> str:
 
 async def ask(ctx, params: types.CallToolRequestParams, of: str, question: str) -> types.CallToolResult:
     """A question in the caller's era: a request on the call's stream (2025-11-25), or an input-required
-    result answered by the retry (2026-07-28)."""
+    result answered by the retry (2026-07-28); on the call's stream in either era with DEMO_PUSH."""
     request, answer_type = _question(of, question)
-    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and not os.environ.get("DEMO_PUSH"):
         answer = (params.input_responses or {}).get("answer")
         if answer is None:
             return types.InputRequiredResult(input_requests={"answer": request})

@@ -30,8 +30,9 @@ from mcp.shared.exceptions import MCPError
 
 from handoff.caller import Caller
 from handoff.relaying import log_to
-from registry.pool import INPUT_RESPONSES, MISSING_CLIENT_CAPABILITY
+from registry.pool import MISSING_CLIENT_CAPABILITY
 from registry.relay import ASKS, may_ask, unsupported
+from registry.requests import INPUT_RESPONSES
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from handoff.caller import caller_of
 from handoff.notify import per_session
 from handoff.tunnels import index_session
-from registry.relay import ASKS, LOGGING, RELAYED_CAPABILITIES, may_ask, unsupported
+from registry.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, may_ask, unsupported
 
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
@@ -42,9 +42,11 @@ def log_level(ctx: ServerRequestContext) -> str | None:
 
 
 def declared(ctx: ServerRequestContext) -> frozenset[str]:
-    """What the relay of this request's calls carries: the agent's client capabilities, and logging."""
+    """What the relay of this request's calls carries: the agent's client capabilities, logging, and LEGACY."""
     capabilities = ctx.session.client_capabilities
     names = {name for name in RELAYED_CAPABILITIES if capabilities and getattr(capabilities, name, None)}
+    if names and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        names.add(LEGACY)  # it can be asked on the call's stream, so upstreams may ask the push way
     return frozenset(names | ({LOGGING} if log_level(ctx) else set()))
 
 

@@ -46,7 +46,7 @@ class Executor(Protocol):
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome: ...
 
-    # Resources, prompts and completions (pool.FORWARDED), passed through as the upstream answers them.
+    # Resources, prompts and completions (requests.FORWARDED), passed through as the upstream answers them.
     async def forward(
         self,
         *,

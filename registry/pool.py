@@ -18,21 +18,22 @@ from mcp import types
 from mcp.server.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from registry.egress import EgressRefused
-from registry.relay import ASKS, LOGGING, Relay
+from registry.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, Relay, unsupported
 from registry.replies import reply_too_deep
+from registry.requests import UNSUPPORTED, Unsupported, calling, catalog, forwarding, list_every_page
 from registry.scrub import scrubbed
 from registry.spec import UpstreamSpec
 
 logger = logging.getLogger(__name__)
 
-SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 MISSING_CLIENT_CAPABILITY = -32021  # 2026-07-28: the request needs a capability the client did not declare
 TUNNEL_GONE = "HANDOFF_UPSTREAM_UNAVAILABLE"
 # Connection-level failures: the session is gone and must be reopened (a stdio server that died, say).
 CONNECTION_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
+EVERYTHING = frozenset(RELAYED_CAPABILITIES)
 
 
 class Outcome(TypedDict, total=False):
@@ -85,9 +86,9 @@ def connect_failure(exc: BaseException) -> Outcome:
 class UpstreamConnection:
     """One upstream session. `run` is its owner task: it enters and exits the client.
 
-    A connection for agents that declared client capabilities (`capabilities`) declares the same ones
-    upstream, and runs one call at a time: the upstream's requests to the client carry nothing that ties
-    them to a call, so the call in flight (`relay`) is the one they belong to."""
+    A connection for agents that declared client capabilities (`capabilities`) runs one call at a time: the
+    upstream's requests to the client carry nothing that ties them to a call, so the call in flight (`relay`)
+    is the one they belong to. What it declares upstream depends on the era it speaks (`_declares`)."""
 
     def __init__(
         self,
@@ -112,14 +113,56 @@ class UpstreamConnection:
         if self.relay is not None:
             await self.relay.log(params.level, params.data, params.logger)
 
-    def _callbacks(self) -> dict[str, Any]:
+    def _declares(self, legacy: bool) -> frozenset[str]:
+        """The client capabilities the session declares upstream. A 2025-11-25 session declares them once for
+        every call it will carry, so it declares all the gateway relays: upstreams offer some tools only to
+        clients that declare sampling or elicitation, and the relay refuses, call by call, what the agent did
+        not declare. A 2026-07-28 request carries the connection's own set (the agents'), so that an upstream
+        can refuse what they lack (-32021) rather than use what they never granted."""
+        # A handoff tunnel declares nothing either way: it connects once per delegation, never twice.
+        return EVERYTHING if legacy and self.spec.grant is None else self.capabilities & EVERYTHING
+
+    def _callbacks(self, declared: frozenset[str]) -> dict[str, Any]:
         """The SDK client's callbacks (and with them the capabilities it declares) for this connection."""
         callbacks: dict[str, Any] = {
-            ask.callback: _relaying(self, method) for method, ask in ASKS.items() if ask.capability in self.capabilities
+            ask.callback: _relaying(self, method) for method, ask in ASKS.items() if ask.capability in declared
         }
         if LOGGING in self.capabilities:  # every level: the agent's end filters (handoff/relaying.py)
             callbacks |= {"logging_callback": self._log, "log_level": "debug"}
-        return callbacks
+        return callbacks | ({"message_handler": self._heard} if self.notice else {})
+
+    async def _attempt(self, mode: str, legacy: bool, **options: Any) -> tuple[Any, AsyncExitStack]:
+        """A client connected in `mode`, declaring what a session of that era should, and the stack that holds it."""
+        stack = AsyncExitStack()
+        try:
+            client = await self.spec.connect(stack, mode=mode, **options, **self._callbacks(self._declares(legacy)))
+        except BaseException:
+            await stack.aclose()
+            raise
+        return client, stack
+
+    async def _connect(self) -> tuple[Any, AsyncExitStack]:
+        """The session. A 2025-11-25 agent's speaks that era wherever the upstream does: an upstream that speaks
+        both may then ask on the call's stream (the push way), which a 2026-07-28 session has no channel for.
+        Otherwise the newest era the upstream speaks (`auto`), declaring what that era wants: the era the last
+        sync saw is the guess, and a wrong guess costs a second connect."""
+        if LEGACY in self.capabilities:
+            try:
+                return await self._attempt("legacy", legacy=True)
+            except Exception as exc:
+                if not _found(exc, lambda e: isinstance(e, MCPError)):
+                    raise
+                logger.info("upstream %s: no 2025-11-25 session, so 2026-07-28 (%r)", self.spec.slug, exc)
+        guess = self.spec.legacy
+        client, stack = await self._attempt("auto", guess)
+        legacy = client.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        if self._declares(legacy) == self._declares(guess):
+            return client, stack
+        version, discovered = client.protocol_version, client.session.discover_result
+        await stack.aclose()
+        if legacy:
+            return await self._attempt("legacy", legacy=True)
+        return await self._attempt(version, legacy=False, prior_discover=discovered)
 
     async def _heard(self, message: Any) -> None:
         """A 2025-11-25 upstream's notifications: list changes, and updates of subscribed resources."""
@@ -150,10 +193,9 @@ class UpstreamConnection:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         started = False
-        handlers = self._callbacks() | ({"message_handler": self._heard} if self.notice else {})
         try:
-            async with AsyncExitStack() as stack:
-                self.client = await self.spec.connect(stack, **handlers)
+            self.client, stack = await self._connect()
+            async with stack:
                 async with anyio.create_task_group() as tg:
                     if self.notice and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS:
                         await tg.start(self._listen)
@@ -179,6 +221,8 @@ def _relaying(connection: UpstreamConnection, method: str) -> Callable[..., Awai
 
     async def callback(context: Any, params: Any = None) -> Any:
         relay = connection.relay
+        if relay is None and not connection.capabilities:  # the shared connection's agents declared nothing
+            return unsupported(method).error
         if relay is None:
             return types.ErrorData(code=types.INVALID_REQUEST, message=f"No call in flight to relay {method} to.")
         wire = params.model_dump(mode="json", by_alias=True, exclude_none=True) if params is not None else {}
@@ -315,7 +359,7 @@ class UpstreamPool:
         if not isinstance(connection, UpstreamConnection):
             return connection
         if connection.client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            return await self._request(connection, _forwarding(method, {"uri": uri}))
+            return await self._request(connection, forwarding(method, {"uri": uri}))
         key = (upstream_id, uri)
         if method == "resources/subscribe" and key not in self._watches:
             self._watches[key] = anyio.CancelScope()
@@ -407,11 +451,10 @@ class UpstreamPool:
         relay: Relay | None = None,
         rounds: dict[str, Any] | None = None,
     ) -> Outcome:
-        calling = _calling(tool, arguments, traceparent, relay, rounds)
-        return await self._run(upstream_id, revision, calling, relay)
+        return await self._run(upstream_id, revision, calling(tool, arguments, traceparent, relay, rounds), relay)
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
-        return await self._run(upstream_id, revision, _catalog)
+        return await self._run(upstream_id, revision, catalog)
 
     async def forward(
         self,
@@ -422,11 +465,11 @@ class UpstreamPool:
         relay: Relay | None = None,
         rounds: dict[str, Any] | None = None,
     ) -> Outcome:
-        """One resources, prompts or completion request (FORWARDED), when the upstream offers the feature;
+        """One resources, prompts or completion request (requests.FORWARDED), when the upstream offers the feature;
         `relay` and `rounds` as for a tool call."""
         if method in ("resources/subscribe", "resources/unsubscribe"):
             return await self._watch(upstream_id, revision, method, str(params.get("uri", "")))
-        return await self._run(upstream_id, revision, _forwarding(method, params, rounds), relay)
+        return await self._run(upstream_id, revision, forwarding(method, params, rounds), relay)
 
     # Handoff tunnels: a session of their own per agent session, opened with the delegation in `spec`,
     # never shared, never reopened behind the gateway's back (a new token means a new handoff).
@@ -441,7 +484,7 @@ class UpstreamPool:
             with anyio.fail_after(connect_timeout):
                 await self._task_group.start(connection.run)
                 self._tunnels[tunnel_id] = connection
-                tools = await _list_every_page(connection.client)
+                tools = await list_every_page(connection.client)
         except TimeoutError:
             self.tunnel_close(tunnel_id)
             connection.stop()
@@ -455,7 +498,7 @@ class UpstreamPool:
         connection = self._tunnels.get(tunnel_id)
         if connection is None or not connection.alive:
             return failure(TUNNEL_GONE, "The specialist's connection is gone.", f"tunnel {tunnel_id} not held here")
-        outcome = await self._request(connection, _calling(tool, arguments))
+        outcome = await self._request(connection, calling(tool, arguments))
         return outcome | {"code": TUNNEL_GONE} if outcome.get("code") == "UPSTREAM_UNAVAILABLE" else outcome
 
     def tunnel_close(self, tunnel_id: str) -> bool:
@@ -466,127 +509,3 @@ class UpstreamPool:
 
     def tunnel_ids(self) -> list[str]:
         return list(self._tunnels)
-
-
-def _wire(result: Any) -> dict[str, Any]:
-    """A result as JSON, without the upstream's serverInfo: agents see one server, the gateway."""
-    wire = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-    meta = {k: v for k, v in (wire.pop("_meta", None) or {}).items() if k != SERVER_INFO_KEY}
-    return wire | ({"_meta": meta} if meta else {})
-
-
-INPUT_RESPONSES = TypeAdapter(types.InputResponses)
-
-
-def _passing(rounds: dict[str, Any]) -> dict[str, Any]:
-    """The SDK session's arguments for a request whose input-required result goes back as it is."""
-    responses = rounds.get("inputResponses")
-    return {
-        "input_responses": INPUT_RESPONSES.validate_python(responses) if responses is not None else None,
-        "request_state": rounds.get("requestState"),
-        "allow_input_required": True,
-    }
-
-
-def _calling(
-    tool: str,
-    arguments: dict[str, Any],
-    traceparent: str = "",
-    relay: Relay | None = None,
-    rounds: dict[str, Any] | None = None,
-) -> Callable[[Any], Awaitable[dict[str, Any]]]:
-    """The call. With `rounds` (a 2026-07-28 agent's: {} or the `inputResponses` and upstream `requestState`
-    of its retry), a 2026-07-28 upstream's input-required result comes back as it is, for the agent to
-    answer; otherwise the SDK client answers each round through the relay's callbacks."""
-    sent_meta = {"traceparent": traceparent} if traceparent else None  # the gateway's span, the upstream's parent
-    on_progress = relay.progress if relay else None
-
-    async def call(client: Any) -> dict[str, Any]:
-        if rounds is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            passing = _passing(rounds)
-            return _wire(
-                await client.session.call_tool(
-                    tool, arguments, meta=sent_meta, progress_callback=on_progress, **passing
-                )
-            )
-        return _wire(await client.call_tool(tool, arguments, meta=sent_meta, progress_callback=on_progress))
-
-    return call
-
-
-def _complete(client: Any, params: types.CompleteRequestParams) -> Awaitable[Any]:
-    context = params.context.arguments if params.context else None
-    return client.complete(params.ref, params.argument.model_dump(), context)
-
-
-# The requests passed through as they are, with the capability the upstream must have declared for each.
-# Lists bypass the client's response cache: the gateway keeps its own view fresh.
-FORWARDED: dict[str, tuple[str, type, Callable[[Any, Any], Awaitable[Any]]]] = {
-    "resources/list": (
-        "resources",
-        types.PaginatedRequestParams,
-        lambda c, p: c.list_resources(cursor=p.cursor, cache_mode="bypass"),
-    ),
-    "resources/templates/list": (
-        "resources",
-        types.PaginatedRequestParams,
-        lambda c, p: c.list_resource_templates(cursor=p.cursor, cache_mode="bypass"),
-    ),
-    "resources/read": ("resources", types.ReadResourceRequestParams, lambda c, p: c.read_resource(p.uri)),
-    "prompts/list": (
-        "prompts",
-        types.PaginatedRequestParams,
-        lambda c, p: c.list_prompts(cursor=p.cursor, cache_mode="bypass"),
-    ),
-    "prompts/get": ("prompts", types.GetPromptRequestParams, lambda c, p: c.get_prompt(p.name, p.arguments)),
-    "completion/complete": ("completions", types.CompleteRequestParams, _complete),
-    "resources/subscribe": ("resources", types.SubscribeRequestParams, lambda c, p: c.subscribe_resource(p.uri)),
-    "resources/unsubscribe": (
-        "resources",
-        types.UnsubscribeRequestParams,
-        lambda c, p: c.unsubscribe_resource(p.uri),
-    ),
-}
-UNSUPPORTED = "UPSTREAM_UNSUPPORTED"
-
-
-# The forwarded requests a 2026-07-28 upstream may answer with an input-required result.
-IN_ROUNDS: dict[str, Callable[..., Awaitable[Any]]] = {
-    "prompts/get": lambda c, p, passing: c.session.get_prompt(p.name, p.arguments, **passing),
-    "resources/read": lambda c, p, passing: c.session.read_resource(p.uri, **passing),
-}
-
-
-def _forwarding(
-    method: str, params: dict[str, Any], rounds: dict[str, Any] | None = None
-) -> Callable[[Any], Awaitable[dict[str, Any]]]:
-    capability, params_type, send = FORWARDED[method]
-
-    async def forward(client: Any) -> dict[str, Any]:
-        if getattr(client.server_capabilities, capability, None) is None:
-            raise Unsupported(method)
-        typed = params_type.model_validate(params)
-        if rounds is not None and method in IN_ROUNDS and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            return _wire(await IN_ROUNDS[method](client, typed, _passing(rounds)))
-        return _wire(await send(client, typed))
-
-    return forward
-
-
-class Unsupported(Exception):
-    """The upstream did not declare the capability a forwarded request needs."""
-
-
-async def _catalog(client: Any) -> dict[str, Any]:
-    """What catalog sync keeps: every tool, and what the upstream says of itself (era, instructions)."""
-    tools = await _list_every_page(client)
-    return {"tools": tools, "protocolVersion": client.protocol_version, "instructions": client.instructions or ""}
-
-
-async def _list_every_page(client: Any) -> list[dict[str, Any]]:
-    tools, cursor = [], None
-    while True:
-        page = await client.list_tools(cursor=cursor)
-        tools += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools]
-        if not (cursor := page.next_cursor):
-            return tools

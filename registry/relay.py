@@ -49,10 +49,13 @@ RELAYED_CAPABILITIES = tuple(ask.capability for ask in ASKS.values())
 # Not a client capability, but routed like one: the agent asked for log messages (a level set for its
 # 2025-11-25 session, or a 2026-07-28 request's logLevel), so its calls go where logs can be told apart.
 LOGGING = "logging"
+# Nor is this: the agent speaks 2025-11-25 and declared something an upstream may ask, so its connection speaks
+# that era too wherever the upstream does, and an upstream may ask on the call's stream (registry/pool.py).
+LEGACY = "legacy"
 
 
 class Relay(Protocol):
-    capabilities: frozenset[str]  # of RELAYED_CAPABILITIES, those the agent declared
+    capabilities: frozenset[str]  # of RELAYED_CAPABILITIES, those the agent declared (and LOGGING, LEGACY)
     wanted: bool  # whether anything need travel back at all
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
@@ -102,7 +105,7 @@ class ChannelRelay:
     wanted = True
 
     def __init__(self, channels: dict[str, str], capabilities: list[str]) -> None:
-        self.capabilities = frozenset(capabilities) & frozenset((*RELAYED_CAPABILITIES, LOGGING))
+        self.capabilities = frozenset(capabilities) & frozenset((*RELAYED_CAPABILITIES, LOGGING, LEGACY))
         self._events = channels["events"]
         self._layer = get_channel_layer()
         self._sent = 0

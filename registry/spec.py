@@ -11,6 +11,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from handoff.delegation import DelegationAuth
 from registry.credentials import credentials_open
@@ -35,6 +36,7 @@ class UpstreamSpec:
     headers: dict[str, str] = field(default_factory=dict)
     query: dict[str, str] = field(default_factory=dict)  # added to every request's URL
     internal: bool = False
+    legacy: bool = False  # the last sync found it speaking 2025-11-25 only
     grant: dict[str, Any] | None = None  # a handoff tunnel's delegation (handoff/delegation.py)
 
     @classmethod
@@ -53,6 +55,7 @@ class UpstreamSpec:
             headers=credentials_open(upstream.headers),
             query=credentials_open(upstream.query),
             internal=upstream.internal,
+            legacy=upstream.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS,
         )
 
     @cached_property
@@ -68,9 +71,10 @@ class UpstreamSpec:
             kwargs["auth"] = DelegationAuth(self.grant)
         return guarded_client(internal=self.internal, params=self.query, **kwargs)
 
-    async def connect(self, stack: AsyncExitStack, **callbacks: Any) -> Client:
+    async def connect(self, stack: AsyncExitStack, **options: Any) -> Client:
         """An open `mcp.Client` whose resources `stack` owns; the caller's task must exit the stack. The
-        callbacks (elicitation, sampling, roots) are what the client declares it can answer."""
+        options are the client's: its mode, and callbacks (elicitation, sampling, roots: what it declares it
+        can answer)."""
         if self.transport == "stdio":
             # PATH comes along so that commands like `npx` and `uvx` resolve as they would in a shell.
             env = {"PATH": os.environ.get("PATH", "")} | self.env
@@ -87,4 +91,4 @@ class UpstreamSpec:
             target = streamable_http_client(self.url, http_client=http)
         # No response cache: the catalog must see what the upstream says now.
         checked = DepthCheckedTransport(target, self.slug)
-        return await stack.enter_async_context(Client(checked, cache=None, **callbacks))
+        return await stack.enter_async_context(Client(checked, cache=None, **options))

