@@ -250,6 +250,9 @@ GATEWAY_SESSION_MAX_CALLS = env_int("GATEWAY_SESSION_MAX_CALLS", 5000)
 GATEWAY_UPSTREAM_MAX_CONCURRENT = env_int("GATEWAY_UPSTREAM_MAX_CONCURRENT", 64)
 GATEWAY_BREAKER_FAILURES = env_int("GATEWAY_BREAKER_FAILURES", 5)
 GATEWAY_BREAKER_RECOVERY_SECONDS = env_float("GATEWAY_BREAKER_RECOVERY_SECONDS", 30.0)
+# A circuit first opens this long (a crash a restart cures is over by then); each failed probe doubles it, up
+# to the upstream's recovery seconds.
+GATEWAY_BREAKER_FIRST_OPEN_SECONDS = env_float("GATEWAY_BREAKER_FIRST_OPEN_SECONDS", 1.0)
 # What an upstream may put in front of a model: longer text is cut, larger schemas refuse the tool.
 GATEWAY_MAX_DESCRIPTION_CHARS = env_int("GATEWAY_MAX_DESCRIPTION_CHARS", 4096)
 GATEWAY_MAX_TITLE_CHARS = env_int("GATEWAY_MAX_TITLE_CHARS", 256)
