@@ -156,13 +156,16 @@ else:
     _db = {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("SQLITE_PATH", str(VAR_DIR / "switchboard.sqlite3")),
-        # WAL and IMMEDIATE transactions let the web process and a test process write side by side.
-        "OPTIONS": {
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-        },
         "TEST": {"NAME": str(VAR_DIR / "test_switchboard.sqlite3")},
+    }
+if _db["ENGINE"] == "django.db.backends.sqlite3":  # SQLITE_PATH, or a DATABASE_URL of sqlite:///
+    # Threads and processes write side by side (an upstream's change syncs its catalog while an import or a
+    # request writes): WAL, and IMMEDIATE transactions, which take the write lock at BEGIN, so a writer waits
+    # up to the timeout rather than failing at once as a read transaction that wants to write would.
+    _db["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
     }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
