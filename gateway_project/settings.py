@@ -156,13 +156,16 @@ else:
     _db = {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("SQLITE_PATH", str(VAR_DIR / "switchboard.sqlite3")),
-        # WAL and IMMEDIATE transactions let the web process and a test process write side by side.
-        "OPTIONS": {
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-        },
         "TEST": {"NAME": str(VAR_DIR / "test_switchboard.sqlite3")},
+    }
+if _db["ENGINE"] == "django.db.backends.sqlite3":  # SQLITE_PATH, or a DATABASE_URL of sqlite:///
+    # Threads and processes write side by side (an upstream's change syncs its catalog while an import or a
+    # request writes): WAL, and IMMEDIATE transactions, which take the write lock at BEGIN, so a writer waits
+    # up to the timeout rather than failing at once as a read transaction that wants to write would.
+    _db["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
     }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -261,6 +264,9 @@ GATEWAY_STATELESS_WINDOW_SECONDS = env_int("GATEWAY_STATELESS_WINDOW_SECONDS", 6
 GATEWAY_UPSTREAM_MAX_CONCURRENT = env_int("GATEWAY_UPSTREAM_MAX_CONCURRENT", 64)
 GATEWAY_BREAKER_FAILURES = env_int("GATEWAY_BREAKER_FAILURES", 5)
 GATEWAY_BREAKER_RECOVERY_SECONDS = env_float("GATEWAY_BREAKER_RECOVERY_SECONDS", 30.0)
+# A circuit first opens this long (a crash a restart cures is over by then); each failed probe doubles it, up
+# to the upstream's recovery seconds.
+GATEWAY_BREAKER_FIRST_OPEN_SECONDS = env_float("GATEWAY_BREAKER_FIRST_OPEN_SECONDS", 1.0)
 # What an upstream may put in front of a model: longer text is cut, larger schemas refuse the tool.
 GATEWAY_MAX_DESCRIPTION_CHARS = env_int("GATEWAY_MAX_DESCRIPTION_CHARS", 4096)
 GATEWAY_MAX_TITLE_CHARS = env_int("GATEWAY_MAX_TITLE_CHARS", 256)

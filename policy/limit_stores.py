@@ -72,7 +72,8 @@ if probing == '1' then redis.call('HSET', KEYS[6], 'probe_until', now + tonumber
 return {'', '0', probing}
 """
 
-# KEYS: upstream busy, breaker. ARGV: health, failures that open, recovery seconds, probing.
+# KEYS: upstream busy, breaker. ARGV: health, failures that open, recovery seconds, probing, first open seconds.
+# A circuit opens for the first open seconds, and each failed probe doubles that up to the recovery seconds.
 RELEASE = """
 if redis.call('DECR', KEYS[1]) < 0 then redis.call('SET', KEYS[1], 0) end
 local health, probing = ARGV[1], ARGV[4] == '1'
@@ -84,7 +85,9 @@ elseif health == 'fail' then
   local failures = redis.call('HINCRBY', KEYS[2], 'failures', 1)
   local open = redis.call('HEXISTS', KEYS[2], 'open_until') == 1
   if probing or (not open and failures >= tonumber(ARGV[2])) then
-    redis.call('HSET', KEYS[2], 'open_until', now + tonumber(ARGV[3]))
+    local last = tonumber(redis.call('HGET', KEYS[2], 'open_for') or '0')
+    local open_for = math.min(probing and last > 0 and last * 2 or tonumber(ARGV[5]), tonumber(ARGV[3]))
+    redis.call('HSET', KEYS[2], 'open_until', now + open_for, 'open_for', open_for)
     redis.call('HDEL', KEYS[2], 'probe_until')
   end
 elseif probing then
@@ -140,7 +143,13 @@ class RedisLimitStore:
 
     async def release(self, a: Admission, health: Health, probing: bool) -> None:
         keys = [f"{self.prefix}busy:{a.upstream.id}", self._breaker_key(a.upstream.id)]
-        args = [health, a.upstream.breaker_failures, a.upstream.breaker_recovery, "1" if probing else "0"]
+        args = [
+            health,
+            a.upstream.breaker_failures,
+            a.upstream.breaker_recovery,
+            "1" if probing else "0",
+            settings.GATEWAY_BREAKER_FIRST_OPEN_SECONDS,
+        ]
         try:
             await async_redis().eval(RELEASE, len(keys), *keys, *args)
         except redis.RedisError:  # the busy counter expires on its own; the breaker misses one reading
@@ -162,6 +171,7 @@ class _Breaker:
     failures: int = 0
     open_until: float = 0.0
     probe_until: float = 0.0
+    open_for: float = 0.0  # how long it last opened for
 
 
 @dataclass
@@ -226,7 +236,11 @@ class LocalLimitStore:
         elif health == "fail":
             breaker.failures += 1
             if probing or (not breaker.open_until and breaker.failures >= a.upstream.breaker_failures):
-                breaker.open_until, breaker.probe_until = time.time() + a.upstream.breaker_recovery, 0.0
+                first = settings.GATEWAY_BREAKER_FIRST_OPEN_SECONDS
+                breaker.open_for = min(
+                    breaker.open_for * 2 if probing and breaker.open_for else first, a.upstream.breaker_recovery
+                )
+                breaker.open_until, breaker.probe_until = time.time() + breaker.open_for, 0.0
         elif probing:
             breaker.probe_until = 0.0
 

@@ -144,7 +144,8 @@ def test_a_rule_added_in_the_admin_is_audited_with_the_operator_and_listed(admin
         rule.delete()
 
 
-def test_the_upstream_list_shows_an_open_circuit_and_an_operator_can_close_it(admin_client, world):
+def test_the_upstream_list_shows_an_open_circuit_and_an_operator_can_close_it(admin_client, world, settings):
+    settings.GATEWAY_BREAKER_FIRST_OPEN_SECONDS = 60.0  # open long enough to be read
     upstream = Upstream(slug="tripped", transport="stdio", command="true")
     upstream_save(upstream=upstream, created=True)
     store = limit_store()

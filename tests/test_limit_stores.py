@@ -157,3 +157,23 @@ def test_what_an_outcome_tells_the_breaker():
         "UPSTREAM_TIMEOUT": "fail",
         "HANDOFF_UPSTREAM_UNAVAILABLE": "none",
     }
+
+
+def test_each_failed_probe_doubles_how_long_the_circuit_stays_open_up_to_the_recovery_time(store, settings):
+    settings.GATEWAY_BREAKER_FIRST_OPEN_SECONDS = 0.2
+    a = admission(breaker_failures=1, breaker_recovery=0.6)
+    admit_all(store, [a])
+    release(store, a, "fail")
+    opened_for = [store.breaker(a.upstream.id).retry_after]
+    for _ in range(3):
+        deadline = time.monotonic() + 5
+        while (probe := anyio.run(store.admit, a)).code and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert probe.probing
+        release(store, a, "fail", probing=True)
+        opened_for.append(store.breaker(a.upstream.id).retry_after)
+    # Each reading is taken just after the circuit opened: a little under what it opened for.
+    expected = [0.2, 0.4, 0.6, 0.6]
+    assert all(want - 0.1 < got <= want for got, want in zip(opened_for, expected, strict=True)), opened_for
+    release(store, a, "ok")
+    assert store.breaker(a.upstream.id).state == "closed"
