@@ -7,6 +7,7 @@ reaches every process within that time.
 """
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -377,10 +378,15 @@ def snapshot_compile() -> Snapshot:
     )
 
 
+# Monotonic time counts from boot: "checked at 0.0" would read as "just checked" for the first check interval
+# after a machine starts, so "never checked" is minus infinity.
+NEVER = -math.inf
+
+
 class SnapshotHolder:
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
-        self._checked_at = 0.0
+        self._checked_at = NEVER
         self._lock: asyncio.Lock | None = None
 
     @property
@@ -390,7 +396,7 @@ class SnapshotHolder:
 
     def invalidate(self) -> None:
         """Look at the version on the next read (a change was announced that this process did not make)."""
-        self._checked_at = 0.0
+        self._checked_at = NEVER
 
     async def at_least(self, version: int) -> Snapshot:
         """The snapshot, looked at again first if it is older than `version`: work sent by another process

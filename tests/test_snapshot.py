@@ -1,6 +1,7 @@
 """The routing snapshot's version moves with every change that routing reads, however it is made."""
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from handoff.snapshot import config_version, snapshot_compile
 from policy.models import Agent, ServerGroup
@@ -34,3 +35,24 @@ def test_a_compiled_snapshot_holds_only_keys_of_enabled_agents_and_reachable_too
     names = {tool["name"] for tool in snap.visible_for(alice)}
     assert names >= {"demo__echo", "time__get_current_time", "every__echo"}
     assert snap.version == config_version()
+
+
+def test_a_holder_told_to_look_again_looks_however_long_ago_the_machine_started(world, settings):
+    """Monotonic time counts from boot: a holder that checks once a day (longer than this machine has been up)
+    still reads the new version when asked for a newer one."""
+    import anyio
+
+    from handoff.snapshot import SnapshotHolder
+    from policy.services import agent_create
+
+    settings.GATEWAY_SNAPSHOT_CHECK_SECONDS = 86_400 * 365 * 100
+
+    async def scenario() -> tuple[int, int, bool]:
+        holder = SnapshotHolder()
+        first = await holder.get()
+        issued = await sync_to_async(agent_create)(name="late-comer")
+        later = await holder.at_least(await sync_to_async(config_version)())
+        return first.version, later.version, issued.agent.id in later.agents
+
+    first, later, known = anyio.run(scenario)
+    assert later > first and known
