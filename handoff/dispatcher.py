@@ -21,6 +21,7 @@ from handoff.caller import Caller, caller_of
 from handoff.calling import (
     Decision,
     admit,
+    approval,
     conclude,
     decide,
     deny,
@@ -29,7 +30,6 @@ from handoff.calling import (
     route_execute,
     run_admitted,
     timed,
-    with_payload,
 )
 from handoff.codemode import code_detail, execute, tools_search
 from handoff.cursors import list_page
@@ -63,6 +63,8 @@ from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome
 from registry.relay import LOGGING, Relay
 
 logger = logging.getLogger(__name__)
+# What a gateway tool's deadline is reckoned from: the longest it waits, for an execution or a specialist.
+GATEWAY_TOOL_TIMEOUT = max(settings.GATEWAY_SANDBOX_TIMEOUT, settings.GATEWAY_HANDOFF_CONNECT_TIMEOUT)
 
 
 def finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
@@ -261,7 +263,7 @@ async def _gateway_tool(
     audit = request_audit(caller, name, request_id, arguments, settings.GATEWAY_NAME, name, trace_id)
     if detail:
         audit["detail"] = detail
-    await record(kind="approved", **with_payload(audit, arguments))
+    await record(kind="approved", **approval(audit, arguments, GATEWAY_TOOL_TIMEOUT))
     started = time.perf_counter()
     try:
         outcome, duration_ms = await timed(lambda: move, audit)
