@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 from django.conf import settings
+from django.db import Error as DatabaseError
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
@@ -59,7 +60,7 @@ from handoff.tunnels import SessionStateUnavailable, SessionTunnel, index_sessio
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial, ToolRefused
 from policy.limits import limit_store
 from policy.redaction import redact
-from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome
+from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome, failure
 from registry.relay import LOGGING, Relay
 
 logger = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ async def _call_tool(
             result = passed_through(caller, params.name, decision.upstream, result, relay.capabilities)
         except UndeclaredAsk as undeclared:  # the model reads why the call ended
             result = {"content": [{"type": "text", "text": undeclared.error.message}], "isError": True}
-    touched = [database_async(tunnel_touch)(decision.tunnel.tunnel_id)] if decision.tunnel else []
+    touched = [_touch(decision.tunnel.tunnel_id)] if decision.tunnel else []
     await conclude(decision, audit, outcome, result, duration_ms, *touched)
     if decision.tunnel and outcome.get("code") == TUNNEL_GONE:
         await tunnel_gone(caller, decision.tunnel, TUNNEL_GONE)
@@ -245,8 +246,24 @@ async def _call_tool(
     return finish(ctx, result)
 
 
+async def _touch(tunnel_id: str) -> None:
+    """Note the tunnel's use. Only its idle time depends on it: a database that cannot take it now costs
+    the call nothing."""
+    try:
+        await database_async(tunnel_touch)(tunnel_id)
+    except DatabaseError:
+        logger.exception("tunnel %s: its last use could not be noted", tunnel_id)
+
+
 async def _completed(move: Awaitable[dict[str, Any]]) -> Outcome:
-    return {"ok": True, "result": await move}
+    """A handoff move's or search's outcome; one whose state the database could not take is a failure the
+    model reads (and the audit records), not an internal error."""
+    try:
+        return {"ok": True, "result": await move}
+    except DatabaseError as exc:
+        logger.exception("gateway tool failed on the database")
+        message = "The gateway could not reach its database just now, so this may not have taken effect. Retry shortly."
+        return failure("STATE_UNAVAILABLE", message, repr(exc))
 
 
 async def _gateway_tool(
