@@ -8,6 +8,7 @@ reaches every process within that time.
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -393,7 +394,7 @@ class ConfigurationUnavailable(MCPError):
 class SnapshotHolder:
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
-        self._checked_at = 0.0
+        self._checked_at = -math.inf  # monotonic time may be under a check interval old
         self._lock: asyncio.Lock | None = None
 
     @property
@@ -403,7 +404,7 @@ class SnapshotHolder:
 
     def invalidate(self) -> None:
         """Look at the version on the next read (a change was announced that this process did not make)."""
-        self._checked_at = 0.0
+        self._checked_at = -math.inf
 
     async def at_least(self, version: int) -> Snapshot:
         """The snapshot, looked at again first if it is older than `version`: work sent by another process
