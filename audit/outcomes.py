@@ -46,12 +46,10 @@ def _deadline(approval: dict[str, Any]) -> float:
     return float(approval["detail"].get(DEADLINE) or call_deadline(settings.GATEWAY_MAX_TIMEOUT))
 
 
-def _approvals(after: int, now: datetime, grace: timedelta) -> list[dict[str, Any]]:
+def _approvals(after: int, now: datetime) -> list[dict[str, Any]]:
     since = now - timedelta(hours=settings.GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS)
     completion = AuditEvent.objects.filter(kind=AuditEvent.Kind.COMPLETED, request_id=OuterRef("request_id"))
-    rows = AuditEvent.objects.filter(
-        kind=AuditEvent.Kind.APPROVED, id__gt=after, created_at__gte=since, created_at__lt=now - grace
-    )
+    rows = AuditEvent.objects.filter(kind=AuditEvent.Kind.APPROVED, id__gt=after, created_at__gte=since)
     rows = rows.annotate(settled=Exists(completion)).order_by("id")
     return list(rows.values("id", "created_at", "detail", "settled", *CARRIED)[:BATCH])
 
@@ -88,14 +86,17 @@ def outcomes_settle(*, now: datetime | None = None) -> int:
     completion, an outcome-unknown one; the number written. Each query reads at most BATCH approvals."""
     now = now or timezone.now()
     grace = timedelta(seconds=settings.GATEWAY_AUDIT_OUTCOME_GRACE_SECONDS)
+    # A row this recent may yet be joined by one with a lower id (its insert was slower): no mark past it.
+    settling = now - timedelta(seconds=settings.GATEWAY_AUDIT_CHECKPOINT_SETTLE_SECONDS)
     written, after, waiting = 0, _Swept.through, False
-    while rows := _approvals(after, now, grace):
+    while rows := _approvals(after, now):
         for approval in rows:
             if not approval["settled"]:
                 if approval["created_at"] + timedelta(seconds=_deadline(approval)) + grace > now:
                     waiting = True  # may still end on its own: the next sweep looks again
                 else:
                     written += _settle(approval)
+            waiting = waiting or approval["created_at"] >= settling
             after = approval["id"]
             if not waiting:
                 _Swept.through = after
