@@ -145,8 +145,8 @@ async def _attempt(url: str, key: str, mode: str) -> str:
 
 
 async def _calls_through_a_blink(url: str, key: str, proxy: TcpProxy) -> list[str]:
-    """Eight agents call in a loop; the database is cut once calls run, and restored once a call has ended
-    during the cut (at most a second later); each goes on until it had one answer after that, for at most
+    """Eight agents call in a loop; the database is cut once calls run, and restored once a call made
+    during the cut has ended (at most a second later); each goes on until it had one answer after that, for at most
     40 seconds in all."""
     seen: list[str] = []
     cut, ended_in_cut, restored = anyio.Event(), anyio.Event(), anyio.Event()
@@ -154,9 +154,9 @@ async def _calls_through_a_blink(url: str, key: str, proxy: TcpProxy) -> list[st
 
     async def agent_loop(mode: str) -> None:
         while anyio.current_time() < deadline:
-            was_restored = restored.is_set()
+            was_cut, was_restored = cut.is_set(), restored.is_set()
             seen.append(got := await _attempt(url, key, mode))
-            if cut.is_set() and not restored.is_set():
+            if was_cut and not restored.is_set():
                 ended_in_cut.set()
             if was_restored and got == "ok":
                 return
