@@ -17,6 +17,7 @@ from mcp.shared.exceptions import MCPError
 from audit.models import AuditEvent
 from audit.outcomes import outcomes_settle
 from tests.clients import call, tool_names
+from tests.conftest import needs
 from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, eventually, run
 from tests.servers import TcpProxy, inline_gateway_with
@@ -176,6 +177,7 @@ async def _calls_through_a_blink(url: str, key: str, proxy: TcpProxy) -> list[st
 
 
 def test_calls_during_a_database_blink_get_a_result_or_the_gateways_own_error(server_env, world, logs):
+    needs(connection.vendor == "postgresql", "the database is reached through a TCP proxy: PostgreSQL only")
     settings = connection.settings_dict
     proxy = TcpProxy((settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432)))
     env = _through(proxy, server_env) | QUICK_SWEEP | {"GATEWAY_SNAPSHOT_CHECK_SECONDS": "0.2"}
