@@ -10,6 +10,7 @@ from datetime import timedelta
 from urllib.parse import urlsplit
 
 import anyio
+import redis
 from django.core.management import call_command
 from django.db import connection
 from mcp.shared.exceptions import MCPError
@@ -20,7 +21,7 @@ from tests.clients import call, tool_names
 from tests.conftest import needs
 from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, eventually, run
-from tests.servers import TcpProxy, inline_gateway_with
+from tests.servers import CELERY, Running, TcpProxy, inline_gateway_with, start, start_gateway, start_worker
 
 # Bounds that make a call's deadline short (upstream timeout 1 s, connect 1 s, the executor's 5 s) and
 # the embedded default's sweep frequent and without extra grace.
@@ -99,6 +100,35 @@ def test_a_call_whose_web_process_dies_gets_an_outcome_unknown_row_from_the_next
     assert '<tr class="outcome-unknown">' in listed and "<td>outcome unknown</td>" in listed
     story = admin_client.get(f"/admin/audit/auditevent/request/{approval.request_id}/").content.decode()
     assert "unknown: no completion was recorded by the call's deadline" in story
+
+
+def test_beat_has_a_worker_settle_a_call_whose_celery_gateway_died(server_env, world, logs, tmp_path):
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Celery beat")
+    own_redis = urlsplit(os.environ["REDIS_URL"])._replace(path="/10").geturl()
+    env = server_env | {"GATEWAY_EXECUTOR": "celery", "REDIS_URL": own_redis} | QUICK_SWEEP
+    worker = start_worker(env, logs / "worker-outcomes.log")
+    beat_log = logs / "beat-outcomes.log"
+    beat = Running(start([*CELERY, "beat", "-s", str(tmp_path / "beat-schedule")], env, beat_log), beat_log)
+    try:
+        with agent("orphaned") as (_, key), demo_upstream("orphan", timeout=2.0):
+            mark = audit_mark()
+            gateway = start_gateway(env, logs / "gateway-orphan.log")
+            try:
+                eventually(lambda: "orphan__sleep" in run(lambda: tool_names(gateway.url, key)))
+                _in_background(lambda: call(gateway.url, key, "orphan__sleep", {"seconds": 30}))
+                approved = eventually(lambda: _approval(mark, "orphan__sleep"))
+                os.killpg(gateway.process.pid, signal.SIGKILL)  # the web process dies; the worker goes on
+            finally:
+                gateway.stop()
+            # Beat sends the sweep (every GATEWAY_AUDIT_CHECKPOINT_SECONDS) to a worker, which settles the call.
+            rows = eventually(lambda: len(found := _rows(approved.request_id)) == 2 and found, timeout=30)
+    finally:
+        beat.stop()
+        worker.stop()
+        redis.Redis.from_url(own_redis).flushdb()
+    settled = rows[1]
+    assert (settled.kind, settled.outcome, settled.error_code) == ("completed", "unknown", "OUTCOME_UNKNOWN")
+    assert settled.detail == {"approval_event": approved.id, "deadline_seconds": 8.0}
 
 
 def test_the_sweep_writes_nothing_for_a_call_that_completed_first(inline_gateway, world):
