@@ -176,6 +176,7 @@ class VerifyReport:
     checkpoints_checked: int = 0
     rows_after_last_checkpoint: int = 0
     pruned_through: int = 0
+    outcomes_unknown: int = 0  # calls settled by the sweep (audit/outcomes.py): not tampering, not a result
     problems: list[str] = field(default_factory=list)
     first_bad_event: int | None = None
 
@@ -239,4 +240,5 @@ def audit_verify() -> VerifyReport:
             )
     tail = _check_range(report, (previous.last_event_id if previous else 0) + 1, None)
     report.rows_after_last_checkpoint = tail.count
+    report.outcomes_unknown = AuditEvent.objects.filter(outcome=AuditEvent.Outcome.UNKNOWN).count()
     return report

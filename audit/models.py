@@ -21,6 +21,7 @@ class AuditEvent(models.Model):
         ERROR = "error"
         TIMEOUT = "timeout"
         DENIED = "denied"
+        UNKNOWN = "unknown", "Outcome unknown"  # the call's deadline passed with no completion (audit/outcomes.py)
 
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     kind = models.CharField(max_length=24, choices=Kind.choices)
@@ -53,6 +54,10 @@ class AuditEvent(models.Model):
             models.Index(fields=["error_code", "-id"], condition=~Q(error_code=""), name="audit_error_code_idx"),
             models.Index(fields=["outcome", "-id"], condition=~Q(outcome__in=["", "ok"]), name="audit_failure_idx"),
             models.Index(fields=["trace_id"], condition=~Q(trace_id=""), name="audit_trace_idx"),
+        ]
+        # One outcome per call: a late completion and the sweep's outcome-unknown row race, the first wins.
+        constraints = [
+            models.UniqueConstraint(fields=["request_id"], condition=Q(kind="completed"), name="audit_one_outcome"),
         ]
 
     def __str__(self) -> str:

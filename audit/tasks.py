@@ -9,6 +9,7 @@ from celery import shared_task
 from django.conf import settings
 
 from audit.integrity import checkpoint_create
+from audit.outcomes import outcomes_settle
 from audit.retention import audit_prune
 from handoff.background import ProcessTask
 from handoff.db import database_async
@@ -23,6 +24,12 @@ def audit_checkpoint() -> int:
     while checkpoint_create() is not None:
         made += 1
     return made
+
+
+@shared_task(name="audit.settle_outcomes", ignore_result=True, soft_time_limit=300)
+def audit_settle_outcomes() -> int:
+    """Approvals past their deadline with no completion get an outcome-unknown one (audit/outcomes.py)."""
+    return outcomes_settle()
 
 
 @shared_task(name="audit.prune", ignore_result=True, soft_time_limit=3000)
@@ -40,6 +47,7 @@ async def _keep(ready: asyncio.Future) -> None:
         await asyncio.sleep(settings.GATEWAY_AUDIT_CHECKPOINT_SECONDS)
         rounds += 1
         try:
+            await database_async(audit_settle_outcomes)()
             await database_async(audit_checkpoint)()
             if rounds % 60 == 0:
                 await database_async(audit_retention)()

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import connections
+from django.db import DatabaseError, IntegrityError, connections
 from django.db.models import JSONField
 from psycopg.types.json import Jsonb
 
@@ -21,6 +21,11 @@ from audit.services import audit_event, audit_fields
 
 class AuditUnavailable(Exception):
     """The row could not be written. Callers fail closed: nothing runs, or nothing is shown, unrecorded."""
+
+
+class AuditSettled(Exception):
+    """The call already has its outcome row (the sweep's outcome-unknown, audit/outcomes.py): the first one
+    written stands, and this one is not."""
 
 
 class AuditConnections:
@@ -37,7 +42,10 @@ class AuditConnections:
         conn = await self._take()
         try:
             await conn.execute(sql, params)
-        except psycopg.OperationalError as exc:
+        except psycopg.IntegrityError as exc:  # autocommit: the connection is fine, only the row was refused
+            self._idle.put_nowait(conn)
+            raise AuditSettled(str(exc)) from exc
+        except psycopg.Error as exc:
             await self._drop(conn)
             await self.close()
             raise AuditUnavailable(str(exc)) from exc
@@ -95,7 +103,12 @@ class AsyncAuditWriter:
     async def record(self, *, kind: str, detail: dict[str, Any] | None = None, **fields: Any) -> None:
         if not self._on_postgres:
             event = audit_event(kind=kind, detail=detail, **fields)
-            await database_sync_to_async(event.save, thread_sensitive=False)()
+            try:
+                await database_sync_to_async(event.save, thread_sensitive=False)()
+            except IntegrityError as exc:
+                raise AuditSettled(str(exc)) from exc
+            except DatabaseError as exc:  # locked, or its file unreadable: refused like PostgreSQL's failures
+                raise AuditUnavailable(str(exc)) from exc
             return
         row = audit_fields(kind, detail, fields)
         sql, columns = self._plan

@@ -287,11 +287,16 @@ GATEWAY_AUDIT_CHECKPOINT_MAX_ROWS = env_int("GATEWAY_AUDIT_CHECKPOINT_MAX_ROWS",
 GATEWAY_AUDIT_RETENTION_DAYS = env_int("GATEWAY_AUDIT_RETENTION_DAYS", 90)
 GATEWAY_AUDIT_ARCHIVE_DIR = env_str("GATEWAY_AUDIT_ARCHIVE_DIR")
 GATEWAY_AUDIT_PRUNE_BATCH = env_int("GATEWAY_AUDIT_PRUNE_BATCH", 5_000)
+# An approved call with no completion GRACE seconds past its deadline (its upstream's timeout, the connect timeout
+# and the executor's 5 s) gets an outcome-unknown completion; the sweep looks at approvals of the last LOOKBACK hours.
+GATEWAY_AUDIT_OUTCOME_GRACE_SECONDS = env_float("GATEWAY_AUDIT_OUTCOME_GRACE_SECONDS", 60.0)
+GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS = env_float("GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS", 24.0)
 # Tool-call arguments kept in the trail (shown only to the Auditor group); off: only their SHA-256.
 GATEWAY_AUDIT_PAYLOADS = env_bool("GATEWAY_AUDIT_PAYLOADS", False)
 CELERY_BEAT_SCHEDULE = {
     "sweep-idle-tunnels": {"task": "handoff.sweep_idle_tunnels", "schedule": GATEWAY_HANDOFF_SWEEP_SECONDS},
     "audit-checkpoint": {"task": "audit.checkpoint", "schedule": GATEWAY_AUDIT_CHECKPOINT_SECONDS},
+    "audit-settle-outcomes": {"task": "audit.settle_outcomes", "schedule": GATEWAY_AUDIT_CHECKPOINT_SECONDS},
     "audit-prune": {"task": "audit.prune", "schedule": 3600.0},
 }
 # Code mode (docs/code-mode.md): `search_tools` and `execute` beside the full tool list ("on"), instead of it

@@ -15,6 +15,7 @@ import anyio
 from django.conf import settings
 from mcp.shared.exceptions import MCPError
 
+from audit.outcomes import DEADLINE
 from audit.services import canonical_sha256
 from audit.telemetry import DENIALS, call_observe, current_traceparent
 from handoff.caller import Caller
@@ -24,7 +25,7 @@ from handoff.tunnels import SessionTunnel, index_session
 from policy.decisions import Denial
 from policy.limits import Admission, health_of, limit_store, limits_denial
 from policy.redaction import redact, redact_error_result
-from registry.executor import get_executor
+from registry.executor import call_deadline, get_executor
 from registry.pool import Outcome, failure
 from registry.relay import Relay
 
@@ -91,6 +92,13 @@ def with_payload(audit: dict[str, Any], arguments: dict[str, Any]) -> dict[str, 
     if not settings.GATEWAY_AUDIT_PAYLOADS:
         return audit
     return audit | {"detail": audit.get("detail", {}) | {"arguments": arguments}}
+
+
+def approval(audit: dict[str, Any], arguments: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The approval row's fields, with how long the call may take (an upstream's `timeout`, as the executor
+    waits for it): past that and a grace period with no completion, the sweep settles it (audit/outcomes.py)."""
+    fields = with_payload(audit, arguments)
+    return fields | {"detail": fields.get("detail", {}) | {DEADLINE: call_deadline(timeout)}}
 
 
 def for_model(name: str, outcome: Outcome) -> dict[str, Any]:
@@ -180,9 +188,9 @@ async def run_admitted(
 ) -> tuple[Outcome, float]:
     """Record the approval, then run. If the approval cannot be written or the client leaves, the
     admission goes back all the same."""
-    assert decision.admission is not None
+    assert decision.admission is not None and decision.route is not None
     try:
-        await record(kind="approved", **with_payload(audit, arguments))  # before the upstream is touched
+        await record(kind="approved", **approval(audit, arguments, decision.route.timeout))  # before the upstream
         return await timed(run, audit)
     except BaseException:
         with anyio.CancelScope(shield=True):

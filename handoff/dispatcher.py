@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 from django.conf import settings
+from django.db import Error as DatabaseError
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
@@ -21,6 +22,7 @@ from handoff.caller import Caller, caller_of
 from handoff.calling import (
     Decision,
     admit,
+    approval,
     conclude,
     decide,
     deny,
@@ -29,7 +31,6 @@ from handoff.calling import (
     route_execute,
     run_admitted,
     timed,
-    with_payload,
 )
 from handoff.codemode import code_detail, execute, tools_search
 from handoff.cursors import list_page
@@ -59,10 +60,12 @@ from handoff.tunnels import SessionStateUnavailable, SessionTunnel, index_sessio
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial, ToolRefused
 from policy.limits import limit_store
 from policy.redaction import redact
-from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome
+from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome, failure
 from registry.relay import LOGGING, Relay
 
 logger = logging.getLogger(__name__)
+# What a gateway tool's deadline is reckoned from: the longest it waits, for an execution or a specialist.
+GATEWAY_TOOL_TIMEOUT = max(settings.GATEWAY_SANDBOX_TIMEOUT, settings.GATEWAY_HANDOFF_CONNECT_TIMEOUT)
 
 
 def finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
@@ -231,7 +234,7 @@ async def _call_tool(
             result = passed_through(caller, params.name, decision.upstream, result, relay.capabilities)
         except UndeclaredAsk as undeclared:  # the model reads why the call ended
             result = {"content": [{"type": "text", "text": undeclared.error.message}], "isError": True}
-    touched = [database_async(tunnel_touch)(decision.tunnel.tunnel_id)] if decision.tunnel else []
+    touched = [_touch(decision.tunnel.tunnel_id)] if decision.tunnel else []
     await conclude(decision, audit, outcome, result, duration_ms, *touched)
     logger.info("tools/call %s: %s in %.0f ms", params.name, outcome.get("code") or "ok", duration_ms)
     if decision.tunnel and outcome.get("code") == TUNNEL_GONE:
@@ -246,8 +249,24 @@ async def _call_tool(
     return finish(ctx, result)
 
 
+async def _touch(tunnel_id: str) -> None:
+    """Note the tunnel's use. Only its idle time depends on it: a database that cannot take it now costs
+    the call nothing."""
+    try:
+        await database_async(tunnel_touch)(tunnel_id)
+    except DatabaseError:
+        logger.exception("tunnel %s: its last use could not be noted", tunnel_id)
+
+
 async def _completed(move: Awaitable[dict[str, Any]]) -> Outcome:
-    return {"ok": True, "result": await move}
+    """A handoff move's or search's outcome; one whose state the database could not take is a failure the
+    model reads (and the audit records), not an internal error."""
+    try:
+        return {"ok": True, "result": await move}
+    except DatabaseError as exc:
+        logger.exception("gateway tool failed on the database")
+        message = "The gateway could not reach its database just now, so this may not have taken effect. Retry shortly."
+        return failure("STATE_UNAVAILABLE", message, repr(exc))
 
 
 async def _gateway_tool(
@@ -264,7 +283,7 @@ async def _gateway_tool(
     audit = request_audit(caller, name, request_id, arguments, settings.GATEWAY_NAME, name, trace_id)
     if detail:
         audit["detail"] = detail
-    await record(kind="approved", **with_payload(audit, arguments))
+    await record(kind="approved", **approval(audit, arguments, GATEWAY_TOOL_TIMEOUT))
     started = time.perf_counter()
     try:
         outcome, duration_ms = await timed(lambda: move, audit)

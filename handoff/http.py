@@ -21,6 +21,7 @@ from handoff.frames import FrameError, parse_frame
 from handoff.handoffs import end_handoff
 from handoff.recording import session_record
 from handoff.server import server
+from handoff.snapshot import ConfigurationUnavailable
 from handoff.sweeper import background_start
 
 # Host and Origin are checked here, against Django's settings, for every transport alike.
@@ -148,7 +149,10 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
         return await _reject(send, 400, types.INVALID_REQUEST, "Host not allowed")
     if not origin_allowed(scope):
         return await _reject(send, 403, types.INVALID_REQUEST, "Origin not allowed")
-    caller = await caller_from_scope(scope, "http")
+    try:
+        caller = await caller_from_scope(scope, "http")
+    except ConfigurationUnavailable as exc:
+        return await _reject(send, 503, exc.error.code, exc.error.message, [(b"retry-after", b"1")])
     if caller is None:
         return await _reject(
             send,

@@ -23,7 +23,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.telemetry import DENIALS
 from handoff.caller import caller_of
-from handoff.calling import CANCELLED, Decision, admit, request_audit, with_payload
+from handoff.calling import CANCELLED, Decision, admit, approval, request_audit
 from handoff.cursors import list_page
 from handoff.dispatcher import finish, request_state_verified
 from handoff.notify import resource_subscription
@@ -174,7 +174,7 @@ async def _forward(
         raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)})
     assert decision is not None and decision.admission is not None
     try:
-        await record(kind="approved", **with_payload(audit, params))  # before the upstream is touched
+        await record(kind="approved", **approval(audit, params, target.timeout))  # before the upstream is touched
     except BaseException:
         with anyio.CancelScope(shield=True):
             await limit_store().release(decision.admission, "none", decision.probing)

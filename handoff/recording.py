@@ -6,8 +6,9 @@ from typing import Any
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
+from audit.outcomes import OUTCOME_UNKNOWN
 from audit.telemetry import SESSIONS
-from audit.writer import AuditUnavailable, audit_writer
+from audit.writer import AuditSettled, AuditUnavailable, audit_writer
 from handoff.caller import Caller
 
 logger = logging.getLogger(__name__)
@@ -18,6 +19,14 @@ async def record(*, kind: str, **fields: Any) -> None:
     """Write the row or refuse to go on: a call never runs, nor is its result shown, unrecorded."""
     try:
         await audit_writer.record(kind=kind, **fields)
+    except AuditSettled as exc:  # the sweep wrote this call's outcome first (audit/outcomes.py)
+        logger.warning("request %s completed after its deadline: its result is withheld", fields.get("request_id"))
+        message = (
+            "This call outlived its deadline, so the gateway recorded its outcome as unknown and withholds its "
+            "result. It may have taken effect: check before repeating it."
+        )
+        data = {"code": OUTCOME_UNKNOWN, "requestId": str(fields.get("request_id"))}
+        raise MCPError(AUDIT_UNAVAILABLE, message, data) from exc
     except AuditUnavailable as exc:
         logger.error("audit write failed (%s row, request %s): %s", kind, fields.get("request_id"), exc)
         ran = "ran, but its result is withheld" if kind == "completed" else "was not run"

@@ -7,19 +7,22 @@ reaches every process within that time.
 """
 
 import asyncio
+import logging
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.db.models import F
+from mcp.shared.exceptions import MCPError
 
 from handoff.builtins import EXECUTE, SEARCH_TOOLS, execute_definition, search_tools_definition
 from handoff.db import database_async
 from handoff.models import ConfigVersion, HandoffRoute
 from handoff.triage import TriageTool, triage_tools
-from policy.decisions import CompiledRule, Denial, Policy, Target, policy_decide
+from policy.decisions import RETRY_LATER, CompiledRule, Denial, Policy, Target, policy_decide
 from policy.keys import key_matches, key_split
 from policy.limits import AgentLimits, UpstreamLimits
 from policy.manifest import clean_text, manifest_sanitize
@@ -27,6 +30,8 @@ from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
 from registry.executor import EXECUTOR_GRACE_SECONDS
 from registry.models import Tool, Upstream
 from registry.naming import exposed_name, gateway_tool_name, split_exposed_name
+
+logger = logging.getLogger(__name__)
 
 HANDOFF_INPUT_SCHEMA = {
     "type": "object",
@@ -383,6 +388,14 @@ def snapshot_compile() -> Snapshot:
 NEVER = -math.inf
 
 
+class ConfigurationUnavailable(MCPError):
+    """No snapshot yet, and the database cannot be read to make one."""
+
+    def __init__(self) -> None:
+        message = "The gateway cannot read its configuration right now. Retry after 1 second."
+        super().__init__(RETRY_LATER, message, {"code": "CONFIGURATION_UNAVAILABLE", "retryAfter": 1.0})
+
+
 class SnapshotHolder:
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
@@ -411,11 +424,22 @@ class SnapshotHolder:
         self._lock = self._lock or asyncio.Lock()
         async with self._lock:
             if not self._snapshot or time.monotonic() - self._checked_at >= settings.GATEWAY_SNAPSHOT_CHECK_SECONDS:
-                version = await database_async(config_version)()
-                if not self._snapshot or version != self._snapshot.version:
-                    self._snapshot = await database_async(snapshot_compile)()
-                self._checked_at = time.monotonic()
+                await self._refresh()
+        assert self._snapshot is not None
         return self._snapshot
+
+    async def _refresh(self) -> None:
+        """Compile again if the version moved. While the database cannot be read (a restart, say), the last
+        snapshot goes on serving, and the next check is a check interval later."""
+        try:
+            version = await database_async(config_version)()
+            if not self._snapshot or version != self._snapshot.version:
+                self._snapshot = await database_async(snapshot_compile)()
+        except DatabaseError as exc:
+            if self._snapshot is None:
+                raise ConfigurationUnavailable() from exc
+            logger.warning("configuration unreadable (%s): serving version %s meanwhile", exc, self._snapshot.version)
+        self._checked_at = time.monotonic()
 
 
 snapshot = SnapshotHolder()

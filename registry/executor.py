@@ -30,6 +30,12 @@ REPLY_TTL_SECONDS = 60
 EXECUTOR_UNAVAILABLE = "EXECUTOR_UNAVAILABLE"  # no executor answered in time
 
 
+def call_deadline(timeout: float) -> float:
+    """How long a caller waits for a call on an upstream whose timeout is `timeout`: connecting, the call,
+    then the grace. Past it the call has an outcome, or its process is gone (audit/outcomes.py)."""
+    return timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
+
+
 class Executor(Protocol):
     async def call_tool(
         self,
@@ -112,7 +118,7 @@ class InlineExecutor:
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         runner = pool_thread()
-        wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
+        wait = call_deadline(timeout)
         try:
             return runner.submit(runner.pool.list_tools(upstream_id, revision)).result(timeout=wait)
         except TimeoutError:
@@ -259,7 +265,7 @@ class CeleryExecutor:
             "traceparent": traceparent,
             "rounds": rounds,
         }
-        wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
+        wait = call_deadline(timeout)
         return await _publish_call(call_tool_task, kwargs, wait, relay)
 
     async def forward(
@@ -276,7 +282,7 @@ class CeleryExecutor:
         from registry.tasks import forward_task
 
         kwargs = {"upstream_id": upstream_id, "revision": revision, "method": method, "params": params}
-        wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
+        wait = call_deadline(timeout)
         return await _publish_call(forward_task, kwargs | {"rounds": rounds}, wait, relay)
 
     async def tunnel_open(
@@ -338,7 +344,7 @@ class CeleryExecutor:
             queue="upstream",
             expires=EXECUTOR_GRACE_SECONDS,
         )
-        wait = timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
+        wait = call_deadline(timeout)
         reply = sync_redis().blpop([key], timeout=wait)
         return json.loads(reply[1]) if reply else _lost(wait)
 

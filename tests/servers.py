@@ -1,6 +1,7 @@
 """Real processes for the tests: Daphne gateways, a Celery worker, upstream MCP servers.
 Every one listens on 127.0.0.1, is waited for with a bound, and is stopped at the end."""
 
+import asyncio
 import os
 import signal
 import socket
@@ -158,3 +159,60 @@ class SilentServer:
         self.sock.close()
         for conn in self._held:
             conn.close()
+
+
+class TcpProxy:
+    """A TCP relay on 127.0.0.1 to `target`, in a thread of its own, that a test can cut (every connection
+    through it dropped, new ones refused) and restore on the same port: a database that restarts, for the
+    one gateway pointed at it, while every other process keeps its own connections."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._links: set[asyncio.StreamWriter] = set()
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+        self.restore()
+
+    def cut(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._cut(), self._loop).result(timeout=10)
+
+    def restore(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(timeout=10)
+
+    def close(self) -> None:
+        self.cut()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._link, "127.0.0.1", self.port, reuse_address=True)
+
+    async def _cut(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for writer in list(self._links):
+            writer.transport.abort()
+        self._links.clear()
+        if server is not None:
+            await server.wait_closed()
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._links |= {writer, up_writer}
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer), return_exceptions=True)
+        self._links -= {writer, up_writer}
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.transport.abort()

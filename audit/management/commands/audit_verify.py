@@ -14,6 +14,11 @@ class Command(BaseCommand):
             f"{report.rows_checked} rows and {report.checkpoints_checked} checkpoints checked; "
             f"{report.rows_after_last_checkpoint} rows newer than the last checkpoint rest on their MACs alone"
         )
+        if report.outcomes_unknown:
+            summary += (
+                f"; {report.outcomes_unknown} approved calls have a completion whose outcome is unknown "
+                "(their deadline passed with none recorded: neither success nor failure)"
+            )
         if report.pruned_through:
             summary += f"; rows up to event {report.pruned_through} were deleted by retention"
         if report.intact:
