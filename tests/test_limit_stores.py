@@ -57,12 +57,13 @@ def test_sessions_and_concurrency_are_capped_and_a_release_frees_a_slot(store):
     ]
 
 
-def admitted_once_window_ends(store, a: Admission, busy: Admission, busy_code: str) -> float:
-    """Seconds until `a` is admitted, while the key also tries `busy` every 50 ms, answered `busy_code`."""
+def admitted_once_window_ends(store, a: Admission, busy: Admission, busy_code: str) -> None:
+    """Returns once `a` is admitted, while the key also tries `busy` every 50 ms, answered `busy_code`; a window
+    that busy use extended would never end, so a bound of five windows fails it."""
     started = time.monotonic()
     while time.monotonic() - started < 5:
         if admit_all(store, [a]) == [""]:
-            return time.monotonic() - started
+            return
         # "" too: the window may end between the two tries.
         assert admit_all(store, [replace(busy, request_id=f"busy-{time.monotonic()}")])[0] in (busy_code, "")
         time.sleep(0.05)
@@ -77,7 +78,7 @@ def test_a_stateless_keys_calls_are_counted_in_a_fixed_window_that_busy_use_does
     assert [v.code for v in verdicts] == ["", "", "KEY_CALL_LIMIT"]
     assert 0 < verdicts[2].retry_after <= 1
     # Refused calls go on meanwhile: they do not push the window's end.
-    assert admitted_once_window_ends(store, replace(a, request_id="after"), a, "KEY_CALL_LIMIT") <= 1.5
+    admitted_once_window_ends(store, replace(a, request_id="after"), a, "KEY_CALL_LIMIT")
 
 
 def test_a_stateless_keys_strict_group_lock_ends_with_its_window_though_the_key_stays_busy(store, settings):
@@ -88,7 +89,7 @@ def test_a_stateless_keys_strict_group_lock_ends_with_its_window_though_the_key_
     assert (entered.code, refused.code) == ("", "POLICY_GROUP_ISOLATION")
     assert 0 < refused.retry_after <= 1
     # The key keeps calling into the vault group all the while: the lock still ends with its window.
-    assert admitted_once_window_ends(store, mailer, vault, "") <= 1.5
+    admitted_once_window_ends(store, mailer, vault, "")
 
 
 def test_the_breaker_opens_after_its_failures_lets_one_probe_through_and_closes_on_success(store):
