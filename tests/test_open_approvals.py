@@ -17,7 +17,7 @@ from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
 from audit.outcomes import outcomes_settle
-from tests.clients import call, tool_names
+from tests.clients import call, sdk_client, tool_names
 from tests.conftest import needs
 from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, eventually, run
@@ -166,8 +166,15 @@ def test_a_completion_after_the_sweep_is_withheld_and_the_agent_is_told(gateway,
 async def _attempt(url: str, key: str, mode: str) -> str:
     """What one call got, in a line: ok, a tool error, a JSON-RPC error's codes, or what was raised."""
     try:
-        result = await call(url, key, "blink__echo", {"text": "hi"}, mode)
+        # Calls wait for the database's pool while it reconnects (seconds under load): the client waits longer.
+        async with sdk_client(url, key, mode, timeout=30) as client:
+            try:
+                result = await client.call_tool("blink__echo", {"text": "hi"})
+            except MCPError as refused:
+                result = refused
     except Exception as exc:  # a transport failure is what this test looks for
+        while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]  # the SDK client's task group wraps what went wrong
         return f"raised {type(exc).__name__}: {exc}"
     if isinstance(result, MCPError):
         code = result.data.get("code") if isinstance(result.data, dict) else None
@@ -225,6 +232,8 @@ def test_calls_during_a_database_blink_get_a_result_or_the_gateways_own_error(se
     assert seen[-1] == "ok", seen
     # A result (a tool error is one: the upstream's connect timeout under this load, say), or the gateway's
     # own error for what the database did; never -32603 or an HTTP error.
-    allowed = {"ok", "tool error", "error -32002 AUDIT_UNAVAILABLE", "error -32003 CONFIGURATION_UNAVAILABLE"}
-    assert answers <= allowed, seen
+    # A completion the blink delayed past its deadline (and this test's zero grace) is OUTCOME_UNKNOWN.
+    allowed = {"ok", "tool error", "error -32002 AUDIT_UNAVAILABLE", "error -32002 OUTCOME_UNKNOWN"}
+    allowed.add("error -32003 CONFIGURATION_UNAVAILABLE")
+    assert answers <= allowed, [got for got in seen if got.split(":")[0] not in allowed]
     assert answers - {"ok", "tool error"}, "the blink reached no call"
