@@ -168,10 +168,8 @@ def _entry_check(name: str, entry: Any, servers: dict[str, Any], shared: dict[st
         return EntryOutcome(name, "skipped", why="marked disabled in the file")
     if others := [other for other in shared.get(name, []) if other != name]:
         slug = _namespace(name, entry)[0]
-        both = " and ".join(repr(each) for each in [name, *others])
-        raise ValueError(
-            f"{both} both map to the slug {slug!r}; neither is imported (rename one, or set its namespace)"
-        )
+        names = " and ".join(repr(each) for each in [name, *others])
+        raise ValueError(f"{names} map to the same slug {slug!r}; none is imported (rename one, or set its namespace)")
     return None
 
 
