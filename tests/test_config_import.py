@@ -118,7 +118,7 @@ def test_a_key_repeated_inside_an_entry_is_refused_naming_it(cleanup, tmp_path, 
     assert not Upstream.objects.filter(slug__startswith="imp-").exists()
 
 
-def test_mcp_servers_twice_makes_the_file_unusable(db, tmp_path):
+def test_mcp_servers_twice_makes_the_file_unusable(cleanup, tmp_path):
     path = tmp_path / "config.json"
     path.write_text('{"mcpServers": {}, "mcpServers": {"imp-x": {"command": "/bin/true"}}}')
     with pytest.raises(CommandError) as raised:
