@@ -289,11 +289,14 @@ def mcp_config_export() -> ConfigExport:
     """Every upstream as an `mcpServers` entry the import reads back into the same upstream. Credentials are
     `${VAR}` placeholders: only the executor can open them, and a file of them is safe to keep."""
     config: dict[str, Any] = {}
+    slugs: dict[str, str] = {}  # entry name -> the upstream's slug, to refuse a name standing for two
     variables: dict[str, str] = {}  # variable -> what it stands for, to refuse one standing for two
     for upstream in Upstream.objects.prefetch_related("handoff_routes"):
         name = _entry_name(upstream)
-        if name in config:
-            raise ValueError(f"two upstreams would both be named {name!r}: rename one (its name or slug)")
+        if slugs.setdefault(name, upstream.slug) != upstream.slug:
+            raise ValueError(
+                f"upstreams {slugs[name]!r} and {upstream.slug!r} would both be named {name!r}: rename one"
+            )
         config[name] = _entry_export(upstream, name, variables)
     return ConfigExport(config={"mcpServers": config}, variables=list(variables))
 

@@ -18,6 +18,7 @@ from audit.models import AuditEvent
 from handoff.models import HandoffRoute
 from registry.credentials import credentials_open
 from registry.models import Upstream
+from registry.services import upstream_save
 from tests import servers
 from tests.conftest import BIN
 from tests.factories import DEMO
@@ -328,3 +329,28 @@ def test_an_export_imports_back_into_the_same_upstreams_and_never_shows_a_secret
     assert "imp-manual: " in again and "catalog sync failed" not in imported + again
     for secret in ["s3cret", *SECRETS.values()]:
         assert secret not in imported + exported.out + exported.err + again
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            [{"slug": "imp-a", "env": {"X-Y": "1", "X_Y": "2"}}],
+            "imp-a env 'X-Y' and imp-a env 'X_Y' would share the variable IMP_A_ENV_X_Y: rename one",
+        ),
+        (
+            [{"slug": "imp-one", "name": "imp-two"}, {"slug": "imp-two"}],
+            "upstreams 'imp-one' and 'imp-two' would both be named 'imp-two': rename one",
+        ),
+        (
+            [{"slug": "imp-spec", "handoff_only": True}],
+            "'imp-spec' is a handoff target with no handoff route, which the file cannot say",
+        ),
+    ],
+)
+def test_an_export_the_import_could_not_read_back_is_refused_naming_why(cleanup, capsys, rows, message):
+    for row in rows:
+        upstream_save(upstream=Upstream(transport="stdio", command="/bin/true", **row), created=True)
+    with pytest.raises(CommandError) as raised:
+        call_command("export_mcp_config")
+    assert (str(raised.value), capsys.readouterr().out) == (message, "")
