@@ -4,7 +4,9 @@ admin (closing one restores the agent's tools), and a worker that stops graceful
 import json
 import signal
 
+import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from audit.models import AuditEvent
 from handoff.models import HandoffRoute, Tunnel
@@ -27,7 +29,8 @@ def test_an_imported_handoff_entry_becomes_a_route_to_a_handoff_only_upstream(
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
     try:
-        call_command("import_mcp_config", str(tmp_path / "config.json"))
+        with pytest.raises(CommandError, match="1 of 2 entries were rejected or failed to sync"):
+            call_command("import_mcp_config", str(tmp_path / "config.json"))
         printed = capsys.readouterr().out.splitlines()
         upstream = Upstream.objects.get(slug="treasury")
         route = HandoffRoute.objects.get(domain="treasury")

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from audit.models import AuditEvent
 from registry.models import Tool, Upstream
@@ -34,7 +35,8 @@ def test_import_sets_the_namespace_from_the_entry(db, tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     try:
-        call_command("import_mcp_config", str(path), "--no-sync")
+        with pytest.raises(CommandError, match="2 of 4 entries were rejected or failed to sync"):
+            call_command("import_mcp_config", str(path), "--no-sync")
         assert capsys.readouterr().out.splitlines() == [
             "created  local-demo",
             "created  clock",

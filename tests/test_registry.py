@@ -1,11 +1,13 @@
 """Upstream registration: the mcpServers import, catalog sync through both executors, exposed names."""
 
 import json
+import re
 import sys
 
 import pytest
 import redis
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import override_settings
 
 from registry.credentials import credentials_open
@@ -57,11 +59,13 @@ def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tm
     path = tmp_path / "claude_desktop_config.json"
     path.write_text(json.dumps(config))
     try:
-        call_command("import_mcp_config", str(path), "--no-sync", "--internal")
+        with pytest.raises(CommandError):  # two entries are rejected
+            call_command("import_mcp_config", str(path), "--no-sync", "--internal")
         first = capsys.readouterr().out.splitlines()
         config["mcpServers"]["remote-docs"]["url"] = "http://127.0.0.1:9/v2/mcp"
         path.write_text(json.dumps(config))
-        call_command("import_mcp_config", str(path), "--no-sync", "--internal")
+        with pytest.raises(CommandError):
+            call_command("import_mcp_config", str(path), "--no-sync", "--internal")
         second = capsys.readouterr().out.splitlines()
         assert first == [
             "created  imported-time",
@@ -91,9 +95,11 @@ def test_import_mcp_config_creates_updates_skips_and_rejects_with_reasons(db, tm
 def test_import_refuses_private_addresses_unless_told_they_are_internal(db, tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"mcpServers": {"metadata": {"url": "http://169.254.169.254/latest/mcp"}}}))
-    call_command("import_mcp_config", str(path), "--no-sync")
+    with pytest.raises(CommandError):
+        call_command("import_mcp_config", str(path), "--no-sync")
     assert capsys.readouterr().out.splitlines() == [
-        "rejected metadata: url: 169.254.169.254 is not a public address. Mark the upstream as internal to allow it."
+        "rejected metadata: url: 169.254.169.254 is not a public address. "
+        'Pass --internal, or set "internal": true on the entry, to allow it.'
     ]
     assert not Upstream.objects.filter(slug="metadata").exists()
 
@@ -110,8 +116,8 @@ def test_import_then_sync_lists_the_new_upstreams_tools(db, tmp_path, capsys):
     path.write_text(json.dumps({"mcpServers": {"demo-two": {"command": sys.executable, "args": demo}}}))
     try:
         call_command("import_mcp_config", str(path))
-        report = f"demo-two: {len(DEMO_TOOLS)} added, 0 changed, 0 removed, 0 rejected"
-        assert capsys.readouterr().out.splitlines()[-1] == report
+        report = rf"demo-two: {len(DEMO_TOOLS)} added, 0 changed, 0 removed, 0 rejected \(\d+\.\d s\)"
+        assert re.fullmatch(report, capsys.readouterr().out.splitlines()[-1])
         assert set(Tool.objects.filter(upstream__slug="demo-two").values_list("name", flat=True)) == DEMO_TOOLS
     finally:
         Upstream.objects.filter(slug="demo-two").delete()

@@ -51,7 +51,8 @@ def test_importing_two_upstreams_while_one_announces_a_change_never_finds_the_da
     # server-everything registers a tool once initialized, and so says its tool list changed at once.
     everything = {"command": "node", "args": [str(servers.EVERYTHING_JS), "stdio"]}
     clock = {"command": str(BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]}
-    config.write_text(json.dumps({"mcpServers": {"time": clock, "every": everything}}))
+    # every first: the import syncs in the file's order, so its change is handled while time is still written.
+    config.write_text(json.dumps({"mcpServers": {"every": everything, "time": clock}}))
     databases = [tmp_path / f"try{i}.sqlite3" for i in range(TRIES)]
     for database in databases:
         shutil.copy(migrated, database)

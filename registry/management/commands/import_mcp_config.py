@@ -1,15 +1,24 @@
-import json
+import time
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from registry.config_import import mcp_config_import
+from registry.config_import import EntryOutcome, config_parse, mcp_config_import
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync
 
+# Exit statuses (README): every entry imported, synced, skipped or up to date; some entry rejected or failed to
+# sync (the others are imported); the file itself unusable (unreadable, not JSON, no mcpServers object).
+EXIT_ENTRIES_FAILED = 1
+EXIT_FILE_UNUSABLE = 2
+
 
 class Command(BaseCommand):
-    help = "Import upstreams from an mcpServers JSON file (the format of Claude Desktop and other clients)."
+    help = (
+        "Import upstreams from an mcpServers JSON file (the format of Claude Desktop and other clients). "
+        "Exits 0 when every entry is imported or skipped, 1 when some entry is rejected or fails to sync, "
+        "2 when the file cannot be used."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("file", type=Path)
@@ -19,24 +28,40 @@ class Command(BaseCommand):
             action="store_true",
             help="Mark HTTP upstreams as internal: they may reach private and loopback addresses",
         )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Check every entry and say what would change; write nothing"
+        )
 
-    def handle(self, *args, file: Path, no_sync: bool, internal: bool, **options) -> None:
+    def handle(self, *args, file: Path, no_sync: bool, internal: bool, dry_run: bool, **options) -> None:
         try:
-            config = json.loads(file.read_text())
-            report = mcp_config_import(config=config, actor="manage.py import_mcp_config", internal=internal)
+            config = config_parse(text=file.read_text())
+            report = mcp_config_import(
+                config=config, actor="manage.py import_mcp_config", internal=internal, dry_run=dry_run
+            )
         except (OSError, ValueError) as exc:
-            raise CommandError(f"{file}: {exc}") from exc
-        specialists = set(Upstream.objects.filter(handoff_only=True).values_list("slug", flat=True))
-        for slug in report.created:
-            self.stdout.write(f"created  {slug}{' (handoff target)' if slug in specialists else ''}")
-        for slug in report.updated:
-            self.stdout.write(f"updated  {slug}{' (handoff target)' if slug in specialists else ''}")
-        for name, why in report.skipped:
-            self.stdout.write(f"skipped  {name}: {why}")
-        for name, why in report.rejected:
-            self.stdout.write(f"rejected {name}: {why}")
-        if not no_sync:
-            # Handoff targets are not synced: each handoff lists their tools through its own tunnel.
-            imported = Upstream.objects.filter(slug__in=report.created + report.updated, enabled=True)
-            for upstream in imported.exclude(handoff_only=True):
-                self.stdout.write(upstream_catalog_sync(upstream=upstream).summary())
+            raise CommandError(f"{file}: {exc}", returncode=EXIT_FILE_UNUSABLE) from exc
+        for entry in report.entries:
+            self.stdout.write(entry.line())
+        failed = len(report.rejected)
+        if dry_run:
+            self.stdout.write("dry run: nothing was written")
+        elif not no_sync:
+            failed += self._sync(report.imported)
+        if failed:
+            message = f"{failed} of {len(report.entries)} entries were rejected or failed to sync"
+            raise CommandError(message, returncode=EXIT_ENTRIES_FAILED)
+
+    def _sync(self, imported: list[EntryOutcome]) -> int:
+        """Fetch the imported upstreams' tools in the file's order, saying which before each; the failures."""
+        # Handoff targets are not synced: each handoff lists their tools through its own tunnel.
+        upstreams = Upstream.objects.filter(slug__in=[e.slug for e in imported], enabled=True, handoff_only=False)
+        by_slug = {upstream.slug: upstream for upstream in upstreams}
+        failed = 0
+        for upstream in (by_slug[e.slug] for e in imported if e.slug in by_slug):
+            self.stdout.write(f"syncing {upstream.slug}…")
+            self.stdout.flush()  # the line is there while the sync waits, piped or not
+            started = time.monotonic()
+            report = upstream_catalog_sync(upstream=upstream)
+            self.stdout.write(f"{report.summary()} ({time.monotonic() - started:.1f} s)")
+            failed += not report.ok
+        return failed

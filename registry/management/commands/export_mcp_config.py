@@ -1,0 +1,29 @@
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from registry.config_import import mcp_config_export
+
+
+class Command(BaseCommand):
+    help = (
+        "Write the upstreams as mcpServers JSON that import_mcp_config reads back. Env, header and query values "
+        "are written as ${VAR} placeholders (never the values), which the import reads from its environment."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--output", "-o", type=Path, help="Write to this file instead of standard output")
+
+    def handle(self, *args, output: Path | None, **options) -> None:
+        try:
+            exported = mcp_config_export()
+            text = json.dumps(exported.config, indent=2, ensure_ascii=False) + "\n"
+            if output:
+                output.write_text(text)
+            else:
+                self.stdout.write(text, ending="")
+        except (OSError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        if exported.variables:
+            self.stderr.write(f"The import reads these variables from its environment: {', '.join(exported.variables)}")
