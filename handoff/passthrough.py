@@ -22,7 +22,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.telemetry import DENIALS
-from handoff.caller import caller_of
+from handoff.caller import caller_of, request_span
 from handoff.calling import CANCELLED, Decision, admit, request_audit, with_payload
 from handoff.cursors import list_page
 from handoff.dispatcher import finish, request_state_verified
@@ -226,6 +226,11 @@ async def _complete(audit: dict[str, Any], decision: Decision, outcome: Outcome 
 
 
 async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceRequestParams) -> Any:
+    with request_span(ctx, "resources/read", uri=params.uri):
+        return await _read_resource(ctx, params)
+
+
+async def _read_resource(ctx: ServerRequestContext, params: types.ReadResourceRequestParams) -> Any:
     snap = await snapshot.get()
     owner = _owner_of_uri(snap, params.uri)
     not_found = _not_found("resource", params.uri, "resources/list")
@@ -243,11 +248,12 @@ async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceReq
 
 
 async def get_prompt(ctx: ServerRequestContext, params: types.GetPromptRequestParams) -> Any:
-    owner = _owner_of_name(await snapshot.get(), params.name)
-    forwarded = {"name": owner[1] if owner else "", "arguments": params.arguments or {}}
-    not_found = _not_found("prompt", params.name, "prompts/list")
-    rounds = await _rounds(ctx, params.name, owner, params)
-    return finish(ctx, await _forward(ctx, "prompts/get", params.name, owner, forwarded, not_found, rounds))
+    with request_span(ctx, "prompts/get", prompt=params.name):
+        owner = _owner_of_name(await snapshot.get(), params.name)
+        forwarded = {"name": owner[1] if owner else "", "arguments": params.arguments or {}}
+        not_found = _not_found("prompt", params.name, "prompts/list")
+        rounds = await _rounds(ctx, params.name, owner, params)
+        return finish(ctx, await _forward(ctx, "prompts/get", params.name, owner, forwarded, not_found, rounds))
 
 
 async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParams) -> Any:

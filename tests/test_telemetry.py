@@ -1,58 +1,131 @@
-"""Traces and metrics: each call's span reaches an OTLP collector with the trace id its audit rows store,
-and /metrics counts calls by upstream and shows each circuit."""
+"""Traces and metrics: each call's span reaches an OTLP receiver (tests/otlp.py) with the trace id its audit
+rows store and the OpenTelemetry MCP conventions' attributes and status, and /metrics counts calls by
+upstream and shows each circuit."""
 
-import threading
+import secrets
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import anyio
 import httpx2
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from mcp.shared.exceptions import MCPError
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from tests import servers
-from tests.clients import call, sdk_client, ws_session
+from tests.clients import STATELESS_META, call, sdk_client, ws_session
 from tests.helpers import audit_mark, audit_since, eventually, run
-
-
-class Collector(BaseHTTPRequestHandler):
-    """An OTLP/HTTP trace receiver: keeps every span it is sent."""
-
-    spans: list = []
-
-    def do_POST(self) -> None:
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
-        for resource in request.resource_spans:
-            for scope in resource.scope_spans:
-                Collector.spans.extend(scope.spans)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
+from tests.otlp import Receiver, attributes, otlp_receiver
 
 
 @pytest.fixture(scope="module")
-def traced_gateway(server_env, world, logs) -> Iterator[servers.Running]:
-    collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
-    threading.Thread(target=collector.serve_forever, daemon=True).start()
-    otlp = {
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{collector.server_port}/v1/traces",
+def otlp() -> Iterator[tuple[Receiver, str]]:
+    with otlp_receiver() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def traced_gateway(server_env, world, logs, otlp) -> Iterator[servers.Running]:
+    settings = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp[1],  # the exporter posts to <endpoint>/v1/traces
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: export spans at once rather than every 5 s
     }
-    with servers.inline_gateway_with(server_env, logs / "gateway-traced.log", **otlp) as running:
+    with servers.inline_gateway_with(server_env, logs / "gateway-traced.log", **settings) as running:
         yield running
-    collector.shutdown()
 
 
-def test_a_calls_span_reaches_the_collector_with_the_trace_id_of_its_audit_rows(traced_gateway, world):
+def span_of(otlp: tuple[Receiver, str], trace_id: str, name: str) -> Span:
+    """The span of that name in that trace, once the gateway has exported it."""
+    received = otlp[0].received
+
+    def found() -> Span | None:
+        return next((s for s in received() if s.trace_id.hex() == trace_id and s.name == name), None)
+
+    return eventually(found)
+
+
+def traced_call(gateway: servers.Running, key: str, name: str, arguments: dict | None = None) -> tuple[Any, Any]:
+    """A call in a 2025-11-25 session of its own: what it returned, and its last audit row."""
+    mark = audit_mark()
+    result = run(lambda: call(gateway.url, key, name, arguments))
+    return result, audit_since(mark)[-1]
+
+
+def call_attributes(row, **more: str) -> dict[str, Any]:
+    """What the conventions put on the SERVER span of a tools/call this audit row records."""
+    return {
+        "mcp.method.name": "tools/call",
+        "gen_ai.tool.name": row.exposed_name,
+        "gen_ai.operation.name": "execute_tool",
+        "mcp.protocol.version": "2025-11-25",
+        "mcp.session.id": row.session_id,
+        "jsonrpc.request.id": "2",  # the SDK client sends initialize (0) and tools/list (1) first
+        "network.transport": "tcp",
+        "network.protocol.name": "http",
+    } | more
+
+
+def test_a_calls_span_reaches_the_collector_with_the_trace_id_of_its_audit_rows(traced_gateway, world, otlp):
     mark = audit_mark()
     run(lambda: call(traced_gateway.url, world.key, "demo__echo", {"text": "traced"}, mode="2026-07-28"))
     [approved, completed] = audit_since(mark)
-    span = eventually(lambda: next((s for s in Collector.spans if s.trace_id.hex() == completed.trace_id), None))
-    assert span.name == "tools/call demo__echo" and approved.trace_id == completed.trace_id
+    span = span_of(otlp, completed.trace_id, "tools/call demo__echo")
+    assert approved.trace_id == completed.trace_id and span.kind == Span.SPAN_KIND_SERVER
+
+
+def test_a_successful_calls_span_carries_the_mcp_conventions_and_no_error(traced_gateway, world, otlp):
+    result, row = traced_call(traced_gateway, world.key, "demo__echo", {"text": "conventions"})
+    span = span_of(otlp, row.trace_id, "tools/call demo__echo")
+    assert not result.is_error and row.session_id
+    assert attributes(span) == call_attributes(row)
+    assert span.status.code == Status.STATUS_CODE_UNSET
+
+
+def test_an_error_result_fails_the_span_as_a_tool_error(traced_gateway, world, otlp):
+    result, row = traced_call(traced_gateway, world.key, "demo__fail")
+    span = span_of(otlp, row.trace_id, "tools/call demo__fail")
+    assert result.is_error and row.error_code == "TOOL_ERROR"
+    assert attributes(span) == call_attributes(row, **{"error.type": "tool_error"})
+    assert (span.status.code, span.status.message) == (Status.STATUS_CODE_ERROR, result.content[0].text)
+
+
+def test_a_denied_call_fails_the_span_with_the_gateways_code_and_the_json_rpc_error(traced_gateway, world, otlp):
+    refused, row = traced_call(traced_gateway, world.key, "demo__no_such_tool")
+    span = span_of(otlp, row.trace_id, "tools/call demo__no_such_tool")
+    assert isinstance(refused, MCPError) and (row.kind, row.error_code) == ("denied", "TOOL_NOT_FOUND")
+    expected = {"error.type": "TOOL_NOT_FOUND", "rpc.response.status_code": str(refused.code)}
+    assert attributes(span) == call_attributes(row, **expected)
+    assert (span.status.code, span.status.message) == (Status.STATUS_CODE_ERROR, refused.message)
+
+
+def test_an_executor_failure_fails_the_span_with_its_code(traced_gateway, world, otlp):
+    result, row = traced_call(traced_gateway, world.key, "slow__sleep", {"seconds": 3})
+    span = span_of(otlp, row.trace_id, "tools/call slow__sleep")
+    assert result.is_error and row.error_code == "UPSTREAM_TIMEOUT"
+    assert attributes(span) == call_attributes(row, **{"error.type": "UPSTREAM_TIMEOUT"})
+    assert (span.status.code, span.status.message) == (Status.STATUS_CODE_ERROR, result.content[0].text)
+
+
+def test_a_tools_list_span_continues_the_agents_trace(traced_gateway, world, otlp):
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    meta = STATELESS_META | {"traceparent": f"00-{trace_id}-{parent}-01"}
+    body = {"jsonrpc": "2.0", "id": "list-7", "method": "tools/list", "params": {"_meta": meta}}
+    headers = {
+        "authorization": f"Bearer {world.key}",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/list",
+    }
+    assert httpx2.post(f"{traced_gateway.url}/mcp", json=body, headers=headers, timeout=10).status_code == 200
+    span = span_of(otlp, trace_id, "tools/list")
+    assert span.parent_span_id.hex() == parent and span.kind == Span.SPAN_KIND_SERVER
+    assert attributes(span) == {
+        "mcp.method.name": "tools/list",
+        "mcp.protocol.version": "2026-07-28",
+        "jsonrpc.request.id": "list-7",
+        "network.transport": "tcp",
+        "network.protocol.name": "http",
+    }
 
 
 def sample(text: str, name: str) -> float:
