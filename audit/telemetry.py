@@ -14,9 +14,11 @@ Prometheus metrics are per web process, which is where every call completes, whi
 
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
@@ -36,7 +38,24 @@ LATENCY = Histogram(
     ["upstream"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf")),
 )
+AUDIT_FAILURES = Counter(
+    "switchboard_audit_write_failures",
+    "Call rows the audit could not write (the call refused, or its result withheld), by row kind",
+    ["kind"],
+)
 SESSIONS = Gauge("switchboard_open_sessions", "Stateful MCP sessions open in this process", ["transport"])
+HTTP_REQUESTS = Counter(
+    "switchboard_http_requests", "HTTP requests answered, by route, method and status", ["route", "method", "status"]
+)
+HTTP_LATENCY = Histogram(
+    "switchboard_http_request_seconds",
+    "Time from an HTTP request to the end of its response, by route (an SSE stream's is its whole life)",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf")),
+)
+# Route labels: the first path segment when it is one of these, else "other" (so a scanner's paths cannot
+# make a label each).
+HTTP_ROUTES = frozenset({"mcp", "healthz", "readyz", "metrics", "admin", "api", "static", "handoff"})
 
 STATUS_TEXT = 512  # of a failed span's description: a tool's error text can be long
 
@@ -134,3 +153,35 @@ def current_traceparent() -> str:
 def call_observe(*, upstream: str, outcome: str, duration_ms: float) -> None:
     CALLS.labels(upstream, outcome).inc()
     LATENCY.labels(upstream).observe(duration_ms / 1000)
+
+
+def http_route(path: str) -> str:
+    first = path.strip("/").split("/", 1)[0]
+    return first if first in HTTP_ROUTES else "other" if first else "root"
+
+
+AsgiApp = Callable[[dict, Any, Any], Awaitable[None]]
+
+
+def http_metered(app: AsgiApp) -> AsgiApp:
+    """Counts and times every HTTP request `app` answers, Django's views and the raw ASGI apps alike."""
+
+    async def metered(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        started, status = time.perf_counter(), "500"  # what an app that fails before answering amounts to
+
+        async def watched(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        try:
+            await app(scope, receive, watched)
+        finally:
+            route = http_route(scope["path"])
+            HTTP_REQUESTS.labels(route, scope["method"], status).inc()
+            HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)
+
+    return metered

@@ -14,7 +14,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from tests import servers
 from tests.clients import STATELESS_META, call, sdk_client, ws_session
-from tests.helpers import audit_mark, audit_since, eventually, run
+from tests.helpers import audit_mark, audit_since, eventually, metric_value, run, scrape
 from tests.otlp import Receiver, attributes, otlp_receiver
 
 
@@ -177,3 +177,52 @@ def test_open_sessions_are_counted_while_open_on_both_transports(traced_gateway,
     assert sample(during, ws_open) - sample(before, ws_open) == 1.0
     assert eventually(lambda: sample(scrape(), http_open) == sample(before, http_open))
     assert eventually(lambda: sample(scrape(), ws_open) == sample(before, ws_open))
+
+
+def test_http_requests_are_counted_by_route_method_and_status(traced_gateway, world):
+    def count(route: str, method: str, status: str) -> float:
+        return metric_value(
+            scrape(traced_gateway), "switchboard_http_requests_total", route=route, method=method, status=status
+        )
+
+    expected = {
+        ("healthz", "GET", "200"): lambda: httpx2.get(f"{traced_gateway.url}/healthz"),
+        ("admin", "GET", "200"): lambda: httpx2.get(f"{traced_gateway.url}/admin/login/"),
+        ("other", "GET", "404"): lambda: httpx2.get(f"{traced_gateway.url}/wp-login.php"),
+        ("mcp", "POST", "401"): lambda: httpx2.post(f"{traced_gateway.url}/mcp", json={}),
+    }
+    for labels, request in expected.items():
+        before = count(*labels)
+        assert request().status_code == int(labels[2])
+        assert count(*labels) - before == 1.0, labels
+    timed = metric_value(scrape(traced_gateway), "switchboard_http_request_seconds_count", route="mcp")
+    run(lambda: call(traced_gateway.url, world.key, "demo__echo", {"text": "timed"}))
+    assert metric_value(scrape(traced_gateway), "switchboard_http_request_seconds_count", route="mcp") > timed
+
+
+def test_each_enabled_upstream_is_shown_up_or_down(traced_gateway, world):
+    from registry.models import Upstream
+    from registry.services import upstream_catalog_sync, upstream_save
+
+    broken = Upstream(slug="gone", transport="stdio", command="/nonexistent/mcp-server")
+    upstream_save(upstream=broken, created=True)
+    try:
+        assert not upstream_catalog_sync(upstream=broken).ok
+        families = scrape(traced_gateway)
+        assert metric_value(families, "switchboard_upstream_up", upstream="demo") == 1.0
+        assert metric_value(families, "switchboard_upstream_up", upstream="time") == 1.0
+        gone = [
+            s
+            for f in families
+            for s in f.samples
+            if s.name == "switchboard_upstream_up" and s.labels["upstream"] == "gone"
+        ]
+        assert [s.value for s in gone] == [0.0]
+    finally:
+        broken.delete()
+
+
+def test_live_workers_are_counted_in_celery_mode_only(celery_gateway, traced_gateway):
+    assert eventually(lambda: metric_value(scrape(celery_gateway), "switchboard_workers_alive") == 1.0)
+    embedded = [f.name for f in scrape(traced_gateway)]
+    assert "switchboard_workers_alive" not in embedded and "switchboard_upstream_up" in embedded
