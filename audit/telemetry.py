@@ -143,6 +143,12 @@ def trace_id_of(span: Span) -> str:
     return format(span.get_span_context().trace_id, "032x")
 
 
+def current_trace_id() -> str:
+    """The trace id of the span this task runs in ("" outside any), for audit rows."""
+    context = trace.get_current_span().get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else ""
+
+
 def current_traceparent() -> str:
     """The W3C traceparent of the span this task runs in ("" outside any), for the upstream's `_meta`."""
     carrier: dict[str, str] = {}

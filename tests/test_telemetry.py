@@ -106,6 +106,45 @@ def test_an_executor_failure_fails_the_span_with_its_code(traced_gateway, world,
     assert (span.status.code, span.status.message) == (Status.STATUS_CODE_ERROR, result.content[0].text)
 
 
+def test_reads_and_prompts_get_spans_of_their_own_and_an_unknown_prompt_fails_its_span(traced_gateway, world, otlp):
+    document = "every+demo://resource/static/document/architecture.md"
+
+    async def scenario() -> MCPError:
+        async with sdk_client(traced_gateway.url, world.key, "legacy") as client:
+            await client.read_resource(document)
+            await client.get_prompt("every__args-prompt", {"city": "Lyon"})
+            try:
+                await client.get_prompt("nowhere__nope")
+            except MCPError as refused:
+                return refused
+        raise AssertionError("an unknown prompt was served")
+
+    mark = audit_mark()
+    refused = run(scenario)
+    read, _, prompt, _, unknown = [r for r in audit_since(mark) if r.kind != "session"]
+    read_span = span_of(otlp, read.trace_id, "resources/read")
+    prompt_span = span_of(otlp, prompt.trace_id, "prompts/get every__args-prompt")
+    unknown_span = span_of(otlp, unknown.trace_id, "prompts/get nowhere__nope")
+    common = {"mcp.protocol.version": "2025-11-25", "network.transport": "tcp", "network.protocol.name": "http"}
+    spans = [attributes(span) for span in (read_span, prompt_span, unknown_span)]
+    ids = [int(span.pop("jsonrpc.request.id")) for span in spans]  # the client sends requests of its own too
+    assert ids == sorted(set(ids))
+    assert spans[0] == common | {
+        "mcp.method.name": "resources/read",
+        "mcp.resource.uri": document,
+        "mcp.session.id": read.session_id,
+    }
+    assert spans[1] == common | {
+        "mcp.method.name": "prompts/get",
+        "gen_ai.prompt.name": "every__args-prompt",
+        "mcp.session.id": prompt.session_id,
+    }
+    assert (unknown.kind, unknown.error_code, refused.data["code"]) == ("denied", "NOT_FOUND", "NOT_FOUND")
+    assert attributes(unknown_span)["error.type"] == "NOT_FOUND"
+    assert attributes(unknown_span)["rpc.response.status_code"] == str(refused.code) == "-32602"
+    assert (unknown_span.status.code, unknown_span.status.message) == (Status.STATUS_CODE_ERROR, refused.message)
+
+
 def test_a_tools_list_span_continues_the_agents_trace(traced_gateway, world, otlp):
     trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
     meta = STATELESS_META | {"traceparent": f"00-{trace_id}-{parent}-01"}
