@@ -1,10 +1,12 @@
-"""`GET /metrics`: Prometheus text of this web process (calls, errors, latencies by upstream, open sessions:
-audit/telemetry.py) plus, read at scrape time, each upstream's circuit and the live handoff tunnels.
+"""`GET /metrics`: Prometheus text of this web process (calls, errors, latencies by upstream, open sessions,
+HTTP requests: audit/telemetry.py) plus, read at scrape time, each upstream's circuit and whether it is up,
+the live handoff tunnels and (Celery executor) the live workers.
 
 With GATEWAY_METRICS_TOKEN set, a scraper sends it as a bearer token; without it, only loopback may scrape,
 and not through a proxy."""
 
 import hmac
+import logging
 from collections.abc import Iterator
 
 from django.conf import settings
@@ -12,10 +14,14 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
 
 from handoff.models import Tunnel
 from policy.limits import limit_store
 from registry.models import Upstream
+from registry.worker import workers_alive_sync
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "::1")
 CIRCUIT_STATES = ("closed", "half-open", "open")
@@ -30,21 +36,54 @@ def _tunnels() -> GaugeMetricFamily:
     return GaugeMetricFamily("switchboard_live_tunnels", "Handoff tunnels connecting or open")
 
 
+def _upstreams_up() -> GaugeMetricFamily:
+    help_text = "1 while an enabled upstream answers, 0 while it fails or was never reached"
+    return GaugeMetricFamily("switchboard_upstream_up", help_text, labels=["upstream"])
+
+
+def _workers() -> GaugeMetricFamily:
+    help_text = "Workers whose heartbeat is under 3 s old (Celery executor only)"
+    return GaugeMetricFamily("switchboard_workers_alive", help_text)
+
+
+def _is_up(upstream: Upstream, circuit: str) -> bool:
+    health = getattr(upstream, "health", None)  # 'ok', 'failing' or 'never', from sync, calls and probes
+    if health is not None:
+        return health == "ok"
+    # Without that reading: synced without error, and calls are not failing.
+    return circuit != "open" and upstream.last_synced_at is not None and not upstream.last_sync_error
+
+
 class GatewayStateCollector(Collector):
     def describe(self) -> list[GaugeMetricFamily]:
-        return [_circuits(), _tunnels()]  # what registering needs to know, without reading the database
+        # what registering needs to know, without reading the database
+        return [_circuits(), _upstreams_up(), _tunnels(), _workers()]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        circuits = _circuits()
+        circuits, up = _circuits(), _upstreams_up()
         store = limit_store()
-        for upstream in Upstream.objects.filter(enabled=True).only("id", "slug"):
+        for upstream in Upstream.objects.filter(enabled=True):
             current = store.breaker(upstream.id).state
             for state in CIRCUIT_STATES:
                 circuits.add_metric([upstream.slug, state], 1.0 if state == current else 0.0)
+            up.add_metric([upstream.slug], 1.0 if _is_up(upstream, current) else 0.0)
         yield circuits
+        yield up
         tunnels = _tunnels()
         tunnels.add_metric([], Tunnel.objects.filter(state__in=Tunnel.LIVE).count())
         yield tunnels
+        if settings.GATEWAY_EXECUTOR == "celery":
+            yield from self._live_workers()
+
+    def _live_workers(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            alive = workers_alive_sync()
+        except RedisError:  # the rest of the scrape is still worth having; /readyz says Redis is down
+            logger.exception("cannot count live workers")
+            return
+        workers = _workers()
+        workers.add_metric([], alive)
+        yield workers
 
 
 REGISTRY.register(GatewayStateCollector())

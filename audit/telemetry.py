@@ -1,9 +1,11 @@
 """Traces and metrics of tool calls, beside the audit trail.
 
-Every tools/call runs in an OpenTelemetry span whose trace id is the one its audit rows store, so a trace
-in a tracing backend and a request in the audit browser find each other. The span continues the agent's
-trace when the request's `_meta` carries a W3C `traceparent`, and the upstream's call carries the span's own
-`traceparent` in its `_meta` in turn (both executors). Spans go to an OTLP collector when
+Every tools/call (and tools/list, resources/read, prompts/get) runs in an OpenTelemetry SERVER span named
+and described by the OpenTelemetry MCP semantic conventions (`mcp.method.name`, `gen_ai.tool.name`, ...),
+status ERROR with `error.type` the gateway's stable code when it fails. A call's trace id is the one its
+audit rows store, so a trace in a tracing backend and a request in the audit browser find each other. The
+span continues the agent's trace when the request's `_meta` carries a W3C `traceparent`, and the upstream's
+call carries the span's own `traceparent` in its `_meta` in turn (both executors). Spans go to an OTLP collector when
 OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set; without one they are made (for their ids)
 and dropped.
 
@@ -12,15 +14,19 @@ Prometheus metrics are per web process, which is where every call completes, whi
 
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -32,7 +38,26 @@ LATENCY = Histogram(
     ["upstream"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf")),
 )
+AUDIT_FAILURES = Counter(
+    "switchboard_audit_write_failures",
+    "Call rows the audit could not write (the call refused, or its result withheld), by row kind",
+    ["kind"],
+)
 SESSIONS = Gauge("switchboard_open_sessions", "Stateful MCP sessions open in this process", ["transport"])
+HTTP_REQUESTS = Counter(
+    "switchboard_http_requests", "HTTP requests answered, by route, method and status", ["route", "method", "status"]
+)
+HTTP_LATENCY = Histogram(
+    "switchboard_http_request_seconds",
+    "Time from an HTTP request to the end of its response, by route (an SSE stream's is its whole life)",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf")),
+)
+# Route labels: the first path segment when it is one of these, else "other" (so a scanner's paths cannot
+# make a label each).
+HTTP_ROUTES = frozenset({"mcp", "healthz", "readyz", "metrics", "admin", "api", "static", "handoff"})
+
+STATUS_TEXT = 512  # of a failed span's description: a tool's error text can be long
 
 _propagator = TraceContextTextMapPropagator()
 # What is known of the call the current task serves, for its log lines: request_id, trace_id, agent,
@@ -67,17 +92,61 @@ _tracer = _provider().get_tracer("switchboard")
 
 
 @contextmanager
-def call_span(name: str, meta: dict[str, Any] | None) -> Iterator[Span]:
-    """The span of one tools/call, child of the agent's trace if its `_meta` names one."""
-    carrier = {"traceparent": meta["traceparent"]} if meta and isinstance(meta.get("traceparent"), str) else {}
+def mcp_span(
+    ctx: ServerRequestContext, method: str, *, session_id: str, transport: str, **names: str
+) -> Iterator[Span]:
+    """The SERVER span of one MCP request, child of the agent's trace if its `_meta` names one. `names` are
+    the semantic conventions' `tool`, `prompt` or `uri`; a JSON-RPC error raised inside fails the span."""
+    meta = ctx.meta or {}
+    carrier = {"traceparent": meta["traceparent"]} if isinstance(meta.get("traceparent"), str) else {}
+    target = names.get("tool") or names.get("prompt")  # a URI would make span names unbounded
+    attributes = {
+        "mcp.method.name": method,
+        "mcp.protocol.version": ctx.protocol_version,
+        "network.transport": "tcp",
+        "network.protocol.name": "websocket" if transport == "ws" else "http",
+        "gen_ai.tool.name": names.get("tool"),
+        "gen_ai.operation.name": "execute_tool" if method == "tools/call" else None,
+        "gen_ai.prompt.name": names.get("prompt"),
+        "mcp.resource.uri": names.get("uri"),
+        "mcp.session.id": session_id or None,
+        "jsonrpc.request.id": None if ctx.request_id is None else str(ctx.request_id),
+    }
     with _tracer.start_as_current_span(
-        f"tools/call {name}", context=_propagator.extract(carrier), kind=SpanKind.SERVER
+        f"{method} {target}" if target else method,
+        context=_propagator.extract(carrier),
+        kind=SpanKind.SERVER,
+        attributes={name: value for name, value in attributes.items() if value is not None},
+        set_status_on_exception=False,  # the conventions want the JSON-RPC message, not the exception's repr
     ) as span:
-        yield span
+        try:
+            yield span
+        except MCPError as error:
+            data = error.data if isinstance(error.data, dict) else {}
+            span.set_attribute("rpc.response.status_code", str(error.code))
+            span_failed(str(data.get("code") or error.code), error.message)
+            raise
+        except Exception as unforeseen:
+            span_failed(type(unforeseen).__qualname__, "")
+            raise
+
+
+def span_failed(code: str, message: str) -> None:
+    """Marks the current request's span failed: `code` is the gateway's stable code (or the conventions'
+    `tool_error` for an upstream's own error result)."""
+    span = trace.get_current_span()
+    span.set_attribute("error.type", code)
+    span.set_status(Status(StatusCode.ERROR, message[:STATUS_TEXT]))
 
 
 def trace_id_of(span: Span) -> str:
     return format(span.get_span_context().trace_id, "032x")
+
+
+def current_trace_id() -> str:
+    """The trace id of the span this task runs in ("" outside any), for audit rows."""
+    context = trace.get_current_span().get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else ""
 
 
 def current_traceparent() -> str:
@@ -90,3 +159,35 @@ def current_traceparent() -> str:
 def call_observe(*, upstream: str, outcome: str, duration_ms: float) -> None:
     CALLS.labels(upstream, outcome).inc()
     LATENCY.labels(upstream).observe(duration_ms / 1000)
+
+
+def http_route(path: str) -> str:
+    first = path.strip("/").split("/", 1)[0]
+    return first if first in HTTP_ROUTES else "other" if first else "root"
+
+
+AsgiApp = Callable[[dict, Any, Any], Awaitable[None]]
+
+
+def http_metered(app: AsgiApp) -> AsgiApp:
+    """Counts and times every HTTP request `app` answers, Django's views and the raw ASGI apps alike."""
+
+    async def metered(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        started, status = time.perf_counter(), "500"  # what an app that fails before answering amounts to
+
+        async def watched(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        try:
+            await app(scope, receive, watched)
+        finally:
+            route = http_route(scope["path"])
+            HTTP_REQUESTS.labels(route, scope["method"], status).inc()
+            HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)
+
+    return metered

@@ -14,6 +14,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from audit.telemetry import http_metered  # noqa: E402
 from handoff.consumers import McpWebSocketConsumer  # noqa: E402
 from handoff.http import mcp_http_app  # noqa: E402
 from handoff.probes import drain, healthz_app, readyz_app  # noqa: E402
@@ -21,13 +22,15 @@ from handoff.probes import drain, healthz_app, readyz_app  # noqa: E402
 application = ProtocolTypeRouter(
     {
         # The admin's few static files are served by Django itself, so one process needs nothing in front.
-        "http": URLRouter(
-            [
-                path("mcp", drain.tracked(mcp_http_app)),
-                path("healthz", healthz_app),
-                path("readyz", readyz_app),
-                re_path(r"", ASGIStaticFilesHandler(django_app)),
-            ]
+        "http": http_metered(
+            URLRouter(
+                [
+                    path("mcp", drain.tracked(mcp_http_app)),
+                    path("healthz", healthz_app),
+                    path("readyz", readyz_app),
+                    re_path(r"", ASGIStaticFilesHandler(django_app)),
+                ]
+            )
         ),
         "websocket": URLRouter([path("mcp/ws", McpWebSocketConsumer.as_asgi())]),
     }

@@ -1,13 +1,16 @@
 """Who is calling, and whether their request may enter at all: host, origin and API key checks shared by
 every transport."""
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from mcp.server.context import ServerRequestContext
+from opentelemetry.trace import Span
 
+from audit.telemetry import mcp_span
 from handoff.snapshot import snapshot
 
 
@@ -74,3 +77,9 @@ def caller_of(ctx: ServerRequestContext) -> Caller:
     caller: Caller = request.scope["switchboard.caller"]
     session_id = request.headers.get("mcp-session-id")
     return replace(caller, session_id=session_id) if session_id else caller
+
+
+def request_span(ctx: ServerRequestContext, method: str, **names: str) -> AbstractContextManager[Span]:
+    """The request's span (audit/telemetry.py), naming the session and transport it came by."""
+    caller = caller_of(ctx)
+    return mcp_span(ctx, method, session_id=caller.session_id, transport=caller.transport, **names)

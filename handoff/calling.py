@@ -17,7 +17,7 @@ from mcp.shared.exceptions import MCPError
 
 from audit.outcomes import DEADLINE
 from audit.services import canonical_sha256
-from audit.telemetry import DENIALS, call_observe, current_traceparent
+from audit.telemetry import DENIALS, call_observe, current_traceparent, span_failed
 from handoff.caller import Caller
 from handoff.recording import record
 from handoff.snapshot import Route, Snapshot
@@ -212,6 +212,8 @@ async def conclude(
     failed = not outcome["ok"] or bool(result.get("isError"))
     status = ("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok"
     call_observe(upstream=decision.upstream, outcome=status, duration_ms=duration_ms)
+    if failed:
+        span_failed(outcome.get("code", "tool_error"), error_text(result))
     completion = record(
         kind="completed",
         duration_ms=duration_ms,

@@ -16,9 +16,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from audit.telemetry import DENIALS, call_span, log_fields_add, trace_id_of
+from audit.telemetry import DENIALS, log_fields_add, span_failed, trace_id_of
 from handoff.builtins import EXECUTE
-from handoff.caller import Caller, caller_of
+from handoff.caller import Caller, caller_of, request_span
 from handoff.calling import (
     Decision,
     admit,
@@ -26,6 +26,7 @@ from handoff.calling import (
     conclude,
     decide,
     deny,
+    error_text,
     for_model,
     request_audit,
     route_execute,
@@ -151,7 +152,7 @@ async def _session_tunnel(caller: Caller) -> SessionTunnel | None:
 
 
 async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> Any:
-    with call_span(params.name, params.meta) as span:
+    with request_span(ctx, "tools/call", tool=params.name) as span:
         trace_id, caller, relay = trace_id_of(span), caller_of(ctx), AgentRelay(ctx)
         log_fields_add(trace_id=trace_id, agent=caller.agent_name, tool=params.name)
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
@@ -300,6 +301,8 @@ async def _gateway_tool(
         )
         raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)}) from None
     result = for_model(name, outcome)
+    if not outcome["ok"]:
+        span_failed(outcome["code"], error_text(result))
     await record(
         kind="completed",
         outcome="ok" if outcome["ok"] else "error",
@@ -313,6 +316,11 @@ async def _gateway_tool(
 
 
 async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict[str, Any]:
+    with request_span(ctx, "tools/list"):
+        return await _list_tools(ctx, params)
+
+
+async def _list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict[str, Any]:
     caller = caller_of(ctx)
     try:
         tunnel = await _session_tunnel(caller)

@@ -21,8 +21,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from audit.telemetry import DENIALS
-from handoff.caller import caller_of
+from audit.telemetry import DENIALS, current_trace_id
+from handoff.caller import caller_of, request_span
 from handoff.calling import CANCELLED, Decision, admit, approval, request_audit
 from handoff.cursors import list_page
 from handoff.dispatcher import finish, request_state_verified
@@ -43,6 +43,7 @@ from registry.pool import UNSUPPORTED, Outcome
 logger = logging.getLogger(__name__)
 
 MAX_PAGES = 100  # per upstream and list: an upstream whose cursors never end cannot hold a request forever
+NOT_FOUND = "NOT_FOUND"
 AUDIT_TEXT = 256  # the audit's name columns; the whole URI goes in the row's detail
 
 
@@ -127,7 +128,8 @@ async def list_prompts(ctx: ServerRequestContext, params: types.PaginatedRequest
 
 def _not_found(what: str, exposed: str, listing: str) -> MCPError:
     message = f"Unknown {what}: {exposed!r}. Call {listing} for what this gateway offers."
-    return MCPError(types.INVALID_PARAMS, message, {"uri": exposed} if what == "resource" else None)
+    data = {"code": NOT_FOUND} | ({"uri": exposed} if what == "resource" else {})
+    return MCPError(types.INVALID_PARAMS, message, data)
 
 
 async def _rounds(
@@ -158,12 +160,18 @@ async def _forward(
     caller, snap, request_id, relay = caller_of(ctx), await snapshot.get(), uuid.uuid4(), AgentRelay(ctx)
     target, own = owner if owner else (None, "")
     audit = request_audit(
-        caller, exposed[:AUDIT_TEXT], request_id, params, target.slug if target else "", own[:AUDIT_TEXT], ""
+        caller,
+        exposed[:AUDIT_TEXT],
+        request_id,
+        params,
+        target.slug if target else "",
+        own[:AUDIT_TEXT],
+        current_trace_id(),
     )
     audit["detail"] = {"method": method, "name": exposed}
     if target is None:
         message = not_found.error.message
-        await record(kind="denied", outcome="denied", error_code="NOT_FOUND", error_detail=message, **audit)
+        await record(kind="denied", outcome="denied", error_code=NOT_FOUND, error_detail=message, **audit)
         raise not_found
     route = Route(target.id, target.slug, target.revision, target.timeout, own, target.limits)
     denial = snap.permits(caller.agent_id, target, exposed, own)
@@ -226,6 +234,11 @@ async def _complete(audit: dict[str, Any], decision: Decision, outcome: Outcome 
 
 
 async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceRequestParams) -> Any:
+    with request_span(ctx, "resources/read", uri=params.uri):
+        return await _read_resource(ctx, params)
+
+
+async def _read_resource(ctx: ServerRequestContext, params: types.ReadResourceRequestParams) -> Any:
     snap = await snapshot.get()
     owner = _owner_of_uri(snap, params.uri)
     not_found = _not_found("resource", params.uri, "resources/list")
@@ -243,11 +256,12 @@ async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceReq
 
 
 async def get_prompt(ctx: ServerRequestContext, params: types.GetPromptRequestParams) -> Any:
-    owner = _owner_of_name(await snapshot.get(), params.name)
-    forwarded = {"name": owner[1] if owner else "", "arguments": params.arguments or {}}
-    not_found = _not_found("prompt", params.name, "prompts/list")
-    rounds = await _rounds(ctx, params.name, owner, params)
-    return finish(ctx, await _forward(ctx, "prompts/get", params.name, owner, forwarded, not_found, rounds))
+    with request_span(ctx, "prompts/get", prompt=params.name):
+        owner = _owner_of_name(await snapshot.get(), params.name)
+        forwarded = {"name": owner[1] if owner else "", "arguments": params.arguments or {}}
+        not_found = _not_found("prompt", params.name, "prompts/list")
+        rounds = await _rounds(ctx, params.name, owner, params)
+        return finish(ctx, await _forward(ctx, "prompts/get", params.name, owner, forwarded, not_found, rounds))
 
 
 async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParams) -> Any:

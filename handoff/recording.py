@@ -7,7 +7,7 @@ from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
 from audit.outcomes import OUTCOME_UNKNOWN
-from audit.telemetry import SESSIONS
+from audit.telemetry import AUDIT_FAILURES, SESSIONS
 from audit.writer import AuditSettled, AuditUnavailable, audit_writer
 from handoff.caller import Caller
 
@@ -29,6 +29,7 @@ async def record(*, kind: str, **fields: Any) -> None:
         raise MCPError(AUDIT_UNAVAILABLE, message, data) from exc
     except AuditUnavailable as exc:
         logger.error("audit write failed (%s row, request %s): %s", kind, fields.get("request_id"), exc)
+        AUDIT_FAILURES.labels(kind).inc()
         ran = "ran, but its result is withheld" if kind == "completed" else "was not run"
         message = f"The gateway could not record this call, so it {ran}. Try again shortly."
         raise MCPError(AUDIT_UNAVAILABLE, message, {"code": "AUDIT_UNAVAILABLE"}) from exc

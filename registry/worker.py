@@ -46,6 +46,14 @@ async def workers_alive() -> int:
     return await async_redis().zcount(workers_key(), time.time() - ALIVE_TTL_SECONDS, "+inf")
 
 
+def workers_alive_sync() -> int:
+    """The same count, for sync code (the metrics collector)."""
+    from registry.executor import sync_redis
+
+    with sync_redis() as client:
+        return client.zcount(workers_key(), time.time() - ALIVE_TTL_SECONDS, "+inf")
+
+
 def worker_consume_own_queue(nodename: str, consumer_app) -> None:
     """At worker setup: name this process's tunnel queue and consume it."""
     global _queue

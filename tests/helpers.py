@@ -4,6 +4,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import anyio
+import httpx2
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from audit.models import AuditEvent
 
@@ -59,3 +62,14 @@ async def orm(query: Callable[[], T]) -> T:
             connection.close()  # back to the pool, which the session's teardown closes
 
     return await database_async(query_and_close)()
+
+
+def scrape(gateway) -> list[Metric]:
+    """A gateway's /metrics, parsed."""
+    return list(text_string_to_metric_families(httpx2.get(f"{gateway.url}/metrics", timeout=5).text))
+
+
+def metric_value(families: list[Metric], name: str, **labels: str) -> float:
+    """The sample of that name with exactly these labels (0 when there is none yet)."""
+    samples = (sample for family in families for sample in family.samples)
+    return next((s.value for s in samples if s.name == name and s.labels == labels), 0.0)

@@ -12,7 +12,7 @@ from audit.services import audit_record, canonical_sha256
 from tests import servers
 from tests.clients import INITIALIZE, call, sdk_client, ws_session
 from tests.conftest import needs
-from tests.helpers import audit_mark, audit_since, eventually, run
+from tests.helpers import audit_mark, audit_since, eventually, metric_value, run, scrape
 
 CALLS = [
     ("demo__add", {"a": 1, "b": 2}),
@@ -77,6 +77,7 @@ def test_a_lost_audit_connection_fails_one_call_closed_and_the_next_works(inline
                 return refused
 
     assert run(lambda: call("before")).content[0].text == "before"
+    failures_before = metric_value(scrape(inline_gateway), "switchboard_audit_write_failures_total", kind="approved")
     with connection.cursor() as cursor:  # what a database restart does to the gateway's audit connections
         cursor.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
@@ -88,6 +89,8 @@ def test_a_lost_audit_connection_fails_one_call_closed_and_the_next_works(inline
     assert isinstance(refused, MCPError) and refused.code == -32002 and refused.data["code"] == "AUDIT_UNAVAILABLE"
     assert refused.message == "The gateway could not record this call, so it was not run. Try again shortly."
     assert after.content[0].text == "after"
+    failures = metric_value(scrape(inline_gateway), "switchboard_audit_write_failures_total", kind="approved")
+    assert failures - failures_before == 1.0  # what the "audit unavailable" alert watches
     lost = canonical_sha256({"text": "lost"})
     assert not [r for r in audit_since(mark) if r.arguments_sha256 == lost], "an unrecorded call must not run"
 
