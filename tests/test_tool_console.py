@@ -4,11 +4,13 @@ actor) in both executors; held tools refused. Also the tools list's descriptions
 definition, and the audit list keeping agent and actor apart."""
 
 import json
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from audit.models import AuditEvent
+from audit.services import audit_record
 from handoff.console import CONSOLE_AGENT
 from policy.models import Agent
 from registry.models import Tool, Upstream
@@ -139,8 +141,8 @@ def test_the_tools_list_shows_descriptions_and_the_tool_page_pretty_prints_its_d
     assert "<pre>{\n  &quot;description&quot;: &quot;Return the text you send.&quot;," in page
 
 
-def test_the_audit_list_shows_agent_and_actor_apart(admin_client, demo):
-    echo = _tool(demo, "echo")
-    admin_client.post(f"/admin/registry/tool/{echo.pk}/test/", {"arguments": '{"text": "x"}', "confirmed": "Run it"})
-    listing = _page(admin_client.get("/admin/audit/auditevent/?agent=console"))
-    assert 'console · <span class="actor">by operator</span>' in listing
+def test_the_audit_list_shows_agent_and_actor_apart(admin_client):
+    upstream = f"apart-{uuid.uuid4().hex[:8]}"
+    audit_record(kind="approved", agent_name="agent-a", actor="operator-b", upstream=upstream)
+    listing = _page(admin_client.get(f"/admin/audit/auditevent/?upstream={upstream}"))
+    assert 'agent-a · <span class="actor">by operator-b</span>' in listing
