@@ -30,20 +30,14 @@ from registry.services import (
 from registry.tool_form import ToolArgumentsForm, arguments_parse
 
 
-def definition_diff(tool: Tool) -> str:
-    """The change waiting for approval, as a unified diff of the two definitions."""
-
-    def lines(definition: object) -> list[str]:
-        return json.dumps(definition, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
-
-    diff = difflib.unified_diff(
-        lines(tool.approved_definition or {}), lines(tool.definition), "approved", "offered now", lineterm=""
-    )
-    return "\n".join(diff)
-
-
 def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def definition_diff(tool: Tool) -> str:
+    """The change waiting for approval, as a unified diff of the two definitions."""
+    before, now = pretty(tool.approved_definition or {}).splitlines(), pretty(tool.definition).splitlines()
+    return "\n".join(difflib.unified_diff(before, now, "approved", "offered now", lineterm=""))
 
 
 @admin.display(boolean=True, description="approved")
