@@ -1,17 +1,24 @@
 import difflib
 import json
+from typing import Any
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
 from django.db.models import F
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
+from django.template.defaultfilters import truncatechars
+from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import format_html
 
+from handoff.console import CONSOLE_AGENT, console_agent, console_call_from_sync
 from policy.limits import limit_store
 from registry.forms import UpstreamForm
 from registry.models import Tool, Upstream
+from registry.naming import exposed_name
 from registry.services import (
     tool_approve,
     upstream_breaker_reset,
@@ -20,18 +27,17 @@ from registry.services import (
     upstream_save,
     upstream_set_enabled,
 )
+from registry.tool_form import ToolArgumentsForm, arguments_parse
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
 def definition_diff(tool: Tool) -> str:
     """The change waiting for approval, as a unified diff of the two definitions."""
-
-    def lines(definition: object) -> list[str]:
-        return json.dumps(definition, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
-
-    diff = difflib.unified_diff(
-        lines(tool.approved_definition or {}), lines(tool.definition), "approved", "offered now", lineterm=""
-    )
-    return "\n".join(diff)
+    before, now = pretty(tool.approved_definition or {}).splitlines(), pretty(tool.definition).splitlines()
+    return "\n".join(difflib.unified_diff(before, now, "approved", "offered now", lineterm=""))
 
 
 @admin.display(boolean=True, description="approved")
@@ -153,11 +159,11 @@ class ToolAdmin(admin.ModelAdmin):
     """The catalog. A tool whose definition changed since its approval is offered to no agent until an
     administrator reviews the diff and approves it."""
 
-    list_display = ("name", "upstream", approved, "title", "definition_sha256", "last_seen_at")
+    list_display = ("name", "upstream", approved, "title", "summary", "last_seen_at")
     list_filter = (PendingFilter, "upstream")
     search_fields = ("name", "description")
     fields = (
-        "pending_change", "upstream", "name", "title", "description", "definition", "definition_sha256",
+        "pending_change", "upstream", "name", "title", "description", "pretty_definition", "definition_sha256",
         "approved_sha256", "approved_by", "approved_at", "first_seen_at", "last_seen_at",
     )  # fmt: skip
     readonly_fields = fields
@@ -165,12 +171,64 @@ class ToolAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         approve = path("<int:pk>/approve/", self.admin_site.admin_view(self.approve_view), name="registry_tool_approve")
-        return [approve, *super().get_urls()]
+        test = path("<int:pk>/test/", self.admin_site.admin_view(self.test_view), name="registry_tool_test")
+        return [approve, test, *super().get_urls()]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         tool = self.get_object(request, object_id)
         approvable = bool(tool and not tool.is_approved and self.has_approve_permission(request))
-        return super().change_view(request, object_id, form_url, (extra_context or {}) | {"approvable": approvable})
+        testable = bool(tool and self.has_test_permission(request))  # a held tool's page says why it is refused
+        extra = (extra_context or {}) | {"approvable": approvable, "testable": testable}
+        return super().change_view(request, object_id, form_url, extra)
+
+    def test_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """Test this tool: the form its schema makes, a confirmation, then the call as an agent's would run."""
+        if not self.has_test_permission(request):
+            raise PermissionDenied
+        tool = get_object_or_404(Tool.objects.select_related("upstream"), pk=pk)
+        schema = (tool.definition or {}).get("inputSchema")
+        page = {"tool": tool, "exposed": exposed_name(tool.upstream.namespace, tool.name), "agent": CONSOLE_AGENT}
+        if not tool.is_approved:
+            return self._test_page(request, page | {"stage": "held"}, status=409 if request.method == "POST" else 200)
+        if request.method != "POST":
+            return self._test_page(request, page | {"stage": "form", "form": ToolArgumentsForm(schema)})
+        if "confirmed" not in request.POST:
+            form = ToolArgumentsForm(schema, request.POST)
+            if not form.is_valid():
+                return self._test_page(request, page | {"stage": "form", "form": form}, status=400)
+            return self._test_page(request, page | {"stage": "confirm", "arguments": pretty(form.arguments())})
+        try:
+            arguments = arguments_parse(request.POST.get("arguments", ""))
+        except ValidationError as invalid:
+            form = ToolArgumentsForm(schema)
+            return self._test_page(request, page | {"stage": "form", "form": form, "invalid": invalid.message}, 400)
+        operator = request.user.get_username()
+        agent_id, version = console_agent(actor=operator)
+        call = console_call_from_sync(
+            own_loop=not isinstance(request, ASGIRequest),
+            agent_id=agent_id,
+            version=version,
+            operator=operator,
+            name=page["exposed"],
+            arguments=arguments,
+        )
+        shown = pretty(call.result) if call.result is not None else ""
+        return self._test_page(request, page | {"stage": "result", "call": call, "shown": shown})
+
+    def _test_page(self, request: HttpRequest, context: dict[str, Any], status: int = 200) -> TemplateResponse:
+        context |= self.admin_site.each_context(request) | {"opts": self.opts, "title": f"Test {context['tool']}"}
+        return TemplateResponse(request, "admin/registry/tool/test.html", context, status=status)
+
+    def has_test_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("registry.change_tool")
+
+    @admin.display(description="Description")
+    def summary(self, tool: Tool) -> str:
+        return truncatechars(tool.description, 120)
+
+    @admin.display(description="Definition")
+    def pretty_definition(self, tool: Tool) -> str:
+        return format_html("<pre>{}</pre>", pretty(tool.definition))
 
     def approve_view(self, request, pk: int):
         """POST from the tool's page: approve the definition shown there."""

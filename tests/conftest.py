@@ -235,6 +235,20 @@ def admin_client(db):
     user.delete()
 
 
+@pytest.fixture(params=["inline", "celery"])
+def admin_executor(request, settings):
+    """The admin's own process runs catalog syncs and console calls through either executor (Celery: the
+    test worker's)."""
+    from registry.executor import get_executor
+
+    if request.param == "celery":
+        request.getfixturevalue("celery_worker")
+    settings.GATEWAY_EXECUTOR = request.param
+    get_executor.cache_clear()
+    yield request.param
+    get_executor.cache_clear()
+
+
 @pytest.fixture
 def admin_token(admin_client) -> str:
     """A REST API token of admin_client's superuser, "operator"."""

@@ -5,7 +5,6 @@ import json
 import sys
 
 import anyio
-import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
@@ -256,19 +255,6 @@ def test_operator_accounts_changed_in_the_admin_are_audited_with_the_password_ma
     assert newop.password not in json.dumps([r.detail for r in rows])
     assert rows[2].detail["after"]["is_staff"] is True and rows[3].detail["groups"] == ["Auditor"]
     assert "password" not in rows[2].detail["after"]  # unchanged: not in the change
-
-
-@pytest.fixture(params=["inline", "celery"])
-def admin_executor(request, settings):
-    """The admin's own process runs catalog syncs through either executor (Celery: the test worker's)."""
-    from registry.executor import get_executor
-
-    if request.param == "celery":
-        request.getfixturevalue("celery_worker")
-    settings.GATEWAY_EXECUTOR = request.param
-    get_executor.cache_clear()
-    yield request.param
-    get_executor.cache_clear()
 
 
 def _messages(response) -> list[str]:

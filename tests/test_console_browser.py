@@ -10,6 +10,7 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,13 +18,15 @@ from django.db import connections
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from audit.models import AuditEvent
+from handoff.console import CONSOLE_AGENT
+from policy.models import Agent
 from registry.models import Tool
 from registry.services import upstream_catalog_sync
 from tests import servers
 from tests.clients import call, tool_names
 from tests.conftest import needs
 from tests.factories import demo_upstream
-from tests.helpers import T, eventually, run
+from tests.helpers import T, audit_mark, audit_since, eventually, run
 
 CHROMIUM = Path("/usr/bin/chromium")
 # As the machine's own probe starts it: without the background-networking flags Chromium keeps dialling out.
@@ -55,9 +58,9 @@ def browser() -> Iterator[Browser]:
         connections.close_all()  # the ones opened beside Playwright's loop are not the session's to close
 
 
-@pytest.fixture
-def operator(db, console, browser) -> Iterator[Page]:
-    """A superuser logged in through the login form."""
+@contextmanager
+def logged_in(browser: Browser, url: str) -> Iterator[Page]:
+    """A superuser, "console-op", logged in through the login form of the gateway at `url`."""
     from django.contrib.auth import get_user_model
 
     user = get_user_model().objects.create_superuser("console-op", password=PASSWORD)
@@ -65,7 +68,7 @@ def operator(db, console, browser) -> Iterator[Page]:
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     try:
-        page.goto(f"{console.url}/admin/login/")
+        page.goto(f"{url}/admin/login/")
         page.fill("#id_username", "console-op")
         page.fill("#id_password", PASSWORD)
         page.click("input[type=submit]")
@@ -74,6 +77,12 @@ def operator(db, console, browser) -> Iterator[Page]:
     finally:
         context.close()
         user.delete()
+
+
+@pytest.fixture
+def operator(db, console, browser) -> Iterator[Page]:
+    with logged_in(browser, console.url) as page:
+        yield page
 
 
 def agent_run(scenario: Callable[[], Awaitable[T]]) -> T:
@@ -165,3 +174,33 @@ def test_the_audit_list_filters_opens_a_requests_story_and_exports_the_slice(ope
     operator.goto(f"{console.url}/admin/audit/auditevent/request/{echoed.request_id}/")
     assert "members of the Auditor group can see them" in operator.content()
     assert marker not in operator.content(), "a superuser outside the Auditor group sees no payloads"
+
+
+@pytest.mark.parametrize("served_by", ["console", "celery_gateway"])
+def test_an_operator_tests_a_tool_from_its_page_and_reads_the_result(request, served_by, browser, world):
+    """Served by Daphne in either executor: the form, the warning, the result, and the trail naming the
+    operator."""
+    running = request.getfixturevalue(served_by)
+    marker, mark = uuid.uuid4().hex, audit_mark()
+    with demo_upstream("tried") as upstream, logged_in(browser, running.url) as page:
+        try:
+            echo = Tool.objects.get(upstream=upstream, name="echo")
+            page.goto(f"{running.url}/admin/registry/tool/{echo.pk}/change/")
+            page.click("#test-tool")
+            page.get_by_label("text").fill(f"<b>{marker}</b>")
+            page.click("#tool-test-form input[type=submit]")
+            assert "may change data or act outside the gateway" in page.inner_text("#side-effects")
+            page.click("#tool-test-confirm input[name=confirmed]")
+            shown = page.inner_text("#tool-test-result")
+            assert json.loads(shown)["content"] == [{"type": "text", "text": f"<b>{marker}</b>"}]
+            assert page.locator("#tool-test-result b").count() == 0, "the result is text, not markup"
+            page.click("#tool-test-request")
+            steps = [title.split(" ")[0] for title in page.locator(".audit-step h2").all_inner_texts()]
+            assert steps == ["approved", "completed"]
+            assert "console-op" in page.inner_text("#content")
+            rows = [r for r in audit_since(mark) if r.kind in ("approved", "completed")]
+            assert [(r.kind, r.upstream, r.agent_name, r.actor) for r in rows] == [
+                (kind, "tried", CONSOLE_AGENT, "console-op") for kind in ("approved", "completed")
+            ]
+        finally:
+            Agent.objects.filter(name=CONSOLE_AGENT).delete()

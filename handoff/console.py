@@ -1,0 +1,92 @@
+"""The console's "Test this tool": an operator's call through the path an agent's takes (decided, admitted,
+audited; calling.py), made as the built-in agent `console` with the operator as every row's actor.
+
+Why an agent of its own: the decision, the limits and the trail are per agent, and an operator is none. One
+`console` agent, made on first use, holds no key (no client can call as it) and is excluded from nothing:
+rules name it, its limits and its switch apply, and GATEWAY_POLICY_DEFAULT=deny refuses it until a rule
+allows it. Each operator's calls count as a session of their own (group isolation, call counts)."""
+
+import uuid
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.db import transaction
+from mcp.shared.exceptions import MCPError
+
+from audit.services import audit_record
+from audit.telemetry import call_span, log_fields_add, trace_id_of
+from audit.writer import audit_writer
+from handoff.caller import Caller
+from handoff.calling import conclude, decide, deny, for_model, request_audit, route_execute, run_admitted
+from handoff.snapshot import config_version, snapshot
+from policy.models import Agent
+from registry.pool import Outcome
+
+CONSOLE_AGENT = "console"
+
+
+@dataclass(frozen=True)
+class ConsoleCall:
+    request_id: str
+    result: dict[str, Any] | None = None  # what an agent would have read
+    refusal: str = ""  # the gateway's refusal, as an agent would have read it
+    code: str = ""
+
+
+def console_agent(*, actor: str) -> tuple[int, int]:
+    """The console's agent id, made (and audited) on first use, and a config version that knows it."""
+    with transaction.atomic():
+        agent, created = Agent.objects.get_or_create(name=CONSOLE_AGENT)
+        if created:
+            detail = {"action": "agent_created", "reason": "the console's calls"}
+            audit_record(kind="admin_change", actor=actor, agent_id=agent.id, agent_name=agent.name, detail=detail)
+    return agent.id, config_version()
+
+
+async def console_call(
+    *, agent_id: int, version: int, operator: str, name: str, arguments: dict[str, Any]
+) -> ConsoleCall:
+    """One tools/call of `name` as the console agent, on behalf of `operator`."""
+    caller = Caller(agent_id, CONSOLE_AGENT, "console", key_prefix=f"console-{operator}")
+    request_id = uuid.uuid4()
+    with call_span(name, None) as span:
+        trace_id = trace_id_of(span)
+        log_fields_add(trace_id=trace_id, agent=CONSOLE_AGENT, tool=name, request_id=str(request_id))
+        decision = await decide(await snapshot.at_least(version), caller, name, str(request_id))
+        route = decision.route
+        audit = request_audit(
+            caller, name, request_id, arguments, decision.upstream, route.tool if route else "", trace_id
+        )
+        audit["actor"] = operator
+        try:
+            if decision.denial:
+                await deny(decision.denial, audit, arguments)
+            assert route is not None
+
+            def run() -> Awaitable[Outcome]:
+                return route_execute(route, arguments)
+
+            outcome, duration_ms = await run_admitted(decision, audit, arguments, run)
+            result = for_model(name, outcome)
+            await conclude(decision, audit, outcome, result, duration_ms)
+        except MCPError as refused:  # a denial, or an audit row that could not be written
+            code = (refused.data or {}).get("code", "") if isinstance(refused.data, dict) else ""
+            return ConsoleCall(str(request_id), refusal=refused.message, code=code)
+        return ConsoleCall(str(request_id), result=result, code=outcome.get("code", ""))
+
+
+def console_call_from_sync(*, own_loop: bool, **call: Any) -> ConsoleCall:
+    """console_call from sync code (the admin's views). Served by Daphne, async_to_sync runs it on the
+    server's loop; elsewhere (WSGI, Django's test client) on a loop made for it, whose audit connections
+    must not outlive it."""
+
+    async def closing() -> ConsoleCall:
+        try:
+            return await console_call(**call)
+        finally:
+            if own_loop:
+                await audit_writer.close()
+
+    return async_to_sync(closing)()
