@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -93,16 +92,23 @@ _tracer = _provider().get_tracer("switchboard")
 
 @contextmanager
 def mcp_span(
-    ctx: ServerRequestContext, method: str, *, session_id: str, transport: str, **names: str
+    method: str,
+    *,
+    meta: dict[str, Any] | None,
+    protocol_version: str | None,
+    request_id: Any,
+    session_id: str,
+    transport: str,
+    **names: str,
 ) -> Iterator[Span]:
     """The SERVER span of one MCP request, child of the agent's trace if its `_meta` names one. `names` are
     the semantic conventions' `tool`, `prompt` or `uri`; a JSON-RPC error raised inside fails the span."""
-    meta = ctx.meta or {}
+    meta = meta or {}
     carrier = {"traceparent": meta["traceparent"]} if isinstance(meta.get("traceparent"), str) else {}
     target = names.get("tool") or names.get("prompt")  # a URI would make span names unbounded
     attributes = {
         "mcp.method.name": method,
-        "mcp.protocol.version": ctx.protocol_version,
+        "mcp.protocol.version": protocol_version,
         "network.transport": "tcp",
         "network.protocol.name": "websocket" if transport == "ws" else "http",
         "gen_ai.tool.name": names.get("tool"),
@@ -110,7 +116,7 @@ def mcp_span(
         "gen_ai.prompt.name": names.get("prompt"),
         "mcp.resource.uri": names.get("uri"),
         "mcp.session.id": session_id or None,
-        "jsonrpc.request.id": None if ctx.request_id is None else str(ctx.request_id),
+        "jsonrpc.request.id": None if request_id is None else str(request_id),
     }
     with _tracer.start_as_current_span(
         f"{method} {target}" if target else method,

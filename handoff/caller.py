@@ -82,4 +82,12 @@ def caller_of(ctx: ServerRequestContext) -> Caller:
 def request_span(ctx: ServerRequestContext, method: str, **names: str) -> AbstractContextManager[Span]:
     """The request's span (audit/telemetry.py), naming the session and transport it came by."""
     caller = caller_of(ctx)
-    return mcp_span(ctx, method, session_id=caller.session_id, transport=caller.transport, **names)
+    return mcp_span(
+        method,
+        meta=ctx.meta,
+        protocol_version=ctx.protocol_version,
+        request_id=ctx.request_id,
+        session_id=caller.session_id,
+        transport=caller.transport,
+        **names,
+    )

@@ -16,7 +16,7 @@ from django.db import transaction
 from mcp.shared.exceptions import MCPError
 
 from audit.services import audit_record
-from audit.telemetry import call_span, log_fields_add, trace_id_of
+from audit.telemetry import log_fields_add, mcp_span, trace_id_of
 from audit.writer import audit_writer
 from handoff.caller import Caller
 from handoff.calling import conclude, decide, deny, for_model, request_audit, route_execute, run_admitted
@@ -51,7 +51,9 @@ async def console_call(
     """One tools/call of `name` as the console agent, on behalf of `operator`."""
     caller = Caller(agent_id, CONSOLE_AGENT, "console", key_prefix=f"console-{operator}")
     request_id = uuid.uuid4()
-    with call_span(name, None) as span:
+    with mcp_span(
+        "tools/call", meta=None, protocol_version=None, request_id=None, session_id="", transport="console", tool=name
+    ) as span:
         trace_id = trace_id_of(span)
         log_fields_add(trace_id=trace_id, agent=CONSOLE_AGENT, tool=name, request_id=str(request_id))
         decision = await decide(await snapshot.at_least(version), caller, name, str(request_id))
