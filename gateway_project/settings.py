@@ -289,7 +289,10 @@ GATEWAY_AUDIT_ARCHIVE_DIR = env_str("GATEWAY_AUDIT_ARCHIVE_DIR")
 GATEWAY_AUDIT_PRUNE_BATCH = env_int("GATEWAY_AUDIT_PRUNE_BATCH", 5_000)
 # Tool-call arguments kept in the trail (shown only to the Auditor group); off: only their SHA-256.
 GATEWAY_AUDIT_PAYLOADS = env_bool("GATEWAY_AUDIT_PAYLOADS", False)
+# Each reachable upstream's tools are listed this often, so its health (registry/health.py) is never older.
+GATEWAY_HEALTH_PROBE_SECONDS = env_float("GATEWAY_HEALTH_PROBE_SECONDS", 300.0)
 CELERY_BEAT_SCHEDULE = {
+    "probe-upstreams": {"task": "registry.probe_upstreams", "schedule": GATEWAY_HEALTH_PROBE_SECONDS},
     "sweep-idle-tunnels": {"task": "handoff.sweep_idle_tunnels", "schedule": GATEWAY_HANDOFF_SWEEP_SECONDS},
     "audit-checkpoint": {"task": "audit.checkpoint", "schedule": GATEWAY_AUDIT_CHECKPOINT_SECONDS},
     "audit-prune": {"task": "audit.prune", "schedule": 3600.0},

@@ -71,6 +71,7 @@ class UpstreamAdmin(admin.ModelAdmin):
     form = UpstreamForm
     list_display = (
         "slug",
+        "health_status",
         "transport",
         "group",
         "enabled",
@@ -82,11 +83,27 @@ class UpstreamAdmin(admin.ModelAdmin):
         "last_synced_at",
         "last_sync_error",
     )
-    list_filter = ("transport", "enabled", "prefixed", "handoff_only", "group")
+    list_filter = ("health", "transport", "enabled", "prefixed", "handoff_only", "group")
     search_fields = ("slug", "name")
-    readonly_fields = ("circuit", "revision", "last_synced_at", "last_sync_error", "protocol_version", "instructions")
+    readonly_fields = (
+        "health_status",
+        "health_checked_at",
+        "circuit",
+        "revision",
+        "last_synced_at",
+        "last_sync_error",
+        "protocol_version",
+        "instructions",
+    )
     inlines = (ToolInline,)
     actions = ("enable", "disable", "sync_catalog", "close_circuit")
+
+    @admin.display(description="Health", ordering="health")
+    def health_status(self, upstream: Upstream) -> str:
+        """Its state and, when failing, why (the last sync, call or probe): the operator's words, not the model's."""
+        if upstream.health != Upstream.Health.FAILING:
+            return upstream.get_health_display()
+        return format_html('<span class="health-failing">failing: {}</span>', upstream.health_cause or "unknown cause")
 
     @admin.display(description="Circuit")
     def circuit(self, upstream: Upstream) -> str:
