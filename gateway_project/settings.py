@@ -292,7 +292,11 @@ GATEWAY_AUDIT_PAYLOADS = env_bool("GATEWAY_AUDIT_PAYLOADS", False)
 # Each reachable upstream's tools are listed this often, so its health (registry/health.py) is never older.
 GATEWAY_HEALTH_PROBE_SECONDS = env_float("GATEWAY_HEALTH_PROBE_SECONDS", 300.0)
 CELERY_BEAT_SCHEDULE = {
-    "probe-upstreams": {"task": "registry.probe_upstreams", "schedule": GATEWAY_HEALTH_PROBE_SECONDS},
+    "probe-upstreams": {
+        "task": "registry.probe_upstreams",
+        "schedule": GATEWAY_HEALTH_PROBE_SECONDS,
+        "options": {"queue": "upstream"},  # where the pools are
+    },
     "sweep-idle-tunnels": {"task": "handoff.sweep_idle_tunnels", "schedule": GATEWAY_HANDOFF_SWEEP_SECONDS},
     "audit-checkpoint": {"task": "audit.checkpoint", "schedule": GATEWAY_AUDIT_CHECKPOINT_SECONDS},
     "audit-prune": {"task": "audit.prune", "schedule": 3600.0},
