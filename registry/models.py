@@ -97,9 +97,9 @@ class Upstream(models.Model):
     last_synced_at = models.DateTimeField(null=True, blank=True)
     last_sync_error = models.TextField(blank=True)
     # What the last sync, call or probe found (registry/health.py); the cause is for operators, never a model.
-    health = models.CharField(max_length=8, choices=Health.choices, default=Health.UNKNOWN)
-    health_cause = models.TextField(blank=True)
-    health_checked_at = models.DateTimeField(null=True, blank=True)
+    health = models.CharField(max_length=8, choices=Health.choices, default=Health.UNKNOWN, editable=False)
+    health_cause = models.TextField(blank=True, editable=False)
+    health_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
     # What the upstream said of itself at the last sync: the protocol era it speaks (server/discover is
     # tried first, then initialize), and its instructions, which the gateway's own include.
     protocol_version = models.CharField(max_length=16, blank=True)
