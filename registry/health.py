@@ -16,6 +16,7 @@ from registry.scrub import blanked
 
 STDERR_LINES = 5  # the last lines of a stdio server's stderr a cause quotes
 STDERR_TAIL_BYTES = 2048
+STDERR_KEPT_BYTES = 1 << 20  # past this a long-lived server's stderr file is cut back to its tail
 CAUSE_CHARS = 1000
 OK, FAILING = "ok", "failing"  # Upstream.Health's values (the pool stays free of the ORM)
 
@@ -39,8 +40,23 @@ class Witness:
 
     def errlog(self) -> IO[bytes]:
         if self._stderr is None:
-            self._stderr = tempfile.TemporaryFile()
+            # Appending (O_APPEND), so the server writes at the end even after `trim` cut the file.
+            fd, path = tempfile.mkstemp(prefix="upstream-stderr-")
+            os.close(fd)
+            self._stderr = open(path, "ab+")  # closed with the connection (`close`)
+            os.unlink(path)
         return self._stderr
+
+    def trim(self) -> None:
+        """Cut a chatty server's stderr file back to its tail."""
+        if self._stderr is None or self._stderr.closed:
+            return
+        fd = self._stderr.fileno()
+        size = os.fstat(fd).st_size
+        if size > STDERR_KEPT_BYTES:
+            tail = os.pread(fd, STDERR_TAIL_BYTES, max(0, size - STDERR_TAIL_BYTES))
+            os.ftruncate(fd, 0)
+            os.write(fd, tail)
 
     async def heard(self, response: httpx2.Response) -> None:
         if response.status_code >= 400:
@@ -49,11 +65,10 @@ class Witness:
     def stderr_tail(self) -> str:
         if self._stderr is None or self._stderr.closed:
             return ""
-        size = os.fstat(self._stderr.fileno()).st_size
-        # pread leaves the offset the server writes at alone.
-        tail = os.pread(self._stderr.fileno(), STDERR_TAIL_BYTES, max(0, size - STDERR_TAIL_BYTES))
-        lines = [line.strip() for line in tail.decode("utf-8", "replace").splitlines() if line.strip()]
-        return " | ".join(lines[-STDERR_LINES:])
+        start = max(0, os.fstat(self._stderr.fileno()).st_size - STDERR_TAIL_BYTES)
+        lines = os.pread(self._stderr.fileno(), STDERR_TAIL_BYTES, start).decode("utf-8", "replace").splitlines()
+        lines = lines[1:] if start else lines  # the first may be cut
+        return " | ".join([line.strip() for line in lines if line.strip()][-STDERR_LINES:])
 
     def close(self) -> None:
         if self._stderr is not None:

@@ -302,6 +302,7 @@ class UpstreamPool:
         reopens one. Upstreams that were deleted or disabled go away this way too."""
         now = anyio.current_time()
         for key, connection in list(self._connections.items()):
+            connection.witness.trim()
             if not connection.in_flight and now - connection.last_used >= idle_seconds:
                 connection.stop()
                 del self._connections[key]

@@ -3,6 +3,9 @@ its last sync, its last calls and a periodic probe; the cause is the operator's 
 blanked), shown in the upstream list and page, the dashboard, the REST API and the sync report, while agents
 keep the generic redacted message."""
 
+import contextlib
+import io
+import json
 import socket
 import sys
 import threading
@@ -12,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
 from mcp.shared.exceptions import MCPError
 
 from registry.models import Upstream
@@ -162,6 +166,23 @@ def test_a_refused_address_is_failing_with_the_egress_guard_reason(inline_gatewa
         assert _health("guarded") == ("failing", "refused address: 169.254.169.254 is not a public address")
     finally:
         upstream.delete()
+
+
+def test_import_mcp_config_prints_why_a_sync_failed(inline_gateway, tmp_path: Path):
+    path = tmp_path / "claude_desktop_config.json"
+    servers_json = {"exits-at-once": {"command": sys.executable, "args": ["-c", EXITS], "env": {"API_TOKEN": SECRET}}}
+    path.write_text(json.dumps({"mcpServers": servers_json}))
+    out = io.StringIO()
+    try:
+        # Its exit status is the import's own business (item 5 of the issue): here only what it prints.
+        with contextlib.suppress(CommandError, SystemExit):
+            call_command("import_mcp_config", str(path), stdout=out)
+        cause = "the server exited or closed its output during start-up; stderr: starting | bad key [credential]"
+        assert f"(cause: {cause})" in out.getvalue()
+        assert SECRET not in out.getvalue()
+        assert _health("exits-at-once") == ("failing", cause)
+    finally:
+        Upstream.objects.filter(slug="exits-at-once").delete()
 
 
 @pytest.fixture
