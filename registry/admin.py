@@ -8,6 +8,7 @@ from django.db.models import F
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import path
 from django.utils.html import format_html
+from django.utils.text import Truncator
 
 from policy.limits import limit_store
 from registry.forms import UpstreamForm
@@ -66,6 +67,9 @@ class ToolInline(admin.TabularInline):
         return False
 
 
+CAUSE_SHOWN = 120  # characters of a failing upstream's cause in the list
+
+
 @admin.register(Upstream)
 class UpstreamAdmin(admin.ModelAdmin):
     form = UpstreamForm
@@ -87,6 +91,7 @@ class UpstreamAdmin(admin.ModelAdmin):
     search_fields = ("slug", "name")
     readonly_fields = (
         "health_status",
+        "health_cause",
         "health_checked_at",
         "circuit",
         "revision",
@@ -103,7 +108,10 @@ class UpstreamAdmin(admin.ModelAdmin):
         """Its state and, when failing, why (the last sync, call or probe): the operator's words, not the model's."""
         if upstream.health != Upstream.Health.FAILING:
             return upstream.get_health_display()
-        return format_html('<span class="health-failing">failing: {}</span>', upstream.health_cause or "unknown cause")
+        cause = upstream.health_cause or "unknown cause"
+        # The list stays narrow enough to show this column at 1400 px; the whole cause is its title and on the page.
+        shown = Truncator(cause).chars(CAUSE_SHOWN)
+        return format_html('<span class="health-failing" title="{}">failing: {}</span>', cause, shown)
 
     @admin.display(description="Circuit")
     def circuit(self, upstream: Upstream) -> str:
