@@ -134,6 +134,7 @@ def _ms(value: float | None) -> float | None:
 @dataclass(frozen=True)
 class GatewayState:
     open_circuits: list[tuple[Upstream, Any]]
+    failing_upstreams: list[Upstream]
     live_tunnels: list[Tunnel]
     active_sessions: int
     pending_tools: int
@@ -150,6 +151,7 @@ def gateway_state(*, now: datetime | None = None) -> GatewayState:
     closed = recent.filter(kind=AuditEvent.Kind.SESSION, detail__action="session_closed").values("session_id")
     return GatewayState(
         open_circuits=[(u, status) for u, status in circuits if status.state != "closed"],
+        failing_upstreams=[u for u, _ in circuits if u.health == Upstream.Health.FAILING],
         live_tunnels=list(
             Tunnel.objects.filter(state__in=Tunnel.LIVE).select_related("agent", "upstream").order_by("-opened_at")[:20]
         ),

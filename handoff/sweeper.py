@@ -1,6 +1,6 @@
 """What every web process runs beside requests: the change relay (notify.py), and in the embedded default,
 which has no Celery beat, the idle-tunnel sweep (tasks.py) and the audit trail's upkeep (audit/tasks.py) on
-timers of their own."""
+timers of their own, and the upstreams' health probe (registry/tasks.py)."""
 
 import asyncio
 import atexit
@@ -13,6 +13,7 @@ from handoff.background import ProcessTask
 from handoff.notify import change_relay
 from handoff.tasks import sweep_and_tell
 from handoff.tunnels import tunnels_close_held
+from registry.tasks import embedded_health_prober
 
 logger = logging.getLogger(__name__)
 
@@ -39,3 +40,4 @@ def background_start() -> None:
     if settings.GATEWAY_EXECUTOR == "inline":
         embedded_sweeper.start()
         embedded_audit_keeper.start()
+        embedded_health_prober.start()

@@ -13,6 +13,7 @@ from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import format_html
+from django.utils.text import Truncator
 
 from handoff.console import CONSOLE_AGENT, console_agent, console_call_from_sync
 from policy.limits import limit_store
@@ -72,11 +73,15 @@ class ToolInline(admin.TabularInline):
         return False
 
 
+CAUSE_SHOWN = 120  # characters of a failing upstream's cause in the list
+
+
 @admin.register(Upstream)
 class UpstreamAdmin(admin.ModelAdmin):
     form = UpstreamForm
     list_display = (
         "slug",
+        "health_status",
         "transport",
         "group",
         "enabled",
@@ -88,11 +93,31 @@ class UpstreamAdmin(admin.ModelAdmin):
         "last_synced_at",
         "last_sync_error",
     )
-    list_filter = ("transport", "enabled", "prefixed", "handoff_only", "group")
+    list_filter = ("health", "transport", "enabled", "prefixed", "handoff_only", "group")
     search_fields = ("slug", "name")
-    readonly_fields = ("circuit", "revision", "last_synced_at", "last_sync_error", "protocol_version", "instructions")
+    readonly_fields = (
+        "health_status",
+        "health_cause",
+        "health_checked_at",
+        "circuit",
+        "revision",
+        "last_synced_at",
+        "last_sync_error",
+        "protocol_version",
+        "instructions",
+    )
     inlines = (ToolInline,)
     actions = ("enable", "disable", "sync_catalog", "close_circuit")
+
+    @admin.display(description="Health", ordering="health")
+    def health_status(self, upstream: Upstream) -> str:
+        """Its state and, when failing, why (the last sync, call or probe): the operator's words, not the model's."""
+        if upstream.health != Upstream.Health.FAILING:
+            return upstream.get_health_display()
+        cause = upstream.health_cause or "unknown cause"
+        # The list stays narrow enough to show this column at 1400 px; the whole cause is its title and on the page.
+        shown = Truncator(cause).chars(CAUSE_SHOWN)
+        return format_html('<span class="health-failing" title="{}">failing: {}</span>', cause, shown)
 
     @admin.display(description="Circuit")
     def circuit(self, upstream: Upstream) -> str:

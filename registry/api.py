@@ -44,7 +44,7 @@ class UpstreamSerializer(AuditedModelSerializer):
     headers = SecretMapField(required=False)
     query = SecretMapField(required=False)
     circuit = serializers.SerializerMethodField()
-    reachable = serializers.BooleanField(source="is_reachable", read_only=True)
+    reachable = serializers.BooleanField(source="is_healthy", read_only=True)
 
     class Meta:
         model = Upstream
@@ -54,6 +54,9 @@ class UpstreamSerializer(AuditedModelSerializer):
             "revision",
             "last_synced_at",
             "last_sync_error",
+            "health",
+            "health_cause",
+            "health_checked_at",
             "protocol_version",
             "instructions",
         )

@@ -42,9 +42,17 @@ async def upstream_changed(upstream_id: int, kind: str) -> None:
     await list_changed_everywhere(kind)
 
 
+async def health_store(upstream_id: int, health: str, cause: str) -> None:
+    from registry.services import upstream_health_record  # services build on the executor, which needs this module
+
+    await database_sync_to_async(upstream_health_record, thread_sensitive=False)(
+        upstream_id=upstream_id, health=health, cause=cause
+    )
+
+
 class PoolThread:
     def __init__(self) -> None:
-        self.pool = UpstreamPool(load_spec, upstream_changed)
+        self.pool = UpstreamPool(load_spec, upstream_changed, health_store)
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._main, args=(ready,), name="upstream-pool", daemon=True)

@@ -29,6 +29,11 @@ class Upstream(models.Model):
         STREAMABLE_HTTP = "streamable_http", "Streamable HTTP"
         SSE = "sse", "HTTP+SSE (2024-11-05)"
 
+    class Health(models.TextChoices):
+        UNKNOWN = "unknown", "never reached"
+        OK = "ok", "ok"
+        FAILING = "failing", "failing"
+
     class NewTools(models.TextChoices):
         HOLD = "hold", "Hold for an administrator's approval"
         APPROVE = "approve", "Approve automatically"
@@ -91,6 +96,10 @@ class Upstream(models.Model):
     revision = models.PositiveIntegerField(default=1)
     last_synced_at = models.DateTimeField(null=True, blank=True)
     last_sync_error = models.TextField(blank=True)
+    # What the last sync, call or probe found (registry/health.py); the cause is for operators, never a model.
+    health = models.CharField(max_length=8, choices=Health.choices, default=Health.UNKNOWN, editable=False)
+    health_cause = models.TextField(blank=True, editable=False)
+    health_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
     # What the upstream said of itself at the last sync: the protocol era it speaks (server/discover is
     # tried first, then initialize), and its instructions, which the gateway's own include.
     protocol_version = models.CharField(max_length=16, blank=True)
@@ -144,6 +153,11 @@ class Upstream(models.Model):
     def is_reachable(self) -> bool:
         """Enabled, and not switched off through its group."""
         return self.enabled and (self.group is None or self.group.enabled)
+
+    @property
+    def is_healthy(self) -> bool:
+        """Reachable, and answering the last time it was tried."""
+        return self.is_reachable and self.health == self.Health.OK
 
 
 class Tool(models.Model):

@@ -21,6 +21,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from registry.egress import EgressRefused
+from registry.health import Witness, connect_cause, found, outcome_health, with_stderr
 from registry.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, Relay, unsupported
 from registry.replies import reply_too_deep
 from registry.requests import UNSUPPORTED, Unsupported, calling, catalog, forwarding, list_every_page
@@ -45,6 +46,7 @@ class Outcome(TypedDict, total=False):
     validation: bool  # when not ok: the message judges the call's arguments (kept whole for the model)
     rpc_code: int  # when the upstream answered with a JSON-RPC error: its code
     rpc_data: dict[str, Any]  # and, for a missing client capability, its data
+    cause: str  # when the upstream could not be reached: why, for the operator (registry/health.py)
 
 
 def failure(code: str, message: str, detail: str = "") -> Outcome:
@@ -54,25 +56,31 @@ def failure(code: str, message: str, detail: str = "") -> Outcome:
 CONNECT_TIMEOUT = failure("UPSTREAM_CONNECT_TIMEOUT", "The service did not answer while connecting. Try later.")
 
 
-def _found(exc: BaseException, wanted: Callable[[BaseException], bool]) -> BaseException | None:
-    """The first exception `wanted` accepts wherever the transport's task groups and wrappers put it."""
-    if wanted(exc):
-        return exc
-    inner = list(exc.exceptions) if isinstance(exc, BaseExceptionGroup) else []
-    inner += [e for e in (exc.__cause__, exc.__context__) if e is not None]
-    return next((found for e in inner if (found := _found(e, wanted))), None)
+class ConnectFailed(Exception):
+    """A connect that failed, with its cause for the operator; the original exception is its __cause__."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
 
 
 def _delegation_refusal(exc: BaseException) -> str | None:
     """The code a guarded specialist refused the delegation token with (handoff/clearance.py), if it did:
     the SDK client raises the JSON-RPC error of its 401 answer."""
-    refused = _found(exc, lambda e: isinstance(e, MCPError) and isinstance(e.data, dict) and "code" in e.data)
+    refused = found(exc, lambda e: isinstance(e, MCPError) and isinstance(e.data, dict) and "code" in e.data)
     return refused.data["code"] if refused else None  # type: ignore[attr-defined]
 
 
 def connect_failure(exc: BaseException) -> Outcome:
     """What a failed connect means for the model: spawn, DNS, handshake, HTTP status or the egress guard."""
-    if refused := _found(exc, lambda e: isinstance(e, EgressRefused)):
+    outcome = _connect_failure(exc)
+    if failed := found(exc, lambda e: isinstance(e, ConnectFailed)):
+        outcome["cause"] = failed.cause  # type: ignore[attr-defined]
+    return outcome
+
+
+def _connect_failure(exc: BaseException) -> Outcome:
+    if refused := found(exc, lambda e: isinstance(e, EgressRefused)):
         return failure(
             "UPSTREAM_ADDRESS_REFUSED",
             "The gateway does not connect to this service's network address. Do not retry.",
@@ -107,6 +115,7 @@ class UpstreamConnection:
         self.in_flight = 0
         self.relay: Relay | None = None
         self.serial = anyio.Lock()
+        self.witness = Witness()
         self._stop = anyio.Event()
 
     async def _log(self, params: types.LoggingMessageNotificationParams) -> None:
@@ -135,7 +144,8 @@ class UpstreamConnection:
         """A client connected in `mode`, declaring what a session of that era should, and the stack that holds it."""
         stack = AsyncExitStack()
         try:
-            client = await self.spec.connect(stack, mode=mode, **options, **self._callbacks(self._declares(legacy)))
+            callbacks = self._callbacks(self._declares(legacy))
+            client = await self.spec.connect(stack, self.witness, mode=mode, **options, **callbacks)
         except BaseException:
             await stack.aclose()
             raise
@@ -150,7 +160,7 @@ class UpstreamConnection:
             try:
                 return await self._attempt("legacy", legacy=True)
             except Exception as exc:
-                if not _found(exc, lambda e: isinstance(e, MCPError)):
+                if not found(exc, lambda e: isinstance(e, MCPError)):
                     raise
                 logger.info("upstream %s: no 2025-11-25 session, so 2026-07-28 (%r)", self.spec.slug, exc)
         guess = self.spec.legacy
@@ -203,13 +213,18 @@ class UpstreamConnection:
                     task_status.started()
                     await self._stop.wait()
                     tg.cancel_scope.cancel()
-        except Exception:
+        except Exception as exc:
             if not started:
-                raise
+                raise ConnectFailed(connect_cause(exc, self.spec, self.witness)) from exc
             # The owner must never take the pool down with it; the next call reconnects.
             logger.warning("upstream %s: session ended with an error", self.spec.slug, exc_info=True)
         finally:
             self.alive = False
+            self.witness.close()
+
+    def cause(self, what: str) -> str:
+        """Why the connection failed during a call, for the operator."""
+        return with_stderr(what, self.spec, self.witness)
 
     def stop(self) -> None:
         self.alive = False
@@ -255,9 +270,12 @@ class UpstreamPool:
         self,
         load_spec: Callable[[int], Awaitable[UpstreamSpec]],
         on_change: Callable[[int, str], Awaitable[None]] | None = None,
+        on_health: Callable[[int, str, str], Awaitable[None]] | None = None,
     ) -> None:
         self._load_spec = load_spec
         self._on_change = on_change
+        self._on_health = on_health
+        self._health: dict[int, tuple[str, str, float]] = {}  # upstream -> the health last stored, and when
         self._changing: dict[tuple[int, str], bool] = {}  # a change being handled -> another came meanwhile
         self._watches: dict[tuple[int, str], anyio.CancelScope] = {}  # resources subscribed at 2026-07-28 upstreams
         self._connections: dict[ConnectionKey, UpstreamConnection] = {}
@@ -284,6 +302,7 @@ class UpstreamPool:
         reopens one. Upstreams that were deleted or disabled go away this way too."""
         now = anyio.current_time()
         for key, connection in list(self._connections.items()):
+            connection.witness.trim()
             if not connection.in_flight and now - connection.last_used >= idle_seconds:
                 connection.stop()
                 del self._connections[key]
@@ -347,7 +366,8 @@ class UpstreamPool:
         try:
             return await self._connection(upstream_id, revision, capabilities)
         except TimeoutError:
-            return CONNECT_TIMEOUT
+            waited = settings.GATEWAY_CONNECT_TIMEOUT
+            return CONNECT_TIMEOUT | {"cause": f"connect timeout: no answer within {waited:g} s"}
         except Exception as exc:  # any way a connect can fail
             return connect_failure(exc)
 
@@ -383,8 +403,33 @@ class UpstreamPool:
     async def _run(
         self, upstream_id: int, revision: int, action: Callable[[Any], Awaitable[Any]], relay: Relay | None = None
     ) -> Outcome:
-        """Run one request on the upstream's session for the relay's capabilities, and turn every failure into
-        a specific Outcome."""
+        """Run one request on the upstream's session for the relay's capabilities, turn every failure into
+        a specific Outcome, and note what it shows of the upstream's health."""
+        outcome = await self._attempt_request(upstream_id, revision, action, relay)
+        await self._observed(upstream_id, outcome)
+        return outcome
+
+    async def _observed(self, upstream_id: int, outcome: Outcome) -> None:
+        """Store the health an outcome shows when it differs from what this process last stored, or that is
+        older than a probe interval (another process may have stored something else since): not every call
+        writes the upstream's row."""
+        health = outcome_health(outcome)
+        if health is None or self._on_health is None:
+            return
+        now = anyio.current_time()
+        state, cause, stored_at = self._health.get(upstream_id, ("", "", -float("inf")))
+        if (state, cause) == health and now - stored_at < settings.GATEWAY_HEALTH_PROBE_SECONDS:
+            return
+        self._health[upstream_id] = (*health, now)
+        try:
+            await self._on_health(upstream_id, *health)
+        except Exception:  # a database hiccup must not fail the call; the next outcome stores it again
+            self._health.pop(upstream_id, None)
+            logger.warning("upstream %s: storing its health failed", upstream_id, exc_info=True)
+
+    async def _attempt_request(
+        self, upstream_id: int, revision: int, action: Callable[[Any], Awaitable[Any]], relay: Relay | None
+    ) -> Outcome:
         capabilities = relay.capabilities if relay else frozenset()
         connection = await self._open(upstream_id, revision, capabilities)
         if not isinstance(connection, UpstreamConnection):
@@ -410,13 +455,15 @@ class UpstreamPool:
             if reply_too_deep(exc):  # registry/replies.py stood in for the reply
                 return failure("UPSTREAM_INVALID_RESPONSE", exc.message)
             if exc.code == types.CONNECTION_CLOSED:
+                cause = connection.cause("the connection closed during a call")
                 connection.stop()
-                return failure(
+                closed = failure(
                     "UPSTREAM_UNAVAILABLE",
                     "The service closed its connection during the call; it will be restarted. "
                     "Retry only if the call is safe to repeat.",
                     repr(exc),
                 )
+                return closed | {"cause": cause}
             refused = failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
             refused["rpc_code"] = exc.code  # passed-through requests answer with the upstream's own code
             if exc.code == MISSING_CLIENT_CAPABILITY and isinstance(exc.error.data, dict):
@@ -430,13 +477,15 @@ class UpstreamPool:
             # own output schema (ClientSession.validate_tool_result), ValidationError for malformed results.
             return failure("UPSTREAM_INVALID_RESPONSE", "The service sent a malformed response.", str(exc))
         except CONNECTION_ERRORS as exc:
+            cause = connection.cause(f"the connection broke during a call ({type(exc).__name__})")
             connection.stop()
-            return failure(
+            broke = failure(
                 "UPSTREAM_UNAVAILABLE",
                 "The service's connection broke during the call; it will be restarted. "
                 "Retry only if the call is safe to repeat.",
                 repr(exc),
             )
+            return broke | {"cause": cause}
         finally:
             connection.in_flight -= 1
             connection.last_used = anyio.current_time()

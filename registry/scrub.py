@@ -14,16 +14,16 @@ def scrubbed(outcome: "Outcome", secrets: tuple[str, ...]) -> "Outcome":
     """A failure or error result with every credential value of the upstream's blanked out."""
     result = outcome.get("result")
     failed = not outcome["ok"] or (isinstance(result, dict) and result.get("isError"))
-    return _blanked(outcome, secrets) if secrets and failed else outcome
+    return blanked(outcome, secrets) if secrets and failed else outcome
 
 
-def _blanked(value: Any, secrets: tuple[str, ...]) -> Any:
+def blanked(value: Any, secrets: tuple[str, ...]) -> Any:
     if isinstance(value, str):
         for secret in secrets:
             value = value.replace(secret, CREDENTIAL)
         return value
     if isinstance(value, list):
-        return [_blanked(item, secrets) for item in value]
+        return [blanked(item, secrets) for item in value]
     if isinstance(value, dict):
-        return {key: _blanked(item, secrets) for key, item in value.items()}
+        return {key: blanked(item, secrets) for key, item in value.items()}
     return value

@@ -15,6 +15,7 @@ from policy.limits import limit_store
 from policy.manifest import schema_problem, tool_name_problem
 from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
+from registry.loop import pool_thread
 from registry.models import Tool, Upstream, query_split
 from registry.naming import exposed_name
 
@@ -34,10 +35,12 @@ class SyncReport:
     held: list[str] = field(default_factory=list)  # added or changed, waiting for an administrator's approval
     rejected: list[str] = field(default_factory=list)  # "name: why"
     error: str = ""
+    cause: str = ""  # when it failed: why, for the operator (registry/health.py)
 
     def summary(self) -> str:
         if not self.ok:
-            return f"{self.upstream}: catalog sync failed: {self.error}"
+            cause = f" (cause: {self.cause})" if self.cause else ""
+            return f"{self.upstream}: catalog sync failed: {self.error}{cause}"
         text = (
             f"{self.upstream}: {len(self.added)} added, {len(self.changed)} changed, "
             f"{len(self.removed)} removed, {len(self.rejected)} rejected"
@@ -78,7 +81,8 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
     outcome = get_executor().list_tools(upstream_id=upstream.id, revision=upstream.revision, timeout=upstream.timeout)
     if not outcome["ok"]:
         report.error = f"{outcome['code']}: {outcome['message']}"
-        logger.warning("catalog sync of %s failed: %s", upstream.slug, outcome.get("detail"))
+        report.cause = outcome.get("cause", "")
+        logger.warning("catalog sync of %s failed: %s", upstream.slug, report.cause or outcome.get("detail"))
         Upstream.objects.filter(pk=upstream.pk).update(last_sync_error=report.error)
         return report
     listed = outcome["result"]
@@ -87,6 +91,23 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
     Upstream.objects.filter(pk=upstream.pk).update(**said)
     report.ok = True
     return report
+
+
+def upstream_health_record(*, upstream_id: int, health: str, cause: str) -> None:
+    """Store what a sync, call or probe found of the upstream (the executor's pool calls this)."""
+    Upstream.objects.filter(pk=upstream_id).update(health=health, health_cause=cause, health_checked_at=timezone.now())
+
+
+def upstream_health_probe() -> int:
+    """List every reachable upstream's tools, all at once, on this process's own pool (a worker's under Celery
+    beat, the web process's in the embedded default), which stores the health it finds; the number probed.
+    Handoff-only upstreams refuse a connection without a delegation, so they are left out."""
+    upstreams = Upstream.objects.select_related("group").filter(enabled=True, handoff_only=False)
+    runner = pool_thread()
+    probes = [runner.submit(runner.pool.list_tools(u.id, u.revision)) for u in upstreams if u.is_reachable]
+    for probe in probes:
+        probe.result()
+    return len(probes)
 
 
 def upstream_resync(upstream_id: int) -> SyncReport | None:

@@ -3,7 +3,7 @@
 import os
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import httpx2
@@ -16,6 +16,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from handoff.delegation import DelegationAuth
 from registry.credentials import credentials_open
 from registry.egress import guarded_client
+from registry.health import Witness
 from registry.replies import DepthCheckedTransport
 
 MIN_SECRET_CHARS = 8  # shorter values ("true", "eu", "prod") would blank out ordinary words; keys are longer
@@ -71,22 +72,25 @@ class UpstreamSpec:
             kwargs["auth"] = DelegationAuth(self.grant)
         return guarded_client(internal=self.internal, params=self.query, **kwargs)
 
-    async def connect(self, stack: AsyncExitStack, **options: Any) -> Client:
-        """An open `mcp.Client` whose resources `stack` owns; the caller's task must exit the stack. The
-        options are the client's: its mode, and callbacks (elicitation, sampling, roots: what it declares it
-        can answer)."""
+    async def connect(self, stack: AsyncExitStack, witness: Witness, **options: Any) -> Client:
+        """An open `mcp.Client` whose resources `stack` owns; the caller's task must exit the stack. `witness`
+        keeps what the exceptions will not say (stderr, HTTP statuses). The options are the client's: its
+        mode, and callbacks (elicitation, sampling, roots: what it declares it can answer)."""
         if self.transport == "stdio":
             # PATH comes along so that commands like `npx` and `uvx` resolve as they would in a shell.
             env = {"PATH": os.environ.get("PATH", "")} | self.env
             params = StdioServerParameters(command=self.command, args=self.args, env=env, cwd=self.cwd or None)
-            target: Any = stdio_client(params)
+            target: Any = stdio_client(params, errlog=witness.errlog())  # type: ignore[arg-type]
         elif self.transport == "sse":
-            target = sse_client(
-                self.url, headers=self.headers, timeout=self.timeout, httpx_client_factory=self._http_client
-            )
+            factory = partial(self._http_client, event_hooks={"response": [witness.heard]})
+            target = sse_client(self.url, headers=self.headers, timeout=self.timeout, httpx_client_factory=factory)
         else:
             http = await stack.enter_async_context(
-                self._http_client(headers=self.headers, timeout=httpx2.Timeout(self.timeout, read=None))
+                self._http_client(
+                    headers=self.headers,
+                    timeout=httpx2.Timeout(self.timeout, read=None),
+                    event_hooks={"response": [witness.heard]},
+                )
             )
             target = streamable_http_client(self.url, http_client=http)
         # No response cache: the catalog must see what the upstream says now.

@@ -1,17 +1,24 @@
 """Celery tasks: thin wrappers that run one request on this worker's pool (queue `upstream`, or for a tunnel
 the queue of the worker holding it)."""
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from celery import shared_task
 from django.conf import settings
 
+from handoff.background import ProcessTask
+from handoff.db import database_async
 from registry.executor import held_by, reply_after
 from registry.loop import pool_thread
 from registry.pool import Outcome, failure
 from registry.relay import ChannelRelay, Relay, cancellable
+from registry.services import upstream_health_probe
 from registry.worker import worker_queue
+
+logger = logging.getLogger(__name__)
 
 CANCELLED = failure("CANCELLED", "The call was cancelled.", "cancelled by the caller")
 # Past every call's own deadline; the pool enforces the real one.
@@ -79,6 +86,25 @@ def forward_task(
         return pool.forward(upstream_id, revision, method, params, here, rounds)
 
     _run_call(forward, reply_to, call, relay, capabilities)
+
+
+@shared_task(name="registry.probe_upstreams", ignore_result=True, time_limit=HARD_LIMIT)
+def probe_upstreams_task() -> int:
+    return upstream_health_probe()
+
+
+async def _probe(ready: asyncio.Future) -> None:
+    ready.set_result(None)
+    while True:
+        await asyncio.sleep(settings.GATEWAY_HEALTH_PROBE_SECONDS)
+        try:
+            await database_async(upstream_health_probe)()
+        except Exception:  # a database hiccup: the next round probes again
+            logger.exception("upstream health probe failed")
+
+
+# The embedded default has no beat: its web process probes on a timer of its own (handoff/sweeper.py).
+embedded_health_prober = ProcessTask(_probe)
 
 
 @shared_task(name="registry.list_tools", ignore_result=True, time_limit=HARD_LIMIT)

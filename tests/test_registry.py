@@ -134,7 +134,8 @@ def test_an_unreachable_upstream_fails_sync_with_a_reason_and_no_secrets(db):
     assert not report.ok
     assert (
         report.summary()
-        == "ghost: catalog sync failed: UPSTREAM_UNAVAILABLE: The service could not be reached. Try later."
+        == "ghost: catalog sync failed: UPSTREAM_UNAVAILABLE: The service could not be reached. Try later. "
+        "(cause: command not found: /nonexistent/server)"
     )
     assert "hunter2" not in upstream.last_sync_error
 
