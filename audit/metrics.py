@@ -46,14 +46,6 @@ def _workers() -> GaugeMetricFamily:
     return GaugeMetricFamily("switchboard_workers_alive", help_text)
 
 
-def _is_up(upstream: Upstream, circuit: str) -> bool:
-    health = getattr(upstream, "health", None)  # 'ok', 'failing' or 'never', from sync, calls and probes
-    if health is not None:
-        return health == "ok"
-    # Without that reading: synced without error, and calls are not failing.
-    return circuit != "open" and upstream.last_synced_at is not None and not upstream.last_sync_error
-
-
 class GatewayStateCollector(Collector):
     def describe(self) -> list[GaugeMetricFamily]:
         # what registering needs to know, without reading the database
@@ -66,7 +58,7 @@ class GatewayStateCollector(Collector):
             current = store.breaker(upstream.id).state
             for state in CIRCUIT_STATES:
                 circuits.add_metric([upstream.slug, state], 1.0 if state == current else 0.0)
-            up.add_metric([upstream.slug], 1.0 if _is_up(upstream, current) else 0.0)
+            up.add_metric([upstream.slug], 1.0 if upstream.health == Upstream.Health.OK else 0.0)
         yield circuits
         yield up
         tunnels = _tunnels()
