@@ -11,9 +11,9 @@ from django.core.exceptions import ImproperlyConfigured
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
-# Every reader below names the variable and what it expects when a value is wrong: django-environ's casts
-# raise Python's bare "invalid literal for int()" and read unknown booleans as false, so it would need these
-# wrappers all the same. Every variable is listed in docs/settings.md (tests/test_settings.py keeps them in step).
+# Every reader below names the variable and what it expects when a value is wrong. Not django-environ: its casts
+# raise Python's bare "invalid literal for int()", read an unknown word as a false boolean and "5m" as 5.0, so it
+# would need these wrappers all the same. Every variable is in docs/settings.md (tests/test_settings.py checks).
 def _bad(name: str, expected: str, value: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f"{name} must be {expected}, not {value!r}")
 
