@@ -1,13 +1,15 @@
 """What the console's front page shows: per-upstream calls, error rate and latency over a window, as totals
 and as a series of buckets for the charts, and the gateway's state right now (circuits, sessions, tunnels,
-tools waiting for approval). It reads across apps; it writes nothing."""
+tools waiting for approval, live workers). It reads across apps; it writes nothing."""
 
+import logging
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import connection
 from django.db.models import F
@@ -17,6 +19,9 @@ from audit.models import AuditEvent
 from handoff.models import Tunnel
 from policy.limits import limit_store
 from registry.models import Tool, Upstream
+from registry.worker import workers_alive_sync
+
+logger = logging.getLogger(__name__)
 
 # Each window, the width of its chart's buckets, and how a bucket is labelled.
 WINDOWS = {
@@ -138,6 +143,17 @@ class GatewayState:
     live_tunnels: list[Tunnel]
     active_sessions: int
     pending_tools: int
+    workers_alive: int | None  # None with the inline executor, which has no workers
+
+
+def _workers_alive() -> int | None:
+    if settings.GATEWAY_EXECUTOR != "celery":
+        return None
+    try:
+        return workers_alive_sync()
+    except redis.RedisError:  # the page still shows what it can; the tile says the count is unknown
+        logger.exception("worker heartbeats unreadable")
+        return None
 
 
 def gateway_state(*, now: datetime | None = None) -> GatewayState:
@@ -157,4 +173,5 @@ def gateway_state(*, now: datetime | None = None) -> GatewayState:
         ),
         active_sessions=recent.exclude(session_id__in=closed).values("session_id").distinct().count(),
         pending_tools=Tool.objects.exclude(approved_sha256=F("definition_sha256")).count(),
+        workers_alive=_workers_alive(),
     )

@@ -2,6 +2,7 @@
 and the dashboard's sums."""
 
 import json
+import re
 import uuid
 
 import pytest
@@ -127,3 +128,12 @@ def test_staff_without_the_view_permission_sees_no_trail(db, payload_row):
         clerk.delete()
     assert statuses == [403, 403, 403, 403]
     assert 'id="dashboard"' not in dashboard
+
+
+def test_the_dashboard_counts_live_workers_in_celery_mode_only(admin_client, admin_executor):
+    page = admin_client.get("/admin/").content.decode()
+    if admin_executor == "inline":
+        assert 'id="workers-alive"' not in page, "the embedded default has no workers"
+    else:
+        alive = re.search(r'<strong id="workers-alive">(\d+)</strong> workers alive', page)
+        assert alive and int(alive.group(1)) >= 1, "the test worker beats"
