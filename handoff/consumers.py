@@ -2,6 +2,7 @@
 it). Frames in and out of the same SDK server that serves /mcp; the consumer does framing only."""
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -20,6 +21,7 @@ from handoff.frames import FrameError, frame_id, parse_frame
 from handoff.handoffs import end_handoff
 from handoff.recording import session_record
 from handoff.server import server
+from handoff.snapshot import ConfigurationUnavailable
 from handoff.sweeper import background_start
 
 INBOX_SIZE = 64
@@ -59,7 +61,10 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         caller = None
         if host_allowed(self.scope) and origin_allowed(self.scope):
-            caller = await caller_from_scope(self.scope, "ws")
+            try:
+                caller = await caller_from_scope(self.scope, "ws")
+            except ConfigurationUnavailable as exc:
+                return await self._refuse_for_now(exc)
         if caller is None:
             await self.close()  # before accept: the handshake is answered 403
             return
@@ -76,6 +81,14 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         self._watching = asyncio.create_task(self._close_when_idle())
         for task in (self._serving, self._pumping, self._watching):
             task.add_done_callback(_log_failure)
+
+    async def _refuse_for_now(self, exc: ConfigurationUnavailable) -> None:
+        """No configuration to check the key against yet (the database is down in a new process): the
+        handshake is accepted only to say so, since a refused one reads as 403 (and an exception as 500)."""
+        await self.accept()
+        error = {"code": exc.error.code, "message": exc.error.message, "data": exc.error.data}
+        await self.send(text_data=json.dumps({"jsonrpc": "2.0", "id": None, "error": error}))
+        await self.close()
 
     async def _close_when_idle(self) -> None:
         """A socket with no request pending and no frame either way for GATEWAY_SESSION_IDLE_SECONDS is

@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from handoff.db import database_async
+from handoff.db import BoundedRead, database_async
 from registry.executor import async_redis
 from registry.worker import workers_alive
 
@@ -84,25 +84,14 @@ class Drain:
 drain = Drain()
 
 
-class _StoreCheck:
-    """One store's check. A check still waiting on a dead store (a connection pool waits its own timeout) is
-    awaited again by the next probe rather than doubled, so probing a dead store every second piles up nothing."""
-
-    def __init__(self, probe: Callable[[], Awaitable[Any]]) -> None:
-        self._probe = probe
-        self._task: asyncio.Future | None = None
-
-    async def state(self) -> str:
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._probe())
-            self._task.add_done_callback(lambda task: task.cancelled() or task.exception())  # retrieved: no warning
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), CHECK_SECONDS)
-        except TimeoutError:
-            return f"no answer within {CHECK_SECONDS:g} s"
-        except Exception as exc:  # the kind only: a message may name hosts or users
-            return f"unavailable ({type(exc).__name__})"
-        return "ok"
+async def _state(read: BoundedRead) -> str:
+    try:
+        await read()
+    except TimeoutError:
+        return f"no answer within {CHECK_SECONDS:g} s"
+    except Exception as exc:  # the kind only: a message may name hosts or users
+        return f"unavailable ({type(exc).__name__})"
+    return "ok"
 
 
 def _select_one() -> None:
@@ -110,15 +99,17 @@ def _select_one() -> None:
         cursor.execute("SELECT 1")
 
 
-database_check = _StoreCheck(database_async(_select_one))
-redis_check = _StoreCheck(lambda: async_redis().ping())
+# A check still waiting on a dead store (a connection pool waits its own timeout) is awaited again by the next
+# probe rather than doubled, so probing a dead store every second piles up nothing.
+database_check = BoundedRead(database_async(_select_one), CHECK_SECONDS)
+redis_check = BoundedRead(lambda: async_redis().ping(), CHECK_SECONDS)
 
 
 async def readiness() -> tuple[int, dict[str, Any]]:
-    checks = {"database": await database_check.state()}
+    checks = {"database": await _state(database_check)}
     body: dict[str, Any] = {"checks": checks}
     if settings.REDIS_URL:
-        checks["redis"] = await redis_check.state()
+        checks["redis"] = await _state(redis_check)
     if settings.GATEWAY_EXECUTOR == "celery" and checks.get("redis") == "ok":
         # Reported, not required: with no worker, calls fail as EXECUTOR_UNAVAILABLE, which beats taking
         # every web process out of rotation.

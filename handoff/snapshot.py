@@ -19,7 +19,7 @@ from django.db.models import F
 from mcp.shared.exceptions import MCPError
 
 from handoff.builtins import EXECUTE, SEARCH_TOOLS, execute_definition, search_tools_definition
-from handoff.db import database_async
+from handoff.db import BoundedRead, database_async
 from handoff.models import ConfigVersion, HandoffRoute
 from handoff.triage import TriageTool, triage_tools
 from policy.decisions import RETRY_LATER, CompiledRule, Denial, Policy, Target, policy_decide
@@ -386,6 +386,7 @@ def snapshot_compile() -> Snapshot:
 # Monotonic time counts from boot: "checked at 0.0" would read as "just checked" for the first check interval
 # after a machine starts, so "never checked" is minus infinity.
 NEVER = -math.inf
+VERSION_READ_SECONDS = 2.0
 
 
 class ConfigurationUnavailable(MCPError):
@@ -401,6 +402,8 @@ class SnapshotHolder:
         self._snapshot: Snapshot | None = None
         self._checked_at = NEVER
         self._lock: asyncio.Lock | None = None
+        # Requests wait behind this read: a database that does not answer one row quickly counts as down.
+        self._version = BoundedRead(database_async(config_version), VERSION_READ_SECONDS)
 
     @property
     def latest(self) -> Snapshot | None:
@@ -432,10 +435,10 @@ class SnapshotHolder:
         """Compile again if the version moved. While the database cannot be read (a restart, say), the last
         snapshot goes on serving, and the next check is a check interval later."""
         try:
-            version = await database_async(config_version)()
+            version = await self._version()
             if not self._snapshot or version != self._snapshot.version:
                 self._snapshot = await database_async(snapshot_compile)()
-        except DatabaseError as exc:
+        except (DatabaseError, TimeoutError) as exc:
             if self._snapshot is None:
                 raise ConfigurationUnavailable() from exc
             logger.warning("configuration unreadable (%s): serving version %s meanwhile", exc, self._snapshot.version)

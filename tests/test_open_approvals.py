@@ -3,6 +3,7 @@ between its approval and its completion; and a database that blinks gets the gat
 an HTTP 500."""
 
 import io
+import json
 import os
 import signal
 import threading
@@ -10,7 +11,9 @@ from datetime import timedelta
 from urllib.parse import urlsplit
 
 import anyio
+import httpx2
 import redis
+import websockets
 from django.core.management import call_command
 from django.db import connection
 from mcp.shared.exceptions import MCPError
@@ -237,3 +240,41 @@ def test_calls_during_a_database_blink_get_a_result_or_the_gateways_own_error(se
     allowed.add("error -32003 CONFIGURATION_UNAVAILABLE")
     assert answers <= allowed, [got for got in seen if got.split(":")[0] not in allowed]
     assert answers - {"ok", "tool error"}, "the blink reached no call"
+
+
+def test_a_new_process_whose_database_is_down_says_so_on_both_transports(server_env, world, logs):
+    """Before its first snapshot a process cannot check a key: /mcp answers 503 with Retry-After, and /mcp/ws
+    accepts only to send the same error and close (a refused handshake would read as 403, a failure as 500)."""
+    needs(connection.vendor == "postgresql", "the database is reached through a TCP proxy: PostgreSQL only")
+    settings = connection.settings_dict
+    proxy = TcpProxy((settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432)))
+    proxy.cut()
+    try:
+        with inline_gateway_with(_through(proxy, server_env), logs / "gateway-no-database.log") as gateway:
+            response = httpx2.post(
+                f"{gateway.url}/mcp",
+                json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                headers={"authorization": f"Bearer {world.key}", "accept": "application/json, text/event-stream"},
+                timeout=30,
+            )
+
+            async def over_websocket() -> tuple[dict, int | None]:
+                url = gateway.url.replace("http://", "ws://") + "/mcp/ws"
+                headers = {"Authorization": f"Bearer {world.key}"}
+                async with websockets.connect(url, additional_headers=headers, open_timeout=30) as ws:
+                    frame = json.loads(await ws.recv())
+                    await ws.wait_closed()
+                    return frame, ws.close_code
+
+            frame, close_code = run(over_websocket)
+    finally:
+        proxy.close()
+    error = {
+        "code": -32003,
+        "message": "The gateway cannot read its configuration right now. Retry after 1 second.",
+        "data": {"code": "CONFIGURATION_UNAVAILABLE", "retryAfter": 1.0},
+    }
+    assert (response.status_code, response.headers["retry-after"]) == (503, "1")
+    assert response.json()["error"] == {key: value for key, value in error.items() if key != "data"}
+    assert frame == {"jsonrpc": "2.0", "id": None, "error": error}
+    assert close_code == 1000
