@@ -10,8 +10,8 @@ import pytest
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
-from tests.clients import TIMEOUT, call, ws_session
-from tests.helpers import audit_mark, audit_since, run
+from tests.clients import TIMEOUT, call, tool_names, ws_session
+from tests.helpers import audit_mark, audit_since, eventually, run
 from tests.test_mcp_errors import HEADERS, LIST, bearer, list_status, post
 
 DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH's default
@@ -157,6 +157,8 @@ def test_an_upstream_reply_nested_too_deep_is_a_tool_error_naming_the_upstream_a
     gateway, world, deep_http, slug, levels
 ):
     """The reply's structured content holds lists `levels` deep, under three levels of envelope."""
+    # A gateway sees the upstream the fixture just made within a snapshot check, not at once.
+    eventually(lambda: f"{slug}__nested" in run(lambda: tool_names(gateway.url, world.key)))
     mark = audit_mark()
     refused = run(lambda: call(gateway.url, world.key, f"{slug}__nested", {"levels": levels}))
     message = (
