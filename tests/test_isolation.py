@@ -66,28 +66,32 @@ def test_stateless_requests_bind_the_lock_to_their_api_key(inline_gateway, world
 
 
 def test_a_busy_stateless_key_leaves_its_strict_group_when_its_window_ends(short_window_gateway, world):
-    """The lock lasts a fixed window (2 s here) from the key's first call into the group: calls into that group
-    made meanwhile do not extend it, so a key in steady use is not held there for ever."""
+    """The lock lasts a fixed window (2 s here) from the key's first call into the group: a call into that group
+    made meanwhile does not extend it (the wait it is told shrinks), so a key in steady use is not held there for
+    ever. (Busy calls stop after one: a call into either group after the window ends starts a new one.)"""
     url = short_window_gateway.url
 
-    async def busy_until_crossed() -> tuple[MCPError, str]:
+    async def busy_until_crossed() -> tuple[MCPError, str, MCPError, str]:
         entered = await call(url, key, "secrets__echo", {"text": "in"}, mode="2026-07-28")
         assert entered.content[0].text == "in"
         refused = await call(url, key, "mailer__echo", {"text": "out"}, mode="2026-07-28")
+        busy = await call(url, key, "secrets__echo", {"text": "busy"}, mode="2026-07-28")
+        again = await call(url, key, "mailer__echo", {"text": "out"}, mode="2026-07-28")
         with anyio.fail_after(6):
             while isinstance(
                 crossed := await call(url, key, "mailer__echo", {"text": "out"}, mode="2026-07-28"), MCPError
             ):
-                assert (await call(url, key, "secrets__echo", {"text": "busy"}, mode="2026-07-28")).content[
-                    0
-                ].text == "busy"
-        return refused, crossed.content[0].text
+                pass
+        return refused, busy.content[0].text, again, crossed.content[0].text
 
     with two_strict_groups(), agent("judy") as (_, key):
         eventually(lambda: "mailer__echo" in run(lambda: tool_names(url, key, "2026-07-28")))
-        refused, crossed = run(busy_until_crossed)
+        refused, busy, again, crossed = run(busy_until_crossed)
     assert (refused.code, refused.data["code"]) == (-32001, "POLICY_GROUP_ISOLATION")
     assert 0 < refused.data["retryAfter"] <= 2
+    assert busy == "busy"
+    assert (again.code, again.data["code"]) == (-32001, "POLICY_GROUP_ISOLATION")
+    assert again.data["retryAfter"] < refused.data["retryAfter"], "the busy call did not extend the window"
     assert crossed == "out"
 
 
