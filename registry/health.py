@@ -31,12 +31,16 @@ def found(exc: BaseException, wanted: Callable[[BaseException], bool]) -> BaseEx
 
 
 class Witness:
-    """What one connection saw that its exceptions do not say: a stdio server's last stderr lines (the SDK
-    writes them to a file of ours) and the last HTTP error status."""
+    """What one connection saw that its exceptions do not say: a stdio server's last stderr lines (written
+    to a file of ours) and how its process ended, and the last HTTP error status."""
 
     def __init__(self) -> None:
         self._stderr: IO[bytes] | None = None
         self.http_status: int | None = None
+        self.ending = ""  # "exited with status 3": set when a stdio server's output ends before we stop it
+
+    def ended(self, ending: str) -> None:
+        self.ending = ending
 
     def errlog(self) -> IO[bytes]:
         if self._stderr is None:
@@ -89,7 +93,7 @@ def _what_failed(exc: BaseException, spec: Any, witness: Witness) -> str:
     if failed := found(exc, lambda e: isinstance(e, httpx2.TransportError | ConnectionError)):
         return f"could not connect to {spec.url}: {failed or type(failed).__name__}"
     if spec.transport == "stdio":
-        return "the server exited or closed its output during start-up"
+        return f"the server {witness.ending or 'closed its output'} during start-up"
     return f"connect failed: {type(exc).__name__}"
 
 
@@ -99,7 +103,10 @@ def connect_cause(exc: BaseException, spec: Any, witness: Witness) -> str:
 
 
 def with_stderr(cause: str, spec: Any, witness: Witness) -> str:
-    """The cause, with a stdio server's last stderr lines, the upstream's credentials blanked."""
+    """The cause, with how a stdio server ended (when its words do not say) and its last stderr lines, the
+    upstream's credentials blanked."""
+    if witness.ending and witness.ending not in cause:
+        cause = f"{cause}: the server {witness.ending}"
     tail = witness.stderr_tail()
     text = f"{cause}; stderr: {tail}" if tail else cause
     return blanked(text, spec.secrets)[:CAUSE_CHARS]

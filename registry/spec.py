@@ -9,7 +9,6 @@ from typing import Any
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
-from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
@@ -18,6 +17,7 @@ from registry.credentials import credentials_open
 from registry.egress import guarded_client
 from registry.health import Witness
 from registry.replies import DepthCheckedTransport
+from registry.stdio import stdio_transport
 
 MIN_SECRET_CHARS = 8  # shorter values ("true", "eu", "prod") would blank out ordinary words; keys are longer
 
@@ -79,8 +79,9 @@ class UpstreamSpec:
         if self.transport == "stdio":
             # PATH comes along so that commands like `npx` and `uvx` resolve as they would in a shell.
             env = {"PATH": os.environ.get("PATH", "")} | self.env
+            witness.ending = ""  # of this process, not one an earlier attempt started
             params = StdioServerParameters(command=self.command, args=self.args, env=env, cwd=self.cwd or None)
-            target: Any = stdio_client(params, errlog=witness.errlog())  # type: ignore[arg-type]
+            target: Any = stdio_transport(params, witness.errlog(), witness.ended)
         elif self.transport == "sse":
             factory = partial(self._http_client, event_hooks={"response": [witness.heard]})
             target = sse_client(self.url, headers=self.headers, timeout=self.timeout, httpx_client_factory=factory)

@@ -7,6 +7,8 @@ import contextlib
 import io
 import json
 import socket
+import ssl
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -73,6 +75,27 @@ def _answering_401() -> Iterator[str]:
         server.server_close()
 
 
+@contextmanager
+def _tls_with_unknown_issuer(tmp_path: Path) -> Iterator[str]:
+    """An HTTPS server whose certificate no one vouches for (self-signed, made here by openssl)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/mcp"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def _closed_port() -> int:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -132,10 +155,36 @@ def test_a_server_that_exits_shows_its_last_stderr_lines_with_its_credential_bla
     fields = {"transport": "stdio", "command": sys.executable, "args": ["-c", EXITS], "env": {"API_TOKEN": SECRET}}
     with _upstream("exits", **fields) as upstream:
         report = upstream_catalog_sync(upstream=upstream)
-        cause = "the server exited or closed its output during start-up; stderr: starting | bad key [credential]"
+        cause = "the server exited with status 3 during start-up; stderr: starting | bad key [credential]"
         assert report.cause == cause and SECRET not in report.summary()
         assert _health("exits") == ("failing", cause)
         _shown_everywhere("exits", cause, admin_client, inline_gateway, admin_token)
+
+
+@pytest.mark.parametrize(
+    ("script", "ending"),
+    [
+        ("import os, signal, sys; print('dying', file=sys.stderr, flush=True); os.kill(os.getpid(), signal.SIGKILL)",
+         "was killed by SIGKILL"),
+        ("import os, sys, time; print('silent now', file=sys.stderr, flush=True); os.close(1); time.sleep(60)",
+         "closed its output"),
+    ],
+    ids=["killed", "closed-output"],
+)  # fmt: skip
+def test_a_server_that_dies_or_goes_silent_at_start_up_says_how(db, script, ending):
+    """A signal is named; a server whose output ends while it lives on is said to have closed it (and is
+    ended by the gateway, not left running)."""
+    with _upstream("dies", transport="stdio", command=sys.executable, args=["-c", script]) as upstream:
+        report = upstream_catalog_sync(upstream=upstream)
+    stderr = "dying" if "kill" in ending else "silent now"
+    assert report.cause == f"the server {ending} during start-up; stderr: {stderr}"
+
+
+def test_a_server_with_a_certificate_no_one_vouches_for_is_failing_with_a_tls_error(db, tmp_path: Path):
+    with _tls_with_unknown_issuer(tmp_path) as url:
+        with _upstream("untrusted", transport="streamable_http", url=url, internal=True) as upstream:
+            assert not upstream_catalog_sync(upstream=upstream).ok
+            assert _health("untrusted") == ("failing", "TLS error: CERTIFICATE_VERIFY_FAILED")
 
 
 def test_an_http_upstream_answering_401_is_failing_with_the_status(inline_gateway, admin_client, admin_token):
@@ -177,7 +226,7 @@ def test_import_mcp_config_prints_why_a_sync_failed(inline_gateway, tmp_path: Pa
         # Its exit status is the import's own business (item 5 of the issue): here only what it prints.
         with contextlib.suppress(CommandError, SystemExit):
             call_command("import_mcp_config", str(path), stdout=out)
-        cause = "the server exited or closed its output during start-up; stderr: starting | bad key [credential]"
+        cause = "the server exited with status 3 during start-up; stderr: starting | bad key [credential]"
         assert f"(cause: {cause})" in out.getvalue()
         assert SECRET not in out.getvalue()
         assert _health("exits-at-once") == ("failing", cause)
@@ -208,7 +257,7 @@ def test_calls_mark_an_upstream_failing_and_then_recovered(gateway, world, switc
     upstream, script = switchable
     assert _health("switchable") == ("ok", "")
     _break(upstream, script)
-    cause = "the server exited or closed its output during start-up; stderr: down: bad key [credential]"
+    cause = "the server exited with status 3 during start-up; stderr: down: bad key [credential]"
 
     def refused_generically() -> bool:
         """The agent's answer keeps the generic words (the first calls may still reach the old process)."""

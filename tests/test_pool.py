@@ -1,6 +1,7 @@
 """The upstream pool on its own, in this process, against the real demo server over stdio."""
 
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -79,3 +80,26 @@ def test_an_upstream_that_never_answers_the_handshake_is_a_connect_timeout():
     outcome = with_pool(silent, lambda pool: pool.call_tool(2, 1, "anything", {}))
     assert (outcome["ok"], outcome["code"]) == (False, "UPSTREAM_CONNECT_TIMEOUT")
     assert outcome["message"] == "The service did not answer while connecting. Try later."
+
+
+def test_a_server_killed_during_a_call_is_named_in_the_operators_cause():
+    """The model gets the generic words; the operator's cause says how the process ended."""
+
+    async def body(pool: UpstreamPool) -> dict:
+        pid = int((await pool.call_tool(1, 1, "pid", {}))["result"]["content"][0]["text"])
+        outcome: dict = {}
+
+        async def sleeping() -> None:
+            outcome.update(await pool.call_tool(1, 1, "sleep", {"seconds": 30, "mark": "killed"}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sleeping)
+            with anyio.fail_after(5):
+                while not any(c.in_flight for c in pool._connections.values()):
+                    await anyio.sleep(0.01)
+            os.kill(pid, signal.SIGKILL)
+        return outcome
+
+    outcome = with_pool(DEMO, body)
+    assert outcome["code"] == "UPSTREAM_UNAVAILABLE"
+    assert outcome["cause"] == "the connection closed during a call: the server was killed by SIGKILL"

@@ -1,0 +1,118 @@
+"""The stdio transport: a server as our child process, newline-delimited JSON-RPC on its pipes.
+
+The SDK's `stdio_client` keeps its process to itself, so a server that dies could not say how; this one
+tells the connection's witness the exit status (or the signal) the moment the server's output ends. It
+follows the same shutdown (MCP lifecycle: close stdin, wait, then end the process tree), every wait bounded
+and shielded, so a cancelled caller neither leaks a live server nor hangs on one."""
+
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from typing import IO
+
+import anyio
+from anyio.abc import Process
+from anyio.streams.text import TextReceiveStream
+from mcp import StdioServerParameters, types
+from mcp.client.stdio import get_default_environment
+from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.shared.message import SessionMessage
+
+logger = logging.getLogger(__name__)
+
+EXIT_GRACE = 2.0  # for the server to exit on its own once its stdin closes, and again after SIGTERM
+STATUS_WAIT = 0.5  # for the exit of a server whose output just ended to be seen
+POLL = 0.01
+PIPE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
+
+
+def ending(returncode: int | None) -> str:
+    """How a server's process ended, in the operator's words."""
+    if returncode is None:
+        return "closed its output"
+    if returncode < 0:
+        with suppress(ValueError):
+            return f"was killed by {signal.Signals(-returncode).name}"
+        return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+async def _exited(process: Process, timeout: float) -> bool:
+    """Whether the process is gone within `timeout` (polling: `wait()` also waits for pipes a grandchild
+    may hold open)."""
+    with anyio.move_on_after(timeout):
+        while process.returncode is None:
+            await anyio.sleep(POLL)
+    return process.returncode is not None
+
+
+def _parse(line: str) -> SessionMessage | Exception:
+    """One line as a message, or the error for the session to surface (registry/replies.py reads it)."""
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:
+        return exc
+
+
+async def _stop(process: Process) -> None:
+    with suppress(*PIPE_ERRORS):
+        await process.stdin.aclose()  # type: ignore[union-attr]
+    if not await _exited(process, EXIT_GRACE):
+        await terminate_posix_process_tree(process, EXIT_GRACE)
+        if not await _exited(process, EXIT_GRACE):
+            logger.warning("stdio server %d outlived its kill; abandoning it", process.pid)
+    with suppress(*PIPE_ERRORS):
+        await process.stdout.aclose()  # type: ignore[union-attr]
+
+
+@asynccontextmanager
+async def stdio_transport(
+    params: StdioServerParameters, errlog: IO[bytes], ended: Callable[[str], None]
+) -> AsyncIterator[tuple]:
+    """The server's streams; `ended` hears how its process ended when its output ends first."""
+    process = await anyio.open_process(
+        [params.command, *params.args],
+        env=get_default_environment() | (params.env or {}),
+        stderr=errlog,
+        cwd=params.cwd,
+        start_new_session=True,  # its own process group, ended as a tree
+    )
+    # No await from here until the task group is entered: a cancellation then would leak the process.
+    incoming, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, outgoing = anyio.create_memory_object_stream[SessionMessage](0)
+    stopping = False
+
+    async def read() -> None:
+        async with incoming:
+            buffer = ""
+            with suppress(*PIPE_ERRORS):
+                async for chunk in TextReceiveStream(process.stdout):  # type: ignore[arg-type]
+                    *lines, buffer = (buffer + chunk).split("\n")
+                    for line in lines:
+                        await incoming.send(_parse(line))
+            if not stopping:
+                await _exited(process, STATUS_WAIT)
+                ended(ending(process.returncode))
+
+    async def write() -> None:
+        try:
+            async with outgoing:
+                async for message in outgoing:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                    await process.stdin.send(data.encode())  # type: ignore[union-attr]
+        except PIPE_ERRORS:
+            await incoming.aclose()  # the session sees the connection end rather than wait for an answer
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        tg.start_soon(write)
+        try:
+            yield read_stream, write_stream
+        finally:
+            stopping = True
+            with anyio.CancelScope(shield=True):
+                read_stream.close()
+                write_stream.close()
+                await _stop(process)
+            tg.cancel_scope.cancel()
