@@ -9,7 +9,7 @@ class AuditConfig(AppConfig):
 
 
 class ConsoleAdminConfig(admin_apps.AdminConfig):
-    """django.contrib.admin, on the console's site (audit/console.py)."""
+    """django.contrib.admin, on the console's site (gateway_project/console.py)."""
 
     default = False
-    default_site = "audit.console.ConsoleSite"
+    default_site = "gateway_project.console.ConsoleSite"

@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from audit.models import AuditCheckpoint, AuditEvent
 from audit.selectors import audit_stream
-from handoff.tokens import KeyRing
+from gateway_project.lib.signing import KeyRing
 
 # What a row's MAC covers (version 1). A column added later joins a new version, never this list.
 SIGNED_FIELDS = (

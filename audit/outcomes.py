@@ -13,9 +13,10 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from audit.services import audit_record
-from registry.executor import call_deadline
 
 DEADLINE = "deadline_seconds"  # on an approval's detail: how long after it the call may still end
+# How long past the upstream's own timeout a caller waits for the executor before calling it lost.
+EXECUTOR_GRACE_SECONDS = 5.0
 OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
 BATCH = 500
 # The call's own fields, carried over from its approval.
@@ -31,6 +32,13 @@ CARRIED = (
     "exposed_name",
     "arguments_sha256",
 )
+
+
+def call_deadline(timeout: float) -> float:
+    """How long a caller waits for a call on an upstream whose timeout is `timeout`: connecting, the call,
+    then the grace (registry/executor.py waits this long). Past it the call has an outcome, or its process
+    is gone and the sweep writes one."""
+    return timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
 
 
 class _Swept:

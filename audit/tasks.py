@@ -11,8 +11,8 @@ from django.conf import settings
 from audit.integrity import checkpoint_create
 from audit.outcomes import outcomes_settle
 from audit.retention import audit_prune
-from handoff.background import ProcessTask
-from handoff.db import database_async
+from gateway_project.lib.database import database_async
+from gateway_project.lib.process_task import ProcessTask
 
 logger = logging.getLogger(__name__)
 

@@ -82,8 +82,8 @@ def measurements(repeat: int) -> list[tuple[str, float]]:
     from django.test import Client
     from django.utils import timezone
 
-    from audit.dashboard import window_stats
     from audit.selectors import AuditFilter, audit_page, request_story
+    from gateway_project.dashboard import window_stats
 
     def rows_for(**filters: str) -> QuerySet:
         form = AuditFilter(filters)

@@ -26,11 +26,11 @@ import django  # noqa: E402
 
 django.setup()
 
+from gateway_project.lib.redis_clients import async_redis  # noqa: E402
 from handoff.snapshot import Route, Snapshot, ToolEntry  # noqa: E402
 from policy.decisions import CompiledRule, Policy, Target, policy_decide  # noqa: E402
-from policy.limit_stores import LocalLimitStore, RedisLimitStore  # noqa: E402
-from policy.limits import Admission, AgentLimits, UpstreamLimits  # noqa: E402
-from registry.executor import async_redis  # noqa: E402
+from policy.limits.admission import Admission, AgentLimits, UpstreamLimits  # noqa: E402
+from policy.limits.stores import LocalLimitStore, RedisLimitStore  # noqa: E402
 
 REPEATS = 5
 TARGET = Target("files__read_file", "files", True, True, upstream_id=7, server_group_id=3, tool="read_file")

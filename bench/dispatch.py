@@ -27,6 +27,7 @@ async def measure(key: str, calls: int) -> dict[str, list[float]]:
     from handoff.dispatcher import call_tool
     from handoff.snapshot import snapshot
     from registry.executor import get_executor
+    from registry.requests import UpstreamRequest
 
     snap = await snapshot.get()
     holder = snap.key_holder(key)
@@ -38,8 +39,8 @@ async def measure(key: str, calls: int) -> dict[str, list[float]]:
     route = snap.tools["demo__echo"].route
 
     async def executor_only() -> None:
-        await get_executor().call_tool(
-            upstream_id=route.upstream_id, revision=route.revision, tool="echo", arguments=ARGUMENTS, timeout=30
+        await get_executor().request(
+            UpstreamRequest.tool_call(route.upstream_id, route.revision, "echo", ARGUMENTS, timeout=30)
         )
 
     async def dispatched() -> None:

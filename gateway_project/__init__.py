@@ -1,3 +1,3 @@
-from gateway_project.celery import app as celery_app
-
-__all__ = ("celery_app",)
+"""The project's wiring (settings, URLs, ASGI, the Celery app) and `lib/`, the plumbing every app may import.
+The Celery app is loaded by registry's AppConfig, not here: `lib` is imported by processes without Django
+(a specialist verifying delegation tokens) that must not load it."""

@@ -31,7 +31,7 @@ def _start_heartbeat(**kwargs) -> None:
 @worker_shutting_down.connect
 def _close_tunnels(**kwargs) -> None:
     """Graceful shutdown: the tunnels this worker holds are closed and their agents told."""
-    from handoff.tunnels import tunnels_close_on_shutdown
+    from handoff.tasks import tunnels_close_on_shutdown
     from registry.worker import heartbeat_stop
 
     heartbeat_stop()

@@ -8,6 +8,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from gateway_project.lib.keys import key_generate
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -112,8 +114,6 @@ def _credential_keys() -> list[str]:
         return keys
     key_file = VAR_DIR / "credential_key"
     if not key_file.exists():
-        from registry.credentials import key_generate
-
         key_file.write_text(key_generate())
         key_file.chmod(0o600)
     return [key_file.read_text().strip()]
@@ -136,7 +136,7 @@ def _key_ring(name: str, file_name: str) -> str:
     return key_file.read_text().strip()
 
 
-# Sign handoff delegation tokens (handoff/tokens.py); shared with the specialist servers that verify them.
+# Sign handoff delegation tokens (gateway_project/lib/signing.py); shared with the specialist servers that verify them.
 GATEWAY_DELEGATION_KEYS = _key_ring("GATEWAY_DELEGATION_KEYS", "delegation_keys")
 # Sign every audit row and checkpoint (audit/integrity.py). Keep them out of the database's reach.
 GATEWAY_AUDIT_KEYS = _key_ring("GATEWAY_AUDIT_KEYS", "audit_keys")

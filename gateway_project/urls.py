@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import SimpleRouter
 
 from audit.api import AuditEventViewSet
-from audit.metrics import metrics_view
+from gateway_project.metrics import metrics_view
 from handoff.api import HandoffRouteViewSet
 from handoff.views import claim_redeem
 from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet

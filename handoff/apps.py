@@ -9,8 +9,10 @@ class HandoffConfig(AppConfig):
 
     def ready(self) -> None:
         from handoff.models import HandoffRoute
-        from handoff.snapshot import on_routing_row_changed
+        from handoff.notify import upstream_changed_tell
+        from policy.config_version import on_routing_row_changed
         from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
+        from registry.loop import on_upstream_change
         from registry.models import Tool, Upstream
 
         # Every saved or deleted row that routing reads moves the snapshot version, in its own transaction,
@@ -19,4 +21,5 @@ class HandoffConfig(AppConfig):
             post_save.connect(on_routing_row_changed, sender=model, dispatch_uid=f"snapshot-{model.__name__}-save")
             post_delete.connect(on_routing_row_changed, sender=model, dispatch_uid=f"snapshot-{model.__name__}-del")
         m2m_changed.connect(on_routing_row_changed, sender=AgentGroup.agents.through, dispatch_uid="snapshot-members")
+        on_upstream_change(upstream_changed_tell)  # after registry's resync (INSTALLED_APPS order)
         autodiscover_modules("triage")  # Python triage tools (handoff/triage.py)

@@ -15,7 +15,7 @@ import anyio
 from django.conf import settings
 from mcp.shared.exceptions import MCPError
 
-from audit.outcomes import DEADLINE
+from audit.outcomes import DEADLINE, call_deadline
 from audit.services import canonical_sha256
 from audit.telemetry import DENIALS, call_observe, current_traceparent, span_failed
 from handoff.caller import Caller
@@ -23,11 +23,13 @@ from handoff.recording import record
 from handoff.snapshot import Route, Snapshot
 from handoff.tunnels import SessionTunnel, index_session
 from policy.decisions import Denial
-from policy.limits import Admission, health_of, limit_store, limits_denial
+from policy.limits.admission import Admission, health_of, limits_denial
+from policy.limits.stores import limit_store
 from policy.redaction import redact, redact_error_result
-from registry.executor import call_deadline, get_executor
+from registry.executor import get_executor
 from registry.pool import Outcome, failure
 from registry.relay import Relay
+from registry.requests import UpstreamRequest
 
 logger = logging.getLogger(__name__)
 
@@ -133,16 +135,16 @@ async def route_execute(
                 arguments=arguments,
                 timeout=route.timeout,
             )
-        return await executor.call_tool(
-            upstream_id=route.upstream_id,
-            revision=route.revision,
-            tool=route.tool,
-            arguments=arguments,
+        request = UpstreamRequest.tool_call(
+            route.upstream_id,
+            route.revision,
+            route.tool,
+            arguments,
             timeout=route.timeout,
             traceparent=current_traceparent(),
-            relay=relay,
             rounds=rounds,
         )
+        return await executor.request(request, relay)
     except Exception as exc:
         logger.exception("executor failed on %s/%s", route.upstream_slug, route.tool)
         return failure(

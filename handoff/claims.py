@@ -12,9 +12,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from handoff.db import database_async
+from gateway_project.lib.database import database_async
+from gateway_project.lib.redis_clients import async_redis
 from handoff.models import ClaimCheck
-from registry.executor import async_redis
 
 # The state outlives the token that names it by the clock skew the verifier allows, and no more.
 CLAIM_TTL_SECONDS = 120

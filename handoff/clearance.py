@@ -20,9 +20,8 @@ from typing import Any
 
 import httpx2
 
-from handoff.tokens import DelegationError, KeyRing, expired, token_verify
+from gateway_project.lib.signing import TOKEN_HEADER, DelegationError, KeyRing, expired, token_verify
 
-TOKEN_HEADER = "x-switchboard-delegation"
 TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 REDEEM_PATH = "/handoff/redeem"
 

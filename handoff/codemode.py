@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from mcp.shared.exceptions import MCPError
 
+from audit.outcomes import EXECUTOR_GRACE_SECONDS
 from handoff.caller import Caller
 from handoff.calling import (
     conclude,
@@ -35,7 +36,7 @@ from registry.codemode.search import Embedder, SearchIndex
 from registry.codemode.slots import SandboxSlots
 from registry.codemode.typescript import method_declaration
 from registry.codemode.vectors import StoredVectors
-from registry.executor import get_executor
+from registry.executor import publish_call
 from registry.naming import gateway_tool_name
 from registry.pool import Outcome, failure
 
@@ -130,11 +131,22 @@ async def execute(caller: Caller, arguments: dict[str, Any], request_id: uuid.UU
     execution = {"caller": asdict(caller), "request_id": str(request_id), "trace_id": trace_id, "code": code}
     execution["version"] = seen
     try:
-        return await get_executor().run_code(execution=execution, timeout=settings.GATEWAY_SANDBOX_TIMEOUT)
+        return await _executed(execution)
     except Exception as exc:  # an outcome all the same, so that the execution gets its completion row
         logger.exception("execution %s failed", request_id)
         message = "The gateway failed while running this code; its tool calls may or may not have run."
         return failure("GATEWAY_ERROR", message, repr(exc))
+
+
+async def _executed(execution: dict[str, Any]) -> Outcome:
+    """In the embedded default, on this process's own loop (the sandbox is a subprocess, its calls go through
+    the executor). In Celery mode on a worker of queue `sandbox`, whose code's tool calls go to queue
+    `upstream` like any call: a sandbox worker needs no upstream credentials. An agent that leaves cancels the
+    execution there."""
+    if settings.GATEWAY_EXECUTOR != "celery":
+        return await execution_run(execution)
+    wait = settings.GATEWAY_SANDBOX_TIMEOUT + EXECUTOR_GRACE_SECONDS
+    return await publish_call("handoff.run_code", {"execution": execution}, wait, None, queue="sandbox")
 
 
 def code_detail(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.telemetry import DENIALS, log_fields_add, span_failed, trace_id_of
+from gateway_project.lib.database import database_async
 from handoff.builtins import EXECUTE
 from handoff.caller import Caller, caller_of, request_span
 from handoff.calling import (
@@ -35,7 +36,6 @@ from handoff.calling import (
 )
 from handoff.codemode import code_detail, execute, tools_search
 from handoff.cursors import list_page
-from handoff.db import database_async
 from handoff.handoffs import (
     HANDOFF_FAILED,
     connecting,
@@ -59,7 +59,7 @@ from handoff.relaying import AgentRelay
 from handoff.snapshot import Route, Snapshot, snapshot
 from handoff.tunnels import SessionStateUnavailable, SessionTunnel, index_session, session_index, tunnel_touch
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial, ToolRefused
-from policy.limits import limit_store
+from policy.limits.stores import limit_store
 from policy.redaction import redact
 from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome, failure
 from registry.relay import LOGGING, Relay

@@ -3,17 +3,12 @@ GATEWAY_MAX_JSON_DEPTH, is it one JSON-RPC 2.0 message, and is its text Unicode 
 finer is the SDK's to check."""
 
 import json
-import re
 from typing import Any
 
 from django.conf import settings
 from mcp import types
 
-# A JSON string, escapes and all; an unterminated one runs to the end (so no input makes the scan backtrack).
-STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.S)
-NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
-OPENING = bytes.maketrans(b"{}", b"[]")
-OPEN = ord("[")
+from gateway_project.lib.json_depth import nested_deeper_than
 
 
 class FrameError(Exception):
@@ -31,18 +26,6 @@ def frame_id(payload: dict[str, Any]) -> str | int | None:
     """The id to answer with: the frame's own when it is a valid JSON-RPC id, else null."""
     request_id = payload.get("id")
     return request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
-
-
-def nested_deeper_than(raw: bytes | str, limit: int) -> bool:
-    """Whether JSON text nests arrays and objects deeper than `limit`: one linear scan of the text, strings
-    left out, without parsing it (Python's parser recurses, and fails near 1,000 levels)."""
-    text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    depth = 0
-    for bracket in STRING.sub(b"", text).translate(OPENING, NOT_BRACKETS):
-        depth += 1 if bracket == OPEN else -1
-        if depth > limit:
-            return True
-    return False
 
 
 def is_unicode(value: Any) -> bool:

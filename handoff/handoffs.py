@@ -18,14 +18,14 @@ import anyio
 from django.conf import settings
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from gateway_project.lib.database import database_async
+from gateway_project.lib.signing import canonical_json
 from handoff.caller import Caller
 from handoff.claims import claim_store
-from handoff.db import database_async
 from handoff.notify import change_relay, session_remember, tools_changed_everywhere
 from handoff.recording import record
 from handoff.snapshot import RouteSettings, Snapshot, TriageEntry, UpstreamInfo
 from handoff.summary import summary_envelope
-from handoff.tokens import canonical_json
 from handoff.triage import Handoff
 from handoff.tunnels import (
     SessionTunnel,

@@ -14,7 +14,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.requests import Request
 
 from audit.telemetry import SESSIONS
-from handoff.background import ProcessTask
+from gateway_project.lib.process_task import ProcessTask
 from handoff.caller import Caller, caller_from_scope, header, host_allowed, origin_allowed
 from handoff.events import RecentEvents
 from handoff.frames import FrameError, parse_frame

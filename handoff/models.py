@@ -9,16 +9,6 @@ from django.utils import timezone
 from registry.models import Upstream, slug_validator
 
 
-class ConfigVersion(models.Model):
-    """One row whose counter goes up in the same transaction as any change to upstreams, tools, groups,
-    agents or keys. Every web process compares it with its routing snapshot's (handoff/snapshot.py)."""
-
-    version = models.PositiveBigIntegerField(default=0)
-
-    def __str__(self) -> str:
-        return f"configuration version {self.version}"
-
-
 class HandoffRoute(models.Model):
     """A triage tool the gateway offers: `<gateway><sep>handoff_to_<domain>` hands the session to the target."""
 

@@ -28,11 +28,12 @@ from mcp.server.subscriptions import (
 )
 from mcp.types import SubscriptionsListenRequestParams, SubscriptionsListenResult
 
-from handoff.background import ProcessTask
+from gateway_project.lib.process_task import ProcessTask
 from handoff.caller import caller_of
 from handoff.snapshot import snapshot
 from handoff.tunnels import index_session
 from registry.naming import exposed_uri
+from registry.pool import UPDATED
 
 logger = logging.getLogger(__name__)
 GROUP = "switchboard.tools-changed"
@@ -163,6 +164,15 @@ async def resource_updated_here(uri: str) -> None:
             await stream.send_resource_updated(uri)
         except Exception:  # the client went away: nothing left to tell
             resource_subscription(session, uri, subscribed=False)
+
+
+async def upstream_changed_tell(upstream_id: int, kind: str) -> None:
+    """The pool's listener (registry/loop.py): every agent is told a list changed, in whichever process holds
+    its stream, or the agents subscribed to a resource that it did."""
+    if kind.startswith(UPDATED):
+        await resource_updated_everywhere(upstream_id, kind.removeprefix(UPDATED))
+    else:
+        await list_changed_everywhere(kind)
 
 
 async def resource_updated_everywhere(upstream_id: int, uri: str) -> None:

@@ -33,12 +33,14 @@ from handoff.recording import record
 from handoff.relaying import AgentRelay
 from handoff.snapshot import Route, Snapshot, UpstreamInfo, snapshot
 from handoff.tunnels import index_session
-from policy.limits import health_of, limit_store
+from policy.limits.admission import health_of
+from policy.limits.stores import limit_store
 from policy.manifest import manifest_sanitize
 from policy.redaction import redact
 from registry.executor import get_executor
 from registry.naming import URI_MARK, exposed_name, exposed_uri, split_exposed_name
 from registry.pool import UNSUPPORTED, Outcome
+from registry.requests import UpstreamRequest
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +85,8 @@ async def _every_page(target: UpstreamInfo, method: str) -> list[dict[str, Any]]
     cursor = None
     for _ in range(MAX_PAGES):
         params = {"cursor": cursor} if cursor else {}
-        outcome = await get_executor().forward(
-            upstream_id=target.id, revision=target.revision, method=method, params=params, timeout=target.timeout
+        outcome = await get_executor().request(
+            UpstreamRequest(target.id, target.revision, method, params, timeout=target.timeout)
         )
         if not outcome["ok"]:
             if outcome["code"] != UNSUPPORTED:
@@ -189,15 +191,8 @@ async def _forward(
         raise
     started, outcome = time.perf_counter(), None
     try:
-        outcome = await get_executor().forward(
-            upstream_id=target.id,
-            revision=target.revision,
-            method=method,
-            params=params,
-            timeout=target.timeout,
-            relay=relay,
-            rounds=rounds,
-        )
+        request = UpstreamRequest(target.id, target.revision, method, params, timeout=target.timeout, rounds=rounds)
+        outcome = await get_executor().request(request, relay)
     finally:
         with anyio.CancelScope(shield=True):
             await _complete(audit, decision, outcome, started)

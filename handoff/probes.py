@@ -15,8 +15,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from handoff.db import BoundedRead, database_async
-from registry.executor import async_redis
+from gateway_project.lib.database import BoundedRead, database_async
+from gateway_project.lib.redis_clients import async_redis
 from registry.worker import workers_alive
 
 logger = logging.getLogger(__name__)

@@ -15,19 +15,19 @@ from typing import Any
 
 from django.conf import settings
 from django.db import Error as DatabaseError
-from django.db.models import F
 from mcp.shared.exceptions import MCPError
 
+from audit.outcomes import EXECUTOR_GRACE_SECONDS
+from gateway_project.lib.database import BoundedRead, database_async
 from handoff.builtins import EXECUTE, SEARCH_TOOLS, execute_definition, search_tools_definition
-from handoff.db import BoundedRead, database_async
-from handoff.models import ConfigVersion, HandoffRoute
+from handoff.models import HandoffRoute
 from handoff.triage import TriageTool, triage_tools
+from policy.config_version import config_version
 from policy.decisions import RETRY_LATER, CompiledRule, Denial, Policy, Target, policy_decide
 from policy.keys import key_matches, key_split
-from policy.limits import AgentLimits, UpstreamLimits
+from policy.limits.admission import AgentLimits, UpstreamLimits
 from policy.manifest import clean_text, manifest_sanitize
 from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
-from registry.executor import EXECUTOR_GRACE_SECONDS
 from registry.models import Tool, Upstream
 from registry.naming import exposed_name, gateway_tool_name, split_exposed_name
 
@@ -195,22 +195,6 @@ class Snapshot:
         parts = split_exposed_name(name)
         slug = parts[0] if parts and parts[0] in self.upstreams else None
         return Target(name, slug, self.upstreams.get(slug or "", False), False)
-
-
-def config_changed() -> None:
-    """Call inside the transaction that changes routing data: readers see both together."""
-    if not ConfigVersion.objects.filter(pk=1).update(version=F("version") + 1):
-        ConfigVersion.objects.get_or_create(pk=1, defaults={"version": 1})
-
-
-def on_routing_row_changed(**kwargs: Any) -> None:
-    """Receiver for post_save, post_delete and m2m_changed of the models routing reads (apps.py)."""
-    if kwargs.get("action", "post_").startswith("post_"):
-        config_changed()
-
-
-def config_version() -> int:
-    return ConfigVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
 
 
 def _upstream_limits(upstream: Upstream) -> UpstreamLimits:

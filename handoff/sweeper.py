@@ -9,7 +9,7 @@ import logging
 from django.conf import settings
 
 from audit.tasks import embedded_audit_keeper
-from handoff.background import ProcessTask
+from gateway_project.lib.process_task import ProcessTask
 from handoff.notify import change_relay
 from handoff.tasks import sweep_and_tell
 from handoff.tunnels import tunnels_close_held

@@ -1,16 +1,17 @@
 """Celery tasks of the handoff app: the idle-tunnel sweep that beat schedules (GATEWAY_HANDOFF_SWEEP_SECONDS),
-and code mode's executions (queue `sandbox`)."""
+code mode's executions (queue `sandbox`), and a stopping worker's tunnels closed."""
 
 import asyncio
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from celery import shared_task
 from django.conf import settings
 
+from gateway_project.lib.database import database_async
 from handoff.codemode import execution_run
-from handoff.db import database_async
 from handoff.notify import tools_changed_everywhere
-from handoff.tunnels import index_session, tunnels_sweep_idle
+from handoff.tunnels import index_session, tunnels_close_held, tunnels_sweep_idle
 from registry.executor import reply_after
 from registry.loop import pool_thread
 from registry.relay import cancellable
@@ -37,3 +38,9 @@ def run_code_task(*, execution: dict[str, Any], reply_to: str, call: str = "") -
     the web process that waits may cancel it (which ends Deno and cancels the calls in flight)."""
     running = cancellable(lambda: execution_run(execution), call, CANCELLED)
     pool_thread().submit(reply_after(reply_to, running)).result()
+
+
+def tunnels_close_on_shutdown() -> None:
+    """A worker stopping gracefully closes the tunnels it holds and tells their agents."""
+    closed = tunnels_close_held("worker shutdown")
+    async_to_sync(tools_changed_everywhere)([index_session(t.agent_id, t.session_key) for t in closed])

@@ -15,15 +15,16 @@ from functools import cache
 from typing import Any, Protocol
 
 import redis
+from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_record
+from gateway_project.lib.redis_clients import async_redis, sync_redis
 from handoff.models import Tunnel
-from registry.executor import async_redis, sync_redis
-from registry.loop import held_tunnels
+from registry.loop import held_tunnels, pool_thread
 
 # Far past any idle timeout (at most a day), so an entry outlives its tunnel only when a process died
 # mid-close, and then not for ever.
@@ -210,12 +211,8 @@ def _executor_close(tunnel_id: str, queue: str) -> None:
     """Close the upstream session where it is held: a worker's queue, or the embedded default's own pool.
     A Celery tunnel with no queue yet is still connecting: its opener finds the row closed and closes it."""
     if queue:
-        from registry.tasks import tunnel_close_task
-
-        tunnel_close_task.apply_async(kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
+        current_app.send_task("registry.tunnel_close", kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
     elif settings.GATEWAY_EXECUTOR == "inline":
-        from registry.loop import pool_thread
-
         runner = pool_thread()
         runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)
 
@@ -241,13 +238,3 @@ def tunnels_close_held(reason: str) -> list[Tunnel]:
     sessions as the process ends) and forget them; the caller tells the agents, if they can still hear."""
     held = Tunnel.objects.filter(pk__in=held_tunnels(), state__in=Tunnel.LIVE).select_related("upstream")
     return [t for t in held if tunnel_close_out(t, reason, close_upstream=False)]
-
-
-def tunnels_close_on_shutdown() -> None:
-    """A worker stopping gracefully closes the tunnels it holds and tells their agents."""
-    from asgiref.sync import async_to_sync
-
-    from handoff.notify import tools_changed_everywhere
-
-    closed = tunnels_close_held("worker shutdown")
-    async_to_sync(tools_changed_everywhere)([index_session(t.agent_id, t.session_key) for t in closed])

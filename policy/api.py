@@ -20,7 +20,6 @@ from policy.services import (
     policy_object_save,
     rule_save,
 )
-from registry.models import Upstream
 
 
 class EnabledSerializer(serializers.Serializer):
@@ -163,8 +162,12 @@ class RuleSerializer(AuditedModelSerializer):
     agent_group = serializers.SlugRelatedField(
         slug_field="name", queryset=AgentGroup.objects.all(), required=False, allow_null=True
     )
+    # The upstream by its model, not an import: registry builds on policy.
     upstream = serializers.SlugRelatedField(
-        slug_field="slug", queryset=Upstream.objects.all(), required=False, allow_null=True
+        slug_field="slug",
+        queryset=Rule._meta.get_field("upstream").related_model.objects.all(),
+        required=False,
+        allow_null=True,
     )
     server_group = serializers.SlugRelatedField(
         slug_field="name", queryset=ServerGroup.objects.all(), required=False, allow_null=True

@@ -146,3 +146,16 @@ class AdminToken(models.Model):
 
     def __str__(self) -> str:
         return f"sba_{self.prefix}_…"
+
+
+class ConfigVersion(models.Model):
+    """One row whose counter goes up in the same transaction as any change to upstreams, tools, groups,
+    agents or keys (policy/config_version.py). Every web process compares it with its routing snapshot's."""
+
+    version = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        db_table = "handoff_configversion"  # created by handoff's first migration, before it moved here
+
+    def __str__(self) -> str:
+        return f"configuration version {self.version}"

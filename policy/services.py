@@ -9,7 +9,7 @@ from django.db.models import Model
 
 from audit.changes import change_detail, object_state
 from audit.services import audit_record
-from handoff.snapshot import config_changed
+from policy.config_version import config_changed
 from policy.keys import ADMIN_TOKEN_PREFIX, KEY_PREFIX, key_digest
 from policy.models import AdminToken, Agent, AgentKey, Rule, ServerGroup, visible_name
 

@@ -16,7 +16,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from handoff.console import CONSOLE_AGENT, console_agent, console_call_from_sync
-from policy.limits import limit_store
+from policy.limits.stores import limit_store
 from registry.forms import UpstreamForm
 from registry.models import Tool, Upstream
 from registry.naming import exposed_name

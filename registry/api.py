@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from policy.api import AuditedModelSerializer, EnabledSerializer, by_name, enabled_from
-from policy.limits import limit_store
+from policy.limits.stores import limit_store
 from policy.models import ServerGroup
 from registry.forms import MASK, unmasked
 from registry.models import Tool, Upstream

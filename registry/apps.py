@@ -4,3 +4,12 @@ from django.apps import AppConfig
 class RegistryConfig(AppConfig):
     name = "registry"
     verbose_name = "Registry: upstream servers and their tools"
+
+    def ready(self) -> None:
+        # The Celery app, before any task is published from this process (registry/executor.py).
+        import gateway_project.celery  # noqa: F401
+        from registry.loop import on_upstream_change, on_upstream_health
+        from registry.services import upstream_changed_resync, upstream_health_store
+
+        on_upstream_change(upstream_changed_resync)
+        on_upstream_health(upstream_health_store)

@@ -11,7 +11,6 @@ var/ (the embedded default). A sealed value is `sbx1:<key id>:<base64url(ephemer
 ciphertext)>`, bound to the variable's name so that values cannot be swapped between names.
 """
 
-import base64
 import hashlib
 import os
 
@@ -22,33 +21,19 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 
+from gateway_project.lib.keys import RAW, b64, unb64
+
 PREFIX = "sbx1:"
 INFO = b"switchboard credential v1"
-RAW = serialization.Encoding.Raw
 
 
 class CredentialError(Exception):
     """A credential that cannot be opened here; the message names no secret."""
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).decode().rstrip("=")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def key_generate() -> str:
-    """A new private key, as GATEWAY_CREDENTIAL_KEYS takes it."""
-    return _b64(
-        X25519PrivateKey.generate().private_bytes(RAW, serialization.PrivateFormat.Raw, serialization.NoEncryption())
-    )
-
-
 def public_key_of(private_key: str) -> str:
-    return _b64(
-        X25519PrivateKey.from_private_bytes(_unb64(private_key))
+    return b64(
+        X25519PrivateKey.from_private_bytes(unb64(private_key))
         .public_key()
         .public_bytes(RAW, serialization.PublicFormat.Raw)
     )
@@ -64,16 +49,16 @@ def _aead_key(shared: bytes, ephemeral: bytes, recipient: bytes) -> AESGCM:
 
 
 def _private_keys() -> dict[str, X25519PrivateKey]:
-    keys = [X25519PrivateKey.from_private_bytes(_unb64(k)) for k in settings.GATEWAY_CREDENTIAL_KEYS]
+    keys = [X25519PrivateKey.from_private_bytes(unb64(k)) for k in settings.GATEWAY_CREDENTIAL_KEYS]
     return {_key_id(k.public_key().public_bytes(RAW, serialization.PublicFormat.Raw)): k for k in keys}
 
 
 def _public_key() -> bytes:
     if settings.GATEWAY_CREDENTIAL_PUBLIC_KEY:
-        return _unb64(settings.GATEWAY_CREDENTIAL_PUBLIC_KEY)
+        return unb64(settings.GATEWAY_CREDENTIAL_PUBLIC_KEY)
     if not settings.GATEWAY_CREDENTIAL_KEYS:
         raise CredentialError("no credential key: set GATEWAY_CREDENTIAL_PUBLIC_KEY or GATEWAY_CREDENTIAL_KEYS")
-    return _unb64(public_key_of(settings.GATEWAY_CREDENTIAL_KEYS[0]))
+    return unb64(public_key_of(settings.GATEWAY_CREDENTIAL_KEYS[0]))
 
 
 def is_sealed(value: str) -> bool:
@@ -87,7 +72,7 @@ def credential_seal(value: str, *, name: str) -> str:
     shared = ephemeral.exchange(X25519PublicKey.from_public_bytes(recipient))
     nonce = os.urandom(12)
     sealed = _aead_key(shared, ephemeral_public, recipient).encrypt(nonce, value.encode(), name.encode())
-    return f"{PREFIX}{_key_id(recipient)}:{_b64(ephemeral_public + nonce + sealed)}"
+    return f"{PREFIX}{_key_id(recipient)}:{b64(ephemeral_public + nonce + sealed)}"
 
 
 def credential_open(value: str, *, name: str) -> str:
@@ -98,7 +83,7 @@ def credential_open(value: str, *, name: str) -> str:
     private = _private_keys().get(key_id)
     if private is None:
         raise CredentialError(f"the value of {name} was sealed with key {key_id}, which this process does not hold")
-    data = _unb64(body)
+    data = unb64(body)
     ephemeral_public, nonce, sealed = data[:32], data[32:44], data[44:]
     recipient = private.public_key().public_bytes(RAW, serialization.PublicFormat.Raw)
     shared = private.exchange(X25519PublicKey.from_public_bytes(ephemeral_public))

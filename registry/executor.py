@@ -7,63 +7,35 @@
 
 import asyncio
 import json
-import threading
 import time
 import uuid
 from collections.abc import Awaitable
+from dataclasses import asdict
 from functools import cache
 from typing import Any, Protocol
 
 import anyio
-import redis
-import redis.asyncio as aredis
+from celery import current_app
 from django.conf import settings
 
+from audit.outcomes import EXECUTOR_GRACE_SECONDS, call_deadline
+from gateway_project.lib.redis_clients import async_redis, sync_redis
 from registry.loop import pool_thread
 from registry.pool import TUNNEL_GONE, Outcome, failure
+from registry.publish import task_publish
 from registry.relay import LoopRelay, Relay, cancel_remote, carried, relay_channels, relay_pump
+from registry.requests import UpstreamRequest
 from registry.worker import HEARTBEAT_SECONDS, alive_key
 
-# How long past the upstream's own timeout a caller waits for the executor before calling it lost.
-EXECUTOR_GRACE_SECONDS = 5.0
 REPLY_TTL_SECONDS = 60
 EXECUTOR_UNAVAILABLE = "EXECUTOR_UNAVAILABLE"  # no executor answered in time
 
 
-def call_deadline(timeout: float) -> float:
-    """How long a caller waits for a call on an upstream whose timeout is `timeout`: connecting, the call,
-    then the grace. Past it the call has an outcome, or its process is gone (audit/outcomes.py)."""
-    return timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS
-
-
 class Executor(Protocol):
-    async def call_tool(
-        self,
-        *,
-        upstream_id: int,
-        revision: int,
-        tool: str,
-        arguments: dict[str, Any],
-        timeout: float,
-        traceparent: str = "",
-        relay: Relay | None = None,
-        rounds: dict[str, Any] | None = None,
-    ) -> Outcome: ...
+    # A tool call, or a resources, prompts or completion request passed through as the upstream answers it.
+    async def request(self, request: UpstreamRequest, relay: Relay | None = None) -> Outcome: ...
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome: ...
-
-    # Resources, prompts and completions (requests.FORWARDED), passed through as the upstream answers them.
-    async def forward(
-        self,
-        *,
-        upstream_id: int,
-        revision: int,
-        method: str,
-        params: dict[str, Any],
-        timeout: float,
-        relay: Relay | None = None,
-        rounds: dict[str, Any] | None = None,
-    ) -> Outcome: ...
 
     # Handoff tunnels (handoff/tunnels.py): opened by whichever worker takes the task, then pinned to it;
     # `queue` names that worker ("" in the embedded default, where this process holds them).
@@ -77,44 +49,13 @@ class Executor(Protocol):
 
     async def tunnel_close(self, *, tunnel_id: str, queue: str) -> None: ...
 
-    # Code mode (handoff/codemode.py): an execution, its code's tool calls decided and audited where it runs.
-    async def run_code(self, *, execution: dict[str, Any], timeout: float) -> Outcome: ...
-
 
 class InlineExecutor:
-    async def call_tool(
-        self,
-        *,
-        upstream_id: int,
-        revision: int,
-        tool: str,
-        arguments: dict[str, Any],
-        timeout: float,
-        traceparent: str = "",
-        relay: Relay | None = None,
-        rounds: dict[str, Any] | None = None,
-    ) -> Outcome:
+    async def request(self, request: UpstreamRequest, relay: Relay | None = None) -> Outcome:
         runner = pool_thread()
         # Cancelling the wait cancels the call on the pool's loop, and the SDK client tells the upstream.
         here = LoopRelay(wanted, asyncio.get_running_loop()) if (wanted := carried(relay)) else None
-        calling = runner.pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here, rounds)
-        return await asyncio.wrap_future(runner.submit(calling))
-
-    async def forward(
-        self,
-        *,
-        upstream_id: int,
-        revision: int,
-        method: str,
-        params: dict[str, Any],
-        timeout: float,
-        relay: Relay | None = None,
-        rounds: dict[str, Any] | None = None,
-    ) -> Outcome:
-        runner = pool_thread()
-        here = LoopRelay(wanted, asyncio.get_running_loop()) if (wanted := carried(relay)) else None
-        forwarding = runner.pool.forward(upstream_id, revision, method, params, here, rounds)
-        return await asyncio.wrap_future(runner.submit(forwarding))
+        return await asyncio.wrap_future(runner.submit(runner.pool.request(request, here)))
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         runner = pool_thread()
@@ -142,12 +83,6 @@ class InlineExecutor:
         runner = pool_thread()
         runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)
 
-    async def run_code(self, *, execution: dict[str, Any], timeout: float) -> Outcome:
-        """On this process's own loop: the sandbox is a subprocess, and its calls go through this executor."""
-        from handoff.codemode import execution_run  # handoff builds on registry
-
-        return await execution_run(execution)
-
 
 def held_by(outcome: Outcome, queue: str) -> Outcome:
     """An opened tunnel's outcome, naming the worker queue that holds it."""
@@ -171,33 +106,9 @@ def _lost(timeout: float) -> Outcome:
     )
 
 
-# BLPOP waits as long as a call may take; redis-py's default 5 s socket timeout would cut it short.
-REDIS_OPTIONS = {"socket_timeout": None, "socket_connect_timeout": 5}
-
-
-@cache
-def sync_redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS)
-
-
-# redis.asyncio clients belong to one event loop; a process may run several (web, pool thread, tests).
-_async_clients: dict[tuple[int, str], aredis.Redis] = {}
-_async_clients_lock = threading.Lock()
-
-
-def async_redis(url: str = "") -> aredis.Redis:
-    """This event loop's client of REDIS_URL (or of `url`: the Celery broker may live elsewhere)."""
-    key = (id(asyncio.get_running_loop()), url or settings.REDIS_URL)
-    with _async_clients_lock:
-        if key not in _async_clients:
-            _async_clients[key] = aredis.Redis.from_url(key[1], **REDIS_OPTIONS)
-        return _async_clients[key]
-
-
-async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float, queue: str = "upstream") -> Outcome:
-    """Publish to `queue` and wait up to `wait` seconds for the reply the task pushes to `reply_to`."""
-    from registry.publish import task_publish  # publish and tasks both import this module
-
+async def _publish_and_wait(task: str, kwargs: dict[str, Any], wait: float, queue: str = "upstream") -> Outcome:
+    """Publish task `task` (by name: the worker defines it) to `queue` and wait up to `wait` seconds for the
+    reply it pushes to `reply_to`."""
     key = reply_key()
     # A task that no worker starts within the grace period could no longer answer in time: it expires
     # rather than run late.
@@ -206,8 +117,8 @@ async def _publish_and_wait(task: Any, kwargs: dict[str, Any], wait: float, queu
     return json.loads(reply[1]) if reply else _lost(wait)
 
 
-async def _publish_call(
-    task: Any, kwargs: dict[str, Any], wait: float, relay: Relay | None, queue: str = "upstream"
+async def publish_call(
+    task: str, kwargs: dict[str, Any], wait: float, relay: Relay | None, queue: str = "upstream"
 ) -> Outcome:
     """A call of an agent's: published and waited for as any task, relaying what the upstream sends meanwhile
     (if the relay wants anything); if the wait is cancelled, so is the call in the worker."""
@@ -243,72 +154,29 @@ async def _relayed(waiting: Awaitable[Outcome], channels: dict[str, str], relay:
 
 
 class CeleryExecutor:
-    async def call_tool(
-        self,
-        *,
-        upstream_id: int,
-        revision: int,
-        tool: str,
-        arguments: dict[str, Any],
-        timeout: float,
-        traceparent: str = "",
-        relay: Relay | None = None,
-        rounds: dict[str, Any] | None = None,
-    ) -> Outcome:
-        from registry.tasks import call_tool_task  # tasks import this module
-
-        kwargs = {
-            "upstream_id": upstream_id,
-            "revision": revision,
-            "tool": tool,
-            "arguments": arguments,
-            "traceparent": traceparent,
-            "rounds": rounds,
-        }
-        wait = call_deadline(timeout)
-        return await _publish_call(call_tool_task, kwargs, wait, relay)
-
-    async def forward(
-        self,
-        *,
-        upstream_id: int,
-        revision: int,
-        method: str,
-        params: dict[str, Any],
-        timeout: float,
-        relay: Relay | None = None,
-        rounds: dict[str, Any] | None = None,
-    ) -> Outcome:
-        from registry.tasks import forward_task
-
-        kwargs = {"upstream_id": upstream_id, "revision": revision, "method": method, "params": params}
-        wait = call_deadline(timeout)
-        return await _publish_call(forward_task, kwargs | {"rounds": rounds}, wait, relay)
+    async def request(self, request: UpstreamRequest, relay: Relay | None = None) -> Outcome:
+        wait = call_deadline(request.timeout)
+        return await publish_call("registry.request", {"request": asdict(request)}, wait, relay)
 
     async def tunnel_open(
         self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float
     ) -> Outcome:
-        from registry.tasks import tunnel_open_task
-
         kwargs = {
             "tunnel_id": tunnel_id,
             "upstream_id": upstream_id,
             "grant": grant,
             "connect_timeout": connect_timeout,
         }
-        return await _publish_and_wait(tunnel_open_task, kwargs, connect_timeout + EXECUTOR_GRACE_SECONDS)
+        return await _publish_and_wait("registry.tunnel_open", kwargs, connect_timeout + EXECUTOR_GRACE_SECONDS)
 
     async def tunnel_call(
         self, *, tunnel_id: str, queue: str, tool: str, arguments: dict[str, Any], timeout: float
     ) -> Outcome:
-        from registry.publish import task_publish
-        from registry.tasks import tunnel_call_task
-
         if not await async_redis().exists(alive_key(queue)):
             return _worker_gone(queue)
         key = reply_key()
         kwargs = {"tunnel_id": tunnel_id, "tool": tool, "arguments": arguments, "reply_to": key}
-        await task_publish(tunnel_call_task, kwargs=kwargs, queue=queue, expires=EXECUTOR_GRACE_SECONDS)
+        await task_publish("registry.tunnel_call", kwargs=kwargs, queue=queue, expires=EXECUTOR_GRACE_SECONDS)
         # Waited for in slices: the worker's heartbeat is looked at between them, so a dead worker is
         # noticed within seconds instead of at the call's timeout.
         deadline = time.monotonic() + timeout + EXECUTOR_GRACE_SECONDS
@@ -321,25 +189,13 @@ class CeleryExecutor:
         return _lost(timeout + EXECUTOR_GRACE_SECONDS)
 
     async def tunnel_close(self, *, tunnel_id: str, queue: str) -> None:
-        from registry.publish import task_publish
-        from registry.tasks import tunnel_close_task
-
         if queue:  # else no worker took it yet; one that opens it late closes it when it idles (pool.py)
-            await task_publish(tunnel_close_task, kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
-
-    async def run_code(self, *, execution: dict[str, Any], timeout: float) -> Outcome:
-        """On a worker of queue `sandbox`, whose code's tool calls go to queue `upstream` like any call: a
-        sandbox worker needs no upstream credentials. An agent that leaves cancels the execution there."""
-        from handoff.tasks import run_code_task  # handoff builds on registry
-
-        wait = timeout + EXECUTOR_GRACE_SECONDS
-        return await _publish_call(run_code_task, {"execution": execution}, wait, None, queue="sandbox")
+            await task_publish("registry.tunnel_close", kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
-        from registry.tasks import list_tools_task  # tasks import the executor's helpers
-
         key = reply_key()
-        list_tools_task.apply_async(
+        current_app.send_task(
+            "registry.list_tools",
             kwargs={"upstream_id": upstream_id, "revision": revision, "reply_to": key},
             queue="upstream",
             expires=EXECUTOR_GRACE_SECONDS,

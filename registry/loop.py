@@ -5,14 +5,14 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import anyio
 from channels.db import database_sync_to_async
 
 from registry.models import Upstream
-from registry.pool import UPDATED, UpstreamPool
+from registry.pool import UpstreamPool
 from registry.spec import UpstreamSpec
 
 T = TypeVar("T")
@@ -27,27 +27,35 @@ def _spec_of(upstream_id: int) -> UpstreamSpec:
 load_spec = database_sync_to_async(_spec_of, thread_sensitive=False)
 
 
-async def upstream_changed(upstream_id: int, kind: str) -> None:
-    """An upstream said a list of its changed: its tools are synced again (pins hold changed ones back), and
-    every agent is told, in whichever process holds its stream. Or one of its resources changed: the agents
-    subscribed to it are told."""
-    from handoff.notify import list_changed_everywhere, resource_updated_everywhere  # handoff builds on registry
-    from registry.services import upstream_resync
+# What the pool does with what it learns, registered at start-up by the apps' ready() (registry first, so an
+# upstream's tools are synced again before agents are told they changed): the executor knows no layer above.
+ChangeListener = Callable[[int, str], Awaitable[None]]
+HealthListener = Callable[[int, str, str], Awaitable[None]]
+_change_listeners: list[ChangeListener] = []
+_health_listeners: list[HealthListener] = []
 
-    if kind.startswith(UPDATED):
-        await resource_updated_everywhere(upstream_id, kind.removeprefix(UPDATED))
-        return
-    if kind == "tools":
-        await database_sync_to_async(upstream_resync, thread_sensitive=False)(upstream_id)
-    await list_changed_everywhere(kind)
+
+def on_upstream_change(listener: ChangeListener) -> None:
+    """`listener(upstream_id, kind)` hears that an upstream said a list of its changed (kind: tools, prompts,
+    resources) or one of its resources did (kind: UPDATED + its uri)."""
+    if listener not in _change_listeners:
+        _change_listeners.append(listener)
+
+
+def on_upstream_health(listener: HealthListener) -> None:
+    """`listener(upstream_id, health, cause)` stores the health an outcome showed."""
+    if listener not in _health_listeners:
+        _health_listeners.append(listener)
+
+
+async def upstream_changed(upstream_id: int, kind: str) -> None:
+    for listener in _change_listeners:
+        await listener(upstream_id, kind)
 
 
 async def health_store(upstream_id: int, health: str, cause: str) -> None:
-    from registry.services import upstream_health_record  # services build on the executor, which needs this module
-
-    await database_sync_to_async(upstream_health_record, thread_sensitive=False)(
-        upstream_id=upstream_id, health=health, cause=cause
-    )
+    for listener in _health_listeners:
+        await listener(upstream_id, health, cause)
 
 
 class PoolThread:

@@ -24,7 +24,16 @@ from registry.egress import EgressRefused
 from registry.health import Witness, connect_cause, found, outcome_health, with_stderr
 from registry.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, Relay, unsupported
 from registry.replies import reply_too_deep
-from registry.requests import UNSUPPORTED, Unsupported, calling, catalog, forwarding, list_every_page
+from registry.requests import (
+    CALL_TOOL,
+    UNSUPPORTED,
+    Unsupported,
+    UpstreamRequest,
+    calling,
+    catalog,
+    forwarding,
+    list_every_page,
+)
 from registry.scrub import scrubbed
 from registry.spec import UpstreamSpec
 
@@ -490,35 +499,20 @@ class UpstreamPool:
             connection.in_flight -= 1
             connection.last_used = anyio.current_time()
 
-    async def call_tool(
-        self,
-        upstream_id: int,
-        revision: int,
-        tool: str,
-        arguments: dict[str, Any],
-        traceparent: str = "",
-        relay: Relay | None = None,
-        rounds: dict[str, Any] | None = None,
-    ) -> Outcome:
-        return await self._run(upstream_id, revision, calling(tool, arguments, traceparent, relay, rounds), relay)
+    async def request(self, request: UpstreamRequest, relay: Relay | None = None) -> Outcome:
+        """A tool call, or a resources, prompts or completion request (requests.FORWARDED) when the upstream
+        offers the feature; with `relay`, what the upstream asks meanwhile goes to the agent."""
+        upstream_id, revision, method, params = request.upstream_id, request.revision, request.method, request.params
+        if method == CALL_TOOL:
+            action = calling(params["name"], params.get("arguments") or {}, request.traceparent, relay, request.rounds)
+        elif method in ("resources/subscribe", "resources/unsubscribe"):
+            return await self._watch(upstream_id, revision, method, str(params.get("uri", "")))
+        else:
+            action = forwarding(method, params, request.rounds)
+        return await self._run(upstream_id, revision, action, relay)
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
         return await self._run(upstream_id, revision, catalog)
-
-    async def forward(
-        self,
-        upstream_id: int,
-        revision: int,
-        method: str,
-        params: dict[str, Any],
-        relay: Relay | None = None,
-        rounds: dict[str, Any] | None = None,
-    ) -> Outcome:
-        """One resources, prompts or completion request (requests.FORWARDED), when the upstream offers the feature;
-        `relay` and `rounds` as for a tool call."""
-        if method in ("resources/subscribe", "resources/unsubscribe"):
-            return await self._watch(upstream_id, revision, method, str(params.get("uri", "")))
-        return await self._run(upstream_id, revision, forwarding(method, params, rounds), relay)
 
     # Handoff tunnels: a session of their own per agent session, opened with the delegation in `spec`,
     # never shared, never reopened behind the gateway's back (a new token means a new handoff).

@@ -18,7 +18,7 @@ from celery.utils.nodenames import anon_nodename
 from django.conf import settings
 from kombu.serialization import dumps
 
-from registry.executor import async_redis
+from gateway_project.lib.redis_clients import async_redis
 
 
 def task_envelope(task: Task, *, kwargs: dict[str, Any], queue: str, expires: float) -> str:
@@ -55,7 +55,10 @@ def task_envelope(task: Task, *, kwargs: dict[str, Any], queue: str, expires: fl
     )
 
 
-async def task_publish(task: Task, *, kwargs: dict[str, Any], queue: str, expires: float) -> None:
+async def task_publish(name: str, *, kwargs: dict[str, Any], queue: str, expires: float) -> None:
+    """Publish the task named `name`. By name, as Celery's `send_task` does: the web process does not import
+    the workers' task modules (Celery's autodiscovery registers them, with their time limits)."""
+    task = current_app.tasks[name]
     if not settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
         await asyncio.to_thread(task.apply_async, kwargs=kwargs, queue=queue, expires=expires)
         return

@@ -17,7 +17,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from handoff.frames import STRING
+from gateway_project.lib.json_depth import STRING
 
 TOO_DEEP = {"code": "UPSTREAM_REPLY_TOO_DEEP"}  # the data of the error that stands in for such a reply
 PARSER_GAVE_UP = "recursion limit exceeded"  # pydantic's words for JSON nested beyond its limit

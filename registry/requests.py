@@ -2,6 +2,7 @@
 requests, the catalog's listing. Every result leaves as plain JSON, without the upstream's serverInfo."""
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mcp import types
@@ -11,6 +12,28 @@ from pydantic import TypeAdapter
 from registry.relay import Relay
 
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+CALL_TOOL = "tools/call"
+
+
+@dataclass(frozen=True)
+class UpstreamRequest:
+    """One agent request for an upstream as it travels down the call path: from the MCP layer through the
+    executor (as a Celery task's kwargs, in Celery mode) to the pool. `method` is tools/call (its `params`
+    {"name", "arguments"}, as on the wire) or one FORWARDED below."""
+
+    upstream_id: int
+    revision: int
+    method: str
+    params: dict[str, Any]
+    timeout: float = 0.0  # the upstream's: how long a caller waits for it (audit/outcomes.py call_deadline)
+    traceparent: str = ""  # the gateway's span, the upstream's parent
+    rounds: dict[str, Any] | None = None  # a 2026-07-28 agent's input rounds (see `calling`)
+
+    @classmethod
+    def tool_call(
+        cls, upstream_id: int, revision: int, tool: str, arguments: dict[str, Any], **rest: Any
+    ) -> "UpstreamRequest":
+        return cls(upstream_id, revision, CALL_TOOL, {"name": tool, "arguments": arguments}, **rest)
 
 
 def _wire(result: Any) -> dict[str, Any]:

@@ -4,14 +4,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from audit.changes import change_detail, object_state
 from audit.services import audit_record, canonical_sha256
-from handoff.snapshot import config_changed
-from policy.limits import limit_store
+from policy.config_version import config_changed
+from policy.limits.stores import limit_store
 from policy.manifest import schema_problem, tool_name_problem
 from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
@@ -96,6 +97,22 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
 def upstream_health_record(*, upstream_id: int, health: str, cause: str) -> None:
     """Store what a sync, call or probe found of the upstream (the executor's pool calls this)."""
     Upstream.objects.filter(pk=upstream_id).update(health=health, health_cause=cause, health_checked_at=timezone.now())
+
+
+# The pool's listeners (registry/loop.py), registered by RegistryConfig.ready(). Not on the thread-sensitive
+# thread: under Daphne a sync view (an admin save that syncs a catalog) holds that thread while it waits for
+# this very pool, and the write would wait for the view: a deadlock.
+
+
+async def upstream_changed_resync(upstream_id: int, kind: str) -> None:
+    if kind == "tools":  # its tools are synced again (pins hold changed ones back)
+        await database_sync_to_async(upstream_resync, thread_sensitive=False)(upstream_id)
+
+
+async def upstream_health_store(upstream_id: int, health: str, cause: str) -> None:
+    await database_sync_to_async(upstream_health_record, thread_sensitive=False)(
+        upstream_id=upstream_id, health=health, cause=cause
+    )
 
 
 def upstream_health_probe() -> int:

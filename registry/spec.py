@@ -12,8 +12,8 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from handoff.delegation import DelegationAuth
 from registry.credentials import credentials_open
+from registry.delegation import DelegationAuth
 from registry.egress import guarded_client
 from registry.health import Witness
 from registry.replies import DepthCheckedTransport
@@ -38,7 +38,7 @@ class UpstreamSpec:
     query: dict[str, str] = field(default_factory=dict)  # added to every request's URL
     internal: bool = False
     legacy: bool = False  # the last sync found it speaking 2025-11-25 only
-    grant: dict[str, Any] | None = None  # a handoff tunnel's delegation (handoff/delegation.py)
+    grant: dict[str, Any] | None = None  # a handoff tunnel's delegation (registry/delegation.py)
 
     @classmethod
     def from_model(cls, upstream: Any) -> "UpstreamSpec":

@@ -9,12 +9,13 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 
-from handoff.background import ProcessTask
-from handoff.db import database_async
+from gateway_project.lib.database import database_async
+from gateway_project.lib.process_task import ProcessTask
 from registry.executor import held_by, reply_after
 from registry.loop import pool_thread
 from registry.pool import Outcome, failure
 from registry.relay import ChannelRelay, Relay, cancellable
+from registry.requests import UpstreamRequest
 from registry.services import upstream_health_probe
 from registry.worker import worker_queue
 
@@ -45,47 +46,18 @@ def _run_call(
     pool_thread().submit(reply_after(reply_to, running())).result()
 
 
-@shared_task(name="registry.call_tool", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
-def call_tool_task(
+@shared_task(name="registry.request", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
+def request_task(
     *,
-    upstream_id: int,
-    revision: int,
-    tool: str,
-    arguments: dict[str, Any],
-    reply_to: str,
-    call: str = "",
-    traceparent: str = "",
-    relay: dict[str, str] | None = None,
-    capabilities: list[str] = (),
-    rounds: dict[str, Any] | None = None,
-) -> None:
-    pool = pool_thread().pool
-
-    def calling(here: Relay | None) -> Awaitable[Outcome]:
-        return pool.call_tool(upstream_id, revision, tool, arguments, traceparent, here, rounds)
-
-    _run_call(calling, reply_to, call, relay, capabilities)
-
-
-@shared_task(name="registry.forward", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
-def forward_task(
-    *,
-    upstream_id: int,
-    revision: int,
-    method: str,
-    params: dict[str, Any],
+    request: dict[str, Any],
     reply_to: str,
     call: str = "",
     relay: dict[str, str] | None = None,
     capabilities: list[str] = (),
-    rounds: dict[str, Any] | None = None,
 ) -> None:
-    pool = pool_thread().pool
-
-    def forward(here: Relay | None) -> Awaitable[Outcome]:
-        return pool.forward(upstream_id, revision, method, params, here, rounds)
-
-    _run_call(forward, reply_to, call, relay, capabilities)
+    """An agent's tool call or forwarded request (an UpstreamRequest's fields)."""
+    pool, upstream_request = pool_thread().pool, UpstreamRequest(**request)
+    _run_call(lambda here: pool.request(upstream_request, here), reply_to, call, relay, capabilities)
 
 
 @shared_task(name="registry.probe_upstreams", ignore_result=True, time_limit=HARD_LIMIT)

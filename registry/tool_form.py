@@ -10,7 +10,7 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from handoff.frames import nested_deeper_than
+from gateway_project.lib.json_depth import nested_deeper_than
 
 MAX_FIELDS = 30
 MAX_CHOICES = 50

@@ -9,6 +9,8 @@ import uuid
 
 from django.conf import settings
 
+from gateway_project.lib.redis_clients import async_redis, sync_redis
+
 HEARTBEAT_SECONDS = 1.0
 ALIVE_TTL_SECONDS = 3
 FORGOTTEN_SECONDS = 3600.0  # a worker silent this long leaves the set
@@ -41,15 +43,11 @@ def _beat_once(client) -> None:
 
 async def workers_alive() -> int:
     """How many workers beat within the last ALIVE_TTL_SECONDS."""
-    from registry.executor import async_redis
-
     return await async_redis().zcount(workers_key(), time.time() - ALIVE_TTL_SECONDS, "+inf")
 
 
 def workers_alive_sync() -> int:
     """The same count, for sync code (the metrics collector)."""
-    from registry.executor import sync_redis
-
     with sync_redis() as client:
         return client.zcount(workers_key(), time.time() - ALIVE_TTL_SECONDS, "+inf")
 
@@ -62,8 +60,6 @@ def worker_consume_own_queue(nodename: str, consumer_app) -> None:
 
 
 def heartbeat_start() -> None:
-    from registry.executor import sync_redis
-
     def beat() -> None:
         while not _beating.wait(HEARTBEAT_SECONDS):
             _beat_once(sync_redis())
@@ -73,8 +69,6 @@ def heartbeat_start() -> None:
 
 
 def heartbeat_stop() -> None:
-    from registry.executor import sync_redis
-
     _beating.set()
     with sync_redis().pipeline(transaction=False) as pipe:
         pipe.delete(alive_key(_queue))

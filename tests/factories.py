@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from policy.limits import Admission, AgentLimits, UpstreamLimits
+from policy.limits.admission import Admission, AgentLimits, UpstreamLimits
 from policy.models import Agent, ServerGroup
 from policy.services import agent_create
 from registry.models import Upstream

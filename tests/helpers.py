@@ -53,7 +53,7 @@ async def orm(query: Callable[[], T]) -> T:
     left open would keep the test database from being dropped)."""
     from django.db import connection
 
-    from handoff.db import database_async
+    from gateway_project.lib.database import database_async
 
     def query_and_close() -> T:
         try:

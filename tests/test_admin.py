@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
 from audit.models import AuditEvent
-from policy.limits import limit_store
+from policy.limits.stores import limit_store
 from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
 from registry.credentials import credentials_open
 from registry.models import Upstream

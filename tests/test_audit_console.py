@@ -8,10 +8,10 @@ import uuid
 import pytest
 from django.contrib.auth.models import Group
 
-from audit.dashboard import window_stats
 from audit.models import AuditEvent
 from audit.selectors import AUDITOR_GROUP, AuditFilter, audit_page
 from audit.services import audit_record
+from gateway_project.dashboard import window_stats
 from tests.helpers import audit_mark
 
 

@@ -4,7 +4,7 @@ import anyio
 import pytest
 from django.test import AsyncClient
 
-from handoff.tokens import KeyRing, token_mint
+from gateway_project.lib.signing import KeyRing, token_mint
 
 KEYS = "k1:" + "s" * 40
 

@@ -9,12 +9,12 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from audit.models import AuditEvent
+from gateway_project.lib.keys import key_generate
 from registry.credentials import (
     CredentialError,
     credential_open,
     credential_seal,
     credentials_open,
-    key_generate,
     public_key_of,
 )
 from registry.models import Upstream

@@ -173,9 +173,9 @@ def test_an_expired_delegation_token_is_refused_by_the_specialist(server_env, wo
 
 
 def test_a_claim_check_is_redeemed_exactly_once_under_concurrent_redemptions(inline_gateway, specialists):
-    from handoff.delegation import key_ring
+    from gateway_project.lib.signing import token_mint
     from handoff.handoffs import grant_build
-    from handoff.tokens import token_mint
+    from registry.delegation import key_ring
 
     grant = anyio.run(
         lambda: grant_build(
@@ -286,8 +286,8 @@ def _swept(gateway, env, logs) -> None:
 
 def test_the_specialist_refuses_requests_without_a_valid_token(specialists):
     """The guard, seen from outside: no token, a forged one, a tampered one."""
-    from handoff.delegation import key_ring
-    from handoff.tokens import token_mint
+    from gateway_project.lib.signing import token_mint
+    from registry.delegation import key_ring
 
     good = token_mint(key_ring(), {"aud": "finance", "tid": "a" * 32, "sub": "finance"})
     header, payload, signature = good.split(".")

@@ -7,8 +7,8 @@ from dataclasses import replace
 import anyio
 import pytest
 
-from policy.limit_stores import LocalLimitStore, RedisLimitStore
-from policy.limits import Admission
+from policy.limits.admission import Admission
+from policy.limits.stores import LocalLimitStore, RedisLimitStore
 from tests.conftest import needs
 from tests.factories import admission
 
@@ -122,7 +122,7 @@ def test_neutral_outcomes_neither_open_nor_close_the_breaker(store):
 
 def test_without_redis_admission_is_refused_as_limits_unavailable(settings):
     """Nothing listens on the port: the call is not admitted unchecked."""
-    from policy.limits import limits_denial
+    from policy.limits.admission import limits_denial
     from tests import servers
 
     settings.REDIS_URL = f"redis://127.0.0.1:{servers.free_port()}/0"
@@ -146,7 +146,7 @@ async def _admit_each(store, admissions: list[Admission]) -> list:
 
 
 def test_what_an_outcome_tells_the_breaker():
-    from policy.limits import health_of
+    from policy.limits.admission import health_of
 
     readings = {
         code: health_of(code) for code in ("", "TOOL_ERROR", "UPSTREAM_TIMEOUT", "HANDOFF_UPSTREAM_UNAVAILABLE")

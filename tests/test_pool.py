@@ -10,6 +10,7 @@ import anyio
 from django.test import override_settings
 
 from registry.pool import UpstreamPool
+from registry.requests import UpstreamRequest
 from registry.spec import UpstreamSpec
 from tests.servers import ROOT
 
@@ -52,14 +53,14 @@ def _alive(pid: int) -> bool:
 
 def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
     async def pid(pool: UpstreamPool) -> int:
-        return int((await pool.call_tool(1, 1, "pid", {}))["result"]["content"][0]["text"])
+        return int((await pool.request(UpstreamRequest.tool_call(1, 1, "pid", {})))["result"]["content"][0]["text"])
 
     async def body(pool: UpstreamPool) -> tuple[int, int, int]:
         first = await pid(pool)
         pool.close_idle(3600)
         kept = await pid(pool)
         async with anyio.create_task_group() as calls:
-            calls.start_soon(pool.call_tool, 1, 1, "sleep", {"seconds": 0.5})
+            calls.start_soon(pool.request, UpstreamRequest.tool_call(1, 1, "sleep", {"seconds": 0.5}))
             await anyio.sleep(0.2)
             pool.close_idle(0)  # the sleep is in flight: nothing may close under it
             assert _alive(first)
@@ -77,7 +78,7 @@ def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
 @override_settings(GATEWAY_CONNECT_TIMEOUT=1)
 def test_an_upstream_that_never_answers_the_handshake_is_a_connect_timeout():
     silent = UpstreamSpec(id=2, revision=1, slug="silent", transport="stdio", timeout=5, command="sleep", args=["30"])
-    outcome = with_pool(silent, lambda pool: pool.call_tool(2, 1, "anything", {}))
+    outcome = with_pool(silent, lambda pool: pool.request(UpstreamRequest.tool_call(2, 1, "anything", {})))
     assert (outcome["ok"], outcome["code"]) == (False, "UPSTREAM_CONNECT_TIMEOUT")
     assert outcome["message"] == "The service did not answer while connecting. Try later."
 
@@ -86,11 +87,13 @@ def test_a_server_killed_during_a_call_is_named_in_the_operators_cause():
     """The model gets the generic words; the operator's cause says how the process ended."""
 
     async def body(pool: UpstreamPool) -> dict:
-        pid = int((await pool.call_tool(1, 1, "pid", {}))["result"]["content"][0]["text"])
+        pid = int((await pool.request(UpstreamRequest.tool_call(1, 1, "pid", {})))["result"]["content"][0]["text"])
         outcome: dict = {}
 
         async def sleeping() -> None:
-            outcome.update(await pool.call_tool(1, 1, "sleep", {"seconds": 30, "mark": "killed"}))
+            outcome.update(
+                await pool.request(UpstreamRequest.tool_call(1, 1, "sleep", {"seconds": 30, "mark": "killed"}))
+            )
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(sleeping)

@@ -16,7 +16,7 @@ from registry.models import Tool, Upstream
 from registry.naming import exposed_name, split_exposed_name
 from registry.publish import task_envelope
 from registry.services import upstream_catalog_sync, upstream_save
-from registry.tasks import call_tool_task
+from registry.tasks import request_task
 from tests.conftest import BIN, needs
 from tests.factories import DEMO, demo_upstream
 from tests.servers import ROOT
@@ -216,11 +216,17 @@ def test_the_event_loop_publishes_exactly_what_apply_async_would(db, settings):
     """registry/publish.py builds the message kombu would push; if Celery or kombu change it, this says so."""
     needs(bool(settings.REDIS_URL), "REDIS_URL is not set")
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    kwargs = {"upstream_id": 1, "revision": 2, "tool": "echo", "arguments": {"text": "é"}, "reply_to": "sb:reply:x"}
+    request = {
+        "upstream_id": 1,
+        "revision": 2,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "é"}},
+    }
+    kwargs = {"request": request | {"timeout": 5.0}, "reply_to": "sb:reply:x"}
     client.delete("publish-probe")
-    call_tool_task.apply_async(kwargs=kwargs, queue="publish-probe", expires=5.0)
+    request_task.apply_async(kwargs=kwargs, queue="publish-probe", expires=5.0)
     theirs = json.loads(client.rpop("publish-probe"))
-    ours = json.loads(task_envelope(call_tool_task, kwargs=kwargs, queue="publish-probe", expires=5.0))
+    ours = json.loads(task_envelope(request_task, kwargs=kwargs, queue="publish-probe", expires=5.0))
     varying = {"id", "root_id", "expires"}, {"correlation_id", "reply_to", "delivery_tag"}
     for message in (theirs, ours):
         assert message["headers"].pop("origin").startswith("gen")

@@ -3,7 +3,8 @@
 import pytest
 from asgiref.sync import sync_to_async
 
-from handoff.snapshot import config_version, snapshot_compile
+from handoff.snapshot import snapshot_compile
+from policy.config_version import config_version
 from policy.models import Agent, ServerGroup
 from registry.models import Upstream
 

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from registry.credentials import CredentialError, key_generate, public_key_of
+from gateway_project.lib.keys import key_generate
+from registry.credentials import CredentialError, public_key_of
 from registry.services import upstream_credentials_reseal
 
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from registry.config_import import mcp_config_export
+from handoff.config_import import mcp_config_export
 
 
 class Command(BaseCommand):

@@ -3,12 +3,11 @@
 These checks need state that every web process must see (which strict group a session entered, how many
 calls an agent made in the last minute, whether an upstream's circuit is open). With REDIS_URL they are one
 Lua script per call in Redis, atomic across processes; the embedded default is a single process, and keeps
-the same state in its memory (policy/limit_stores.py). Both apply the same rules in the same order.
+the same state in its memory (policy/limits/stores.py). Both apply the same rules in the same order.
 """
 
 import math
 from dataclasses import dataclass
-from functools import cache
 from typing import Literal, Protocol
 
 from django.conf import settings
@@ -96,13 +95,6 @@ class LimitStore(Protocol):
     def breaker(self, upstream_id: int) -> BreakerStatus: ...
 
     def breaker_reset(self, upstream_id: int) -> None: ...
-
-
-@cache
-def limit_store() -> LimitStore:
-    from policy.limit_stores import LocalLimitStore, RedisLimitStore  # the stores import this module's types
-
-    return RedisLimitStore() if settings.REDIS_URL else LocalLimitStore()
 
 
 def _seconds(value: float) -> str:

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from registry.config_import import EntryOutcome, config_parse, mcp_config_import
+from handoff.config_import import EntryOutcome, config_parse, mcp_config_import
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync
 

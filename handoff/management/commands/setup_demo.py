@@ -6,9 +6,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
+from handoff.config_import import mcp_config_import
 from policy.models import Agent
 from policy.services import agent_create, agent_key_issue
-from registry.config_import import mcp_config_import
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync
 

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
 from handoff.models import Tunnel
-from policy.limits import limit_store
+from policy.limits.stores import limit_store
 from registry.models import Upstream
 from registry.worker import workers_alive_sync
 

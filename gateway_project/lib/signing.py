@@ -19,6 +19,7 @@ from typing import Any
 
 ALGORITHM = "HS256"
 TOKEN_TYPE = "switchboard-delegation"
+TOKEN_HEADER = "x-switchboard-delegation"  # the request header a token travels in
 DEFAULT_TTL_SECONDS = 60
 MAX_CLOCK_SKEW_SECONDS = 30
 MAX_TOKEN_BYTES = 8192  # inline state stays under 2 KB; anything far larger is not ours

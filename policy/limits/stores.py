@@ -1,17 +1,18 @@
-"""The two homes of admission state (policy/limits.py): Redis, shared by every process, and this process's
-memory for the single-process embedded default. Each check runs in this order and an admitted call takes
-its share of every limit at once, so a refused call counts against nothing."""
+"""The two homes of admission state (policy/limits/admission.py): Redis, shared by every process, and this
+process's memory for the single-process embedded default. Each check runs in this order and an admitted call
+takes its share of every limit at once, so a refused call counts against nothing."""
 
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cache
 
 import redis
 from django.conf import settings
 
-from policy.limits import WINDOW_SECONDS, Admission, BreakerStatus, Health, Verdict
-from registry.executor import async_redis, sync_redis
+from gateway_project.lib.redis_clients import async_redis, sync_redis
+from policy.limits.admission import WINDOW_SECONDS, Admission, BreakerStatus, Health, LimitStore, Verdict
 
 logger = logging.getLogger(__name__)
 SWEEP_SECONDS = 10.0
@@ -256,3 +257,8 @@ class LocalLimitStore:
         for table in (self.locks, self.calls):
             for session in [s for s, (_, expiry) in table.items() if expiry <= now]:
                 del table[session]
+
+
+@cache
+def limit_store() -> LimitStore:
+    return RedisLimitStore() if settings.REDIS_URL else LocalLimitStore()

@@ -10,8 +10,7 @@ from typing import Any
 import httpx2
 from django.conf import settings
 
-from handoff.clearance import TOKEN_HEADER
-from handoff.tokens import KeyRing, token_mint
+from gateway_project.lib.signing import TOKEN_HEADER, KeyRing, token_mint
 
 
 @cache

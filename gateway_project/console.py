@@ -5,8 +5,8 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from audit.dashboard import WINDOWS, gateway_state, window_stats
 from audit.sign_in import ThrottledAuthenticationForm
+from gateway_project.dashboard import WINDOWS, gateway_state, window_stats
 
 
 class ConsoleSite(admin.AdminSite):

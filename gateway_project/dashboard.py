@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from handoff.models import Tunnel
-from policy.limits import limit_store
+from policy.limits.stores import limit_store
 from registry.models import Tool, Upstream
 from registry.worker import workers_alive_sync
 
