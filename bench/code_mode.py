@@ -32,11 +32,11 @@ django.setup()
 
 from bpe_openai import get_encoding  # noqa: E402
 
-from handoff.builtins import execute_definition, search_tools_definition  # noqa: E402
-from registry.codemode.bindings import bindings_build  # noqa: E402
-from registry.codemode.sandbox import SandboxLimits, sandbox_run  # noqa: E402
-from registry.codemode.search import Embedder, SearchIndex  # noqa: E402
-from registry.codemode.typescript import method_declaration  # noqa: E402
+from handoff.codemode.bindings import bindings_build  # noqa: E402
+from handoff.codemode.sandbox import SandboxLimits, sandbox_run  # noqa: E402
+from handoff.codemode.search import Embedder, SearchIndex  # noqa: E402
+from handoff.codemode.tools import execute_definition, search_tools_definition  # noqa: E402
+from handoff.codemode.typescript import method_declaration  # noqa: E402
 
 CATALOGS = Path(__file__).parent / "catalogs"
 TYPICAL_QUERY = "list recent commits of a GitHub repository"

@@ -23,11 +23,11 @@ from run import ARGUMENTS, setup_database  # noqa: E402  (bench/run.py: the same
 async def measure(key: str, calls: int) -> dict[str, list[float]]:
     from mcp import types
 
-    from handoff.caller import Caller
-    from handoff.dispatcher import call_tool
+    from handoff.mcp.caller import Caller
+    from handoff.mcp.tools import call_tool
     from handoff.snapshot import snapshot
     from registry.executor import get_executor
-    from registry.requests import UpstreamRequest
+    from registry.upstreams.requests import UpstreamRequest
 
     snap = await snapshot.get()
     holder = snap.key_holder(key)

@@ -516,7 +516,7 @@ if __name__ == "__main__":
     import uvicorn
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from handoff.events import RecentEvents  # the gateway's own event store serves here just as well
+    from handoff.mcp.sse_replay import RecentEvents  # the gateway's own event store serves here just as well
 
     app = server.streamable_http_app(event_store=RecentEvents(1000), retry_interval=500)  # resumable streams
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

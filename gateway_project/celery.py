@@ -20,8 +20,8 @@ def _consume_own_queue(sender: str, instance, **kwargs) -> None:
 
 @worker_ready.connect
 def _start_heartbeat(**kwargs) -> None:
-    from registry.loop import pool_thread
-    from registry.relay import cancel_listener
+    from registry.upstreams.loop import pool_thread
+    from registry.upstreams.relay import cancel_listener
     from registry.worker import heartbeat_start
 
     heartbeat_start()

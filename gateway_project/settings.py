@@ -333,7 +333,7 @@ GATEWAY_AUDIT_OUTCOME_GRACE_SECONDS = env_float("GATEWAY_AUDIT_OUTCOME_GRACE_SEC
 GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS = env_float("GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS", 24.0)
 # Tool-call arguments kept in the trail (shown only to the Auditor group); off: only their SHA-256.
 GATEWAY_AUDIT_PAYLOADS = env_bool("GATEWAY_AUDIT_PAYLOADS", False)
-# Each reachable upstream's tools are listed this often, so its health (registry/health.py) is never older.
+# Each reachable upstream's tools are listed this often, so its health (registry/upstreams/health.py) is never older.
 GATEWAY_HEALTH_PROBE_SECONDS = env_float("GATEWAY_HEALTH_PROBE_SECONDS", 300.0)
 CELERY_BEAT_SCHEDULE = {
     "probe-upstreams": {

@@ -3,9 +3,9 @@ from django.contrib import admin
 from django.db.models import Case, Value, When
 
 from audit.admin import ReadOnlyAdminMixin
+from handoff.mcp.list_changed import tools_changed_everywhere
 from handoff.models import HandoffRoute, Tunnel
-from handoff.notify import tools_changed_everywhere
-from handoff.tunnels import index_session, tunnel_close_out
+from handoff.protocol.tunnels import index_session, tunnel_close_out
 from policy.admin import AuditedSaveMixin
 
 

@@ -8,12 +8,12 @@ class HandoffConfig(AppConfig):
     verbose_name = "MCP sessions and routing"
 
     def ready(self) -> None:
+        from handoff.mcp.list_changed import upstream_changed_tell
         from handoff.models import HandoffRoute
-        from handoff.notify import upstream_changed_tell
         from policy.config_version import on_routing_row_changed
         from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
-        from registry.loop import on_upstream_change
         from registry.models import Tool, Upstream
+        from registry.upstreams.loop import on_upstream_change
 
         # Every saved or deleted row that routing reads moves the snapshot version, in its own transaction,
         # whatever saved it (a service, an admin form, a shell). Queryset updates call config_changed().

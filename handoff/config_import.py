@@ -14,9 +14,9 @@ from django.db import transaction
 
 from handoff.models import HandoffRoute
 from policy.services import policy_object_save
-from registry.egress import url_problem
 from registry.models import Upstream, query_split
 from registry.services import upstream_save
+from registry.upstreams.egress import url_problem
 
 HTTP_TYPES = {
     "http": "streamable_http",

@@ -18,12 +18,12 @@ from mcp.shared.exceptions import MCPError
 from audit.services import audit_record
 from audit.telemetry import log_fields_add, mcp_span, trace_id_of
 from audit.writer import audit_writer
-from handoff.caller import Caller
-from handoff.calling import conclude, decide, deny, for_model, request_audit, route_execute, run_admitted
+from handoff.mcp.call_path import conclude, decide, deny, for_model, request_audit, route_execute, run_admitted
+from handoff.mcp.caller import Caller
 from handoff.snapshot import snapshot
 from policy.config_version import config_version
 from policy.models import Agent
-from registry.pool import Outcome
+from registry.upstreams.pool import Outcome
 
 CONSOLE_AGENT = "console"
 

@@ -16,13 +16,13 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from handoff.caller import Caller, caller_from_scope, host_allowed, origin_allowed
-from handoff.frames import FrameError, frame_id, parse_frame
-from handoff.handoffs import end_handoff
-from handoff.recording import session_record
-from handoff.server import server
+from handoff.mcp.audit_rows import session_record
+from handoff.mcp.caller import Caller, caller_from_scope, host_allowed, origin_allowed
+from handoff.mcp.frames import FrameError, frame_id, parse_frame
+from handoff.mcp.server import server
+from handoff.protocol.moves import end_handoff
 from handoff.snapshot import ConfigurationUnavailable
-from handoff.sweeper import background_start
+from handoff.web_process import background_start
 
 INBOX_SIZE = 64
 UNENCODABLE = (

@@ -15,14 +15,14 @@ from starlette.requests import Request
 
 from audit.telemetry import SESSIONS
 from gateway_project.lib.process_task import ProcessTask
-from handoff.caller import Caller, caller_from_scope, header, host_allowed, origin_allowed
-from handoff.events import RecentEvents
-from handoff.frames import FrameError, parse_frame
-from handoff.handoffs import end_handoff
-from handoff.recording import session_record
-from handoff.server import server
+from handoff.mcp.audit_rows import session_record
+from handoff.mcp.caller import Caller, caller_from_scope, header, host_allowed, origin_allowed
+from handoff.mcp.frames import FrameError, parse_frame
+from handoff.mcp.server import server
+from handoff.mcp.sse_replay import RecentEvents
+from handoff.protocol.moves import end_handoff
 from handoff.snapshot import ConfigurationUnavailable
-from handoff.sweeper import background_start
+from handoff.web_process import background_start
 
 # Host and Origin are checked here, against Django's settings, for every transport alike.
 sdk_app = server.streamable_http_app(

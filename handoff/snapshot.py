@@ -19,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 
 from audit.outcomes import EXECUTOR_GRACE_SECONDS
 from gateway_project.lib.database import BoundedRead, database_async
-from handoff.builtins import EXECUTE, SEARCH_TOOLS, execute_definition, search_tools_definition
+from handoff.codemode.tools import EXECUTE, SEARCH_TOOLS, execute_definition, search_tools_definition
 from handoff.models import HandoffRoute
 from handoff.triage import TriageTool, triage_tools
 from policy.config_version import config_version

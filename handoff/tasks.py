@@ -9,13 +9,13 @@ from celery import shared_task
 from django.conf import settings
 
 from gateway_project.lib.database import database_async
-from handoff.codemode import execution_run
-from handoff.notify import tools_changed_everywhere
-from handoff.tunnels import index_session, tunnels_close_held, tunnels_sweep_idle
+from handoff.codemode.run import execution_run
+from handoff.mcp.list_changed import tools_changed_everywhere
+from handoff.protocol.tunnels import index_session, tunnels_close_held, tunnels_sweep_idle
 from registry.executor import reply_after
-from registry.loop import pool_thread
-from registry.relay import cancellable
 from registry.tasks import CANCELLED
+from registry.upstreams.loop import pool_thread
+from registry.upstreams.relay import cancellable
 
 
 async def sweep_and_tell(*, in_process: bool) -> int:

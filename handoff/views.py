@@ -5,9 +5,9 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from gateway_project.lib.signing import TOKEN_HEADER, DelegationError, expired, token_verify
-from handoff.claims import claim_store
 from handoff.clearance import django_refusal
-from registry.delegation import key_ring
+from handoff.protocol.claim_checks import claim_store
+from registry.upstreams.delegation import key_ring
 
 
 @csrf_exempt  # no cookies: the delegation token authenticates the request

@@ -8,8 +8,8 @@ class RegistryConfig(AppConfig):
     def ready(self) -> None:
         # The Celery app, before any task is published from this process (registry/executor.py).
         import gateway_project.celery  # noqa: F401
-        from registry.loop import on_upstream_change, on_upstream_health
         from registry.services import upstream_changed_resync, upstream_health_store
+        from registry.upstreams.loop import on_upstream_change, on_upstream_health
 
         on_upstream_change(upstream_changed_resync)
         on_upstream_health(upstream_health_store)

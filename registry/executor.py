@@ -20,11 +20,11 @@ from django.conf import settings
 
 from audit.outcomes import EXECUTOR_GRACE_SECONDS, call_deadline
 from gateway_project.lib.redis_clients import async_redis, sync_redis
-from registry.loop import pool_thread
-from registry.pool import TUNNEL_GONE, Outcome, failure
 from registry.publish import task_publish
-from registry.relay import LoopRelay, Relay, cancel_remote, carried, relay_channels, relay_pump
-from registry.requests import UpstreamRequest
+from registry.upstreams.loop import pool_thread
+from registry.upstreams.pool import TUNNEL_GONE, Outcome, failure
+from registry.upstreams.relay import LoopRelay, Relay, cancel_remote, carried, relay_channels, relay_pump
+from registry.upstreams.requests import UpstreamRequest
 from registry.worker import HEARTBEAT_SECONDS, alive_key
 
 REPLY_TTL_SECONDS = 60
@@ -37,7 +37,7 @@ class Executor(Protocol):
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome: ...
 
-    # Handoff tunnels (handoff/tunnels.py): opened by whichever worker takes the task, then pinned to it;
+    # Handoff tunnels (handoff/protocol/tunnels.py): opened by whichever worker takes the task, then pinned to it;
     # `queue` names that worker ("" in the embedded default, where this process holds them).
     async def tunnel_open(
         self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float

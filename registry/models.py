@@ -6,7 +6,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from policy.models import ServerGroup, limit_field
-from registry.egress import url_problem
+from registry.upstreams.egress import url_problem
 
 # Slugs never contain "_" or ".", so every allowed separator splits an exposed name unambiguously.
 slug_validator = RegexValidator(
@@ -96,7 +96,7 @@ class Upstream(models.Model):
     revision = models.PositiveIntegerField(default=1)
     last_synced_at = models.DateTimeField(null=True, blank=True)
     last_sync_error = models.TextField(blank=True)
-    # What the last sync, call or probe found (registry/health.py); the cause is for operators, never a model.
+    # What the last sync, call or probe found (registry/upstreams/health.py); the cause is for operators, never a model.
     health = models.CharField(max_length=8, choices=Health.choices, default=Health.UNKNOWN, editable=False)
     health_cause = models.TextField(blank=True, editable=False)
     health_checked_at = models.DateTimeField(null=True, blank=True, editable=False)

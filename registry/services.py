@@ -16,9 +16,9 @@ from policy.limits.stores import limit_store
 from policy.manifest import schema_problem, tool_name_problem
 from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
-from registry.loop import pool_thread
 from registry.models import Tool, Upstream, query_split
 from registry.naming import exposed_name
+from registry.upstreams.loop import pool_thread
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class SyncReport:
     held: list[str] = field(default_factory=list)  # added or changed, waiting for an administrator's approval
     rejected: list[str] = field(default_factory=list)  # "name: why"
     error: str = ""
-    cause: str = ""  # when it failed: why, for the operator (registry/health.py)
+    cause: str = ""  # when it failed: why, for the operator (registry/upstreams/health.py)
 
     def summary(self) -> str:
         if not self.ok:
@@ -99,7 +99,7 @@ def upstream_health_record(*, upstream_id: int, health: str, cause: str) -> None
     Upstream.objects.filter(pk=upstream_id).update(health=health, health_cause=cause, health_checked_at=timezone.now())
 
 
-# The pool's listeners (registry/loop.py), registered by RegistryConfig.ready(). Not on the thread-sensitive
+# The pool's listeners (registry/upstreams/loop.py), registered by RegistryConfig.ready(). Not on the thread-sensitive
 # thread: under Daphne a sync view (an admin save that syncs a catalog) holds that thread while it waits for
 # this very pool, and the write would wait for the view: a deadlock.
 

@@ -12,11 +12,11 @@ from django.conf import settings
 from gateway_project.lib.database import database_async
 from gateway_project.lib.process_task import ProcessTask
 from registry.executor import held_by, reply_after
-from registry.loop import pool_thread
-from registry.pool import Outcome, failure
-from registry.relay import ChannelRelay, Relay, cancellable
-from registry.requests import UpstreamRequest
 from registry.services import upstream_health_probe
+from registry.upstreams.loop import pool_thread
+from registry.upstreams.pool import Outcome, failure
+from registry.upstreams.relay import ChannelRelay, Relay, cancellable
+from registry.upstreams.requests import UpstreamRequest
 from registry.worker import worker_queue
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ async def _probe(ready: asyncio.Future) -> None:
             logger.exception("upstream health probe failed")
 
 
-# The embedded default has no beat: its web process probes on a timer of its own (handoff/sweeper.py).
+# The embedded default has no beat: its web process probes on a timer of its own (handoff/web_process.py).
 embedded_health_prober = ProcessTask(_probe)
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from deno import find_deno_bin
 
-from registry.codemode.bindings import bindings_build, camel_case
-from registry.codemode.embeddings import encoder
-from registry.codemode.search import Embedder, SearchIndex, stem, terms
-from registry.codemode.typescript import declarations, input_type, method_declaration
-from registry.codemode.vectors import StoredVectors
+from handoff.codemode.bindings import bindings_build, camel_case
+from handoff.codemode.embeddings import encoder
+from handoff.codemode.search import Embedder, SearchIndex, stem, terms
+from handoff.codemode.typescript import declarations, input_type, method_declaration
+from handoff.codemode.vectors import StoredVectors
 
 CATALOGS = Path(__file__).resolve().parent.parent / "bench" / "catalogs"
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gateway_project.lib.signing import DelegationError, KeyRing, canonical_json, token_mint, token_verify
-from handoff.summary import MAX_SUMMARY_CHARS, summary_envelope, summary_sanitize
+from handoff.protocol.summary import MAX_SUMMARY_CHARS, summary_envelope, summary_sanitize
 
 RING = KeyRing.parse("new:" + "n" * 32 + ",old:" + "o" * 32)
 CLAIMS = {"iss": "switchboard", "sub": "finance", "aud": "finance", "tid": "t" * 32, "state": {"a": 1}}
@@ -129,7 +129,7 @@ def test_a_tunnel_signs_every_request_afresh(monkeypatch):
     import httpx2
 
     from gateway_project.lib import signing as tokens
-    from registry.delegation import DelegationAuth, key_ring
+    from registry.upstreams.delegation import DelegationAuth, key_ring
 
     grant = {"claims": CLAIMS, "ttl": 60, "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
     auth = DelegationAuth(grant)

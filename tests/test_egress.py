@@ -13,9 +13,9 @@ from django.core.exceptions import ValidationError
 from django.test import override_settings
 
 from audit.services import canonical_sha256
-from registry.egress import EgressRefused, GuardedTransport
 from registry.models import Tool, Upstream
 from registry.services import upstream_catalog_sync, upstream_save
+from registry.upstreams.egress import EgressRefused, GuardedTransport
 from tests.clients import call, tool_names
 from tests.helpers import audit_mark, audit_since, eventually, run
 

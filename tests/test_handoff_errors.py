@@ -174,8 +174,8 @@ def test_an_expired_delegation_token_is_refused_by_the_specialist(server_env, wo
 
 def test_a_claim_check_is_redeemed_exactly_once_under_concurrent_redemptions(inline_gateway, specialists):
     from gateway_project.lib.signing import token_mint
-    from handoff.handoffs import grant_build
-    from registry.delegation import key_ring
+    from handoff.protocol.moves import grant_build
+    from registry.upstreams.delegation import key_ring
 
     grant = anyio.run(
         lambda: grant_build(
@@ -287,7 +287,7 @@ def _swept(gateway, env, logs) -> None:
 def test_the_specialist_refuses_requests_without_a_valid_token(specialists):
     """The guard, seen from outside: no token, a forged one, a tampered one."""
     from gateway_project.lib.signing import token_mint
-    from registry.delegation import key_ring
+    from registry.upstreams.delegation import key_ring
 
     good = token_mint(key_ring(), {"aud": "finance", "tid": "a" * 32, "sub": "finance"})
     header, payload, signature = good.split(".")

@@ -49,6 +49,6 @@ def test_the_check_finds_an_import_inside_a_function(tmp_path):
     """The check above can fail: a cycle-dodging import is reported, one in AppConfig.ready is not."""
     app = tmp_path / "registry"
     app.mkdir()
-    (app / "dodge.py").write_text("def later():\n    from handoff.notify import tell\n    return tell\n")
-    (app / "apps.py").write_text("class Config:\n    def ready(self):\n        import handoff.notify\n")
-    assert function_body_imports(tmp_path) == ["registry/dodge.py:2 in later: handoff.notify"]
+    (app / "dodge.py").write_text("def later():\n    from handoff.mcp.list_changed import tell\n    return tell\n")
+    (app / "apps.py").write_text("class Config:\n    def ready(self):\n        import handoff.mcp.list_changed\n")
+    assert function_body_imports(tmp_path) == ["registry/dodge.py:2 in later: handoff.mcp.list_changed"]

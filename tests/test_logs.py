@@ -27,7 +27,7 @@ def test_json_logs_are_one_object_per_line_and_name_the_call(server_env, world, 
     assert served | {"time": "", "message": ""} == {
         "time": "",
         "level": "INFO",
-        "logger": "handoff.dispatcher",
+        "logger": "handoff.mcp.tools",
         "message": "",
         "trace_id": completed.trace_id,
         "agent": "alice",

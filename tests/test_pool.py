@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 from django.test import override_settings
 
-from registry.pool import UpstreamPool
-from registry.requests import UpstreamRequest
-from registry.spec import UpstreamSpec
+from registry.upstreams.pool import UpstreamPool
+from registry.upstreams.requests import UpstreamRequest
+from registry.upstreams.spec import UpstreamSpec
 from tests.servers import ROOT
 
 DEMO = UpstreamSpec(

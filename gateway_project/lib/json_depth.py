@@ -1,6 +1,6 @@
 """How deep JSON text nests, found without parsing it: Python's parser recurses and fails near 1,000 levels,
-so frames from agents (handoff/frames.py) and replies from upstreams (registry/replies.py) are measured
-first."""
+so frames from agents (handoff/mcp/frames.py) and replies from upstreams (registry/upstreams/reply_depth.py)
+are measured first."""
 
 import re
 

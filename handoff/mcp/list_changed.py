@@ -29,11 +29,11 @@ from mcp.server.subscriptions import (
 from mcp.types import SubscriptionsListenRequestParams, SubscriptionsListenResult
 
 from gateway_project.lib.process_task import ProcessTask
-from handoff.caller import caller_of
+from handoff.mcp.caller import caller_of
+from handoff.protocol.tunnels import index_session
 from handoff.snapshot import snapshot
-from handoff.tunnels import index_session
 from registry.naming import exposed_uri
-from registry.pool import UPDATED
+from registry.upstreams.pool import UPDATED
 
 logger = logging.getLogger(__name__)
 GROUP = "switchboard.tools-changed"
@@ -167,7 +167,7 @@ async def resource_updated_here(uri: str) -> None:
 
 
 async def upstream_changed_tell(upstream_id: int, kind: str) -> None:
-    """The pool's listener (registry/loop.py): every agent is told a list changed, in whichever process holds
+    """The pool's listener (registry/upstreams/loop.py): every agent is told a list changed, in whichever process holds
     its stream, or the agents subscribed to a resource that it did."""
     if kind.startswith(UPDATED):
         await resource_updated_everywhere(upstream_id, kind.removeprefix(UPDATED))

@@ -13,11 +13,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from registry.credentials import credentials_open
-from registry.delegation import DelegationAuth
-from registry.egress import guarded_client
-from registry.health import Witness
-from registry.replies import DepthCheckedTransport
-from registry.stdio import stdio_transport
+from registry.upstreams.delegation import DelegationAuth
+from registry.upstreams.egress import guarded_client
+from registry.upstreams.health import Witness
+from registry.upstreams.reply_depth import DepthCheckedTransport
+from registry.upstreams.stdio import stdio_transport
 
 MIN_SECRET_CHARS = 8  # shorter values ("true", "eu", "prod") would blank out ordinary words; keys are longer
 
@@ -38,7 +38,7 @@ class UpstreamSpec:
     query: dict[str, str] = field(default_factory=dict)  # added to every request's URL
     internal: bool = False
     legacy: bool = False  # the last sync found it speaking 2025-11-25 only
-    grant: dict[str, Any] | None = None  # a handoff tunnel's delegation (registry/delegation.py)
+    grant: dict[str, Any] | None = None  # a handoff tunnel's delegation (registry/upstreams/delegation.py)
 
     @classmethod
     def from_model(cls, upstream: Any) -> "UpstreamSpec":

@@ -1,6 +1,6 @@
 """Upstream health: what the last sync, call or probe found, and why it failed in words for the operator.
 
-The executor classifies each failure where it happens (registry/pool.py) into a cause that is specific and
+The executor classifies each failure where it happens (registry/upstreams/pool.py) into a cause that is specific and
 safe: the upstream's own credentials blanked, never a Python repr. The model keeps the generic message."""
 
 import os
@@ -11,8 +11,8 @@ from typing import IO, Any
 
 import httpx2
 
-from registry.egress import EgressRefused
-from registry.scrub import blanked
+from registry.upstreams.egress import EgressRefused
+from registry.upstreams.scrub import blanked
 
 STDERR_LINES = 5  # the last lines of a stdio server's stderr a cause quotes
 STDERR_TAIL_BYTES = 2048

@@ -1,4 +1,4 @@
-"""The agent's end of a relayed call (registry/relay.py): progress and log messages go out on the call's
+"""The agent's end of a relayed call (registry/upstreams/relay.py): progress and log messages go out on the call's
 own stream, and an upstream's request to the client goes to the agent only if it declared the capability
 for it. Log messages reach only agents that asked for them: a 2025-11-25 session that set a level with
 `logging/setLevel`, a 2026-07-28 request that carries one in its `_meta`."""
@@ -12,10 +12,10 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from handoff.caller import caller_of
-from handoff.notify import per_session
-from handoff.tunnels import index_session
-from registry.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, may_ask, unsupported
+from handoff.mcp.caller import caller_of
+from handoff.mcp.list_changed import per_session
+from handoff.protocol.tunnels import index_session
+from registry.upstreams.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, may_ask, unsupported
 
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")

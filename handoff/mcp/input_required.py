@@ -28,11 +28,11 @@ from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from handoff.caller import Caller
-from handoff.relaying import log_to
-from registry.pool import MISSING_CLIENT_CAPABILITY
-from registry.relay import ASKS, may_ask, unsupported
-from registry.requests import INPUT_RESPONSES
+from handoff.mcp.agent_relay import log_to
+from handoff.mcp.caller import Caller
+from registry.upstreams.pool import MISSING_CLIENT_CAPABILITY
+from registry.upstreams.relay import ASKS, may_ask, unsupported
+from registry.upstreams.requests import INPUT_RESPONSES
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class ParkedCall:
         self.task: asyncio.Task | None = None
         self.ctx: ServerRequestContext | None = None  # the agent's request waiting now, if any
 
-    # The relay the executor sees (registry/relay.py).
+    # The relay the executor sees (registry/upstreams/relay.py).
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         if self.ctx is not None:

@@ -10,9 +10,9 @@ from django.conf import settings
 
 from audit.tasks import embedded_audit_keeper
 from gateway_project.lib.process_task import ProcessTask
-from handoff.notify import change_relay
+from handoff.mcp.list_changed import change_relay
+from handoff.protocol.tunnels import tunnels_close_held
 from handoff.tasks import sweep_and_tell
-from handoff.tunnels import tunnels_close_held
 from registry.tasks import embedded_health_prober
 
 logger = logging.getLogger(__name__)

@@ -18,9 +18,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.telemetry import DENIALS, log_fields_add, span_failed, trace_id_of
 from gateway_project.lib.database import database_async
-from handoff.builtins import EXECUTE
-from handoff.caller import Caller, caller_of, request_span
-from handoff.calling import (
+from handoff.codemode.run import code_detail, execute, tools_search
+from handoff.codemode.tools import EXECUTE
+from handoff.mcp.agent_relay import AgentRelay
+from handoff.mcp.audit_rows import record
+from handoff.mcp.call_path import (
     Decision,
     admit,
     approval,
@@ -34,17 +36,8 @@ from handoff.calling import (
     run_admitted,
     timed,
 )
-from handoff.codemode import code_detail, execute, tools_search
-from handoff.cursors import list_page
-from handoff.handoffs import (
-    HANDOFF_FAILED,
-    connecting,
-    handoff_activate,
-    handoff_return,
-    return_tool_name,
-    tunnel_gone,
-)
-from handoff.parking import (
+from handoff.mcp.caller import Caller, caller_of, request_span
+from handoff.mcp.input_required import (
     InvalidRequestState,
     ParkedCall,
     UndeclaredAsk,
@@ -54,15 +47,22 @@ from handoff.parking import (
     responses_of,
     state_load,
 )
-from handoff.recording import record
-from handoff.relaying import AgentRelay
+from handoff.mcp.paging import list_page
+from handoff.protocol.moves import (
+    HANDOFF_FAILED,
+    connecting,
+    handoff_activate,
+    handoff_return,
+    return_tool_name,
+    tunnel_gone,
+)
+from handoff.protocol.tunnels import SessionStateUnavailable, SessionTunnel, index_session, session_index, tunnel_touch
 from handoff.snapshot import Route, Snapshot, snapshot
-from handoff.tunnels import SessionStateUnavailable, SessionTunnel, index_session, session_index, tunnel_touch
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial, ToolRefused
 from policy.limits.stores import limit_store
 from policy.redaction import redact
-from registry.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome, failure
-from registry.relay import LOGGING, Relay
+from registry.upstreams.pool import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome, failure
+from registry.upstreams.relay import LOGGING, Relay
 
 logger = logging.getLogger(__name__)
 # What a gateway tool's deadline is reckoned from: the longest it waits, for an execution or a specialist.

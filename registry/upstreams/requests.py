@@ -9,7 +9,7 @@ from mcp import types
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
-from registry.relay import Relay
+from registry.upstreams.relay import Relay
 
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 CALL_TOOL = "tools/call"

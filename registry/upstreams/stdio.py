@@ -48,7 +48,7 @@ async def _exited(process: Process, timeout: float) -> bool:
 
 
 def _parse(line: str) -> SessionMessage | Exception:
-    """One line as a message, or the error for the session to surface (registry/replies.py reads it)."""
+    """One line as a message, or the error for the session to surface (registry/upstreams/reply_depth.py reads it)."""
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from registry.codemode.bindings import IDENTIFIER, Binding
+from handoff.codemode.bindings import IDENTIFIER, Binding
 
 MAX_DEPTH = 6  # deeper schemas are typed `unknown` below this level
 MAX_DOC_CHARS = 400

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from registry.codemode.embeddings import encoder
+from handoff.codemode.embeddings import encoder
 
 K1, B = 1.2, 0.75
 NAME_WEIGHT, TITLE_WEIGHT = 3, 2

@@ -11,10 +11,10 @@ from mcp.server.caching import CacheHint
 from mcp.server.models import InitializationOptions
 from mcp.shared.exceptions import MCPDeprecationWarning
 
-from handoff import passthrough
-from handoff.dispatcher import call_tool, list_tools
-from handoff.notify import RememberSessions
-from handoff.relaying import set_logging_level
+from handoff.mcp import passthrough
+from handoff.mcp.agent_relay import set_logging_level
+from handoff.mcp.list_changed import RememberSessions
+from handoff.mcp.tools import call_tool, list_tools
 from handoff.snapshot import snapshot
 
 INSTRUCTIONS = (

@@ -20,14 +20,12 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway_project.lib.database import database_async
 from gateway_project.lib.signing import canonical_json
-from handoff.caller import Caller
-from handoff.claims import claim_store
-from handoff.notify import change_relay, session_remember, tools_changed_everywhere
-from handoff.recording import record
-from handoff.snapshot import RouteSettings, Snapshot, TriageEntry, UpstreamInfo
-from handoff.summary import summary_envelope
-from handoff.triage import Handoff
-from handoff.tunnels import (
+from handoff.mcp.audit_rows import record
+from handoff.mcp.caller import Caller
+from handoff.mcp.list_changed import change_relay, session_remember, tools_changed_everywhere
+from handoff.protocol.claim_checks import claim_store
+from handoff.protocol.summary import summary_envelope
+from handoff.protocol.tunnels import (
     SessionTunnel,
     TunnelRefused,
     handoff_row,
@@ -37,11 +35,13 @@ from handoff.tunnels import (
     tunnel_end,
     tunnel_opened,
 )
+from handoff.snapshot import RouteSettings, Snapshot, TriageEntry, UpstreamInfo
+from handoff.triage import Handoff
 from policy.decisions import RETRY_LATER, Denial, ToolRefused
 from policy.manifest import manifest_sanitize, schema_problem, tool_name_problem
 from registry.executor import get_executor
 from registry.naming import exposed_name, gateway_tool_name
-from registry.pool import TUNNEL_GONE
+from registry.upstreams.pool import TUNNEL_GONE
 
 logger = logging.getLogger(__name__)
 HANDOFF_FAILED = -32004

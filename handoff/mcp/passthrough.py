@@ -22,25 +22,25 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.telemetry import DENIALS, current_trace_id
-from handoff.caller import caller_of, request_span
-from handoff.calling import CANCELLED, Decision, admit, approval, request_audit
-from handoff.cursors import list_page
-from handoff.dispatcher import finish, request_state_verified
-from handoff.notify import resource_subscription
-from handoff.notify import subscriptions_listen as listen
-from handoff.parking import passed_through, responses_of
-from handoff.recording import record
-from handoff.relaying import AgentRelay
+from handoff.mcp.agent_relay import AgentRelay
+from handoff.mcp.audit_rows import record
+from handoff.mcp.call_path import CANCELLED, Decision, admit, approval, request_audit
+from handoff.mcp.caller import caller_of, request_span
+from handoff.mcp.input_required import passed_through, responses_of
+from handoff.mcp.list_changed import resource_subscription
+from handoff.mcp.list_changed import subscriptions_listen as listen
+from handoff.mcp.paging import list_page
+from handoff.mcp.tools import finish, request_state_verified
+from handoff.protocol.tunnels import index_session
 from handoff.snapshot import Route, Snapshot, UpstreamInfo, snapshot
-from handoff.tunnels import index_session
 from policy.limits.admission import health_of
 from policy.limits.stores import limit_store
 from policy.manifest import manifest_sanitize
 from policy.redaction import redact
 from registry.executor import get_executor
 from registry.naming import URI_MARK, exposed_name, exposed_uri, split_exposed_name
-from registry.pool import UNSUPPORTED, Outcome
-from registry.requests import UpstreamRequest
+from registry.upstreams.pool import UNSUPPORTED, Outcome
+from registry.upstreams.requests import UpstreamRequest
 
 logger = logging.getLogger(__name__)
 

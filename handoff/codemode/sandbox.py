@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 from deno import find_deno_bin
 
-from registry.codemode.bindings import Binding, Bindings
+from handoff.codemode.bindings import Binding, Bindings
 
 PRELUDE = (Path(__file__).parent / "prelude.ts").as_uri()
 MAIN = "main.ts"

@@ -50,7 +50,7 @@ RELAYED_CAPABILITIES = tuple(ask.capability for ask in ASKS.values())
 # 2025-11-25 session, or a 2026-07-28 request's logLevel), so its calls go where logs can be told apart.
 LOGGING = "logging"
 # Nor is this: the agent speaks 2025-11-25 and declared something an upstream may ask, so its connection speaks
-# that era too wherever the upstream does, and an upstream may ask on the call's stream (registry/pool.py).
+# that era too wherever the upstream does, and an upstream may ask on the call's stream (registry/upstreams/pool.py).
 LEGACY = "legacy"
 
 

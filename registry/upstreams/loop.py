@@ -12,8 +12,8 @@ import anyio
 from channels.db import database_sync_to_async
 
 from registry.models import Upstream
-from registry.pool import UpstreamPool
-from registry.spec import UpstreamSpec
+from registry.upstreams.pool import UpstreamPool
+from registry.upstreams.spec import UpstreamSpec
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ from audit.models import AuditEvent
 from audit.outcomes import OUTCOME_UNKNOWN
 from audit.telemetry import AUDIT_FAILURES, SESSIONS
 from audit.writer import AuditSettled, AuditUnavailable, audit_writer
-from handoff.caller import Caller
+from handoff.mcp.caller import Caller
 
 logger = logging.getLogger(__name__)
 AUDIT_UNAVAILABLE = -32002

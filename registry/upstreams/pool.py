@@ -1,6 +1,6 @@
 """The upstream pool: live upstream sessions, each opened and closed by its own owner task.
 
-Runs on the executor's event loop (registry/loop.py). Every result leaves as plain JSON (an `Outcome`),
+Runs on the executor's event loop (registry/upstreams/loop.py). Every result leaves as plain JSON (an `Outcome`),
 so the inline and the Celery executor hand the dispatcher exactly the same thing.
 """
 
@@ -20,11 +20,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from registry.egress import EgressRefused
-from registry.health import Witness, connect_cause, found, outcome_health, with_stderr
-from registry.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, Relay, unsupported
-from registry.replies import reply_too_deep
-from registry.requests import (
+from registry.upstreams.egress import EgressRefused
+from registry.upstreams.health import Witness, connect_cause, found, outcome_health, with_stderr
+from registry.upstreams.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, Relay, unsupported
+from registry.upstreams.reply_depth import reply_too_deep
+from registry.upstreams.requests import (
     CALL_TOOL,
     UNSUPPORTED,
     Unsupported,
@@ -34,8 +34,8 @@ from registry.requests import (
     forwarding,
     list_every_page,
 )
-from registry.scrub import scrubbed
-from registry.spec import UpstreamSpec
+from registry.upstreams.scrub import scrubbed
+from registry.upstreams.spec import UpstreamSpec
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Outcome(TypedDict, total=False):
     validation: bool  # when not ok: the message judges the call's arguments (kept whole for the model)
     rpc_code: int  # when the upstream answered with a JSON-RPC error: its code
     rpc_data: dict[str, Any]  # and, for a missing client capability, its data
-    cause: str  # when the upstream could not be reached: why, for the operator (registry/health.py)
+    cause: str  # when the upstream could not be reached: why, for the operator (registry/upstreams/health.py)
 
 
 def failure(code: str, message: str, detail: str = "") -> Outcome:
@@ -145,7 +145,7 @@ class UpstreamConnection:
         callbacks: dict[str, Any] = {
             ask.callback: _relaying(self, method) for method, ask in ASKS.items() if ask.capability in declared
         }
-        if LOGGING in self.capabilities:  # every level: the agent's end filters (handoff/relaying.py)
+        if LOGGING in self.capabilities:  # every level: the agent's end filters (handoff/mcp/agent_relay.py)
             callbacks |= {"logging_callback": self._log, "log_level": "debug"}
         return callbacks | ({"message_handler": self._heard} if self.notice else {})
 
@@ -461,7 +461,7 @@ class UpstreamPool:
         except TimeoutError:
             return failure("UPSTREAM_TIMEOUT", f"The service did not answer within {spec.timeout:g} seconds.")
         except MCPError as exc:
-            if reply_too_deep(exc):  # registry/replies.py stood in for the reply
+            if reply_too_deep(exc):  # registry/upstreams/reply_depth.py stood in for the reply
                 return failure("UPSTREAM_INVALID_RESPONSE", exc.message)
             if exc.code == types.CONNECTION_CLOSED:
                 cause = connection.cause("the connection closed during a call")

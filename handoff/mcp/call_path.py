@@ -18,18 +18,18 @@ from mcp.shared.exceptions import MCPError
 from audit.outcomes import DEADLINE, call_deadline
 from audit.services import canonical_sha256
 from audit.telemetry import DENIALS, call_observe, current_traceparent, span_failed
-from handoff.caller import Caller
-from handoff.recording import record
+from handoff.mcp.audit_rows import record
+from handoff.mcp.caller import Caller
+from handoff.protocol.tunnels import SessionTunnel, index_session
 from handoff.snapshot import Route, Snapshot
-from handoff.tunnels import SessionTunnel, index_session
 from policy.decisions import Denial
 from policy.limits.admission import Admission, health_of, limits_denial
 from policy.limits.stores import limit_store
 from policy.redaction import redact, redact_error_result
 from registry.executor import get_executor
-from registry.pool import Outcome, failure
-from registry.relay import Relay
-from registry.requests import UpstreamRequest
+from registry.upstreams.pool import Outcome, failure
+from registry.upstreams.relay import Relay
+from registry.upstreams.requests import UpstreamRequest
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from gateway_project.lib.redis_clients import async_redis, sync_redis
 from handoff.models import Tunnel
-from registry.loop import held_tunnels, pool_thread
+from registry.upstreams.loop import held_tunnels, pool_thread
 
 # Far past any idle timeout (at most a day), so an entry outlives its tunnel only when a process died
 # mid-close, and then not for ever.

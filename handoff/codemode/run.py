@@ -1,5 +1,5 @@
 """Code mode: `search_tools` finds the tools an agent may use, with TypeScript signatures; `execute` runs
-the agent's code in the sandbox (registry/codemode/sandbox.py), where each tool call it makes is decided,
+the agent's code in the sandbox (handoff/codemode/sandbox.py), where each tool call it makes is decided,
 admitted, audited and run exactly like a direct call (calling.py), its rows naming the execution's
 request id. Nothing the agent may not call is found, bound or run."""
 
@@ -16,8 +16,14 @@ from django.conf import settings
 from mcp.shared.exceptions import MCPError
 
 from audit.outcomes import EXECUTOR_GRACE_SECONDS
-from handoff.caller import Caller
-from handoff.calling import (
+from handoff.codemode.bindings import Bindings, bindings_build
+from handoff.codemode.embeddings import model_dir, model_id
+from handoff.codemode.sandbox import SandboxError, SandboxLimits, SandboxRun, sandbox_run
+from handoff.codemode.search import Embedder, SearchIndex
+from handoff.codemode.slots import SandboxSlots
+from handoff.codemode.typescript import method_declaration
+from handoff.codemode.vectors import StoredVectors
+from handoff.mcp.call_path import (
     conclude,
     decide,
     deny,
@@ -27,18 +33,12 @@ from handoff.calling import (
     route_execute,
     run_admitted,
 )
+from handoff.mcp.caller import Caller
 from handoff.snapshot import Snapshot, snapshot
 from policy.decisions import INVALID_PARAMS, Denial, ToolRefused
-from registry.codemode.bindings import Bindings, bindings_build
-from registry.codemode.embeddings import model_dir, model_id
-from registry.codemode.sandbox import SandboxError, SandboxLimits, SandboxRun, sandbox_run
-from registry.codemode.search import Embedder, SearchIndex
-from registry.codemode.slots import SandboxSlots
-from registry.codemode.typescript import method_declaration
-from registry.codemode.vectors import StoredVectors
 from registry.executor import publish_call
 from registry.naming import gateway_tool_name
-from registry.pool import Outcome, failure
+from registry.upstreams.pool import Outcome, failure
 
 logger = logging.getLogger(__name__)
 

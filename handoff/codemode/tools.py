@@ -1,5 +1,5 @@
 """The gateway's code-mode tools as agents see them: `search_tools` finds tools with their TypeScript
-signatures, `execute` runs code that calls them (handoff/codemode.py runs both)."""
+signatures, `execute` runs code that calls them (handoff/codemode/run.py runs both)."""
 
 from typing import Any
 
