@@ -13,7 +13,7 @@ from handoff.codemode.run import execution_run
 from handoff.mcp.list_changed import tools_changed_everywhere
 from handoff.protocol.tunnels import index_session, tunnels_close_held, tunnels_sweep_idle
 from registry.executor import reply_after
-from registry.tasks import CANCELLED
+from registry.tasks import CANCELLED_OUTCOME
 from registry.upstreams.loop import pool_thread
 from registry.upstreams.relay import cancellable
 
@@ -36,7 +36,7 @@ def sweep_idle_tunnels() -> int:
 def run_code_task(*, execution: dict[str, Any], reply_to: str, call: str = "") -> None:
     """One execution, on this worker's event loop (where its async clients live); the sandbox bounds it, and
     the web process that waits may cancel it (which ends Deno and cancels the calls in flight)."""
-    running = cancellable(lambda: execution_run(execution), call, CANCELLED)
+    running = cancellable(lambda: execution_run(execution), call, CANCELLED_OUTCOME)
     pool_thread().submit(reply_after(reply_to, running)).result()
 
 

@@ -21,7 +21,7 @@ from registry.worker import worker_queue
 
 logger = logging.getLogger(__name__)
 
-CANCELLED = failure("CANCELLED", "The call was cancelled.", "cancelled by the caller")
+CANCELLED_OUTCOME = failure("CANCELLED", "The call was cancelled.", "cancelled by the caller")
 # Past every call's own deadline; the pool enforces the real one.
 HARD_LIMIT = settings.GATEWAY_MAX_TIMEOUT + settings.GATEWAY_CONNECT_TIMEOUT + 30
 
@@ -38,7 +38,7 @@ def _run_call(
     here = ChannelRelay(relay, list(capabilities)) if relay else None
 
     async def running() -> Outcome:
-        outcome = await cancellable(lambda: work(here), call, CANCELLED)
+        outcome = await cancellable(lambda: work(here), call, CANCELLED_OUTCOME)
         if here is not None:
             await here.end()
         return outcome

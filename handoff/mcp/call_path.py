@@ -33,7 +33,7 @@ from registry.upstreams.requests import UpstreamRequest
 
 logger = logging.getLogger(__name__)
 
-CANCELLED = "cancelled before the upstream answered"
+CANCELLED_DETAIL = "cancelled before the upstream answered"  # a cancelled call's completion row
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ async def timed(run: Callable[[], Awaitable[Outcome]], audit: dict[str, Any]) ->
                 kind="completed",
                 outcome="error",
                 error_code="CANCELLED",
-                error_detail=CANCELLED,
+                error_detail=CANCELLED_DETAIL,
                 duration_ms=duration_ms,
                 **audit,
             )

@@ -24,7 +24,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from audit.telemetry import DENIALS, current_trace_id
 from handoff.mcp.agent_relay import AgentRelay
 from handoff.mcp.audit_rows import record
-from handoff.mcp.call_path import CANCELLED, Decision, admit, approval, request_audit
+from handoff.mcp.call_path import CANCELLED_DETAIL, Decision, admit, approval, request_audit
 from handoff.mcp.caller import caller_of, request_span
 from handoff.mcp.input_required import passed_through, responses_of
 from handoff.mcp.list_changed import resource_subscription
@@ -214,7 +214,7 @@ async def _complete(audit: dict[str, Any], decision: Decision, outcome: Outcome 
         fields = {
             "outcome": "error",
             "error_code": "CANCELLED",
-            "error_detail": CANCELLED,
+            "error_detail": CANCELLED_DETAIL,
         }
     elif outcome["ok"]:
         fields = {"outcome": "ok", "response_bytes": len(json.dumps(outcome["result"]))}
