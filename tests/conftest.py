@@ -24,6 +24,19 @@ TRIAGE_TOPICS = {
 BIN = Path(sys.executable).parent
 
 
+# A test is end to end (marked `e2e`) when it needs a live process: a gateway, worker, specialist or upstream
+# that a fixture starts (every such fixture takes `server_env`, `everything_http` or `logs`), or one it starts
+# itself (those modules say so with `pytestmark = pytest.mark.e2e`). `scripts/test -m "not e2e"` runs the rest
+# in-process, against the real PostgreSQL and Redis, in under a minute.
+LIVE_PROCESS_FIXTURES = frozenset({"server_env", "everything_http", "logs"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if LIVE_PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
 def needs(condition: bool, reason: str) -> None:
     """Skip without a service, or fail where CI demands every service."""
     if not condition:
@@ -33,7 +46,9 @@ def needs(condition: bool, reason: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def db(django_db_setup, django_db_blocker) -> Iterator[None]:
+def db(django_db_setup, django_db_blocker, shared_state) -> Iterator[None]:
+    """The test database, and a clean Redis beside it (shared_state) even where no process fixture runs (the
+    fast tier): state an earlier run left in Redis would name rows the new database reuses."""
     from django.db import connections
 
     with django_db_blocker.unblock():

@@ -5,6 +5,7 @@ from collections import Counter
 
 import anyio
 import httpx2
+from asgiref.sync import sync_to_async
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
@@ -110,7 +111,13 @@ def test_a_call_whose_client_leaves_still_gets_its_completion_row(inline_gateway
                     }
                 )
             )
-            await anyio.sleep(0.5)  # let the call reach the upstream, then leave without waiting
+            # Leave without waiting, once the call is approved (its row is written before the upstream is touched).
+            with anyio.fail_after(10):
+                while not await sync_to_async(approved)():
+                    await anyio.sleep(0.05)
+
+    def approved() -> bool:
+        return any(r.tool == "sleep" and r.kind == "approved" for r in audit_since(mark))
 
     def both_rows():
         rows = [r for r in audit_since(mark) if r.tool == "sleep"]

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import httpx2
+from asgiref.sync import sync_to_async
 from mcp.shared.exceptions import MCPError
 
 from handoff.models import Tunnel
@@ -54,13 +55,18 @@ def test_calls_while_connecting_get_handoff_connecting_and_a_silent_specialist_t
 
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(hand_off)
-                        await anyio.sleep(0.5)
+                        with anyio.fail_after(5):  # call once the handoff is connecting (its tunnel row says so)
+                            while not await sync_to_async(connecting)():
+                                await anyio.sleep(0.02)
                         try:
                             await client.call_tool("time__get_current_time", {"timezone": "UTC"})
                         except MCPError as refused:
                             outcomes["meanwhile"] = refused
                     outcomes["after"] = await client.call_tool("demo__echo", {"text": "still here"})
                 return outcomes
+
+            def connecting() -> bool:
+                return Tunnel.objects.filter(agent__name="waiter", state=Tunnel.State.CONNECTING).exists()
 
             outcomes = run(scenario)
             rows = audit_since(mark)

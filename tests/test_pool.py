@@ -51,6 +51,13 @@ def _alive(pid: int) -> bool:
     return not open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
+async def _in_flight(pool: UpstreamPool) -> None:
+    """Until a call is running on one of the pool's sessions."""
+    with anyio.fail_after(5):
+        while not any(connection.in_flight for connection in pool._connections.values()):
+            await anyio.sleep(0.01)
+
+
 def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
     async def pid(pool: UpstreamPool) -> int:
         return int((await pool.request(UpstreamRequest.tool_call(1, 1, "pid", {})))["result"]["content"][0]["text"])
@@ -61,7 +68,7 @@ def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
         kept = await pid(pool)
         async with anyio.create_task_group() as calls:
             calls.start_soon(pool.request, UpstreamRequest.tool_call(1, 1, "sleep", {"seconds": 0.5}))
-            await anyio.sleep(0.2)
+            await _in_flight(pool)
             pool.close_idle(0)  # the sleep is in flight: nothing may close under it
             assert _alive(first)
         pool.close_idle(0)
@@ -97,9 +104,7 @@ def test_a_server_killed_during_a_call_is_named_in_the_operators_cause():
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(sleeping)
-            with anyio.fail_after(5):
-                while not any(c.in_flight for c in pool._connections.values()):
-                    await anyio.sleep(0.01)
+            await _in_flight(pool)
             os.kill(pid, signal.SIGKILL)
         return outcome
 

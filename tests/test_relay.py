@@ -7,6 +7,7 @@ import uuid
 
 import anyio
 import pytest
+from asgiref.sync import sync_to_async
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
@@ -42,8 +43,13 @@ def test_cancelling_a_call_cancels_it_at_the_upstream(gateway, world, mode):
         async with sdk_client(gateway.url, world.key, mode, timeout=30) as client:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(client.call_tool, "demo__sleep", {"seconds": 20, "mark": mark})
-                await anyio.sleep(1.5)
+                with anyio.fail_after(10):  # cancel once the call is approved, so it is on its way to the upstream
+                    while not await sync_to_async(approved)():
+                        await anyio.sleep(0.05)
                 tg.cancel_scope.cancel()  # the SDK client sends notifications/cancelled for the abandoned call
+
+    def approved() -> bool:
+        return any(r.exposed_name == "demo__sleep" and r.kind == "approved" for r in audit_since(started))
 
     run(scenario)
     assert eventually(lambda: os.path.exists(os.path.join(CANCELLED_DIR, mark)), timeout=10)
@@ -205,7 +211,10 @@ def test_upstream_log_messages_reach_an_agent_that_asked_for_them_at_its_level(g
             if mode == "legacy" and level:
                 await client.set_logging_level(level)
             assert (await client.call_tool("demo__log", {})).content[0].text == "logged"
-            await anyio.sleep(0.2)
+            # Messages travel on the call's own stream, ahead of its result; their callbacks may trail it.
+            with anyio.move_on_after(5):
+                while level and len(received) < 2:
+                    await anyio.sleep(0.02)
         return received
 
     assert run(lambda: messages("info")) == [("info", "a info message"), ("warning", "a warning message")]

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests import servers
 from tests.conftest import BIN, needs
+
+pytestmark = pytest.mark.e2e  # it runs import_mcp_config processes against one SQLite file
 
 TRIES = 8
 
