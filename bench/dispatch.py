@@ -34,7 +34,9 @@ async def measure(key: str, calls: int) -> dict[str, list[float]]:
     caller = Caller(agent_id=holder.agent_id, agent_name=holder.agent_name, transport="bench", key_prefix=holder.prefix)
     # A 2025-11-25 request of a client that declared nothing and asked for no progress: no relay is carried.
     session = SimpleNamespace(client_capabilities=None)
-    ctx = SimpleNamespace(request=caller, protocol_version="2025-11-25", session=session, params={}, meta=None)
+    ctx = SimpleNamespace(
+        request=caller, request_id=1, protocol_version="2025-11-25", session=session, params={}, meta=None
+    )
     params = types.CallToolRequestParams(name="demo__echo", arguments=ARGUMENTS)
     route = snap.tools["demo__echo"].route
 

@@ -53,8 +53,14 @@ def db(django_db_setup, django_db_blocker, shared_state) -> Iterator[None]:
 
     with django_db_blocker.unblock():
         yield
-        # Pooled connections of this process (threads of client scenarios use some) would otherwise keep
-        # the test database from being dropped.
+        # Connections of this process's other threads (client scenarios', sync_to_async's) would otherwise
+        # keep the test database from being dropped, after PostgreSQL waited 5 s for them to leave.
+        if connections["default"].vendor == "postgresql":
+            with connections["default"].cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
         for connection in connections.all(initialized_only=True):
             connection.close()
             if getattr(connection, "pool", None) is not None:  # PostgreSQL's; SQLite has none

@@ -15,7 +15,7 @@ from handoff.codemode.search import Embedder, SearchIndex, stem, terms
 from handoff.codemode.typescript import declarations, input_type, method_declaration
 from handoff.codemode.vectors import StoredVectors
 
-CATALOGS = Path(__file__).resolve().parent.parent / "bench" / "catalogs"
+CATALOGS = Path(__file__).resolve().parents[3] / "bench" / "catalogs"
 
 
 def real_tools() -> list[tuple[str, str, str, dict]]:

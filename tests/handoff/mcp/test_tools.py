@@ -1,0 +1,77 @@
+"""The MCP layer's tools/list and tools/call handlers, called directly in this process: no transport and no SDK
+server underneath, the inline executor running the demo upstream on this process's pool."""
+
+from types import SimpleNamespace
+
+import anyio
+import pytest
+from asgiref.sync import sync_to_async
+from mcp import types
+from mcp.shared.exceptions import MCPError
+
+from handoff.mcp.caller import Caller
+from handoff.mcp.tools import call_tool, list_tools
+from handoff.snapshot import snapshot
+from policy.config_version import config_version
+from tests.factories import agent, demo_upstream
+from tests.helpers import audit_mark, audit_since
+
+
+@pytest.fixture
+def caller(db):
+    with demo_upstream("layer"), agent("layer-agent") as (someone, key):
+        yield Caller(agent_id=someone.id, agent_name=someone.name, transport="test", key_prefix=key[3:15])
+
+
+def _ctx(caller: Caller, request_id: int = 1) -> SimpleNamespace:
+    """What a handler reads of its request: who asks, in which era, and a client that declared nothing."""
+    session = SimpleNamespace(client_capabilities=None)
+    return SimpleNamespace(
+        request=caller, request_id=request_id, protocol_version="2025-11-25", session=session, params={}, meta=None
+    )
+
+
+async def _current() -> None:
+    """This process's snapshot, as a web process holds it, holding what the test just made."""
+    await snapshot.at_least(await sync_to_async(config_version)())
+
+
+def _called(caller: Caller, name: str, arguments: dict) -> dict:
+    async def calling() -> dict:
+        await _current()
+        return await call_tool(_ctx(caller), types.CallToolRequestParams(name=name, arguments=arguments))
+
+    return anyio.run(calling)
+
+
+def test_a_call_is_decided_run_and_audited_with_its_approval_and_completion(caller):
+    mark = audit_mark()
+    result = _called(caller, "layer__echo", {"text": "through the layer"})
+    assert result["content"] == [{"type": "text", "text": "through the layer"}]
+    rows = [(r.kind, r.agent_name, r.upstream, r.tool, r.error_code) for r in audit_since(mark)]
+    assert rows == [
+        ("approved", "layer-agent", "layer", "echo", ""),
+        ("completed", "layer-agent", "layer", "echo", ""),
+    ]
+
+
+def test_an_unknown_tool_is_refused_with_its_name_and_audited(caller):
+    mark = audit_mark()
+    with pytest.raises(MCPError) as refused:
+        _called(caller, "layer__nonexistent", {})
+    assert refused.value.error.code == types.INVALID_PARAMS
+    assert refused.value.error.data["code"] == "TOOL_NOT_FOUND"
+    assert refused.value.error.message == (
+        "Unknown tool: 'layer__nonexistent'. Call tools/list for the tools this gateway offers."
+    )
+    [denied] = audit_since(mark)
+    assert (denied.kind, denied.error_code, denied.exposed_name) == ("denied", "TOOL_NOT_FOUND", "layer__nonexistent")
+
+
+def test_tools_list_offers_the_agent_its_tools_by_their_exposed_names(caller):
+    async def listing() -> dict:
+        await _current()
+        return await list_tools(_ctx(caller), None)
+
+    names = {tool["name"] for tool in anyio.run(listing)["tools"]}
+    assert {"layer__echo", "layer__add"} <= names
