@@ -1,5 +1,5 @@
 """The console's "Test this tool": an operator's call through the path an agent's takes (decided, admitted,
-audited; calling.py), made as the built-in agent `console` with the operator as every row's actor.
+audited; handoff/mcp/call_path.py), made as the built-in agent `console` with the operator as every row's actor.
 
 Why an agent of its own: the decision, the limits and the trail are per agent, and an operator is none. One
 `console` agent, made on first use, holds no key (no client can call as it) and is excluded from nothing:

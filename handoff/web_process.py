@@ -1,4 +1,4 @@
-"""What every web process runs beside requests: the change relay (notify.py), and in the embedded default,
+"""What every web process runs beside requests: the change relay (list_changed.py), and in the embedded default,
 which has no Celery beat, the idle-tunnel sweep (tasks.py) and the audit trail's upkeep (audit/tasks.py) on
 timers of their own, and the upstreams' health probe (registry/tasks.py)."""
 
@@ -35,7 +35,7 @@ embedded_sweeper = ProcessTask(_sweep_here)
 
 def background_start() -> None:
     """Requests do not wait for these: a change relay that cannot reach Redis must not fail a request
-    that does not need it (the handoff moves, which do, wait for it: notify.py)."""
+    that does not need it (the handoff moves, which do, wait for it: handoff/mcp/list_changed.py)."""
     change_relay.start()
     if settings.GATEWAY_EXECUTOR == "inline":
         embedded_sweeper.start()

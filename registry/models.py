@@ -90,7 +90,11 @@ class Upstream(models.Model):
         null=True,
         blank=True,
         validators=[MinValueValidator(0.1)],
-        help_text="Seconds an open circuit waits before one probe call; empty: GATEWAY_BREAKER_RECOVERY_SECONDS",
+        help_text=(
+            "The longest an open circuit waits before one probe call (it first waits "
+            "GATEWAY_BREAKER_FIRST_OPEN_SECONDS, doubling on each failed probe); "
+            "empty: GATEWAY_BREAKER_RECOVERY_SECONDS"
+        ),
     )
     # Bumped on every change of how to reach the upstream, so executors reconnect.
     revision = models.PositiveIntegerField(default=1)

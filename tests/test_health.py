@@ -66,13 +66,8 @@ def _answering_401() -> Iterator[str]:
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/mcp"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _serving(ThreadingHTTPServer(("127.0.0.1", 0), Refusing), "http") as url:
+        yield url
 
 
 @contextmanager
@@ -88,9 +83,16 @@ def _tls_with_unknown_issuer(tmp_path: Path) -> Iterator[str]:
     context.load_cert_chain(cert, key)
     server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
     server.socket = context.wrap_socket(server.socket, server_side=True)
+    with _serving(server, "https") as url:
+        yield url
+
+
+@contextmanager
+def _serving(server: ThreadingHTTPServer, scheme: str) -> Iterator[str]:
+    """`server` serving in a thread while the block runs; its /mcp URL."""
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"https://127.0.0.1:{server.server_address[1]}/mcp"
+        yield f"{scheme}://127.0.0.1:{server.server_address[1]}/mcp"
     finally:
         server.shutdown()
         server.server_close()

@@ -1,6 +1,6 @@
 """Code mode: `search_tools` finds the tools an agent may use, with TypeScript signatures; `execute` runs
 the agent's code in the sandbox (handoff/codemode/sandbox.py), where each tool call it makes is decided,
-admitted, audited and run exactly like a direct call (calling.py), its rows naming the execution's
+admitted, audited and run exactly like a direct call (handoff/mcp/call_path.py), its rows naming the execution's
 request id. Nothing the agent may not call is found, bound or run."""
 
 import asyncio

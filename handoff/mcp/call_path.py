@@ -1,5 +1,5 @@
-"""One tool call's path after routing, shared by calls from agents (dispatcher.py) and calls from code
-(codemode.py): decide and admit, record the approval, run, record the completion and give the admission
+"""One tool call's path after routing, shared by calls from agents (tools.py) and calls from code
+(handoff/codemode/run.py): decide and admit, record the approval, run, record the completion and give the admission
 back. Every approved call gets exactly one completion row, whatever happens in between."""
 
 import asyncio

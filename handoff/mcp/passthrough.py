@@ -138,7 +138,7 @@ async def _rounds(
     ctx: ServerRequestContext, name: str, owner: tuple[UpstreamInfo, str] | None, params: Any
 ) -> dict[str, Any] | None:
     """For a 2026-07-28 agent's prompts/get or resources/read: what passes an upstream's input-required
-    rounds through (parking.py); None for a 2025-11-25 agent, whose upstream asks on the request's stream."""
+    rounds through (input_required.py); None for a 2025-11-25 agent, whose upstream asks on the request's stream."""
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return None
     if params.request_state is None:
@@ -282,7 +282,7 @@ async def unsubscribe_resource(ctx: ServerRequestContext, params: types.Unsubscr
 
 
 async def _subscription(ctx: ServerRequestContext, uri: str, subscribed: bool) -> types.EmptyResult:
-    """(Un)subscribe at the upstream, and remember who hears of the resource's updates (notify.py)."""
+    """(Un)subscribe at the upstream, and remember who hears of the resource's updates (list_changed.py)."""
     owner = _owner_of_uri(await snapshot.get(), uri)
     method = "resources/subscribe" if subscribed else "resources/unsubscribe"
     await _forward(
@@ -297,7 +297,7 @@ async def subscriptions_listen(
     ctx: ServerRequestContext, params: types.SubscriptionsListenRequestParams
 ) -> types.SubscriptionsListenResult:
     """A 2026-07-28 agent subscribes to resources on its listen stream: each resource's upstream is asked
-    for its updates (decided and audited like resources/subscribe), then the stream is served (notify.py)."""
+    for its updates (decided and audited like resources/subscribe), then the stream is served (list_changed.py)."""
     for uri in params.notifications.resource_subscriptions or ():
         owner = _owner_of_uri(await snapshot.get(), uri)
         not_found = _not_found("resource", uri, "resources/list")

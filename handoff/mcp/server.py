@@ -1,5 +1,5 @@
-"""The gateway's one SDK `Server`: tools and handoffs (dispatcher.py), resources, prompts and completions
-(passthrough.py), change subscriptions (notify.py). Every transport (Streamable HTTP in both eras,
+"""The gateway's one SDK `Server`: tools and handoffs (tools.py), resources, prompts and completions
+(passthrough.py), change subscriptions (list_changed.py). Every transport (Streamable HTTP in both eras,
 WebSocket) feeds this same server."""
 
 import warnings

@@ -1,5 +1,5 @@
-"""The transport-free MCP layer: one SDK `Server` whose handlers route, decide, audit and execute.
-Every transport (Streamable HTTP in both eras, WebSocket) feeds this same server."""
+"""tools/list and tools/call: a call is routed (a handoff move, code mode, or an upstream's tool), decided,
+audited and executed (call_path.py). The SDK server (server.py) calls these handlers for every transport."""
 
 import json
 import logging
@@ -157,7 +157,7 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         log_fields_add(trace_id=trace_id, agent=caller.agent_name, tool=params.name)
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             return await _call_tool(ctx, params, trace_id, relay)
-        # A 2026-07-28 agent: what an upstream asks comes back as input-required results (parking.py).
+        # A 2026-07-28 agent: what an upstream asks comes back as input-required results (input_required.py).
         entry = (await snapshot.get()).tools.get(params.name)
         upstream = entry.route.upstream_slug if entry else ""
         # Answers the agent sends unasked go to the upstream too (it may know what to do with them).

@@ -186,7 +186,7 @@ def tunnel_close_out(
     tunnel: Tunnel, reason: str, *, actor: str = "", close_upstream: bool = True, **conditions: Any
 ) -> bool:
     """Close a tunnel from outside its session (sweep, operator, shutdown): the row, the worker's upstream
-    session, the session index and the audit. The agent is told by the caller (notify.py)."""
+    session, the session index and the audit. The agent is told by the caller (handoff/mcp/list_changed.py)."""
     if not tunnel_end(str(tunnel.id), reason, **conditions):
         return False
     if close_upstream:
