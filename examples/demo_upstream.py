@@ -45,8 +45,9 @@ TOOLS = [
     ),
     types.Tool(
         name="sleep",
-        description="Wait for the given number of seconds, then answer. If the call is cancelled first, "
-        "a file named `mark` appears in CANCELLED_DIR (to check that cancellation reaches the server).",
+        description="Wait for the given number of seconds, then answer. With a `mark`, a file of that name "
+        "appears in STARTED_DIR as it starts, and in CANCELLED_DIR if the call is cancelled first (to check "
+        "that cancellation reaches the server).",
         input_schema={
             "type": "object",
             "properties": {"seconds": {"type": "number"}, "mark": {"type": "string", "pattern": "^[a-z0-9-]{1,64}$"}},
@@ -178,15 +179,21 @@ async def progress(ctx, params: types.CallToolRequestParams, seconds: float) -> 
 
 
 CANCELLED_DIR = Path(tempfile.gettempdir()) / "switchboard-demo-cancelled"
+STARTED_DIR = Path(tempfile.gettempdir()) / "switchboard-demo-started"
+
+
+def _touch(folder: Path, mark: str) -> None:
+    if re.fullmatch(r"[a-z0-9-]{1,64}", mark):
+        folder.mkdir(exist_ok=True)
+        (folder / mark).touch()
 
 
 async def sleep(seconds: float, mark: str) -> types.CallToolResult:
+    _touch(STARTED_DIR, mark)
     try:
         await anyio.sleep(seconds)
     except anyio.get_cancelled_exc_class():
-        if re.fullmatch(r"[a-z0-9-]{1,64}", mark):
-            CANCELLED_DIR.mkdir(exist_ok=True)
-            (CANCELLED_DIR / mark).touch()
+        _touch(CANCELLED_DIR, mark)
         raise
     return text("slept")
 

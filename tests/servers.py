@@ -21,6 +21,7 @@ LOOPBACK_JS = ROOT / "tests/support/loopback.cjs"
 START_TIMEOUT = 30.0
 # Where the demo server marks a call of its `sleep` tool that was cancelled (examples/demo_upstream.py).
 CANCELLED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-cancelled")
+STARTED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-started")  # the demo's sleep marks its start
 
 
 def free_port() -> int:
