@@ -3,6 +3,7 @@
 import os
 import signal
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,7 +13,7 @@ from django.test import override_settings
 from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.requests import UpstreamRequest
 from registry.upstreams.spec import UpstreamSpec
-from tests.servers import ROOT
+from tests.servers import ROOT, STARTED_DIR
 
 DEMO = UpstreamSpec(
     id=1,
@@ -93,18 +94,20 @@ def test_an_upstream_that_never_answers_the_handshake_is_a_connect_timeout():
 def test_a_server_killed_during_a_call_is_named_in_the_operators_cause():
     """The model gets the generic words; the operator's cause says how the process ended."""
 
+    mark = f"killed-{uuid.uuid4().hex[:12]}"
+
     async def body(pool: UpstreamPool) -> dict:
         pid = int((await pool.request(UpstreamRequest.tool_call(1, 1, "pid", {})))["result"]["content"][0]["text"])
         outcome: dict = {}
 
         async def sleeping() -> None:
-            outcome.update(
-                await pool.request(UpstreamRequest.tool_call(1, 1, "sleep", {"seconds": 30, "mark": "killed"}))
-            )
+            outcome.update(await pool.request(UpstreamRequest.tool_call(1, 1, "sleep", {"seconds": 30, "mark": mark})))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(sleeping)
-            await _in_flight(pool)
+            with anyio.fail_after(5):  # the server is running the call
+                while not os.path.exists(os.path.join(STARTED_DIR, mark)):
+                    await anyio.sleep(0.01)
             os.kill(pid, signal.SIGKILL)
         return outcome
 
