@@ -9,7 +9,7 @@ class AuditConfig(AppConfig):
 
 
 class ConsoleAdminConfig(admin_apps.AdminConfig):
-    """django.contrib.admin, on the console's site (gateway_project/console.py)."""
+    """django.contrib.admin, on the console's site (gateway_project/admin_site.py)."""
 
     default = False
-    default_site = "gateway_project.console.ConsoleSite"
+    default_site = "gateway_project.admin_site.ConsoleSite"

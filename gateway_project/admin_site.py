@@ -1,5 +1,5 @@
 """The admin site of the console: the stock admin, with the dashboard as its front page and a sign-in
-that is throttled (sign_in.py)."""
+that is throttled (audit/sign_in.py)."""
 
 from django.contrib import admin
 from django.http import HttpRequest
