@@ -24,17 +24,29 @@ TRIAGE_TOPICS = {
 BIN = Path(sys.executable).parent
 
 
-# A test is end to end (marked `e2e`) when it needs a live process: a gateway, worker, specialist or upstream
-# that a fixture starts (every such fixture takes `server_env`, `everything_http` or `logs`), or one it starts
-# itself (those modules say so with `pytestmark = pytest.mark.e2e`). `scripts/test -m "not e2e"` runs the rest
-# in-process, against the real PostgreSQL and Redis, in under a minute.
-LIVE_PROCESS_FIXTURES = frozenset({"server_env", "everything_http", "logs"})
+# A test is end to end (marked `e2e`) when it needs a live process: a gateway, worker, specialist, upstream
+# server or browser that a fixture starts (every such fixture takes `server_env`, `everything_http` or `logs`,
+# but for Chromium's `browser`), one that a fixture starts for some of its parameters only (it takes the
+# process's fixture by name: LIVE_PARAMETERS), or one the test starts itself (those modules say so with
+# `pytestmark = pytest.mark.e2e`). `scripts/test -m "not e2e"` runs the rest in-process, against the real
+# PostgreSQL and Redis, in under a minute; there, a test that starts a process anyway fails (tests/servers.py).
+LIVE_PROCESS_FIXTURES = frozenset({"server_env", "everything_http", "logs", "browser"})
+LIVE_PARAMETERS = {"gateway": {"inline", "celery"}, "admin_executor": {"celery"}}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if LIVE_PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        if LIVE_PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())) or any(
+            params.get(name) in values for name, values in LIVE_PARAMETERS.items()
+        ):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures: only an e2e test may start a process through tests/servers.py."""
+    servers.allow_processes(item.get_closest_marker("e2e") is not None)
 
 
 def needs(condition: bool, reason: str) -> None:

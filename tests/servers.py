@@ -59,7 +59,17 @@ class Running:
                 self.process.wait(timeout=10)
 
 
+_processes_allowed = True  # the test run says per test (tests/conftest.py): only e2e tests may start one
+
+
+def allow_processes(allowed: bool) -> None:
+    global _processes_allowed
+    _processes_allowed = allowed
+
+
 def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    if not _processes_allowed:
+        raise RuntimeError(f"a test not marked e2e starts {command[:3]}: mark it (tests/conftest.py says how)")
     # A process group of its own, so that stopping it also stops the upstreams it spawned.
     return subprocess.Popen(
         command, env=env, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True

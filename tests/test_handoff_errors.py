@@ -331,10 +331,17 @@ def test_a_handoff_the_client_abandons_while_connecting_leaves_the_session_usabl
         with specialist_register("void", silent.url, route=True, connect_timeout=5), agent("quitter") as (_, key):
             _wait_for_tool(inline_gateway, key, "switchboard__handoff_to_void")
 
+            def connecting() -> bool:
+                return Tunnel.objects.filter(agent__name="quitter", state=Tunnel.State.CONNECTING).exists()
+
             async def scenario():
                 async with sdk_client(inline_gateway.url, key, "legacy") as client:
-                    with anyio.move_on_after(0.5):  # the client gives up: the SDK cancels the request
-                        await client.call_tool("switchboard__handoff_to_void", {"reason": "never mind"})
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(client.call_tool, "switchboard__handoff_to_void", {"reason": "never mind"})
+                        with anyio.fail_after(5):  # once the handoff is connecting (its tunnel row says so)
+                            while not await sync_to_async(connecting)():
+                                await anyio.sleep(0.02)
+                        tg.cancel_scope.cancel()  # the client gives up: the SDK cancels the request
                     with anyio.fail_after(5):
                         while True:  # the cancellation reaches the gateway a moment later
                             try:

@@ -38,7 +38,7 @@ def test_a_compiled_snapshot_holds_only_keys_of_enabled_agents_and_reachable_too
     assert snap.version == config_version()
 
 
-def test_a_holder_told_to_look_again_looks_however_long_ago_the_machine_started(world, settings):
+def test_a_holder_told_to_look_again_looks_however_long_ago_the_machine_started(db, settings):
     """Monotonic time counts from boot: a holder that checks once a day (longer than this machine has been up)
     still reads the new version when asked for a newer one."""
     import anyio

@@ -85,7 +85,12 @@ def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
 
 @override_settings(GATEWAY_CONNECT_TIMEOUT=1)
 def test_an_upstream_that_never_answers_the_handshake_is_a_connect_timeout():
-    silent = UpstreamSpec(id=2, revision=1, slug="silent", transport="stdio", timeout=5, command="sleep", args=["30"])
+    # It reads its input to the end and never writes: it exits once the pool closes its stdin, which `sleep`
+    # would not, so the pool would wait its 2 s grace (registry/upstreams/stdio.py) before ending it.
+    never = ["-c", "import sys; sys.stdin.read()"]
+    silent = UpstreamSpec(
+        id=2, revision=1, slug="silent", transport="stdio", timeout=5, command=sys.executable, args=never
+    )
     outcome = with_pool(silent, lambda pool: pool.request(UpstreamRequest.tool_call(2, 1, "anything", {})))
     assert (outcome["ok"], outcome["code"]) == (False, "UPSTREAM_CONNECT_TIMEOUT")
     assert outcome["message"] == "The service did not answer while connecting. Try later."
