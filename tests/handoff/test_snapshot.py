@@ -1,12 +1,16 @@
-"""The routing snapshot's version moves with every change that routing reads, however it is made."""
+"""The routing snapshot: compiled from the rows routing reads (whose every change moves its version), and the
+decisions it makes from them."""
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.utils import timezone
 
 from handoff.snapshot import snapshot_compile
 from policy.config_version import config_version
-from policy.models import Agent, ServerGroup
-from registry.models import Upstream
+from policy.models import Agent, Rule, ServerGroup
+from registry.models import Tool, Upstream
+from tests.factories import agent
 
 
 @pytest.mark.parametrize(
@@ -57,3 +61,54 @@ def test_a_holder_told_to_look_again_looks_however_long_ago_the_machine_started(
 
     first, later, known = anyio.run(scenario)
     assert later > first and known
+
+
+def _tools(upstream: Upstream, *names: str, approved: bool = True) -> None:
+    """Tool rows as a catalog sync leaves them (no server is asked); not approved: changed since approval."""
+    for name in names:
+        definition = {"name": name, "description": f"The {name} tool.", "inputSchema": {"type": "object"}}
+        digest, now = f"sha-{name}", timezone.now()
+        pin = digest if approved else "sha-before"
+        Tool.objects.create(
+            upstream=upstream, name=name, definition=definition, definition_sha256=digest, approved_sha256=pin,
+            last_seen_at=now,
+        )  # fmt: skip
+
+
+def test_a_snapshot_compiled_from_rows_decides_each_call_as_they_say(db):
+    vault = ServerGroup.objects.create(name="snap-vault", isolation="strict")
+    closed = ServerGroup.objects.create(name="snap-closed", enabled=False)
+    files = Upstream.objects.create(slug="snap-files", transport="stdio", command="x", group=vault, calls_per_minute=7)
+    shut = Upstream.objects.create(slug="snap-shut", transport="stdio", command="x", group=closed)
+    hidden = Upstream.objects.create(slug="snap-spec", transport="streamable_http", url="http://x/", handoff_only=True)
+    try:
+        _tools(files, "read", "write")
+        _tools(files, "changed", approved=False)
+        _tools(shut, "read")
+        _tools(hidden, "secret")
+        with agent("snap-on") as (on, on_key), agent("snap-off", enabled=False) as (off, off_key):
+            Rule.objects.create(effect="allow", agent=on, upstream=files)
+            Rule.objects.create(effect="deny", agent=on, upstream=files, tool_pattern="wr*")
+            snap, on_id, off_id, vault_id = snapshot_compile(), on.id, off.id, vault.id
+    finally:
+        for row in (files, shut, hidden, vault, closed):
+            row.delete()
+
+    assert snap.key_holder(on_key).agent_name == "snap-on" and snap.key_holder(off_key) is None
+    assert on_id in snap.agents and off_id not in snap.agents
+    denial, read, slug = snap.decide(on_id, "snap-files__read")
+    assert (denial, read.route.tool, read.route.upstream_slug, slug) == (None, "read", "snap-files", "snap-files")
+    assert (read.route.limits.strict_group, read.route.limits.calls_per_minute) == (vault_id, 7)
+    assert read.route.limits.max_concurrent == settings.GATEWAY_UPSTREAM_MAX_CONCURRENT
+    codes = {name: snap.decide(on_id, f"snap-files__{name}")[0] for name in ("write", "changed", "nope")}
+    assert {name: denial.code for name, denial in codes.items()} == {
+        "write": "POLICY_DENIED",
+        "changed": "TOOL_PENDING_APPROVAL",
+        "nope": "TOOL_NOT_FOUND",
+    }
+    assert snap.decide(on_id, "snap-shut__read")[0].code == "UPSTREAM_DISABLED"
+    denial, entry, slug = snap.decide(on_id, "snap-spec__secret")  # a handoff target's tools are not exposed
+    assert (denial.code, entry, slug) == ("TOOL_NOT_FOUND", None, "snap-spec")
+    assert snap.decide(off_id, "snap-files__read")[0].code == "AGENT_DISABLED"
+    visible = {tool["name"] for tool in snap.visible_for(on_id)}
+    assert {name for name in visible if name.startswith("snap-")} == {"snap-files__read"}

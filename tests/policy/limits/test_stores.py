@@ -45,6 +45,37 @@ def test_an_agents_window_counts_only_admitted_calls(store):
     assert codes == ["", "", "AGENT_RATE_LIMITED", "AGENT_RATE_LIMITED"]
 
 
+def test_an_upstreams_window_counts_the_calls_of_every_agent_and_session(store):
+    a = admission(calls_per_minute=2)
+    others = [replace(admission(), upstream=a.upstream) for _ in range(2)]  # other agents, other sessions
+    verdicts = anyio.run(lambda: _admit_each(store, [a, *others]))
+    assert [v.code for v in verdicts] == ["", "", "UPSTREAM_RATE_LIMITED"]
+    assert 59 < verdicts[2].retry_after <= 60, "until the oldest call leaves the minute"
+
+
+def test_a_strict_groups_lock_holds_its_own_session_only(store):
+    vault = admission(strict_group=1)
+    mailer = replace(vault, request_id=f"{vault.request_id}-out", upstream=replace(vault.upstream, strict_group=2))
+    other_session = replace(mailer, request_id=f"{vault.request_id}-new", session=f"{vault.session}-new")
+    assert admit_all(store, [vault, mailer, other_session]) == ["", "POLICY_GROUP_ISOLATION", ""]
+
+
+def test_a_refused_call_takes_no_share_of_any_limit(store):
+    """Had either refusal counted, the second admitted call would be refused: two calls fill the session and the
+    agent's minute."""
+    a = admission(agent={"calls_per_minute": 2, "max_calls_per_session": 2}, strict_group=1, max_concurrent=1)
+    elsewhere = replace(a, request_id=f"{a.request_id}-out", upstream=replace(a.upstream, strict_group=2))
+    assert admit_all(store, [a, elsewhere, replace(a, request_id=f"{a.request_id}-busy")]) == [
+        "",
+        "POLICY_GROUP_ISOLATION",
+        "UPSTREAM_BUSY",
+    ]
+    release(store, a, "ok")
+    assert admit_all(store, [replace(a, request_id=f"{a.request_id}-2")]) == [""]
+    release(store, a, "ok")
+    assert admit_all(store, [replace(a, request_id=f"{a.request_id}-3")]) == ["SESSION_CALL_LIMIT"]
+
+
 def test_sessions_and_concurrency_are_capped_and_a_release_frees_a_slot(store):
     a = admission(agent={"max_calls_per_session": 3}, max_concurrent=1)
     assert admit_all(store, [a, replace(a, request_id="second")]) == ["", "UPSTREAM_BUSY"]
