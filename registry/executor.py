@@ -21,7 +21,7 @@ from django.conf import settings
 from audit.outcomes import EXECUTOR_GRACE_SECONDS, call_deadline
 from gateway_project.lib.redis_clients import async_redis, sync_redis
 from registry.publish import task_publish
-from registry.upstreams.loop import pool_thread
+from registry.upstreams.loop import held_tunnel_close, pool_thread
 from registry.upstreams.pool import TUNNEL_GONE, Outcome, failure
 from registry.upstreams.relay import LoopRelay, Relay, cancel_remote, carried, relay_channels, relay_pump
 from registry.upstreams.requests import UpstreamRequest
@@ -80,8 +80,7 @@ class InlineExecutor:
         return await asyncio.wrap_future(runner.submit(runner.pool.tunnel_call(tunnel_id, tool, arguments)))
 
     async def tunnel_close(self, *, tunnel_id: str, queue: str) -> None:
-        runner = pool_thread()
-        runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)
+        held_tunnel_close(tunnel_id)
 
 
 def held_by(outcome: Outcome, queue: str) -> Outcome:

@@ -13,7 +13,7 @@ from gateway_project.lib.database import database_async
 from gateway_project.lib.process_task import ProcessTask
 from registry.executor import held_by, reply_after
 from registry.services import upstream_health_probe
-from registry.upstreams.loop import pool_thread
+from registry.upstreams.loop import held_tunnel_close, pool_thread
 from registry.upstreams.pool import Outcome, failure
 from registry.upstreams.relay import ChannelRelay, Relay, cancellable
 from registry.upstreams.requests import UpstreamRequest
@@ -106,5 +106,4 @@ def tunnel_call_task(*, tunnel_id: str, tool: str, arguments: dict[str, Any], re
 
 @shared_task(name="registry.tunnel_close", ignore_result=True)
 def tunnel_close_task(*, tunnel_id: str) -> None:
-    runner = pool_thread()
-    runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)
+    held_tunnel_close(tunnel_id)

@@ -1,7 +1,8 @@
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import httpx2
@@ -31,6 +32,19 @@ def eventually(check: Callable[[], T], timeout: float = 5.0) -> T:
         time.sleep(0.1)
     assert value, f"still {value!r} after {timeout} s"
     return value
+
+
+async def until(check: Callable[[], Any], timeout: float = 5.0) -> Any:
+    """`eventually` inside a client scenario: poll `check` (a plain or an async function) until it returns
+    something truthy, failing after `timeout` seconds."""
+    with anyio.fail_after(timeout):
+        while True:
+            value = check()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            await anyio.sleep(0.02)
 
 
 def audit_mark() -> int:

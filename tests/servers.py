@@ -21,7 +21,12 @@ LOOPBACK_JS = ROOT / "tests/support/loopback.cjs"
 START_TIMEOUT = 30.0
 # Where the demo server marks a call of its `sleep` tool that was cancelled (examples/demo_upstream.py).
 CANCELLED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-cancelled")
-STARTED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-started")  # the demo's sleep marks its start
+STARTED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-started")
+
+
+def demo_started(mark: str) -> bool:
+    """Whether the demo upstream is running a `sleep` call given `mark` (it marks its start)."""
+    return os.path.exists(os.path.join(STARTED_DIR, mark))
 
 
 def free_port() -> int:

@@ -1,11 +1,9 @@
 """The audit trail: one approval and one completion per call, sharing a request id; any text is storable."""
 
 import json
-import os
 import uuid
 from collections import Counter
 
-import anyio
 import httpx2
 from mcp.shared.exceptions import MCPError
 
@@ -14,7 +12,7 @@ from audit.services import audit_record, canonical_sha256
 from tests import servers
 from tests.clients import INITIALIZE, call, sdk_client, ws_session
 from tests.conftest import needs
-from tests.helpers import audit_mark, audit_since, eventually, metric_value, run, scrape
+from tests.helpers import audit_mark, audit_since, eventually, metric_value, run, scrape, until
 
 CALLS = [
     ("demo__add", {"a": 1, "b": 2}),
@@ -113,9 +111,7 @@ def test_a_call_whose_client_leaves_still_gets_its_completion_row(inline_gateway
                 )
             )
             # Leave without waiting, once the call has reached the upstream (the demo's sleep marks its start).
-            with anyio.fail_after(10):
-                while not os.path.exists(os.path.join(servers.STARTED_DIR, started)):
-                    await anyio.sleep(0.05)
+            await until(lambda: servers.demo_started(started), timeout=10)
 
     def both_rows():
         rows = [r for r in audit_since(mark) if r.tool == "sleep"]

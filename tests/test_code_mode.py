@@ -18,7 +18,7 @@ from tests import servers
 from tests.clients import call, sdk_client, tool_names, ws_session
 from tests.conftest import needs
 from tests.factories import agent, two_strict_groups
-from tests.helpers import audit_mark, audit_since, eventually, run
+from tests.helpers import audit_mark, audit_since, eventually, run, until
 
 SEARCH, EXECUTE = "switchboard__search_tools", "switchboard__execute"
 MODES = ["legacy", "2026-07-28"]
@@ -474,9 +474,7 @@ def test_an_agent_that_leaves_cancels_the_execution_and_the_calls_it_has_in_flig
         async with sdk_client(gateway.url, world.key, "legacy", timeout=30) as client:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(client.call_tool, EXECUTE, {"code": code})
-                with anyio.fail_after(15):  # leave once the upstream is running the code's call
-                    while not os.path.exists(os.path.join(servers.STARTED_DIR, mark)):
-                        await anyio.sleep(0.05)
+                await until(lambda: servers.demo_started(mark), timeout=15)  # once the upstream runs its call
                 tg.cancel_scope.cancel()
 
     run(scenario)

@@ -14,7 +14,6 @@ from typing import Any
 
 import anyio
 import httpx2
-from asgiref.sync import sync_to_async
 from mcp.shared.exceptions import MCPError
 
 from handoff.models import Tunnel
@@ -22,7 +21,7 @@ from tests import servers
 from tests.clients import call, sdk_client, tool_names, watched_client
 from tests.conftest import needs
 from tests.factories import agent, specialist_register
-from tests.helpers import audit_mark, audit_since, eventually, run
+from tests.helpers import audit_mark, audit_since, eventually, orm, run, until
 
 RETURN = "switchboard__return_to_triage"
 
@@ -34,6 +33,11 @@ def _refusal(error: BaseException) -> tuple[int, str]:
 
 def _wait_for_tool(gateway, key: str, name: str) -> None:
     eventually(lambda: name in run(lambda: tool_names(gateway.url, key)), timeout=10)
+
+
+def _connecting(agent_name: str):
+    """Whether the agent's handoff is connecting (its tunnel row says so), read from a client scenario."""
+    return orm(lambda: Tunnel.objects.filter(agent__name=agent_name, state=Tunnel.State.CONNECTING).exists())
 
 
 def test_calls_while_connecting_get_handoff_connecting_and_a_silent_specialist_times_out(gateway, world):
@@ -57,9 +61,8 @@ def test_calls_while_connecting_get_handoff_connecting_and_a_silent_specialist_t
                         tg.start_soon(hand_off)
                         # Once the handoff is connecting (its tunnel row says so, and the session index a moment
                         # later), a call meanwhile is refused; calls before that simply run.
+                        await until(lambda: _connecting("waiter"))
                         with anyio.fail_after(5):
-                            while not await sync_to_async(connecting)():
-                                await anyio.sleep(0.02)
                             while "meanwhile" not in outcomes:
                                 try:
                                     await client.call_tool("time__get_current_time", {"timezone": "UTC"})
@@ -67,9 +70,6 @@ def test_calls_while_connecting_get_handoff_connecting_and_a_silent_specialist_t
                                     outcomes["meanwhile"] = refused
                     outcomes["after"] = await client.call_tool("demo__echo", {"text": "still here"})
                 return outcomes
-
-            def connecting() -> bool:
-                return Tunnel.objects.filter(agent__name="waiter", state=Tunnel.State.CONNECTING).exists()
 
             outcomes = run(scenario)
             rows = audit_since(mark)
@@ -331,16 +331,11 @@ def test_a_handoff_the_client_abandons_while_connecting_leaves_the_session_usabl
         with specialist_register("void", silent.url, route=True, connect_timeout=5), agent("quitter") as (_, key):
             _wait_for_tool(inline_gateway, key, "switchboard__handoff_to_void")
 
-            def connecting() -> bool:
-                return Tunnel.objects.filter(agent__name="quitter", state=Tunnel.State.CONNECTING).exists()
-
             async def scenario():
                 async with sdk_client(inline_gateway.url, key, "legacy") as client:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(client.call_tool, "switchboard__handoff_to_void", {"reason": "never mind"})
-                        with anyio.fail_after(5):  # once the handoff is connecting (its tunnel row says so)
-                            while not await sync_to_async(connecting)():
-                                await anyio.sleep(0.02)
+                        await until(lambda: _connecting("quitter"))
                         tg.cancel_scope.cancel()  # the client gives up: the SDK cancels the request
                     with anyio.fail_after(5):
                         while True:  # the cancellation reaches the gateway a moment later

@@ -15,8 +15,8 @@ from audit.models import AuditEvent
 from handoff.mcp.input_required import SALT
 from tests.clients import sdk_client, tool_names, watched_client, ws_session
 from tests.factories import demo_upstream
-from tests.helpers import audit_mark, audit_since, eventually, run
-from tests.servers import CANCELLED_DIR, STARTED_DIR, inline_gateway_with
+from tests.helpers import audit_mark, audit_since, eventually, run, until
+from tests.servers import CANCELLED_DIR, demo_started, inline_gateway_with
 
 MODES = ["legacy", "2026-07-28"]
 
@@ -44,9 +44,7 @@ def test_cancelling_a_call_cancels_it_at_the_upstream(gateway, world, mode):
         async with sdk_client(gateway.url, world.key, mode, timeout=30) as client:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(client.call_tool, "demo__sleep", {"seconds": 20, "mark": mark})
-                with anyio.fail_after(10):  # cancel once the upstream is running the call
-                    while not os.path.exists(os.path.join(STARTED_DIR, mark)):
-                        await anyio.sleep(0.05)
+                await until(lambda: demo_started(mark), timeout=10)  # cancel once the upstream runs the call
                 tg.cancel_scope.cancel()  # the SDK client sends notifications/cancelled for the abandoned call
 
     run(scenario)
@@ -306,9 +304,7 @@ def test_a_request_state_is_refused_once_its_parked_call_is_over_or_it_expired(s
         errors."""
         async with sdk_client(gateway.url, world.key, "2026-07-28", elicitation_callback=_answering("x", [])) as c:
             pending = await c.session.call_tool(name, {"question": "Q?"}, allow_input_required=True)
-            with anyio.fail_after(10):
-                while once_expired and not _expired(pending.request_state, seconds=wait):
-                    await anyio.sleep(0.05)
+            await until(lambda: not once_expired or _expired(pending.request_state, seconds=wait), timeout=10)
             replies = []
             for _ in range(times):
                 try:

@@ -24,7 +24,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from gateway_project.lib.redis_clients import async_redis, sync_redis
 from handoff.models import Tunnel
-from registry.upstreams.loop import held_tunnels, pool_thread
+from registry.upstreams.loop import held_tunnel_close, held_tunnels
 
 # Far past any idle timeout (at most a day), so an entry outlives its tunnel only when a process died
 # mid-close, and then not for ever.
@@ -213,8 +213,7 @@ def _executor_close(tunnel_id: str, queue: str) -> None:
     if queue:
         current_app.send_task("registry.tunnel_close", kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
     elif settings.GATEWAY_EXECUTOR == "inline":
-        runner = pool_thread()
-        runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)
+        held_tunnel_close(tunnel_id)
 
 
 def tunnels_sweep_idle(*, in_process: bool) -> list[Tunnel]:

@@ -103,3 +103,9 @@ def held_tunnels() -> list[str]:
     with _lock:
         running = _instance[1] if _instance and _instance[0] == os.getpid() else None
     return running.pool.tunnel_ids() if running else []
+
+
+def held_tunnel_close(tunnel_id: str) -> None:
+    """Close a tunnel this process's pool holds, from any thread (a no-op if it holds no such tunnel)."""
+    runner = pool_thread()
+    runner.loop.call_soon_threadsafe(runner.pool.tunnel_close, tunnel_id)

@@ -13,7 +13,8 @@ from django.test import override_settings
 from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.requests import UpstreamRequest
 from registry.upstreams.spec import UpstreamSpec
-from tests.servers import ROOT, STARTED_DIR
+from tests.helpers import until
+from tests.servers import ROOT, demo_started
 
 DEMO = UpstreamSpec(
     id=1,
@@ -54,9 +55,7 @@ def _alive(pid: int) -> bool:
 
 async def _in_flight(pool: UpstreamPool) -> None:
     """Until a call is running on one of the pool's sessions."""
-    with anyio.fail_after(5):
-        while not any(connection.in_flight for connection in pool._connections.values()):
-            await anyio.sleep(0.01)
+    await until(lambda: any(connection.in_flight for connection in pool._connections.values()))
 
 
 def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
@@ -73,9 +72,7 @@ def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
             pool.close_idle(0)  # the sleep is in flight: nothing may close under it
             assert _alive(first)
         pool.close_idle(0)
-        with anyio.fail_after(5):
-            while _alive(first):
-                await anyio.sleep(0.05)
+        await until(lambda: not _alive(first))
         return first, kept, await pid(pool)
 
     first, kept, reopened = with_pool(DEMO, body)
@@ -110,9 +107,7 @@ def test_a_server_killed_during_a_call_is_named_in_the_operators_cause():
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(sleeping)
-            with anyio.fail_after(5):  # the server is running the call
-                while not os.path.exists(os.path.join(STARTED_DIR, mark)):
-                    await anyio.sleep(0.01)
+            await until(lambda: demo_started(mark))  # the server is running the call
             os.kill(pid, signal.SIGKILL)
         return outcome
 
