@@ -1,5 +1,7 @@
 """`/mcp/ws`: JSON-RPC over WebSocket (not an MCP transport in the spec; served for clients that speak
-it). Frames in and out of the same SDK server that serves /mcp; the consumer does framing only."""
+it). The consumer admits and frames; every message goes to the MCP layer's `handle` (handoff/mcp/handle.py),
+each request in a task of its own so that a cancellation, or the agent's answer to a question, can overtake
+it."""
 
 import asyncio
 import json
@@ -8,23 +10,20 @@ import time
 import uuid
 from dataclasses import replace
 
-import anyio
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from mcp import types
-from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from handoff.mcp.audit_rows import session_record
 from handoff.mcp.caller import Caller, caller_from_scope, host_allowed, origin_allowed
 from handoff.mcp.frames import FrameError, frame_id, parse_frame
-from handoff.mcp.server import server
+from handoff.mcp.handle import McpSession, handle
 from handoff.protocol.moves import end_handoff
 from handoff.snapshot import ConfigurationUnavailable
 from handoff.web_process import background_start
 
-INBOX_SIZE = 64
 UNENCODABLE = (
     "Invalid params: the request holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair) "
     "that its reply would repeat; send the text as valid Unicode"
@@ -52,11 +51,10 @@ def _encoded(message: types.JSONRPCMessage) -> str | None:
 
 class McpWebSocketConsumer(AsyncWebsocketConsumer):
     caller: Caller
-    _serving: asyncio.Task | None = None
-    _pumping: asyncio.Task | None = None
+    session: McpSession | None = None
     _watching: asyncio.Task | None = None
     _last_frame = 0.0
-    _pending: set  # ids of the client's requests not answered yet
+    _requests: set[asyncio.Task]  # the client's requests not answered yet
 
     async def connect(self) -> None:
         caller = None
@@ -72,15 +70,11 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         background_start()
         await self.accept()
         await session_record(self.caller, "opened")
-        self._inbox, inbox_out = anyio.create_memory_object_stream[SessionMessage | Exception](INBOX_SIZE)
-        outbox_in, self._outbox = anyio.create_memory_object_stream[SessionMessage](INBOX_SIZE)
-        self._serving = asyncio.create_task(server.run(inbox_out, outbox_in, server.create_initialization_options()))
-        self._pumping = asyncio.create_task(self._pump())
+        self.session = McpSession(self._deliver, id=self.caller.session_id)
         self._last_frame = time.monotonic()
-        self._pending = set()
+        self._requests = set()
         self._watching = asyncio.create_task(self._close_when_idle())
-        for task in (self._serving, self._pumping, self._watching):
-            task.add_done_callback(_log_failure)
+        self._watching.add_done_callback(_log_failure)
 
     async def _refuse_for_now(self, exc: ConfigurationUnavailable) -> None:
         """No configuration to check the key against yet (the database is down in a new process): the
@@ -94,18 +88,18 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         """A socket with no request pending and no frame either way for GATEWAY_SESSION_IDLE_SECONDS is
         closed, as a normal closure: Daphne accepts only 1000 or 3000-4999 from an application."""
         idle = settings.GATEWAY_SESSION_IDLE_SECONDS
-        while self._pending or (left := self._last_frame + idle - time.monotonic()) > 0:
-            await asyncio.sleep(idle if self._pending else left)
+        while self._requests or (left := self._last_frame + idle - time.monotonic()) > 0:
+            await asyncio.sleep(idle if self._requests else left)
         await self.close(code=1000, reason="idle")
 
-    async def _pump(self) -> None:
-        async with self._outbox:
-            async for item in self._outbox:
-                self._last_frame = time.monotonic()
-                if isinstance(item.message, types.JSONRPCResponse | types.JSONRPCError):
-                    self._pending.discard(item.message.id)
-                if (frame := _encoded(item.message)) is not None:
-                    await self.send(text_data=frame)
+    async def _deliver(self, message: types.JSONRPCMessage) -> None:
+        self._last_frame = time.monotonic()
+        if (frame := _encoded(message)) is not None:
+            await self.send(text_data=frame)
+
+    async def _handle(self, message: types.JSONRPCMessage) -> None:
+        async for reply in handle(message, self.session, self.caller):
+            await self._deliver(reply)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         self._last_frame = time.monotonic()
@@ -129,18 +123,20 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
                     frame_id(payload),
                 ).body()
             )
-        if isinstance(message, types.JSONRPCRequest):
-            self._pending.add(message.id)
-        metadata = ServerMessageMetadata(request_context=self.caller)
-        await self._inbox.send(SessionMessage(message, metadata=metadata))
+        if not isinstance(message, types.JSONRPCRequest) or message.method == "initialize":
+            return await self._handle(message)  # in order: the handshake commits before the next frame is read
+        task = asyncio.create_task(self._handle(message), name=f"request {message.id!r}")
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+        task.add_done_callback(_log_failure)
 
     async def disconnect(self, code: int) -> None:
-        if self._serving is None:
+        if self.session is None:
             return
-        await self._inbox.aclose()
-        tasks = [task for task in (self._serving, self._pumping, self._watching) if task is not asyncio.current_task()]
+        tasks = [task for task in (*self._requests, self._watching) if task is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.session.close()
         await end_handoff(self.caller)
         await session_record(self.caller, "closed", reason=f"socket closed ({code})")
