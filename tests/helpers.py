@@ -6,10 +6,13 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx2
+from asgiref.sync import sync_to_async
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from audit.models import AuditEvent
+from handoff.snapshot import snapshot
+from policy.config_version import config_version
 
 T = TypeVar("T")
 
@@ -87,3 +90,8 @@ def metric_value(families: list[Metric], name: str, **labels: str) -> float:
     """The sample of that name with exactly these labels (0 when there is none yet)."""
     samples = (sample for family in families for sample in family.samples)
     return next((s.value for s in samples if s.name == name and s.labels == labels), 0.0)
+
+
+async def snapshot_current() -> None:
+    """This process's snapshot, as a web process holds it, holding what the test just made."""
+    await snapshot.at_least(await sync_to_async(config_version)())

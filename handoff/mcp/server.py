@@ -1,6 +1,6 @@
-"""The gateway's one SDK `Server`: tools and handoffs (tools.py), resources, prompts and completions
-(passthrough.py), change subscriptions (list_changed.py). Every transport (Streamable HTTP in both eras,
-WebSocket) feeds this same server."""
+"""The gateway's handler table, an SDK `Server`: tools and handoffs (tools.py), resources, prompts and
+completions (passthrough.py), change subscriptions (list_changed.py). `handle` (handle.py) runs it for
+`/mcp/ws`; for `/mcp` the SDK's Streamable HTTP session manager still drives it (http.py)."""
 
 import warnings
 from typing import Any

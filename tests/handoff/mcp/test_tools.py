@@ -5,22 +5,12 @@ from types import SimpleNamespace
 
 import anyio
 import pytest
-from asgiref.sync import sync_to_async
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
 from handoff.mcp.caller import Caller
 from handoff.mcp.tools import call_tool, list_tools
-from handoff.snapshot import snapshot
-from policy.config_version import config_version
-from tests.factories import agent, demo_upstream
-from tests.helpers import audit_mark, audit_since
-
-
-@pytest.fixture
-def caller(db):
-    with demo_upstream("layer"), agent("layer-agent") as (someone, key):
-        yield Caller(agent_id=someone.id, agent_name=someone.name, transport="test", key_prefix=key[3:15])
+from tests.helpers import audit_mark, audit_since, snapshot_current
 
 
 def _ctx(caller: Caller, request_id: int = 1) -> SimpleNamespace:
@@ -31,14 +21,9 @@ def _ctx(caller: Caller, request_id: int = 1) -> SimpleNamespace:
     )
 
 
-async def _current() -> None:
-    """This process's snapshot, as a web process holds it, holding what the test just made."""
-    await snapshot.at_least(await sync_to_async(config_version)())
-
-
 def _called(caller: Caller, name: str, arguments: dict) -> dict:
     async def calling() -> dict:
-        await _current()
+        await snapshot_current()
         return await call_tool(_ctx(caller), types.CallToolRequestParams(name=name, arguments=arguments))
 
     return anyio.run(calling)
@@ -70,7 +55,7 @@ def test_an_unknown_tool_is_refused_with_its_name_and_audited(caller):
 
 def test_tools_list_offers_the_agent_its_tools_by_their_exposed_names(caller):
     async def listing() -> dict:
-        await _current()
+        await snapshot_current()
         return await list_tools(_ctx(caller), None)
 
     names = {tool["name"] for tool in anyio.run(listing)["tools"]}
