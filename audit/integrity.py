@@ -52,6 +52,10 @@ SIGNED_FIELDS = (
     "actor",
     "detail",
 )
+# Version 2: a row that names a person is sealed over these too (a row of either version cannot pass as the
+# other: the payloads differ in length).
+PERSON_FIELDS = ("person_issuer", "person_subject", "person_name", "client_id")
+ROW_FIELDS = (*SIGNED_FIELDS, *PERSON_FIELDS)
 PRUNED = "audit_pruned"  # the action of the retention row that marks rows as deleted on purpose
 
 
@@ -96,7 +100,8 @@ def _mac_valid(mac: str, payload: bytes) -> bool:
 def _row_payload(row: Mapping[str, Any]) -> bytes:
     if isinstance(row.get("request_id"), str):
         row = {**row, "request_id": uuid.UUID(row["request_id"])}  # the spelling the database gives back
-    return _canonical([row.get(name) for name in SIGNED_FIELDS])
+    fields = ROW_FIELDS if any(row.get(name) for name in PERSON_FIELDS) else SIGNED_FIELDS
+    return _canonical([row.get(name) for name in fields])
 
 
 def row_seal(row: Mapping[str, Any]) -> str:
@@ -122,7 +127,7 @@ def _rows(first: int, last: int | None) -> Iterator[dict[str, Any]]:
     rows = AuditEvent.objects.filter(id__gte=first)
     if last is not None:
         rows = rows.filter(id__lte=last)
-    return audit_stream(rows=rows, fields=["mac", *SIGNED_FIELDS], oldest_first=True)
+    return audit_stream(rows=rows, fields=["mac", *ROW_FIELDS], oldest_first=True)
 
 
 class _RangeDigest:
@@ -194,7 +199,7 @@ def _pruned_through(report: VerifyReport) -> int:
     """How far retention deleted, by its own sealed rows; a forged one counts as tampering."""
     through = 0
     for row in AuditEvent.objects.filter(kind=AuditEvent.Kind.ADMIN_CHANGE, detail__action=PRUNED).values(
-        "id", "mac", *SIGNED_FIELDS
+        "id", "mac", *ROW_FIELDS
     ):
         if not _mac_valid(row["mac"], _row_payload(row)):
             report.altered(row["id"], "a retention record that does not match its MAC")

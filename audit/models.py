@@ -28,6 +28,12 @@ class AuditEvent(models.Model):
     request_id = models.UUIDField(null=True, blank=True, db_index=True)
     agent_id = models.BigIntegerField(null=True, blank=True)
     agent_name = models.CharField(max_length=64, blank=True)
+    # The person a bearer token named (issuer and subject, and their name then), and the OAuth client acting
+    # for them: values, not foreign keys, so the trail outlives the accounts and stays the bottom layer.
+    person_issuer = models.CharField(max_length=255, blank=True)
+    person_subject = models.CharField(max_length=255, blank=True)
+    person_name = models.CharField(max_length=150, blank=True)
+    client_id = models.CharField(max_length=255, blank=True)
     session_id = models.CharField(max_length=128, blank=True)
     transport = models.CharField(max_length=16, blank=True)
     upstream = models.CharField(max_length=32, blank=True)
@@ -54,6 +60,7 @@ class AuditEvent(models.Model):
             models.Index(fields=["error_code", "-id"], condition=~Q(error_code=""), name="audit_error_code_idx"),
             models.Index(fields=["outcome", "-id"], condition=~Q(outcome__in=["", "ok"]), name="audit_failure_idx"),
             models.Index(fields=["trace_id"], condition=~Q(trace_id=""), name="audit_trace_idx"),
+            models.Index(fields=["person_subject", "-id"], condition=~Q(person_subject=""), name="audit_person_idx"),
         ]
         # One outcome per call: a late completion and the sweep's outcome-unknown row race, the first wins.
         constraints = [

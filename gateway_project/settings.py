@@ -295,6 +295,19 @@ GATEWAY_INPUT_WAIT_SECONDS = env_float("GATEWAY_INPUT_WAIT_SECONDS", 300.0)
 # Requests without credentials act as this agent (single-user local use, clients that cannot send headers).
 # Off by default; the gateway warns at start-up while it is on.
 GATEWAY_ANONYMOUS_AGENT = env_str("GATEWAY_ANONYMOUS_AGENT")
+# Sign-in with OAuth 2.1 (docs/identity.md): bearer JWTs from this OIDC issuer are accepted beside API keys,
+# for the canonical resource URI (GATEWAY_PUBLIC_URL + /mcp) unless an audience is set, and act as this agent.
+GATEWAY_PUBLIC_URL = env_str("GATEWAY_PUBLIC_URL")
+GATEWAY_OIDC_ISSUER = env_str("GATEWAY_OIDC_ISSUER")
+GATEWAY_OIDC_AUDIENCE = env_str("GATEWAY_OIDC_AUDIENCE")
+GATEWAY_OIDC_AGENT = env_str("GATEWAY_OIDC_AGENT")
+GATEWAY_OIDC_SCOPES = env_list("GATEWAY_OIDC_SCOPES", "")
+GATEWAY_OIDC_SUBJECT_CLAIM = env_str("GATEWAY_OIDC_SUBJECT_CLAIM", "sub")
+GATEWAY_OIDC_NAME_CLAIM = env_str("GATEWAY_OIDC_NAME_CLAIM", "name")
+GATEWAY_OIDC_LEEWAY_SECONDS = env_int("GATEWAY_OIDC_LEEWAY_SECONDS", 30, minimum=0, maximum=300)
+GATEWAY_OIDC_JWKS_REFRESH_SECONDS = env_float("GATEWAY_OIDC_JWKS_REFRESH_SECONDS", 10.0, minimum=1)
+GATEWAY_OIDC_FETCH_TIMEOUT = env_float("GATEWAY_OIDC_FETCH_TIMEOUT", 5.0, minimum=0.5, maximum=60)
+GATEWAY_MAX_TOKEN_BYTES = env_int("GATEWAY_MAX_TOKEN_BYTES", 8192, minimum=1024, maximum=65_536)
 GATEWAY_POLICY_DEFAULT = env_choice("GATEWAY_POLICY_DEFAULT", "allow", ("allow", "deny"))
 GATEWAY_AGENT_CALLS_PER_MINUTE = env_int("GATEWAY_AGENT_CALLS_PER_MINUTE", 600)
 GATEWAY_UPSTREAM_CALLS_PER_MINUTE = env_int("GATEWAY_UPSTREAM_CALLS_PER_MINUTE", 6000)

@@ -7,7 +7,7 @@ from rest_framework.routers import SimpleRouter
 from audit.api import AuditEventViewSet
 from gateway_project.metrics import metrics_view
 from handoff.api import HandoffRouteViewSet
-from handoff.views import claim_redeem
+from handoff.views import claim_redeem, protected_resource
 from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet
 from registry.api import ToolViewSet, UpstreamViewSet
 
@@ -27,4 +27,6 @@ urlpatterns = [
     path("api/v1/", include(api.urls)),
     path("metrics", metrics_view),
     path("handoff/redeem", claim_redeem),
+    path(".well-known/oauth-protected-resource", protected_resource),
+    path(".well-known/oauth-protected-resource/mcp", protected_resource),
 ]

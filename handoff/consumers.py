@@ -16,8 +16,8 @@ from mcp import types
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from handoff.mcp.audit_rows import session_record
-from handoff.mcp.caller import Caller, caller_from_scope, host_allowed, origin_allowed
+from handoff.mcp.audit_rows import refusal_record, session_record
+from handoff.mcp.caller import Caller, Refused, caller_from_scope, host_allowed, origin_allowed
 from handoff.mcp.frames import FrameError, frame_id, parse_frame
 from handoff.mcp.handle import McpSession, handle
 from handoff.protocol.moves import end_handoff
@@ -63,6 +63,8 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
                 caller = await caller_from_scope(self.scope, "ws")
             except ConfigurationUnavailable as exc:
                 return await self._refuse_for_now(exc)
+            except Refused as refused:
+                await refusal_record("ws", refused)
         if caller is None:
             await self.close()  # before accept: the handshake is answered 403
             return

@@ -15,8 +15,8 @@ from starlette.requests import Request
 
 from audit.telemetry import SESSIONS
 from gateway_project.lib.process_task import ProcessTask
-from handoff.mcp.audit_rows import session_record
-from handoff.mcp.caller import Caller, caller_from_scope, header, host_allowed, origin_allowed
+from handoff.mcp.audit_rows import refusal_record, session_record
+from handoff.mcp.caller import Caller, Refused, caller_from_scope, header, host_allowed, origin_allowed
 from handoff.mcp.frames import FrameError, parse_frame
 from handoff.mcp.server import server
 from handoff.mcp.sse_replay import RecentEvents
@@ -153,14 +153,10 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
         caller = await caller_from_scope(scope, "http")
     except ConfigurationUnavailable as exc:
         return await _reject(send, 503, exc.error.code, exc.error.message, [(b"retry-after", b"1")])
-    if caller is None:
-        return await _reject(
-            send,
-            401,
-            types.INVALID_REQUEST,
-            "Missing or invalid API key: send 'Authorization: Bearer <agent key>'",
-            [(b"www-authenticate", b'Bearer realm="switchboard"')],
-        )
+    except Refused as refused:
+        await refusal_record("http", refused)
+        headers = [(b"www-authenticate", refused.challenge.encode())]
+        return await _reject(send, refused.status, types.INVALID_REQUEST, refused.message, headers)
     if scope["method"] == "POST" and not all(check_accept_headers(Request(scope))):
         return await _reject(send, 406, types.INVALID_REQUEST, NOT_ACCEPTABLE)
     limit = settings.GATEWAY_MAX_BODY_BYTES

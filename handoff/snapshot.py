@@ -134,6 +134,7 @@ class Snapshot:
     triage: dict[str, TriageEntry] = field(default_factory=dict)  # exposed name -> triage tool
     builtins: dict[str, GatewayTool] = field(default_factory=dict)  # exposed name -> code mode's tools
     anonymous: KeyEntry | None = None  # GATEWAY_ANONYMOUS_AGENT, while that agent exists and is enabled
+    people: KeyEntry | None = None  # GATEWAY_OIDC_AGENT, whom people signed in with a token act as
     instructions: tuple[tuple[str, str], ...] = ()  # (slug, cleaned text) of upstreams that give instructions
     # Per-agent results, filled on first use; bounded by agents × known tools.
     _decisions: dict[tuple[int, str], Denial | None] = field(default_factory=dict, compare=False)
@@ -327,9 +328,11 @@ def snapshot_compile() -> Snapshot:
     for route in HandoffRoute.objects.filter(enabled=True).select_related("target").order_by("id"):
         routes.setdefault(route.target.slug, _route_settings(route))
     anonymous = settings.GATEWAY_ANONYMOUS_AGENT and agents.filter(name=settings.GATEWAY_ANONYMOUS_AGENT).first()
+    people = settings.GATEWAY_OIDC_AGENT and agents.filter(name=settings.GATEWAY_OIDC_AGENT).first()
     return Snapshot(
         version=version,
         anonymous=KeyEntry("", anonymous.id, anonymous.name, ANONYMOUS_KEY) if anonymous else None,
+        people=KeyEntry("", people.id, people.name, "") if people else None,
         keys={k.prefix: KeyEntry(k.digest, k.agent_id, k.agent.name, k.prefix) for k in keys},
         agents={
             a.id: AgentLimits(

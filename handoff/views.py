@@ -1,11 +1,14 @@
-"""The gateway's one endpoint for specialist servers: redeeming carried state from the claim-check store."""
+"""The gateway's HTTP endpoints beside /mcp: redeeming carried state from the claim-check store (for specialist
+servers), and the Protected Resource Metadata that tells an OAuth client where to sign in (RFC 9728)."""
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from gateway_project.lib.signing import TOKEN_HEADER, DelegationError, expired, token_verify
 from handoff.clearance import django_refusal
+from handoff.mcp.caller import resource_uri
 from handoff.protocol.claim_checks import claim_store
 from registry.upstreams.delegation import key_ring
 
@@ -25,3 +28,23 @@ async def claim_redeem(request: HttpRequest) -> HttpResponse:
     except DelegationError as error:
         return django_refusal(error)
     return JsonResponse({"state": held["state"]})
+
+
+@require_GET
+async def protected_resource(request: HttpRequest) -> HttpResponse:
+    """Where to get a token for /mcp, at both paths the MCP authorization spec names (the root and the one
+    suffixed with the resource's path); 404 while no issuer is configured. Readable from any origin: browser
+    clients such as the MCP Inspector fetch it."""
+    if not settings.GATEWAY_OIDC_ISSUER:
+        return JsonResponse({"error": "not_found", "error_description": "No sign-in is configured"}, status=404)
+    metadata = {
+        "resource": resource_uri(request.scope),
+        "authorization_servers": [settings.GATEWAY_OIDC_ISSUER],
+        "bearer_methods_supported": ["header"],
+        "resource_name": settings.GATEWAY_NAME,
+    }
+    if settings.GATEWAY_OIDC_SCOPES:
+        metadata["scopes_supported"] = settings.GATEWAY_OIDC_SCOPES
+    response = JsonResponse(metadata)
+    response["Access-Control-Allow-Origin"] = "*"
+    return response

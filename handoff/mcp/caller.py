@@ -1,9 +1,10 @@
-"""Who is calling, and whether their request may enter at all: host, origin and API key checks shared by
-every transport."""
+"""Who is calling, and whether their request may enter at all: host, origin, API key and bearer token checks
+shared by every transport."""
 
+import hashlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
@@ -11,7 +12,10 @@ from mcp.server.context import ServerRequestContext
 from opentelemetry.trace import Span
 
 from audit.telemetry import mcp_span
-from handoff.snapshot import snapshot
+from handoff.snapshot import KeyEntry, snapshot
+from policy.identity import Identity, TokenRefused, looks_like_jwt, verifier
+
+METADATA_PATH = "/.well-known/oauth-protected-resource"
 
 
 @dataclass(frozen=True)
@@ -19,14 +23,47 @@ class Caller:
     agent_id: int
     agent_name: str
     transport: str  # "http" or "ws"
-    key_prefix: str  # the public part of the API key the request carried
+    key_prefix: str  # the public part of the API key the request carried; empty for a token
     session_id: str = ""
+    # The person a bearer token named, and the OAuth client acting for them (empty for an API key).
+    person_issuer: str = ""
+    person_subject: str = ""
+    person_name: str = ""
+    client_id: str = ""
+
+    @property
+    def person(self) -> dict[str, str]:
+        """The person and the client, as every audit row holds them."""
+        return {
+            "person_issuer": self.person_issuer,
+            "person_subject": self.person_subject,
+            "person_name": self.person_name,
+            "client_id": self.client_id,
+        }
 
     @property
     def session_key(self) -> str:
         """What session state (group lock, call count) is bound to: the MCP session, or for stateless
-        2026-07-28 requests, which have none, the API key."""
-        return self.session_id or f"key-{self.key_prefix}"
+        2026-07-28 requests, which have none, the API key or the person."""
+        if self.session_id:
+            return self.session_id
+        if self.person_subject:
+            return f"person-{person_digest(self.person_issuer, self.person_subject)}"
+        return f"key-{self.key_prefix}"
+
+
+class Refused(Exception):
+    """A request that may not enter: the HTTP status, a message the client can act on, and the
+    `WWW-Authenticate` challenge that tells an OAuth client where to sign in."""
+
+    def __init__(self, status: int, message: str, challenge: str, code: str = "") -> None:
+        super().__init__(message)
+        self.status, self.message, self.challenge = status, message, challenge
+        self.code = code  # for the audit row; empty for a missing or wrong API key, which gets none
+
+
+def person_digest(issuer: str, subject: str) -> str:
+    return hashlib.sha256(f"{issuer}\n{subject}".encode()).hexdigest()[:24]
 
 
 def header(scope: dict, name: bytes) -> str | None:
@@ -52,21 +89,73 @@ def origin_allowed(scope: dict) -> bool:
     return f"{parts.scheme}://{parts.hostname}" in settings.GATEWAY_ALLOWED_ORIGINS
 
 
-async def caller_from_scope(scope: dict, transport: str) -> Caller | None:
-    """The agent the request's API key belongs to; without credentials, GATEWAY_ANONYMOUS_AGENT if set.
-    Wrong credentials are refused even then: a client that sends a key means that key."""
+def public_base(scope: dict) -> str:
+    """The gateway's public URL: GATEWAY_PUBLIC_URL, else the scheme and Host the request came by."""
+    if settings.GATEWAY_PUBLIC_URL:
+        return settings.GATEWAY_PUBLIC_URL.rstrip("/")
+    secure = scope.get("scheme") in ("https", "wss")
+    return f"{'https' if secure else 'http'}://{header(scope, b'host') or 'localhost'}"
+
+
+def resource_uri(scope: dict) -> str:
+    """The canonical URI of the MCP resource (RFC 8707): what a token for this gateway names as its audience."""
+    return f"{public_base(scope)}/mcp"
+
+
+def challenge(scope: dict, error: str = "", description: str = "") -> str:
+    if not verifier.enabled:
+        return 'Bearer realm="switchboard"'
+    parts = [f'resource_metadata="{public_base(scope)}{METADATA_PATH}/mcp"']
+    if settings.GATEWAY_OIDC_SCOPES:
+        parts.append(f'scope="{" ".join(settings.GATEWAY_OIDC_SCOPES)}"')
+    if error:
+        parts += [f'error="{error}"', f'error_description="{description.replace(chr(34), chr(39))}"']
+    return "Bearer " + ", ".join(parts)
+
+
+async def caller_from_scope(scope: dict, transport: str) -> Caller:
+    """The agent the request's API key belongs to, or the person its bearer token names; without credentials,
+    GATEWAY_ANONYMOUS_AGENT if set. Wrong credentials are refused even then: a client that sends a key means
+    that key. Raises Refused."""
+    if "access_token" in parse_qs(scope.get("query_string", b"").decode("latin-1")):
+        message = "Send the token in the Authorization header: a token in the URL is refused (it ends up in logs)"
+        raise Refused(400, message, challenge(scope, "invalid_request", message), "TOKEN_IN_URL")
     credentials = header(scope, b"authorization")
     scheme, _, key = (credentials or "").partition(" ")
     snap = await snapshot.get()
     if credentials is None:
         entry = snap.anonymous
-    elif scheme.lower() != "bearer":
-        return None
+    elif scheme.lower() == "bearer" and verifier.enabled and looks_like_jwt(key.strip()):
+        return await _person(scope, transport, key.strip(), snap.people)
     else:
-        entry = snap.key_holder(key.strip())
+        entry = snap.key_holder(key.strip()) if scheme.lower() == "bearer" else None
     if entry is None:
-        return None
+        message = "Missing or invalid API key: send 'Authorization: Bearer <agent key>'"
+        if verifier.enabled:
+            message = "Missing or invalid credentials: sign in with OAuth, or send 'Authorization: Bearer <agent key>'"
+        raise Refused(401, message, challenge(scope))
     return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport, key_prefix=entry.prefix)
+
+
+async def _person(scope: dict, transport: str, token: str, people: KeyEntry | None) -> Caller:
+    try:
+        identity: Identity = await verifier.identity(token, resource_uri(scope))
+    except TokenRefused as refused:
+        code = {403: "INSUFFICIENT_SCOPE", 503: "ISSUER_UNREACHABLE"}.get(refused.status, "INVALID_TOKEN")
+        raise Refused(refused.status, refused.message, challenge(scope, refused.error, refused.message), code) from None
+    if people is None:
+        message = "Signed-in people have no agent to act as here: the operator must set GATEWAY_OIDC_AGENT"
+        raise Refused(403, message, challenge(scope), "NO_AGENT_FOR_PEOPLE")
+    return Caller(
+        agent_id=people.agent_id,
+        agent_name=people.agent_name,
+        transport=transport,
+        key_prefix="",
+        person_issuer=identity.issuer,
+        person_subject=identity.subject,
+        person_name=identity.name,
+        client_id=identity.client_id,
+    )
 
 
 def caller_of(ctx: ServerRequestContext) -> Caller:

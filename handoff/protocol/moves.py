@@ -204,6 +204,7 @@ def _handoff_row(caller: Caller, session: SessionTunnel, event: str, **fields: A
         token_id=session.token_id,
         agent_id=caller.agent_id,
         agent_name=caller.agent_name,
+        **caller.person,
         session_id=caller.session_key,
         transport=caller.transport,
         upstream=session.upstream_slug,

@@ -1,0 +1,36 @@
+// An external identity provider for the tests: the certified `oidc-provider` from npm, configured from the
+// environment. It signs with the key the test hands it (OIDC_JWKS, a private JWK set), so that the test can
+// also forge the bad tokens a resource server must refuse; access tokens for OIDC_RESOURCE are JWTs (RFC 9068).
+import Provider from "oidc-provider";
+
+const port = Number(process.env.OIDC_PORT);
+const issuer = `http://127.0.0.1:${port}`;
+const resource = process.env.OIDC_RESOURCE;
+const provider = new Provider(issuer, {
+  clients: JSON.parse(process.env.OIDC_CLIENTS),
+  jwks: JSON.parse(process.env.OIDC_JWKS),
+  claims: { openid: ["sub"], email: ["email"], profile: ["name"], groups: ["groups"] },
+  scopes: ["openid", "offline_access", "mcp"],
+  findAccount: (ctx, sub) => ({
+    accountId: sub,
+    claims: () => ({ sub, email: `${sub}@example.test`, name: `Person ${sub}`, groups: ["engineers"] }),
+  }),
+  // What an access token says of its person beside `sub` (as Keycloak, Entra and Okta can be set to).
+  extraTokenClaims: (ctx, token) =>
+    token.accountId ? { name: `Person ${token.accountId}`, email: `${token.accountId}@example.test` } : {},
+  features: {
+    clientCredentials: { enabled: true },
+    devInteractions: { enabled: true },
+    resourceIndicators: {
+      enabled: true,
+      defaultResource: () => resource,
+      useGrantedResource: () => true,
+      getResourceServerInfo: (ctx, indicator) => {
+        if (indicator !== resource) throw new Error(`unknown resource ${indicator}`);
+        return { scope: "mcp", audience: resource, accessTokenTTL: 300, accessTokenFormat: "jwt" };
+      },
+    },
+  },
+  pkce: { required: () => true },
+});
+provider.listen(port, "127.0.0.1", () => console.log(`oidc-provider listening on ${issuer}`));

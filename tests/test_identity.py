@@ -1,0 +1,336 @@
+"""The gateway as an OAuth 2.1 resource server: an external OIDC provider (npm's oidc-provider, started here)
+issues JWT access tokens; people sign in through its pages, the gateway checks their tokens and every audit
+row names the person. Bad tokens are forged with the provider's own key (or another) to hit each check."""
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
+
+import anyio
+import httpx2
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from jwt.algorithms import RSAAlgorithm
+
+from tests import servers
+from tests.clients import INITIALIZE, sdk_client, ws_session
+from tests.factories import agent
+from tests.helpers import audit_mark, audit_since, eventually
+
+pytestmark = pytest.mark.e2e
+REDIRECT = "http://127.0.0.1:9/callback"  # never opened: the code is read off the redirect
+CLIENTS = [
+    {"client_id": "robot", "client_secret": "robot-secret", "grant_types": ["client_credentials"]}
+    | {"redirect_uris": [], "response_types": []},
+    {"client_id": "desk", "token_endpoint_auth_method": "none", "grant_types": ["authorization_code"]}
+    | {"redirect_uris": [REDIRECT], "response_types": ["code"]},
+]
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+
+
+def _private_jwk(kid: str) -> tuple[rsa.RSAPrivateKey, dict]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key, json.loads(RSAAlgorithm.to_jwk(key)) | {"kid": kid, "use": "sig", "alg": "RS256"}
+
+
+@dataclass
+class Idp:
+    issuer: str
+    resource: str
+    key: rsa.RSAPrivateKey  # the provider's signing key, kid idp-1
+
+    def forge(self, key=None, kid: str | None = "idp-1", algorithm: str = "RS256", **claims) -> str:
+        """A token as the provider would sign it, with any claim changed (None removes it)."""
+        now = int(time.time())
+        body = {"iss": self.issuer, "aud": self.resource, "sub": "forged", "iat": now, "exp": now + 300}
+        body |= {"scope": "mcp", "client_id": "desk"}
+        body = {name: value for name, value in (body | claims).items() if value is not None}
+        headers = {"kid": kid} if kid else {}
+        signer = None if algorithm == "none" else key or self.key
+        return jwt.encode(body, signer, algorithm=algorithm, headers=headers)
+
+    def robot_token(self) -> str:
+        grant = {"grant_type": "client_credentials", "scope": "mcp", "resource": self.resource}
+        reply = httpx2.post(f"{self.issuer}/token", data=grant, auth=("robot", "robot-secret"), timeout=10)
+        return reply.json()["access_token"]
+
+    def person_token(self, login: str) -> str:
+        """A person signs in through the provider's pages (login, then consent) with PKCE, as a browser would."""
+        verifier = secrets.token_urlsafe(48)
+        challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+        query = {"client_id": "desk", "response_type": "code", "redirect_uri": REDIRECT, "state": "s"}
+        query |= {"scope": "openid mcp", "resource": self.resource}
+        query |= {"code_challenge": challenge, "code_challenge_method": "S256"}
+        with httpx2.Client(base_url=self.issuer, timeout=10) as http:
+            page = http.get(f"/auth?{urlencode(query)}")
+            for _step in range(10):
+                if page.status_code in (302, 303):
+                    location = page.headers["location"]
+                    if location.startswith(REDIRECT):
+                        break
+                    page = http.get(urljoin(self.issuer, location))
+                    continue
+                form = dict(re.findall(r'name="([^"]+)"(?: [^>]*)? value="([^"]*)"', page.text))
+                if 'name="login"' in page.text:
+                    form |= {"login": login, "password": "any"}
+                action = re.search(r'action="([^"]+)"', page.text).group(1)
+                page = http.post(urljoin(self.issuer, action), data=form)
+            code = parse_qs(urlsplit(page.headers["location"]).query)["code"][0]
+            exchange = {"grant_type": "authorization_code", "code": code, "redirect_uri": REDIRECT}
+            exchange |= {"client_id": "desk", "code_verifier": verifier, "resource": self.resource}
+            return http.post("/token", data=exchange).json()["access_token"]
+
+
+@pytest.fixture(scope="module")
+def people(db) -> Iterator[str]:
+    with agent("people") as (someone, _key):
+        yield someone.name
+
+
+@pytest.fixture(scope="module")
+def idp_gateway(server_env, world, people, logs) -> Iterator[tuple[Idp, servers.Running]]:
+    port = servers.free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    key, jwk = _private_jwk("idp-1")
+    provider = servers.start_oidc_provider(resource, {"keys": [jwk]}, CLIENTS, logs / "oidc-provider.log")
+    settings = {"GATEWAY_OIDC_ISSUER": provider.url, "GATEWAY_OIDC_AGENT": people, "GATEWAY_OIDC_SCOPES": "mcp"}
+    try:
+        with servers.inline_gateway_with(server_env, logs / "gateway-oidc.log", port, **settings) as gateway:
+            yield Idp(provider.url, resource, key), gateway
+    finally:
+        provider.stop()
+
+
+def _post(gateway: servers.Running, token: str, url_suffix: str = "") -> httpx2.Response:
+    headers = ACCEPT | {"Authorization": f"Bearer {token}"}
+    return httpx2.post(f"{gateway.url}/mcp{url_suffix}", json=INITIALIZE, headers=headers, timeout=10)
+
+
+def test_the_protected_resource_metadata_names_the_issuer_at_both_paths(idp_gateway):
+    idp, gateway = idp_gateway
+    for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"):
+        reply = httpx2.get(f"{gateway.url}{path}", timeout=5)
+        assert reply.status_code == 200, path
+        assert reply.json() == {
+            "resource": idp.resource,
+            "authorization_servers": [idp.issuer],
+            "bearer_methods_supported": ["header"],
+            "resource_name": "switchboard",
+            "scopes_supported": ["mcp"],
+        }
+        assert reply.headers["access-control-allow-origin"] == "*"
+
+
+def test_without_credentials_the_challenge_says_where_to_sign_in(idp_gateway):
+    _idp, gateway = idp_gateway
+    reply = httpx2.post(f"{gateway.url}/mcp", json=INITIALIZE, headers=ACCEPT, timeout=5)
+    assert reply.status_code == 401
+    metadata = f"{gateway.url}/.well-known/oauth-protected-resource/mcp"
+    assert reply.headers["www-authenticate"] == f'Bearer resource_metadata="{metadata}", scope="mcp"'
+    assert reply.json()["error"] == {
+        "code": -32600,
+        "message": "Missing or invalid credentials: sign in with OAuth, or send 'Authorization: Bearer <agent key>'",
+    }
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_a_person_signed_in_at_the_idp_calls_a_tool_and_every_row_names_them(idp_gateway, people, mode):
+    idp, gateway = idp_gateway
+    token = idp.person_token("grace")
+    mark = audit_mark()
+
+    async def scenario():
+        async with sdk_client(gateway.url, token, mode) as client:
+            return await client.call_tool("demo__echo", {"text": "signed in"})
+
+    result = anyio.run(scenario)
+    assert result.content[0].text == "signed in"
+    rows = eventually(lambda: [r for r in audit_since(mark) if r.kind == "completed"] and audit_since(mark))
+    calls = [row for row in rows if row.tool == "echo"]
+    assert [row.kind for row in calls] == ["approved", "completed"]
+    for row in calls:
+        assert (row.agent_name, row.person_issuer, row.person_subject) == (people, idp.issuer, "grace")
+        assert (row.person_name, row.client_id) == ("Person grace", "desk")
+
+
+def test_a_person_on_the_websocket_is_audited_as_themselves(idp_gateway, people):
+    idp, gateway = idp_gateway
+    token = idp.person_token("hopper")
+    mark = audit_mark()
+
+    async def scenario() -> dict:
+        async with ws_session(gateway.url, token) as session:
+            return await session.request("tools/call", {"name": "demo__echo", "arguments": {"text": "over ws"}})
+
+    assert anyio.run(scenario)["result"]["content"] == [{"type": "text", "text": "over ws"}]
+    rows = eventually(lambda: (r := audit_since(mark, sessions=True)) and len(r) >= 4 and r)
+    assert {(row.kind, row.person_subject, row.transport) for row in rows} >= {
+        ("session", "hopper", "ws"),
+        ("approved", "hopper", "ws"),
+        ("completed", "hopper", "ws"),
+    }
+
+
+def test_a_client_credentials_token_is_its_client_acting_for_itself(idp_gateway, people):
+    idp, gateway = idp_gateway
+    mark = audit_mark()
+
+    async def scenario():
+        async with sdk_client(gateway.url, idp.robot_token(), "2026-07-28") as client:
+            return await client.call_tool("demo__echo", {"text": "robot"})
+
+    assert anyio.run(scenario).content[0].text == "robot"
+    [approved, *_] = [row for row in audit_since(mark) if row.tool == "echo"]
+    assert (approved.person_subject, approved.client_id, approved.person_name) == ("robot", "robot", "robot")
+
+
+BAD_TOKENS = {
+    "expired": (
+        lambda idp: idp.forge(exp=int(time.time()) - 120, iat=int(time.time()) - 600),
+        "The token has expired: sign in again",
+    ),
+    "not yet valid": (
+        lambda idp: idp.forge(nbf=int(time.time()) + 600),
+        "The token is not valid yet (its nbf or iat is in the future)",
+    ),
+    "wrong issuer": (
+        lambda idp: idp.forge(iss="https://idp.elsewhere.test"),
+        "The token comes from an issuer this gateway does not trust",
+    ),
+    "wrong audience": (
+        lambda idp: idp.forge(aud="https://another-resource.test/mcp"),
+        "The token is not meant for this gateway: its audience is not {resource}",
+    ),
+    "alg none": (
+        lambda idp: idp.forge(key=None, algorithm="none"),
+        "The token's algorithm 'none' is not accepted (asymmetric signatures only)",
+    ),
+    "HS256 with the public key": (
+        lambda idp: _hs256_with_public_key(idp),
+        "The token's algorithm 'HS256' is not accepted (asymmetric signatures only)",
+    ),
+    "unknown kid": (
+        lambda idp: idp.forge(key=_private_jwk("idp-9")[0], kid="idp-9"),
+        "The token is signed with a key ('idp-9') that its issuer does not publish",
+    ),
+    "bad signature": (
+        lambda idp: idp.forge(key=_private_jwk("idp-1")[0]),
+        "The token's signature does not verify",
+    ),
+    "no expiry": (lambda idp: idp.forge(exp=None), "The token has no 'exp' claim"),
+    "not a JWT": (lambda idp: "abc.def.ghi", "The token is not a well-formed JWT"),
+}
+
+
+def _hs256_with_public_key(idp: Idp) -> str:
+    """The classic confusion attack: the public key, which anyone can fetch, used as an HMAC secret."""
+    public = idp.key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    header = base64.urlsafe_b64encode(json.dumps({"alg": "HS256", "kid": "idp-1"}).encode()).rstrip(b"=")
+    claims = jwt.decode(idp.forge(), options={"verify_signature": False})
+    body = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=")
+    signature = base64.urlsafe_b64encode(hmac.new(public, header + b"." + body, hashlib.sha256).digest()).rstrip(b"=")
+    return b".".join([header, body, signature]).decode()
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TOKENS))
+def test_a_bad_token_is_refused_with_its_reason_audited_and_the_gateway_goes_on(idp_gateway, case):
+    idp, gateway = idp_gateway
+    make, message = BAD_TOKENS[case]
+    message = message.format(resource=idp.resource)
+    mark = audit_mark()
+    reply = _post(gateway, make(idp))
+    assert reply.status_code == 401
+    metadata = f"{gateway.url}/.well-known/oauth-protected-resource/mcp"
+    assert reply.headers["www-authenticate"] == (
+        f'Bearer resource_metadata="{metadata}", scope="mcp", error="invalid_token", '
+        f'error_description="{message.replace(chr(34), chr(39))}"'
+    )
+    assert reply.json()["error"] == {"code": -32600, "message": message}
+    [row] = eventually(lambda: audit_since(mark))
+    assert (row.kind, row.outcome, row.error_code, row.error_detail) == ("denied", "denied", "INVALID_TOKEN", message)
+    assert _post(gateway, idp.robot_token()).status_code == 200  # and the next good token is served
+
+
+def test_a_token_without_the_required_scope_is_forbidden_with_insufficient_scope(idp_gateway):
+    idp, gateway = idp_gateway
+    mark = audit_mark()
+    reply = _post(gateway, idp.forge(scope="openid"))
+    message = "The token lacks the scope mcp that this gateway requires"
+    assert reply.status_code == 403
+    assert 'error="insufficient_scope"' in reply.headers["www-authenticate"]
+    assert reply.json()["error"] == {"code": -32600, "message": message}
+    [row] = eventually(lambda: audit_since(mark))
+    assert (row.error_code, row.error_detail) == ("INSUFFICIENT_SCOPE", message)
+
+
+def test_a_token_in_the_query_string_is_refused_even_when_valid(idp_gateway):
+    idp, gateway = idp_gateway
+    mark = audit_mark()
+    reply = httpx2.post(
+        f"{gateway.url}/mcp?access_token={idp.robot_token()}", json=INITIALIZE, headers=ACCEPT, timeout=5
+    )
+    message = "Send the token in the Authorization header: a token in the URL is refused (it ends up in logs)"
+    assert reply.status_code == 400
+    assert 'error="invalid_request"' in reply.headers["www-authenticate"]
+    assert reply.json()["error"] == {"code": -32600, "message": message}
+    [row] = eventually(lambda: audit_since(mark))
+    assert row.error_code == "TOKEN_IN_URL" and idp.issuer not in row.error_detail
+
+
+def test_an_oversized_token_is_refused_before_it_is_parsed(idp_gateway):
+    idp, gateway = idp_gateway
+    reply = _post(gateway, idp.forge(padding="x" * 9000))
+    assert reply.status_code == 401
+    assert reply.json()["error"]["message"] == "The token is over 8192 bytes"
+
+
+def test_a_token_on_the_websocket_handshake_is_checked_too(idp_gateway):
+    idp, gateway = idp_gateway
+    mark = audit_mark()
+
+    async def scenario() -> None:
+        async with ws_session(gateway.url, idp.forge(exp=int(time.time()) - 120, iat=int(time.time()) - 600)):
+            pass
+
+    with pytest.raises(Exception, match="403"):
+        anyio.run(scenario)
+    [row] = eventually(lambda: audit_since(mark))
+    assert (row.transport, row.error_code) == ("ws", "INVALID_TOKEN")
+
+
+def test_keys_already_fetched_keep_working_while_the_idp_is_down_and_none_is_a_clear_503(
+    server_env, world, people, logs
+):
+    port = servers.free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    key, jwk = _private_jwk("idp-1")
+    provider = servers.start_oidc_provider(resource, {"keys": [jwk]}, CLIENTS, logs / "oidc-provider-down.log")
+    idp = Idp(provider.url, resource, key)
+    settings = {"GATEWAY_OIDC_ISSUER": provider.url, "GATEWAY_OIDC_AGENT": people}
+    with servers.inline_gateway_with(server_env, logs / "gateway-oidc-down.log", port, **settings) as gateway:
+        try:
+            assert _post(gateway, idp.forge(sub="before")).status_code == 200  # the keys are fetched now
+        finally:
+            provider.stop()
+        assert _post(gateway, idp.forge(sub="after")).status_code == 200  # a new token, the cached key
+        mark = audit_mark()
+        reply = _post(gateway, idp.forge(key=_private_jwk("idp-2")[0], kid="idp-2"))
+        assert reply.status_code == 401  # an unknown key, and the issuer cannot be asked about it
+    dead = {"GATEWAY_OIDC_ISSUER": idp.issuer, "GATEWAY_OIDC_AGENT": people}
+    with servers.inline_gateway_with(server_env, logs / "gateway-oidc-dead.log", port, **dead) as gateway:
+        reply = _post(gateway, idp.forge())
+        message = f"The gateway cannot reach the signing keys of {idp.issuer} to check the token; try again shortly"
+        assert reply.status_code == 503
+        assert reply.json()["error"]["message"] == message
+        assert httpx2.get(f"{gateway.url}/healthz", timeout=5).status_code == 200
+    rows = [row.error_code for row in audit_since(mark)]
+    assert rows == ["INVALID_TOKEN", "ISSUER_UNREACHABLE"]
