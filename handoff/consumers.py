@@ -28,6 +28,8 @@ UNENCODABLE = (
     "Invalid params: the request holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair) "
     "that its reply would repeat; send the text as valid Unicode"
 )
+TOKEN_EXPIRED = "The token this socket was opened with has expired: sign in again and reconnect"
+EXPIRED_CLOSE = 4401  # an application close code (Daphne passes 1000 and 3000-4999): 4000 + HTTP 401
 logger = logging.getLogger(__name__)
 
 
@@ -54,6 +56,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
     session: McpSession | None = None
     _watching: asyncio.Task | None = None
     _last_frame = 0.0
+    _expired = False
     _requests: set[asyncio.Task]  # the client's requests not answered yet
 
     async def connect(self) -> None:
@@ -125,12 +128,21 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
                     frame_id(payload),
                 ).body()
             )
+        if self.caller.expires_at and time.time() >= self.caller.expires_at:
+            return await self._expire(frame_id(payload))
         if not isinstance(message, types.JSONRPCRequest) or message.method == "initialize":
             return await self._handle(message)  # in order: the handshake commits before the next frame is read
         task = asyncio.create_task(self._handle(message), name=f"request {message.id!r}")
         self._requests.add(task)
         task.add_done_callback(self._requests.discard)
         task.add_done_callback(_log_failure)
+
+    async def _expire(self, request_id: str | int | None) -> None:
+        """The token the socket was opened with has run out: nothing more is served on it (a socket outliving
+        its sign-in would outlive a person disabled at the IdP too)."""
+        self._expired = True
+        await self.send(text_data=FrameError(types.INVALID_REQUEST, TOKEN_EXPIRED, request_id).body())
+        await self.close(code=EXPIRED_CLOSE, reason="token expired")
 
     async def disconnect(self, code: int) -> None:
         if self.session is None:
@@ -141,4 +153,5 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.session.close()
         await end_handoff(self.caller)
-        await session_record(self.caller, "closed", reason=f"socket closed ({code})")
+        reason = "token expired" if self._expired else f"socket closed ({code})"
+        await session_record(self.caller, "closed", reason=reason)

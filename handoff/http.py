@@ -114,9 +114,9 @@ class SessionOwners:
         while len(self._owners) > self._capacity:
             self._owners.popitem(last=False)
 
-    def may_use(self, session_id: str, agent_id: int) -> bool:
+    def may_use(self, session_id: str, caller: Caller) -> bool:
         owner = self._owners.get(session_id)
-        return owner is None or owner.agent_id == agent_id  # unknown ids are the SDK's to refuse
+        return owner is None or owner.principal == caller.principal  # unknown ids are the SDK's to refuse
 
     def release(self, session_id: str) -> Caller | None:
         return self._owners.pop(session_id, None)
@@ -172,7 +172,7 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
     except FrameError as exc:
         return await _reject(send, 400, exc.code, exc.message, request_id=exc.request_id)
     session_id = header(scope, b"mcp-session-id")
-    if session_id and not owners.may_use(session_id, caller.agent_id):
+    if session_id and not owners.may_use(session_id, caller):
         # The same answer as for an id that does not exist: nothing tells the caller whose it is.
         return await _reject(send, 404, types.INVALID_REQUEST, "Session not found")
     scope["switchboard.caller"] = caller

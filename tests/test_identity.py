@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from jwt.algorithms import RSAAlgorithm
 
 from tests import servers
-from tests.clients import INITIALIZE, sdk_client, ws_session
+from tests.clients import INITIALIZE, call, sdk_client, ws_session
 from tests.factories import agent
-from tests.helpers import audit_mark, audit_since, eventually
+from tests.helpers import audit_mark, audit_since, eventually, until
 
 pytestmark = pytest.mark.e2e
 REDIRECT = "http://127.0.0.1:9/callback"  # never opened: the code is read off the redirect
@@ -92,7 +92,7 @@ class Idp:
 
 @pytest.fixture(scope="module")
 def people(db) -> Iterator[str]:
-    with agent("people") as (someone, _key):
+    with agent("people", calls_per_minute=2) as (someone, _key):  # for each person (see the rate test)
         yield someone.name
 
 
@@ -145,7 +145,8 @@ def test_without_credentials_the_challenge_says_where_to_sign_in(idp_gateway):
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 def test_a_person_signed_in_at_the_idp_calls_a_tool_and_every_row_names_them(idp_gateway, people, mode):
     idp, gateway = idp_gateway
-    token = idp.person_token("grace")
+    person = f"grace-{mode}"
+    token = idp.person_token(person)
     mark = audit_mark()
 
     async def scenario():
@@ -158,8 +159,8 @@ def test_a_person_signed_in_at_the_idp_calls_a_tool_and_every_row_names_them(idp
     calls = [row for row in rows if row.tool == "echo"]
     assert [row.kind for row in calls] == ["approved", "completed"]
     for row in calls:
-        assert (row.agent_name, row.person_issuer, row.person_subject) == (people, idp.issuer, "grace")
-        assert (row.person_name, row.client_id) == ("Person grace", "desk")
+        assert (row.agent_name, row.person_issuer, row.person_subject) == (people, idp.issuer, person)
+        assert (row.person_name, row.client_id) == (f"Person {person}", "desk")
 
 
 def test_a_person_on_the_websocket_is_audited_as_themselves(idp_gateway, people):
@@ -334,3 +335,64 @@ def test_keys_already_fetched_keep_working_while_the_idp_is_down_and_none_is_a_c
         assert httpx2.get(f"{gateway.url}/healthz", timeout=5).status_code == 200
     rows = [row.error_code for row in audit_since(mark)]
     assert rows == ["INVALID_TOKEN", "ISSUER_UNREACHABLE"]
+
+
+def test_each_person_has_the_agents_rate_of_their_own(idp_gateway):
+    idp, gateway = idp_gateway
+
+    async def calls(token: str, count: int) -> list:
+        return [await call(gateway.url, token, "demo__echo", {"text": str(n)}, "2026-07-28") for n in range(count)]
+
+    ada, lin = idp.forge(sub="ada"), idp.forge(sub="lin")
+    *served, refused = anyio.run(calls, ada, 3)
+    assert [result.content[0].text for result in served] == ["0", "1"]
+    assert refused.error.data["code"] == "AGENT_RATE_LIMITED"
+    assert refused.error.message.startswith("You may make 2 tool calls a minute. Retry after")
+    assert [result.content[0].text for result in anyio.run(calls, lin, 1)] == ["0"]  # another person is not held
+
+
+def test_a_person_cannot_drive_another_persons_session(idp_gateway):
+    idp, gateway = idp_gateway
+    opened = _post(gateway, idp.forge(sub="owner"))
+    session_id = opened.headers["mcp-session-id"]
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    for person, status in (("intruder", 404), ("owner", 200)):
+        headers = ACCEPT | {"Authorization": f"Bearer {idp.forge(sub=person)}", "mcp-session-id": session_id}
+        headers |= {"mcp-protocol-version": "2025-11-25"}
+        reply = httpx2.post(f"{gateway.url}/mcp", json=listing, headers=headers, timeout=10)
+        assert reply.status_code == status, person
+    assert (
+        "Session not found"
+        in httpx2.post(
+            f"{gateway.url}/mcp",
+            json=listing,
+            headers=ACCEPT | {"Authorization": f"Bearer {idp.forge(sub='intruder')}", "mcp-session-id": session_id},
+            timeout=10,
+        ).text
+    )
+
+
+def test_a_socket_serves_nothing_once_its_token_expires(idp_gateway):
+    idp, gateway = idp_gateway
+    expires = int(time.time()) + 3
+    mark = audit_mark()
+
+    async def scenario() -> tuple[dict, dict]:
+        async with ws_session(gateway.url, idp.forge(sub="brief", exp=expires)) as session:
+            before = await session.request("tools/call", {"name": "demo__echo", "arguments": {"text": "in time"}})
+            await until(lambda: time.time() > expires, timeout=10)
+            return before, await session.request("tools/list")
+
+    def session_closed() -> list:
+        return [row for row in audit_since(mark, sessions=True) if row.detail.get("action") == "session_closed"]
+
+    before, after = anyio.run(scenario)
+    assert before["result"]["content"] == [{"type": "text", "text": "in time"}]
+    assert after["error"] == {
+        "code": -32600,
+        "message": "The token this socket was opened with has expired: sign in again and reconnect",
+    }
+    closed = eventually(
+        lambda: [r for r in audit_since(mark, sessions=True) if r.detail.get("action") == "session_closed"]
+    )
+    assert closed[0].detail["reason"] == "token expired" and closed[0].person_subject == "brief"

@@ -19,7 +19,7 @@ from audit.outcomes import DEADLINE, call_deadline
 from audit.services import canonical_sha256
 from audit.telemetry import DENIALS, call_observe, current_traceparent, span_failed
 from handoff.mcp.audit_rows import record
-from handoff.mcp.caller import Caller
+from handoff.mcp.caller import Caller, person_digest
 from handoff.protocol.tunnels import SessionTunnel, index_session
 from handoff.snapshot import Route, Snapshot
 from policy.decisions import Denial
@@ -51,7 +51,10 @@ async def admit(snap: Snapshot, caller: Caller, name: str, route: Route, request
     limit when it admits it."""
     session = index_session(caller.agent_id, caller.session_key)
     agent = snap.agents[caller.agent_id]
-    admission = Admission(request_id, session, caller.agent_id, agent, route.limits, stateless=not caller.session_id)
+    person = person_digest(caller.person_issuer, caller.person_subject) if caller.person_subject else ""
+    admission = Admission(
+        request_id, session, caller.agent_id, agent, route.limits, stateless=not caller.session_id, person=person
+    )
     verdict = await limit_store().admit(admission)
     if verdict.code:
         return Decision(route.upstream_slug, route, limits_denial(admission, verdict, name), **found)

@@ -30,6 +30,12 @@ class Caller:
     person_subject: str = ""
     person_name: str = ""
     client_id: str = ""
+    expires_at: float = 0.0  # when the token runs out (epoch seconds); 0 for an API key
+
+    @property
+    def principal(self) -> tuple[int, str, str]:
+        """Who may drive a session: the agent, and the person when a token named one."""
+        return (self.agent_id, self.person_issuer, self.person_subject)
 
     @property
     def person(self) -> dict[str, str]:
@@ -155,6 +161,7 @@ async def _person(scope: dict, transport: str, token: str, people: KeyEntry | No
         person_subject=identity.subject,
         person_name=identity.name,
         client_id=identity.client_id,
+        expires_at=identity.expires_at,
     )
 
 

@@ -66,6 +66,12 @@ class Admission:
     # A 2026-07-28 request, which has no session: its API key stands for one, over a window of fixed length
     # from the key's first call (GATEWAY_STATELESS_WINDOW_SECONDS) that busy use does not extend.
     stateless: bool = False
+    person: str = ""  # who a token named (a digest of issuer and subject): each person has the agent's rate
+
+    @property
+    def rate_key(self) -> str:
+        """Whose calls a minute this call counts against: the agent's, or for a person, their own."""
+        return f"{self.agent_id}:{self.person}" if self.person else str(self.agent_id)
 
     @property
     def term(self) -> float:
@@ -148,7 +154,8 @@ def limits_denial(a: Admission, verdict: Verdict, tool: str) -> Denial:
         case "AGENT_RATE_LIMITED":
             return Denial(
                 "AGENT_RATE_LIMITED",
-                f"This agent may make {a.agent.calls_per_minute} tool calls a minute. Retry after {wait}.",
+                f"{'You' if a.person else 'This agent'} may make {a.agent.calls_per_minute} tool calls a minute. "
+                f"Retry after {wait}.",
                 RETRY_LATER,
                 verdict.retry_after,
             )

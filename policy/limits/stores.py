@@ -117,7 +117,7 @@ class RedisLimitStore:
         keys = [
             f"{p}lock:{a.session}",
             f"{p}calls:{a.session}",
-            f"{p}rate:agent:{a.agent_id}",
+            f"{p}rate:agent:{a.rate_key}",
             f"{p}rate:upstream:{a.upstream.id}",
             f"{p}busy:{a.upstream.id}",
             self._breaker_key(a.upstream.id),
@@ -202,7 +202,7 @@ class LocalLimitStore:
         if count >= a.agent.max_calls_per_session:
             return Verdict("KEY_CALL_LIMIT", expiry - now) if a.stateless else Verdict("SESSION_CALL_LIMIT")
         windows = [
-            (f"agent:{a.agent_id}", a.agent.calls_per_minute, "AGENT_RATE_LIMITED"),
+            (f"agent:{a.rate_key}", a.agent.calls_per_minute, "AGENT_RATE_LIMITED"),
             (f"upstream:{a.upstream.id}", a.upstream.calls_per_minute, "UPSTREAM_RATE_LIMITED"),
         ]
         for key, limit, code in windows:
