@@ -21,7 +21,8 @@ from audit.selectors import AuditFilter, audit_page, audit_stream, is_auditor, r
 from audit.services import audit_record
 
 EXPORT_FIELDS = [
-    "created_at", "kind", "request_id", "trace_id", "agent_name", "session_id", "transport", "upstream", "tool",
+    "created_at", "kind", "request_id", "trace_id", "agent_name", "person_issuer", "person_subject", "person_name",
+    "client_id", "session_id", "transport", "upstream", "tool",
     "exposed_name", "outcome", "error_code", "error_detail", "duration_ms", "response_bytes", "arguments_sha256",
     "actor", "detail", "mac",
 ]  # fmt: skip

@@ -47,7 +47,7 @@ FILTERS = [
 
 
 class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
-    """Every audit row, filterable by since, until, kind, agent, upstream, tool, outcome, error_code,
+    """Every audit row, filterable by since, until, kind, agent, person, client, upstream, tool, outcome, error_code,
     request_id and trace_id."""
 
     queryset = AuditEvent.objects.all()

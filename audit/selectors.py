@@ -28,6 +28,8 @@ class AuditFilter(forms.Form):
     until = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     kind = forms.ChoiceField(required=False, choices=[("", "any kind"), *AuditEvent.Kind.choices])
     agent = forms.CharField(required=False, max_length=64)
+    person = forms.CharField(required=False, max_length=255, help_text="The subject a token named")
+    client = forms.CharField(required=False, max_length=255, help_text="The OAuth client acting for a person")
     upstream = forms.CharField(required=False, max_length=32)
     tool = forms.CharField(required=False, max_length=256)
     outcome = forms.ChoiceField(required=False, choices=[("", "any outcome"), *AuditEvent.Outcome.choices])
@@ -40,6 +42,8 @@ class AuditFilter(forms.Form):
     FIELDS = {
         "kind": "kind",
         "agent": "agent_name",
+        "person": "person_subject",
+        "client": "client_id",
         "upstream": "upstream",
         "tool": "tool",
         "outcome": "outcome",

@@ -48,6 +48,25 @@ def test_filters_combine_and_a_malformed_one_is_refused_with_its_reason(admin_cl
     assert admin_client.get(f"/admin/audit/auditevent/request/{uuid.uuid4()}/").status_code == 404
 
 
+def test_the_browser_the_export_and_the_api_find_a_persons_rows(admin_client, admin_token):
+    person = f"grace-{uuid.uuid4().hex[:8]}"
+    who = {"person_issuer": "https://idp.test", "person_subject": person, "person_name": "Grace H", "client_id": "desk"}
+    mine = audit_record(kind="completed", request_id=uuid.uuid4(), upstream="demo", tool="echo", **who)
+    audit_record(kind="completed", request_id=uuid.uuid4(), upstream="demo", tool="echo", person_subject="other")
+    page = admin_client.get("/admin/audit/auditevent/", {"person": person}).content.decode()
+    assert page.count('class="request-link"') == 1
+    assert f'title="{person} at https://idp.test, through desk">Grace H</span>' in page
+    story = admin_client.get(f"/admin/audit/auditevent/request/{mine.request_id}/").content.decode()
+    assert f"Grace H ({person} at https://idp.test), through client desk" in story
+    export = admin_client.get("/admin/audit/auditevent/export.jsonl", {"person": person, "client": "desk"})
+    [exported] = [json.loads(line) for line in b"".join(export.streaming_content).decode().splitlines()]
+    assert {name: exported[name] for name in who} == who
+    feed = admin_client.get("/api/v1/audit", {"person": person}, HTTP_AUTHORIZATION=f"Bearer {admin_token}").json()
+    assert [(row["id"], row["person_name"], row["client_id"]) for row in feed["results"]] == [
+        (mine.id, "Grace H", "desk")
+    ]
+
+
 @pytest.fixture
 def payload_row(db) -> AuditEvent:
     return audit_record(
