@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from jwt.algorithms import RSAAlgorithm
 
+from registry.models import Upstream
+from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
 from tests.clients import INITIALIZE, call, sdk_client, ws_session
 from tests.factories import agent
@@ -396,3 +398,31 @@ def test_a_socket_serves_nothing_once_its_token_expires(idp_gateway):
         lambda: [r for r in audit_since(mark, sessions=True) if r.detail.get("action") == "session_closed"]
     )
     assert closed[0].detail["reason"] == "token expired" and closed[0].person_subject == "brief"
+
+
+@pytest.fixture(scope="module")
+def header_upstream(world, logs) -> Iterator[str]:
+    """The demo server over Streamable HTTP: its `header` tool answers with a header of the request it got."""
+    demo = servers.start_demo_http(logs / "demo-http-identity.log")
+    upstream = Upstream(slug="hdrs", transport="streamable_http", url=demo.url)
+    upstream_save(upstream=upstream, created=True)
+    assert upstream_catalog_sync(upstream=upstream).ok
+    yield upstream.slug
+    upstream.delete()
+    demo.stop()
+
+
+def test_the_inbound_token_never_reaches_an_upstream(idp_gateway, header_upstream):
+    idp, gateway = idp_gateway
+    token = idp.person_token("passthrough")
+
+    async def scenario() -> list[str]:
+        async with sdk_client(gateway.url, token, "legacy") as client:
+            return [
+                (await client.call_tool(f"{header_upstream}__header", {"name": name})).content[0].text
+                for name in ("authorization", "host")
+            ]
+
+    authorization, host = anyio.run(scenario)
+    assert authorization == ""
+    assert host.startswith("127.0.0.1:")  # the tool reads headers: an empty answer is an absent header
