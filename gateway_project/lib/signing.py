@@ -1,21 +1,22 @@
 """Delegation tokens: what a specialist server receives instead of the agent's credentials.
 
-A token is three base64url parts, `header.payload.signature`, as in a JWS: the header names the algorithm
-(always HS256), the type and the key id; the payload is canonical JSON (sorted keys, no spaces) holding
-`iss`, `sub` (the domain), `aud` (the target upstream), `typ`, `iat`, `exp`, `tid` (the delegation's unique
-id), optionally `traceparent`, `reason`, and the carry-over `state` or, past 2 KB, `state_ref` (a
-claim-check id). The signature is HMAC-SHA256 over `header.payload` with the key the `kid` selects.
+A token is a JWT (made and checked by PyJWT): the header names the algorithm (always HS256), the type and the
+key id; the payload holds `iss`, `sub` (the domain), `aud` (the target upstream), `typ`, `iat`, `exp`, `tid`
+(the delegation's unique id), optionally `traceparent`, `reason`, and the carry-over `state` or, past 2 KB,
+`state_ref` (a claim-check id). It is signed with HMAC-SHA256 under the key the `kid` selects. PyJWT checks
+the form and the signature; the claims are checked here, against a clock the caller may give.
 
 No Django here: specialist servers import this module (through handoff/clearance.py) on their own.
 """
 
-import base64
-import hashlib
 import hmac
 import json
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import jwt
+from jwt.utils import base64url_decode
 
 ALGORITHM = "HS256"
 TOKEN_TYPE = "switchboard-delegation"
@@ -39,14 +40,6 @@ def _invalid(message: str) -> DelegationError:
 
 def expired(message: str) -> DelegationError:
     return DelegationError("EXPIRED_DELEGATION_TOKEN", message)
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def canonical_json(value: Any) -> bytes:
@@ -87,12 +80,47 @@ def token_mint(
 ) -> str:
     """A token over `claims` plus `typ`, `iat` and `exp`, signed with the ring's newest key."""
     issued = int(now if now is not None else time.time())
-    header = {"alg": ALGORITHM, "typ": TOKEN_TYPE, "kid": ring.signing_kid}
     payload = claims | {"typ": TOKEN_TYPE, "iat": issued, "exp": issued + int(ttl)}
-    signing_input = f"{_b64(canonical_json(header))}.{_b64(canonical_json(payload))}"
     secret = ring.secret(ring.signing_kid)
     assert secret is not None
-    return f"{signing_input}.{_b64(hmac.new(secret, signing_input.encode(), hashlib.sha256).digest())}"
+    return jwt.encode(payload, secret, algorithm=ALGORITHM, headers={"typ": TOKEN_TYPE, "kid": ring.signing_kid})
+
+
+# The claims are checked below, against the caller's clock and skew: PyJWT checks form and signature only.
+_SIGNATURE_ONLY = {"verify_exp": False, "verify_iat": False, "verify_nbf": False, "verify_aud": False}
+_NO_KEY = b"\0" * 32  # verified against when the kid is unknown, so that case costs what a bad signature does
+
+
+def _unreadable(token: str) -> DelegationError:
+    """What PyJWT could not decode: a signature garbled past decoding is still a signature that does not
+    verify; anything else is malformed."""
+    parts = token.split(".")
+    try:
+        readable = len(parts) == 3 and all(isinstance(json.loads(base64url_decode(part)), dict) for part in parts[:2])
+    except ValueError:
+        readable = False
+    return _invalid(
+        "The delegation token's signature does not verify." if readable else "The delegation token is malformed."
+    )
+
+
+def _signed_claims(ring: KeyRing, token: str) -> dict[str, Any]:
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.DecodeError:
+        raise _unreadable(token) from None
+    if header.get("alg") != ALGORITHM or header.get("typ") != TOKEN_TYPE:
+        raise _invalid(f"Only {ALGORITHM} tokens of type {TOKEN_TYPE} are accepted.")
+    secret = ring.secret(str(header.get("kid", "")))
+    try:
+        claims = jwt.decode(token, secret or _NO_KEY, algorithms=[ALGORITHM], options=_SIGNATURE_ONLY)
+    except jwt.InvalidSignatureError:
+        raise _invalid("The delegation token's signature does not verify.") from None
+    except jwt.InvalidTokenError:
+        raise _unreadable(token) from None
+    if secret is None:
+        raise _invalid("The delegation token's signature does not verify.")
+    return claims
 
 
 def token_verify(
@@ -102,25 +130,8 @@ def token_verify(
     DelegationError. The signature is checked, in constant time, before anything in the payload is believed."""
     if len(token) > MAX_TOKEN_BYTES:
         raise _invalid("The delegation token is too long.")
-    parts = token.split(".")
-    if len(parts) != 3:
-        raise _invalid("The delegation token is malformed.")
-    try:
-        header = json.loads(_unb64(parts[0]))
-        signature = _unb64(parts[2])
-    except ValueError:
-        raise _invalid("The delegation token is malformed.") from None
-    if not isinstance(header, dict) or header.get("alg") != ALGORITHM or header.get("typ") != TOKEN_TYPE:
-        raise _invalid(f"Only {ALGORITHM} tokens of type {TOKEN_TYPE} are accepted.")
-    secret = ring.secret(str(header.get("kid", "")))
-    expected = hmac.new(secret or b"\0" * 32, f"{parts[0]}.{parts[1]}".encode(), hashlib.sha256).digest()
-    if not hmac.compare_digest(expected, signature) or secret is None:
-        raise _invalid("The delegation token's signature does not verify.")
-    try:
-        claims = json.loads(_unb64(parts[1]))
-    except ValueError:
-        raise _invalid("The delegation token is malformed.") from None
-    if not isinstance(claims, dict) or claims.get("typ") != TOKEN_TYPE:
+    claims = _signed_claims(ring, token)
+    if claims.get("typ") != TOKEN_TYPE:
         raise _invalid(f"Only tokens of type {TOKEN_TYPE} are accepted.")
     if not isinstance(claims.get("aud"), str) or (
         audience is not None and not hmac.compare_digest(claims["aud"], audience)
