@@ -11,13 +11,24 @@ class HandoffConfig(AppConfig):
         from handoff.mcp.list_changed import upstream_changed_tell
         from handoff.models import HandoffRoute
         from policy.config_version import on_routing_row_changed
-        from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
+        from policy.models import Agent, AgentGroup, AgentKey, IdentityProvider, Person, Rule, ServerGroup
         from registry.models import Tool, Upstream
         from registry.upstreams.loop import on_upstream_change
 
         # Every saved or deleted row that routing reads moves the snapshot version, in its own transaction,
         # whatever saved it (a service, an admin form, a shell). Queryset updates call config_changed().
-        for model in (Agent, AgentGroup, AgentKey, Rule, ServerGroup, Upstream, Tool, HandoffRoute):
+        for model in (
+            Agent,
+            AgentGroup,
+            AgentKey,
+            IdentityProvider,
+            Person,
+            Rule,
+            ServerGroup,
+            Upstream,
+            Tool,
+            HandoffRoute,
+        ):
             post_save.connect(on_routing_row_changed, sender=model, dispatch_uid=f"snapshot-{model.__name__}-save")
             post_delete.connect(on_routing_row_changed, sender=model, dispatch_uid=f"snapshot-{model.__name__}-del")
         m2m_changed.connect(on_routing_row_changed, sender=AgentGroup.agents.through, dispatch_uid="snapshot-members")

@@ -24,6 +24,7 @@ from handoff.models import HandoffRoute
 from handoff.triage import TriageTool, triage_tools
 from policy.config_version import config_version
 from policy.decisions import RETRY_LATER, CompiledRule, Denial, Policy, Target, policy_decide
+from policy.identity import Provider, people_disabled, providers_compile
 from policy.keys import key_matches, key_split
 from policy.limits.admission import AgentLimits, UpstreamLimits
 from policy.manifest import clean_text, manifest_sanitize
@@ -134,7 +135,8 @@ class Snapshot:
     triage: dict[str, TriageEntry] = field(default_factory=dict)  # exposed name -> triage tool
     builtins: dict[str, GatewayTool] = field(default_factory=dict)  # exposed name -> code mode's tools
     anonymous: KeyEntry | None = None  # GATEWAY_ANONYMOUS_AGENT, while that agent exists and is enabled
-    people: KeyEntry | None = None  # GATEWAY_OIDC_AGENT, whom people signed in with a token act as
+    providers: dict[str, Provider] = field(default_factory=dict)  # identity providers by issuer
+    people_disabled: frozenset[tuple[str, str]] = frozenset()  # (issuer, subject) of people refused
     instructions: tuple[tuple[str, str], ...] = ()  # (slug, cleaned text) of upstreams that give instructions
     # Per-agent results, filled on first use; bounded by agents × known tools.
     _decisions: dict[tuple[int, str], Denial | None] = field(default_factory=dict, compare=False)
@@ -328,11 +330,11 @@ def snapshot_compile() -> Snapshot:
     for route in HandoffRoute.objects.filter(enabled=True).select_related("target").order_by("id"):
         routes.setdefault(route.target.slug, _route_settings(route))
     anonymous = settings.GATEWAY_ANONYMOUS_AGENT and agents.filter(name=settings.GATEWAY_ANONYMOUS_AGENT).first()
-    people = settings.GATEWAY_OIDC_AGENT and agents.filter(name=settings.GATEWAY_OIDC_AGENT).first()
     return Snapshot(
         version=version,
         anonymous=KeyEntry("", anonymous.id, anonymous.name, ANONYMOUS_KEY) if anonymous else None,
-        people=KeyEntry("", people.id, people.name, "") if people else None,
+        providers=providers_compile(),
+        people_disabled=people_disabled(),
         keys={k.prefix: KeyEntry(k.digest, k.agent_id, k.agent.name, k.prefix) for k in keys},
         agents={
             a.id: AgentLimits(

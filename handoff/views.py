@@ -10,6 +10,7 @@ from gateway_project.lib.signing import TOKEN_HEADER, DelegationError, expired, 
 from handoff.clearance import django_refusal
 from handoff.mcp.caller import resource_uri
 from handoff.protocol.claim_checks import claim_store
+from handoff.snapshot import snapshot
 from registry.upstreams.delegation import key_ring
 
 
@@ -35,16 +36,17 @@ async def protected_resource(request: HttpRequest) -> HttpResponse:
     """Where to get a token for /mcp, at both paths the MCP authorization spec names (the root and the one
     suffixed with the resource's path); 404 while no issuer is configured. Readable from any origin: browser
     clients such as the MCP Inspector fetch it."""
-    if not settings.GATEWAY_OIDC_ISSUER:
+    providers = (await snapshot.get()).providers
+    if not providers:
         return JsonResponse({"error": "not_found", "error_description": "No sign-in is configured"}, status=404)
     metadata = {
         "resource": resource_uri(request.scope),
-        "authorization_servers": [settings.GATEWAY_OIDC_ISSUER],
+        "authorization_servers": sorted(providers),
         "bearer_methods_supported": ["header"],
         "resource_name": settings.GATEWAY_NAME,
     }
-    if settings.GATEWAY_OIDC_SCOPES:
-        metadata["scopes_supported"] = settings.GATEWAY_OIDC_SCOPES
+    if scopes := sorted(set().union(*(provider.scopes for provider in providers.values()))):
+        metadata["scopes_supported"] = scopes
     response = JsonResponse(metadata)
     response["Access-Control-Allow-Origin"] = "*"
     return response

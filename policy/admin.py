@@ -5,7 +5,7 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
 from django.http import HttpRequest
 
-from policy.models import AdminToken, Agent, AgentGroup, AgentKey, Rule, ServerGroup
+from policy.models import AdminToken, Agent, AgentGroup, AgentKey, IdentityProvider, Person, Rule, ServerGroup
 from policy.services import (
     admin_token_revoke,
     agent_key_issue,
@@ -200,3 +200,21 @@ class OperatorGroupAdmin(AuditedSaveMixin, GroupAdmin):
 
     def relations(self, group: Group) -> dict[str, list[str]]:
         return {"permissions": _permission_names(group.permissions)}
+
+
+@admin.register(IdentityProvider)
+class IdentityProviderAdmin(AuditedSaveMixin, admin.ModelAdmin):
+    """OIDC issuers whose access tokens sign people in (docs/identity.md)."""
+
+    list_display = ("name", "issuer", "agent", "audience", "scopes", "enabled")
+    list_filter = ("enabled",)
+
+
+@admin.register(Person)
+class PersonAdmin(AuditedSaveMixin, admin.ModelAdmin):
+    """People tokens named, made on first sight; a disabled one is refused on their next call."""
+
+    list_display = ("__str__", "subject", "issuer", "enabled", "first_seen", "last_seen")
+    list_filter = ("enabled", "issuer")
+    search_fields = ("name", "subject")
+    readonly_fields = ("first_seen", "last_seen")

@@ -1,6 +1,7 @@
-"""Who a bearer token names: the OAuth 2.1 resource-server check of a JWT access token (RFC 9068) from a
-configured issuer, the same for every transport. PyJWT does the cryptography; this module decides which
-keys, algorithms, issuers, audiences and scopes it may accept, and caches what it has checked."""
+"""Who a bearer token names: the OAuth 2.1 resource-server check of a JWT access token (RFC 9068) from one of
+the identity providers (rows, and GATEWAY_OIDC_* for one more), the same for every transport. PyJWT does the
+cryptography; this module decides which keys, algorithms, issuers, audiences and scopes it may accept,
+caches what it has checked, and records the people it meets."""
 
 import asyncio
 import hashlib
@@ -13,12 +14,68 @@ from dataclasses import dataclass
 import httpx2
 import jwt
 from django.conf import settings
+from django.utils import timezone
+
+from policy.models import Agent, IdentityProvider, Person
 
 logger = logging.getLogger(__name__)
 # Asymmetric only: a symmetric algorithm would let anyone holding the issuer's public key sign (and `none`, nobody).
 ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"})
 CHECKED_TOKENS = 10_000  # how many verified tokens are remembered until they expire
 MAX_DOCUMENT_BYTES = 256 * 1024  # a discovery document or JWK set larger than this is refused
+
+
+@dataclass(frozen=True)
+class Provider:
+    """An issuer as the routing snapshot holds it. `agent_id` is None when its agent is gone or disabled."""
+
+    issuer: str
+    audience: str  # empty: the canonical resource URI
+    scopes: frozenset[str]
+    agent_id: int | None
+    agent_name: str
+    subject_claim: str = "sub"
+    name_claim: str = "name"
+
+
+def providers_compile() -> dict[str, Provider]:
+    """The enabled identity providers by issuer, the settings' one included (a row for the same issuer wins)."""
+    found: dict[str, Provider] = {}
+    if settings.GATEWAY_OIDC_ISSUER:
+        agent = Agent.objects.filter(name=settings.GATEWAY_OIDC_AGENT, enabled=True).first()
+        found[settings.GATEWAY_OIDC_ISSUER] = Provider(
+            issuer=settings.GATEWAY_OIDC_ISSUER,
+            audience=settings.GATEWAY_OIDC_AUDIENCE,
+            scopes=frozenset(settings.GATEWAY_OIDC_SCOPES),
+            agent_id=agent.id if agent else None,
+            agent_name=agent.name if agent else "",
+            subject_claim=settings.GATEWAY_OIDC_SUBJECT_CLAIM,
+            name_claim=settings.GATEWAY_OIDC_NAME_CLAIM,
+        )
+    for row in IdentityProvider.objects.filter(enabled=True).select_related("agent"):
+        found[row.issuer] = Provider(
+            issuer=row.issuer,
+            audience=row.audience,
+            scopes=frozenset(row.scopes.split()),
+            agent_id=row.agent_id if row.agent.enabled else None,
+            agent_name=row.agent.name,
+            subject_claim=row.subject_claim,
+            name_claim=row.name_claim,
+        )
+    return found
+
+
+def people_disabled() -> frozenset[tuple[str, str]]:
+    return frozenset(Person.objects.filter(enabled=False).values_list("issuer", "subject"))
+
+
+def person_seen(issuer: str, subject: str, name: str) -> None:
+    """Record a person on first sight, and when they were last seen, for the console's list of people. Neither
+    changes what routing reads, so neither sends the signal that makes every process compile a new snapshot."""
+    now = timezone.now()
+    met = Person(issuer=issuer, subject=subject, name=name, first_seen=now, last_seen=now)
+    Person.objects.bulk_create([met], ignore_conflicts=True)
+    Person.objects.filter(issuer=issuer, subject=subject).update(last_seen=now, name=name)
 
 
 @dataclass(frozen=True)
@@ -107,53 +164,54 @@ async def _document(http: httpx2.AsyncClient, url: str) -> dict:
 
 class Verifier:
     """The gateway's check of bearer tokens: issuer, signature, audience, lifetime and scopes, and a memory of
-    tokens already checked (until they expire) so a session's calls verify each token once."""
+    tokens already checked (until they expire, or the configuration changes) so a session's calls verify each
+    token once."""
 
     def __init__(self) -> None:
         self._issuers: dict[str, Issuer] = {}
         self._checked: OrderedDict[str, Identity] = OrderedDict()
 
-    @property
-    def enabled(self) -> bool:
-        return bool(settings.GATEWAY_OIDC_ISSUER)
-
-    async def identity(self, token: str, audience: str) -> Identity:
+    async def identity(self, token: str, audience: str, providers: dict[str, Provider], version: int) -> Identity:
+        """The person `token` names, checked against `providers`; `audience` is the canonical resource URI and
+        `version` the configuration's (a change to a provider drops what was checked under the old one)."""
         if len(token) > settings.GATEWAY_MAX_TOKEN_BYTES:
             raise TokenRefused(f"The token is over {settings.GATEWAY_MAX_TOKEN_BYTES} bytes")
-        digest = hashlib.sha256(f"{audience}\n{token}".encode()).hexdigest()
+        digest = hashlib.sha256(f"{version}\n{audience}\n{token}".encode()).hexdigest()
         if (known := self._checked.get(digest)) is not None and known.expires_at > time.time():
             return known
-        identity = await self._verify(token, audience)
+        identity = await self._verify(token, audience, providers)
         self._checked[digest] = identity
         while len(self._checked) > CHECKED_TOKENS:
             self._checked.popitem(last=False)
         return identity
 
-    async def _verify(self, token: str, audience: str) -> Identity:
+    async def _verify(self, token: str, audience: str, providers: dict[str, Provider]) -> Identity:
         try:
             header = jwt.get_unverified_header(token)
+            issuer_claim = jwt.decode(token, options={"verify_signature": False}).get("iss")
         except jwt.DecodeError:
             raise TokenRefused("The token is not a well-formed JWT") from None
         algorithm = header.get("alg")
         if algorithm not in ALGORITHMS:
             raise TokenRefused(f"The token's algorithm {algorithm!r} is not accepted (asymmetric signatures only)")
-        issuer = self._issuer()
-        key = await issuer.key(header.get("kid"))
-        claims = self._decode(token, key, algorithm, audience)
+        provider = providers.get(issuer_claim) if isinstance(issuer_claim, str) else None
+        if provider is None:
+            raise TokenRefused("The token comes from an issuer this gateway does not trust")
+        key = await self._issuer(provider.issuer).key(header.get("kid"))
+        claims = self._decode(token, key, algorithm, provider, provider.audience or audience)
         granted = frozenset(str(claims.get("scope", "")).split())
-        missing = set(settings.GATEWAY_OIDC_SCOPES) - granted
-        if missing:
+        if missing := provider.scopes - granted:
             raise TokenRefused(
                 f"The token lacks the scope {' '.join(sorted(missing))} that this gateway requires",
                 error="insufficient_scope",
                 status=403,
             )
-        subject = str(claims.get(settings.GATEWAY_OIDC_SUBJECT_CLAIM) or "")
+        subject = str(claims.get(provider.subject_claim) or "")
         if not subject:
-            raise TokenRefused(f"The token has no {settings.GATEWAY_OIDC_SUBJECT_CLAIM!r} claim to name its holder")
-        name = claims.get(settings.GATEWAY_OIDC_NAME_CLAIM) or claims.get("email") or subject
+            raise TokenRefused(f"The token has no {provider.subject_claim!r} claim to name its holder")
+        name = claims.get(provider.name_claim) or claims.get("email") or subject
         return Identity(
-            issuer=issuer.issuer,
+            issuer=provider.issuer,
             subject=subject,
             name=str(name)[:150],
             client_id=str(claims.get("client_id") or claims.get("azp") or ""),
@@ -161,21 +219,20 @@ class Verifier:
             expires_at=float(claims["exp"]),
         )
 
-    def _issuer(self) -> Issuer:
-        configured = settings.GATEWAY_OIDC_ISSUER.rstrip("/")
-        if configured not in self._issuers:
-            self._issuers[configured] = Issuer(configured)
-        return self._issuers[configured]
+    def _issuer(self, issuer: str) -> Issuer:
+        if issuer not in self._issuers:
+            self._issuers[issuer] = Issuer(issuer)
+        return self._issuers[issuer]
 
     @staticmethod
-    def _decode(token: str, key: jwt.PyJWK, algorithm: str, audience: str) -> dict:
+    def _decode(token: str, key: jwt.PyJWK, algorithm: str, provider: Provider, audience: str) -> dict:
         try:
             return jwt.decode(
                 token,
                 key,
                 algorithms=[algorithm],
-                audience=settings.GATEWAY_OIDC_AUDIENCE or audience,
-                issuer=settings.GATEWAY_OIDC_ISSUER.rstrip("/"),
+                audience=audience,
+                issuer=provider.issuer,
                 leeway=settings.GATEWAY_OIDC_LEEWAY_SECONDS,
                 options={"require": ["exp", "iss", "aud"]},
             )

@@ -76,6 +76,51 @@ class AgentKey(models.Model):
         return f"sb_{self.prefix}_…"
 
 
+class IdentityProvider(models.Model):
+    """An OIDC issuer whose JWT access tokens the gateway accepts: its people act as `agent` (whose rules and
+    limits apply), each with the agent's rate of their own. GATEWAY_OIDC_* settings define one more."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[visible_name])
+    issuer = models.URLField(unique=True, help_text="Exactly as its tokens' iss claim spells it")
+    audience = models.CharField(
+        max_length=255, blank=True, help_text="What its tokens' aud must hold; empty: the gateway's /mcp URL"
+    )
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="identity_providers")
+    scopes = models.CharField(max_length=255, blank=True, help_text="Scopes every token must carry, space-separated")
+    subject_claim = models.CharField(max_length=64, default="sub")
+    name_claim = models.CharField(
+        max_length=64, default="name", help_text="The display name (else email, else subject)"
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Person(models.Model):
+    """Someone a token named: made on first sight, or beforehand by an admin; a disabled person is refused on
+    their next call. Audit rows hold the person as values, so this row may go and the trail stays."""
+
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    name = models.CharField(max_length=150, blank=True)
+    enabled = models.BooleanField(default=True)
+    first_seen = models.DateTimeField(null=True, blank=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name", "subject"]
+        verbose_name_plural = "people"
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="person_once_per_issuer")]
+
+    def __str__(self) -> str:
+        return self.name or self.subject
+
+
 class AgentGroup(models.Model):
     """Agents that rules treat alike (a team, say)."""
 

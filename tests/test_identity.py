@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from jwt.algorithms import RSAAlgorithm
 
+from policy.models import IdentityProvider, Person
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
@@ -426,3 +427,63 @@ def test_the_inbound_token_never_reaches_an_upstream(idp_gateway, header_upstrea
     authorization, host = anyio.run(scenario)
     assert authorization == ""
     assert host.startswith("127.0.0.1:")  # the tool reads headers: an empty answer is an absent header
+
+
+def test_a_person_met_is_recorded_and_once_disabled_is_refused_on_the_next_call(idp_gateway):
+    idp, gateway = idp_gateway
+    token = idp.forge(sub="dora", name="Dora M")
+    assert _post(gateway, token).status_code == 200
+    person = eventually(lambda: Person.objects.filter(issuer=idp.issuer, subject="dora").first())
+    assert (person.name, person.enabled, person.first_seen is not None) == ("Dora M", True, True)
+    person.enabled = False
+    person.save()  # as the console does: the snapshot follows
+    mark = audit_mark()
+    try:
+        refused = eventually(lambda: (reply := _post(gateway, token)).status_code == 403 and reply)
+    finally:
+        Person.objects.filter(pk=person.pk).update(enabled=True)
+        person.refresh_from_db()
+        person.save()
+    message = "This person is disabled in this gateway: ask its administrators"
+    assert refused.json()["error"] == {"code": -32600, "message": message}
+    assert "PERSON_DISABLED" in {row.error_code for row in audit_since(mark)}
+    assert eventually(lambda: _post(gateway, token).status_code == 200)  # enabled again
+
+
+def test_an_identity_provider_registered_in_the_console_signs_people_in_until_it_is_removed(
+    idp_gateway, server_env, logs
+):
+    _idp, gateway = idp_gateway
+    key, jwk = _private_jwk("second-1")
+    provider = servers.start_oidc_provider(_idp.resource, {"keys": [jwk]}, CLIENTS, logs / "oidc-provider-2.log")
+    second = Idp(provider.url, _idp.resource, key)
+    with agent("contractors") as (contractors, _key):
+        row = IdentityProvider.objects.create(name="second", issuer=second.issuer, agent=contractors)
+        try:
+
+            def listed() -> dict | None:
+                metadata = httpx2.get(f"{gateway.url}/.well-known/oauth-protected-resource", timeout=5).json()
+                return metadata if second.issuer in metadata["authorization_servers"] else None
+
+            metadata = eventually(listed)
+            assert sorted(metadata["authorization_servers"]) == sorted([_idp.issuer, second.issuer])
+            mark = audit_mark()
+
+            async def scenario():
+                async with sdk_client(gateway.url, second.forge(sub="kim", kid="second-1"), "2026-07-28") as client:
+                    return await client.call_tool("demo__echo", {"text": "second idp"})
+
+            assert anyio.run(scenario).content[0].text == "second idp"
+            [approved, *_] = [row for row in audit_since(mark) if row.tool == "echo"]
+            assert (approved.agent_name, approved.person_issuer, approved.person_subject) == (
+                "contractors",
+                second.issuer,
+                "kim",
+            )
+        finally:
+            row.delete()
+            provider.stop()
+        refused = eventually(
+            lambda: (reply := _post(gateway, second.forge(kid="second-1"))).status_code == 401 and reply
+        )
+        assert refused.json()["error"]["message"] == "The token comes from an issuer this gateway does not trust"

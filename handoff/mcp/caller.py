@@ -2,6 +2,7 @@
 shared by every transport."""
 
 import hashlib
+from collections import OrderedDict
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from urllib.parse import parse_qs, urlsplit
@@ -12,8 +13,9 @@ from mcp.server.context import ServerRequestContext
 from opentelemetry.trace import Span
 
 from audit.telemetry import mcp_span
-from handoff.snapshot import KeyEntry, snapshot
-from policy.identity import Identity, TokenRefused, looks_like_jwt, verifier
+from gateway_project.lib.database import database_async
+from handoff.snapshot import Snapshot, snapshot
+from policy.identity import Identity, TokenRefused, looks_like_jwt, person_seen, verifier
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 
@@ -108,12 +110,12 @@ def resource_uri(scope: dict) -> str:
     return f"{public_base(scope)}/mcp"
 
 
-def challenge(scope: dict, error: str = "", description: str = "") -> str:
-    if not verifier.enabled:
+def challenge(scope: dict, snap: Snapshot, error: str = "", description: str = "") -> str:
+    if not snap.providers:
         return 'Bearer realm="switchboard"'
     parts = [f'resource_metadata="{public_base(scope)}{METADATA_PATH}/mcp"']
-    if settings.GATEWAY_OIDC_SCOPES:
-        parts.append(f'scope="{" ".join(settings.GATEWAY_OIDC_SCOPES)}"')
+    if scopes := sorted(set().union(*(provider.scopes for provider in snap.providers.values()))):
+        parts.append(f'scope="{" ".join(scopes)}"')
     if error:
         parts += [f'error="{error}"', f'error_description="{description.replace(chr(34), chr(39))}"']
     return "Bearer " + ", ".join(parts)
@@ -123,38 +125,50 @@ async def caller_from_scope(scope: dict, transport: str) -> Caller:
     """The agent the request's API key belongs to, or the person its bearer token names; without credentials,
     GATEWAY_ANONYMOUS_AGENT if set. Wrong credentials are refused even then: a client that sends a key means
     that key. Raises Refused."""
+    snap = await snapshot.get()
     if "access_token" in parse_qs(scope.get("query_string", b"").decode("latin-1")):
         message = "Send the token in the Authorization header: a token in the URL is refused (it ends up in logs)"
-        raise Refused(400, message, challenge(scope, "invalid_request", message), "TOKEN_IN_URL")
+        raise Refused(400, message, challenge(scope, snap, "invalid_request", message), "TOKEN_IN_URL")
     credentials = header(scope, b"authorization")
     scheme, _, key = (credentials or "").partition(" ")
-    snap = await snapshot.get()
     if credentials is None:
         entry = snap.anonymous
-    elif scheme.lower() == "bearer" and verifier.enabled and looks_like_jwt(key.strip()):
-        return await _person(scope, transport, key.strip(), snap.people)
+    elif scheme.lower() == "bearer" and snap.providers and looks_like_jwt(key.strip()):
+        return await _person(scope, transport, key.strip(), snap)
     else:
         entry = snap.key_holder(key.strip()) if scheme.lower() == "bearer" else None
     if entry is None:
         message = "Missing or invalid API key: send 'Authorization: Bearer <agent key>'"
-        if verifier.enabled:
+        if snap.providers:
             message = "Missing or invalid credentials: sign in with OAuth, or send 'Authorization: Bearer <agent key>'"
-        raise Refused(401, message, challenge(scope))
+        raise Refused(401, message, challenge(scope, snap))
     return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport, key_prefix=entry.prefix)
 
 
-async def _person(scope: dict, transport: str, token: str, people: KeyEntry | None) -> Caller:
+# People recorded by this process (issuer, subject): each is written once per process, not once per call.
+_seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+SEEN_PEOPLE = 10_000
+
+
+async def _person(scope: dict, transport: str, token: str, snap: Snapshot) -> Caller:
     try:
-        identity: Identity = await verifier.identity(token, resource_uri(scope))
+        identity: Identity = await verifier.identity(token, resource_uri(scope), snap.providers, snap.version)
     except TokenRefused as refused:
         code = {403: "INSUFFICIENT_SCOPE", 503: "ISSUER_UNREACHABLE"}.get(refused.status, "INVALID_TOKEN")
-        raise Refused(refused.status, refused.message, challenge(scope, refused.error, refused.message), code) from None
-    if people is None:
-        message = "Signed-in people have no agent to act as here: the operator must set GATEWAY_OIDC_AGENT"
-        raise Refused(403, message, challenge(scope), "NO_AGENT_FOR_PEOPLE")
+        raise Refused(
+            refused.status, refused.message, challenge(scope, snap, refused.error, refused.message), code
+        ) from None
+    provider = snap.providers[identity.issuer]
+    if provider.agent_id is None:
+        message = "People of this identity provider have no agent to act as here: its agent is missing or disabled"
+        raise Refused(403, message, challenge(scope, snap), "NO_AGENT_FOR_PEOPLE")
+    if (identity.issuer, identity.subject) in snap.people_disabled:
+        message = "This person is disabled in this gateway: ask its administrators"
+        raise Refused(403, message, challenge(scope, snap), "PERSON_DISABLED")
+    await _record_once(identity)
     return Caller(
-        agent_id=people.agent_id,
-        agent_name=people.agent_name,
+        agent_id=provider.agent_id,
+        agent_name=provider.agent_name,
         transport=transport,
         key_prefix="",
         person_issuer=identity.issuer,
@@ -163,6 +177,16 @@ async def _person(scope: dict, transport: str, token: str, people: KeyEntry | No
         client_id=identity.client_id,
         expires_at=identity.expires_at,
     )
+
+
+async def _record_once(identity: Identity) -> None:
+    who = (identity.issuer, identity.subject)
+    if who in _seen:
+        return
+    await database_async(person_seen)(identity.issuer, identity.subject, identity.name)
+    _seen[who] = None
+    while len(_seen) > SEEN_PEOPLE:
+        _seen.popitem(last=False)
 
 
 def caller_of(ctx: ServerRequestContext) -> Caller:
