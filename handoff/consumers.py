@@ -17,19 +17,18 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from handoff.mcp.audit_rows import refusal_record, session_record
-from handoff.mcp.caller import Caller, Refused, caller_from_scope, host_allowed, origin_allowed
+from handoff.mcp.caller import Caller, Refused, caller_from_scope, host_allowed, origin_allowed, signed_out
 from handoff.mcp.frames import FrameError, frame_id, parse_frame
 from handoff.mcp.handle import McpSession, handle
 from handoff.protocol.moves import end_handoff
-from handoff.snapshot import ConfigurationUnavailable
+from handoff.snapshot import ConfigurationUnavailable, snapshot
 from handoff.web_process import background_start
 
 UNENCODABLE = (
     "Invalid params: the request holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair) "
     "that its reply would repeat; send the text as valid Unicode"
 )
-TOKEN_EXPIRED = "The token this socket was opened with has expired: sign in again and reconnect"
-EXPIRED_CLOSE = 4401  # an application close code (Daphne passes 1000 and 3000-4999): 4000 + HTTP 401
+SIGNED_OUT_CLOSE = 4401  # an application close code (Daphne passes 1000 and 3000-4999): 4000 + HTTP 401
 logger = logging.getLogger(__name__)
 
 
@@ -56,7 +55,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
     session: McpSession | None = None
     _watching: asyncio.Task | None = None
     _last_frame = 0.0
-    _expired = False
+    _signed_out = ""
     _requests: set[asyncio.Task]  # the client's requests not answered yet
 
     async def connect(self) -> None:
@@ -128,8 +127,8 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
                     frame_id(payload),
                 ).body()
             )
-        if self.caller.expires_at and time.time() >= self.caller.expires_at:
-            return await self._expire(frame_id(payload))
+        if why := signed_out(self.caller, snapshot.latest):
+            return await self._sign_out(why, frame_id(payload))
         if not isinstance(message, types.JSONRPCRequest) or message.method == "initialize":
             return await self._handle(message)  # in order: the handshake commits before the next frame is read
         task = asyncio.create_task(self._handle(message), name=f"request {message.id!r}")
@@ -137,12 +136,12 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         task.add_done_callback(self._requests.discard)
         task.add_done_callback(_log_failure)
 
-    async def _expire(self, request_id: str | int | None) -> None:
-        """The token the socket was opened with has run out: nothing more is served on it (a socket outliving
-        its sign-in would outlive a person disabled at the IdP too)."""
-        self._expired = True
-        await self.send(text_data=FrameError(types.INVALID_REQUEST, TOKEN_EXPIRED, request_id).body())
-        await self.close(code=EXPIRED_CLOSE, reason="token expired")
+    async def _sign_out(self, why: str, request_id: str | int | None) -> None:
+        """The person the socket was opened for may not go on (their token ran out, or an admin disabled
+        them): nothing more is served on it."""
+        self._signed_out = why
+        await self.send(text_data=FrameError(types.INVALID_REQUEST, why, request_id).body())
+        await self.close(code=SIGNED_OUT_CLOSE, reason="signed out")
 
     async def disconnect(self, code: int) -> None:
         if self.session is None:
@@ -153,5 +152,5 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.session.close()
         await end_handoff(self.caller)
-        reason = "token expired" if self._expired else f"socket closed ({code})"
+        reason = self._signed_out or f"socket closed ({code})"
         await session_record(self.caller, "closed", reason=reason)

@@ -27,7 +27,7 @@ from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
 from tests.clients import INITIALIZE, call, sdk_client, ws_session
 from tests.factories import agent
-from tests.helpers import audit_mark, audit_since, eventually, until
+from tests.helpers import audit_mark, audit_since, eventually, orm, until
 
 pytestmark = pytest.mark.e2e
 REDIRECT = "http://127.0.0.1:9/callback"  # never opened: the code is read off the redirect
@@ -398,7 +398,7 @@ def test_a_socket_serves_nothing_once_its_token_expires(idp_gateway):
     closed = eventually(
         lambda: [r for r in audit_since(mark, sessions=True) if r.detail.get("action") == "session_closed"]
     )
-    assert closed[0].detail["reason"] == "token expired" and closed[0].person_subject == "brief"
+    assert closed[0].detail["reason"] == after["error"]["message"] and closed[0].person_subject == "brief"
 
 
 @pytest.fixture(scope="module")
@@ -487,3 +487,33 @@ def test_an_identity_provider_registered_in_the_console_signs_people_in_until_it
             lambda: (reply := _post(gateway, second.forge(kid="second-1"))).status_code == 401 and reply
         )
         assert refused.json()["error"]["message"] == "The token comes from an issuer this gateway does not trust"
+
+
+def test_a_socket_serves_nothing_once_its_person_is_disabled(idp_gateway):
+    idp, gateway = idp_gateway
+    call = {"name": "demo__echo", "arguments": {"text": "still me"}}
+
+    async def scenario() -> tuple[dict, dict]:
+        async with ws_session(gateway.url, idp.forge(sub="wes")) as session:
+            before = await session.request("tools/call", call)
+            person = await orm(lambda: Person.objects.get(issuer=idp.issuer, subject="wes"))
+            person.enabled = False
+            await orm(person.save)
+
+            async def refused() -> dict | None:
+                reply = await session.request("tools/list")
+                return reply if "error" in reply else None
+
+            return before, await until(refused, timeout=10)
+
+    try:
+        before, after = anyio.run(scenario)
+    finally:
+        for person in Person.objects.filter(issuer=idp.issuer, subject="wes"):
+            person.enabled = True
+            person.save()
+    assert before["result"]["content"] == [{"type": "text", "text": "still me"}]
+    assert after["error"] == {
+        "code": -32600,
+        "message": "This person is disabled in this gateway: ask its administrators",
+    }

@@ -2,6 +2,7 @@
 shared by every transport."""
 
 import hashlib
+import time
 from collections import OrderedDict
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -145,6 +146,24 @@ async def caller_from_scope(scope: dict, transport: str) -> Caller:
     return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport, key_prefix=entry.prefix)
 
 
+TOKEN_EXPIRED = "The token this socket was opened with has expired: sign in again and reconnect"
+PERSON_DISABLED = "This person is disabled in this gateway: ask its administrators"
+
+
+def signed_out(caller: Caller, snap: Snapshot | None) -> str:
+    """Why a person's long-lived connection may serve no more (its token expired, they were disabled, their
+    identity provider removed), or "" while it may. A request over HTTP is checked afresh instead."""
+    if not caller.person_subject:
+        return ""
+    if time.time() >= caller.expires_at:
+        return TOKEN_EXPIRED
+    if snap is not None and (caller.person_issuer, caller.person_subject) in snap.people_disabled:
+        return PERSON_DISABLED
+    if snap is not None and caller.person_issuer not in snap.providers:
+        return "The identity provider this socket was signed in with is no longer trusted here: reconnect"
+    return ""
+
+
 # People recorded by this process (issuer, subject): each is written once per process, not once per call.
 _seen: OrderedDict[tuple[str, str], None] = OrderedDict()
 SEEN_PEOPLE = 10_000
@@ -163,8 +182,7 @@ async def _person(scope: dict, transport: str, token: str, snap: Snapshot) -> Ca
         message = "People of this identity provider have no agent to act as here: its agent is missing or disabled"
         raise Refused(403, message, challenge(scope, snap), "NO_AGENT_FOR_PEOPLE")
     if (identity.issuer, identity.subject) in snap.people_disabled:
-        message = "This person is disabled in this gateway: ask its administrators"
-        raise Refused(403, message, challenge(scope, snap), "PERSON_DISABLED")
+        raise Refused(403, PERSON_DISABLED, challenge(scope, snap), "PERSON_DISABLED")
     await _record_once(identity)
     return Caller(
         agent_id=provider.agent_id,
