@@ -157,6 +157,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    "oauth2_provider",
     "policy",
     "registry",
     "audit",
@@ -308,6 +309,37 @@ GATEWAY_OIDC_LEEWAY_SECONDS = env_int("GATEWAY_OIDC_LEEWAY_SECONDS", 30, minimum
 GATEWAY_OIDC_JWKS_REFRESH_SECONDS = env_float("GATEWAY_OIDC_JWKS_REFRESH_SECONDS", 10.0, minimum=1)
 GATEWAY_OIDC_FETCH_TIMEOUT = env_float("GATEWAY_OIDC_FETCH_TIMEOUT", 5.0, minimum=0.5, maximum=60)
 GATEWAY_MAX_TOKEN_BYTES = env_int("GATEWAY_MAX_TOKEN_BYTES", 8192, minimum=1024, maximum=65_536)
+# The built-in authorization server (django-oauth-toolkit, docs/identity.md): people sign in with console
+# accounts and act as GATEWAY_AUTH_SERVER_AGENT; it is offered while that agent exists and is enabled.
+GATEWAY_AUTH_SERVER = env_bool("GATEWAY_AUTH_SERVER", True)
+GATEWAY_AUTH_SERVER_AGENT = env_str("GATEWAY_AUTH_SERVER_AGENT", "people")
+GATEWAY_AUTH_TOKEN_SECONDS = env_int("GATEWAY_AUTH_TOKEN_SECONDS", 600, minimum=60, maximum=86_400)
+GATEWAY_AUTH_LOOKUP_SECONDS = env_float("GATEWAY_AUTH_LOOKUP_SECONDS", 30.0, minimum=0, maximum=600)
+GATEWAY_AUTH_REGISTRATIONS_PER_HOUR = env_int("GATEWAY_AUTH_REGISTRATIONS_PER_HOUR", 30, minimum=1)
+LOGIN_URL = "/accounts/login/"
+OAUTH2_PROVIDER = {
+    "SCOPES": {"mcp": "Use this gateway's tools as you"},
+    "DEFAULT_SCOPES": ["mcp"],
+    "PKCE_REQUIRED": True,
+    "ACCESS_TOKEN_EXPIRE_SECONDS": GATEWAY_AUTH_TOKEN_SECONDS,
+    "AUTHORIZATION_CODE_EXPIRE_SECONDS": 60,
+    "ROTATE_REFRESH_TOKEN": True,
+    "REFRESH_TOKEN_REUSE_PROTECTION": True,
+    "ALLOWED_REDIRECT_URI_SCHEMES": ["http", "https"],
+    # RFC 9700: S256 only, no implicit or password grant, tokens stored as checksums, `iss` in the response.
+    "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PKCE_METHOD": True,
+    "COMPLIANT_BCP_RFC9700_ACCESS_TOKEN_TRANSPORT": True,
+    "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS": True,
+    "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,
+    "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
+    "OAUTH2_GRANT_TYPES_SUPPORTED": ["authorization_code", "refresh_token"],
+    "OAUTH2_TOKEN_ENDPOINT_AUTH_METHODS_SUPPORTED": ["none", "client_secret_basic", "client_secret_post"],
+    "DCR_ENABLED": True,
+    # Open registration, as MCP clients expect (the flood is bounded in policy/authorization_views.py).
+    "DCR_REGISTRATION_PERMISSION_CLASSES": ("oauth2_provider.dcr.AllowAllDCRPermission",),
+}
 GATEWAY_POLICY_DEFAULT = env_choice("GATEWAY_POLICY_DEFAULT", "allow", ("allow", "deny"))
 GATEWAY_AGENT_CALLS_PER_MINUTE = env_int("GATEWAY_AGENT_CALLS_PER_MINUTE", 600)
 GATEWAY_UPSTREAM_CALLS_PER_MINUTE = env_int("GATEWAY_UPSTREAM_CALLS_PER_MINUTE", 6000)

@@ -1,7 +1,9 @@
 from django.contrib import admin
+from django.contrib.auth.views import LoginView
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
+from oauth2_provider import views as oauth
 from rest_framework.routers import SimpleRouter
 
 from audit.api import AuditEventViewSet
@@ -9,6 +11,7 @@ from gateway_project.metrics import metrics_view
 from handoff.api import HandoffRouteViewSet
 from handoff.views import claim_redeem, protected_resource
 from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet
+from policy.authorization_views import ConsentView, RegistrationView
 from registry.api import ToolViewSet, UpstreamViewSet
 
 api = SimpleRouter(trailing_slash=False)
@@ -20,6 +23,19 @@ api.register("agents", AgentViewSet)
 api.register("rules", RuleViewSet)
 api.register("audit", AuditEventViewSet)
 
+# The built-in authorization server: django-oauth-toolkit's views, with our consent page and registration.
+authorization_server = [
+    path("authorize/", ConsentView.as_view(), name="authorize"),
+    path("token/", oauth.TokenView.as_view(), name="token"),
+    path("revoke_token/", oauth.RevokeTokenView.as_view(), name="revoke-token"),
+    path("register/", RegistrationView.as_view(), name="dcr-register"),
+    path(
+        "register/<str:client_id>/",
+        oauth.DynamicClientRegistrationManagementView.as_view(),
+        name="dcr-register-management",
+    ),
+]
+
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/")),  # the console is the only page a person opens
     path("admin/", admin.site.urls),
@@ -29,4 +45,7 @@ urlpatterns = [
     path("handoff/redeem", claim_redeem),
     path(".well-known/oauth-protected-resource", protected_resource),
     path(".well-known/oauth-protected-resource/mcp", protected_resource),
+    path(".well-known/oauth-authorization-server", oauth.OAuthServerMetadataView.as_view()),
+    path("oauth/", include((authorization_server, "oauth2_provider"))),
+    path("accounts/login/", LoginView.as_view(template_name="registration/login.html"), name="login"),
 ]

@@ -22,6 +22,7 @@ from gateway_project.lib.database import BoundedRead, database_async
 from handoff.codemode.tools import EXECUTE, SEARCH_TOOLS, execute_definition, search_tools_definition
 from handoff.models import HandoffRoute
 from handoff.triage import TriageTool, triage_tools
+from policy.authorization import builtin_compile
 from policy.config_version import config_version
 from policy.decisions import RETRY_LATER, CompiledRule, Denial, Policy, Target, policy_decide
 from policy.identity import Provider, people_disabled, providers_compile
@@ -136,12 +137,18 @@ class Snapshot:
     builtins: dict[str, GatewayTool] = field(default_factory=dict)  # exposed name -> code mode's tools
     anonymous: KeyEntry | None = None  # GATEWAY_ANONYMOUS_AGENT, while that agent exists and is enabled
     providers: dict[str, Provider] = field(default_factory=dict)  # identity providers by issuer
+    builtin: Provider | None = None  # the built-in authorization server, while it is offered
     people_disabled: frozenset[tuple[str, str]] = frozenset()  # (issuer, subject) of people refused
     instructions: tuple[tuple[str, str], ...] = ()  # (slug, cleaned text) of upstreams that give instructions
     # Per-agent results, filled on first use; bounded by agents × known tools.
     _decisions: dict[tuple[int, str], Denial | None] = field(default_factory=dict, compare=False)
     _visible: dict[int, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
     memo: dict[str, Any] = field(default_factory=dict, compare=False)  # what others derive from it, once
+
+    @property
+    def signs_in(self) -> bool:
+        """Whether people may sign in here (with an identity provider's token or the built-in server's)."""
+        return bool(self.providers) or self.builtin is not None
 
     def key_holder(self, key: str) -> KeyEntry | None:
         """The enabled agent holding this API key, or None; constant-time (policy/keys.py)."""
@@ -334,6 +341,7 @@ def snapshot_compile() -> Snapshot:
         version=version,
         anonymous=KeyEntry("", anonymous.id, anonymous.name, ANONYMOUS_KEY) if anonymous else None,
         providers=providers_compile(),
+        builtin=builtin_compile(),
         people_disabled=people_disabled(),
         keys={k.prefix: KeyEntry(k.digest, k.agent_id, k.agent.name, k.prefix) for k in keys},
         agents={

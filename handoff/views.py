@@ -8,7 +8,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from gateway_project.lib.signing import TOKEN_HEADER, DelegationError, expired, token_verify
 from handoff.clearance import django_refusal
-from handoff.mcp.caller import resource_uri
+from handoff.mcp.caller import authorization_servers, required_scopes, resource_uri
 from handoff.protocol.claim_checks import claim_store
 from handoff.snapshot import snapshot
 from registry.upstreams.delegation import key_ring
@@ -36,16 +36,16 @@ async def protected_resource(request: HttpRequest) -> HttpResponse:
     """Where to get a token for /mcp, at both paths the MCP authorization spec names (the root and the one
     suffixed with the resource's path); 404 while no issuer is configured. Readable from any origin: browser
     clients such as the MCP Inspector fetch it."""
-    providers = (await snapshot.get()).providers
-    if not providers:
+    snap = await snapshot.get()
+    if not snap.signs_in:
         return JsonResponse({"error": "not_found", "error_description": "No sign-in is configured"}, status=404)
     metadata = {
         "resource": resource_uri(request.scope),
-        "authorization_servers": sorted(providers),
+        "authorization_servers": authorization_servers(request.scope, snap),
         "bearer_methods_supported": ["header"],
         "resource_name": settings.GATEWAY_NAME,
     }
-    if scopes := sorted(set().union(*(provider.scopes for provider in providers.values()))):
+    if scopes := required_scopes(snap):
         metadata["scopes_supported"] = scopes
     response = JsonResponse(metadata)
     response["Access-Control-Allow-Origin"] = "*"

@@ -95,7 +95,7 @@ class Idp:
 
 @pytest.fixture(scope="module")
 def people(db) -> Iterator[str]:
-    with agent("people", calls_per_minute=2) as (someone, _key):  # for each person (see the rate test)
+    with agent("oidc-people", calls_per_minute=2) as (someone, _key):  # for each person (see the rate test)
         yield someone.name
 
 

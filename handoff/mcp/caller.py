@@ -16,7 +16,9 @@ from opentelemetry.trace import Span
 from audit.telemetry import mcp_span
 from gateway_project.lib.database import database_async
 from handoff.snapshot import Snapshot, snapshot
-from policy.identity import Identity, TokenRefused, looks_like_jwt, person_seen, verifier
+from policy.authorization import local_tokens
+from policy.identity import Identity, Provider, TokenRefused, looks_like_jwt, person_seen, verifier
+from policy.keys import KEY_PREFIX
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 
@@ -111,11 +113,21 @@ def resource_uri(scope: dict) -> str:
     return f"{public_base(scope)}/mcp"
 
 
+def authorization_servers(scope: dict, snap: Snapshot) -> list[str]:
+    """Where a person may get a token for this gateway: its identity providers, and itself."""
+    return sorted(snap.providers) + ([public_base(scope)] if snap.builtin else [])
+
+
+def required_scopes(snap: Snapshot) -> list[str]:
+    providers = [*snap.providers.values(), *([snap.builtin] if snap.builtin else [])]
+    return sorted(set().union(*(provider.scopes for provider in providers)))
+
+
 def challenge(scope: dict, snap: Snapshot, error: str = "", description: str = "") -> str:
-    if not snap.providers:
+    if not snap.signs_in:
         return 'Bearer realm="switchboard"'
     parts = [f'resource_metadata="{public_base(scope)}{METADATA_PATH}/mcp"']
-    if scopes := sorted(set().union(*(provider.scopes for provider in snap.providers.values()))):
+    if scopes := required_scopes(snap):
         parts.append(f'scope="{" ".join(scopes)}"')
     if error:
         parts += [f'error="{error}"', f'error_description="{description.replace(chr(34), chr(39))}"']
@@ -136,11 +148,13 @@ async def caller_from_scope(scope: dict, transport: str) -> Caller:
         entry = snap.anonymous
     elif scheme.lower() == "bearer" and snap.providers and looks_like_jwt(key.strip()):
         return await _person(scope, transport, key.strip(), snap)
+    elif scheme.lower() == "bearer" and snap.builtin and not key.strip().startswith(KEY_PREFIX):
+        return await _signed_in_here(scope, transport, key.strip(), snap)
     else:
         entry = snap.key_holder(key.strip()) if scheme.lower() == "bearer" else None
     if entry is None:
         message = "Missing or invalid API key: send 'Authorization: Bearer <agent key>'"
-        if snap.providers:
+        if snap.signs_in:
             message = "Missing or invalid credentials: sign in with OAuth, or send 'Authorization: Bearer <agent key>'"
         raise Refused(401, message, challenge(scope, snap))
     return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport, key_prefix=entry.prefix)
@@ -151,16 +165,14 @@ PERSON_DISABLED = "This person is disabled in this gateway: ask its administrato
 
 
 def signed_out(caller: Caller, snap: Snapshot | None) -> str:
-    """Why a person's long-lived connection may serve no more (its token expired, they were disabled, their
-    identity provider removed), or "" while it may. A request over HTTP is checked afresh instead."""
+    """Why a person's long-lived connection may serve no more (its token expired, or they were disabled), or
+    "" while it may. A request over HTTP is checked afresh instead."""
     if not caller.person_subject:
         return ""
     if time.time() >= caller.expires_at:
         return TOKEN_EXPIRED
     if snap is not None and (caller.person_issuer, caller.person_subject) in snap.people_disabled:
         return PERSON_DISABLED
-    if snap is not None and caller.person_issuer not in snap.providers:
-        return "The identity provider this socket was signed in with is no longer trusted here: reconnect"
     return ""
 
 
@@ -177,7 +189,19 @@ async def _person(scope: dict, transport: str, token: str, snap: Snapshot) -> Ca
         raise Refused(
             refused.status, refused.message, challenge(scope, snap, refused.error, refused.message), code
         ) from None
-    provider = snap.providers[identity.issuer]
+    return await _admitted(scope, transport, identity, snap.providers[identity.issuer], snap)
+
+
+async def _signed_in_here(scope: dict, transport: str, token: str, snap: Snapshot) -> Caller:
+    """A token of the built-in authorization server: looked up, not verified (it is opaque)."""
+    identity = await local_tokens.identity(token, resource_uri(scope), snap.version)
+    if identity is None:
+        message = "The token is unknown, expired or revoked, or not for this gateway: sign in again"
+        raise Refused(401, message, challenge(scope, snap, "invalid_token", message))
+    return await _admitted(scope, transport, replace(identity, issuer=public_base(scope)), snap.builtin, snap)
+
+
+async def _admitted(scope: dict, transport: str, identity: Identity, provider: Provider, snap: Snapshot) -> Caller:
     if provider.agent_id is None:
         message = "People of this identity provider have no agent to act as here: its agent is missing or disabled"
         raise Refused(403, message, challenge(scope, snap), "NO_AGENT_FOR_PEOPLE")

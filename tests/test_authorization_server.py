@@ -1,0 +1,299 @@
+"""The built-in authorization server (django-oauth-toolkit): an OAuth-only MCP client (the official SDK's
+OAuth support) finds it from the gateway's 401, registers itself, and a person signs in and consents in real
+Chromium; every call is then audited as that person. The server's refusals are driven over plain HTTP."""
+
+import base64
+import hashlib
+import re
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import anyio
+import httpx2
+import pytest
+from django.contrib.auth import get_user_model
+from mcp import Client
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from playwright.async_api import async_playwright
+
+from tests import servers
+from tests.clients import ws_session
+from tests.conftest import needs
+from tests.factories import agent
+from tests.helpers import audit_mark, audit_since, eventually
+
+pytestmark = pytest.mark.e2e
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+CALLBACK = "http://127.0.0.1:9/callback"  # never served: the browser's way there is intercepted
+PASSWORD = "ada-password-for-tests-only"
+
+
+@pytest.fixture(scope="module")
+def ada(db) -> Iterator:
+    """A console account that is not staff: signing in to the gateway is not administering it."""
+    user = get_user_model().objects.create_user("ada", password=PASSWORD, first_name="Ada", last_name="Lovelace")
+    yield user
+    user.delete()
+
+
+@pytest.fixture(scope="module")
+def gateway(server_env, world, ada, logs) -> Iterator[servers.Running]:
+    log = logs / "gateway-as.log"
+    with agent("people"), servers.inline_gateway_with(server_env, log, GATEWAY_AUTH_LOOKUP_SECONDS="1") as running:
+        yield running
+
+
+class Memory:
+    """The SDK client's token storage, in memory."""
+
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+class Person:
+    """A person at a browser: signs in with their console account and allows the client that asked."""
+
+    def __init__(self, browser, seen: dict) -> None:
+        self.browser, self.seen = browser, seen
+        self.redirected: dict[str, str] = {}
+
+    async def sign_in_and_allow(self, url: str) -> None:
+        context = await self.browser.new_context()
+        page = await context.new_page()
+        page.set_default_timeout(10_000)
+        arrived = anyio.Event()
+
+        async def intercept(route) -> None:
+            query = parse_qs(urlsplit(route.request.url).query)
+            self.redirected = {name: values[0] for name, values in query.items()}
+            await route.fulfill(status=200, body="signed in")
+            arrived.set()
+
+        await page.route(f"{CALLBACK}**", intercept)
+        await page.goto(url)
+        await page.fill("#id_username", "ada")
+        await page.fill("#id_password", PASSWORD)
+        await page.click("#sign-in")
+        await page.wait_for_selector("#allow")
+        self.seen |= {
+            "client": await page.inner_text("#client-name"),
+            "redirect": await page.inner_text("#redirect-uri"),
+            "person": await page.inner_text("#person"),
+            "scopes": await page.inner_text("#scopes"),
+        }
+        await page.click("#allow")
+        with anyio.fail_after(10):
+            await arrived.wait()
+        await context.close()
+
+    async def callback(self) -> AuthorizationCodeResult:
+        return AuthorizationCodeResult(
+            code=self.redirected["code"], state=self.redirected.get("state"), iss=self.redirected.get("iss")
+        )
+
+
+async def _oauth_call(gateway_url: str, mode: str, seen: dict, text: str) -> tuple[str, Memory]:
+    needs(CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
+    storage = Memory()
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        person = Person(browser, seen)
+        metadata = OAuthClientMetadata(
+            client_name="Test Desktop", redirect_uris=[CALLBACK], token_endpoint_auth_method="none", scope="mcp"
+        )
+        auth = OAuthClientProvider(f"{gateway_url}/mcp", metadata, storage, person.sign_in_and_allow, person.callback)
+        try:
+            async with httpx2.AsyncClient(auth=auth, timeout=30) as http:
+                transport = streamable_http_client(f"{gateway_url}/mcp", http_client=http)
+                async with Client(transport, mode=mode) as client:
+                    result = await client.call_tool("demo__echo", {"text": text})
+        finally:
+            await browser.close()
+    return result.content[0].text, storage
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_an_oauth_only_client_signs_its_person_in_here_and_calls_as_them(gateway, ada, mode):
+    mark = audit_mark()
+    seen: dict = {}
+    text, storage = anyio.run(_oauth_call, gateway.url, mode, seen, f"as ada, {mode}")
+    assert text == f"as ada, {mode}"
+    client_id = storage.client.client_id
+    assert seen == {
+        "client": "Test Desktop",
+        "redirect": CALLBACK,
+        "person": "Ada Lovelace",
+        "scopes": "Use this gateway's tools as you",
+    }
+    rows = [row for row in audit_since(mark) if row.tool == "echo"]
+    assert [row.kind for row in rows] == ["approved", "completed"]
+    for row in rows:
+        assert (row.agent_name, row.person_issuer, row.person_subject) == ("people", gateway.url, str(ada.pk))
+        assert (row.person_name, row.client_id) == ("Ada Lovelace", client_id)
+
+
+def test_the_metadata_points_a_client_here_and_offers_only_code_with_s256(gateway):
+    resource = httpx2.get(f"{gateway.url}/.well-known/oauth-protected-resource/mcp", timeout=5).json()
+    assert resource["authorization_servers"] == [gateway.url]
+    assert resource["resource"] == f"{gateway.url}/mcp"
+    server = httpx2.get(f"{gateway.url}/.well-known/oauth-authorization-server", timeout=5).json()
+    assert server["issuer"] == gateway.url
+    assert server["code_challenge_methods_supported"] == ["S256"]
+    assert server["response_types_supported"] == ["code"]
+    assert server["grant_types_supported"] == ["authorization_code", "refresh_token"]
+    assert server["registration_endpoint"] == f"{gateway.url}/oauth/register/"
+    assert server["authorization_response_iss_parameter_supported"] is True
+
+
+# The same steps over plain HTTP, for the refusals a browser would never show.
+
+
+def _register(gateway, redirect: str = CALLBACK, address: str = "") -> httpx2.Response:
+    body = {"client_name": "Raw", "redirect_uris": [redirect], "token_endpoint_auth_method": "none"}
+    body |= {"grant_types": ["authorization_code", "refresh_token"], "response_types": ["code"]}
+    return httpx2.post(f"{gateway.url}/oauth/register/", json=body, timeout=10)
+
+
+def _pkce() -> tuple[str, str]:
+    verifier = secrets.token_urlsafe(48)
+    return verifier, base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+
+
+@contextmanager
+def _signed_in(gateway) -> Iterator[httpx2.Client]:
+    with httpx2.Client(base_url=gateway.url, timeout=10) as http:
+        page = http.get("/accounts/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+        form = {"csrfmiddlewaretoken": token, "username": "ada", "password": PASSWORD, "next": "/"}
+        assert http.post("/accounts/login/", data=form, headers={"referer": f"{gateway.url}/"}).status_code == 302
+        yield http
+
+
+def _authorize(http: httpx2.Client, gateway, client_id: str, **query: str) -> httpx2.Response:
+    """The consent page for `query`, allowed: the redirect the server answers with."""
+    base = {"client_id": client_id, "response_type": "code", "redirect_uri": CALLBACK, "scope": "mcp", "state": "s1"}
+    page = http.get(f"/oauth/authorize/?{urlencode(base | query)}")
+    if page.status_code != 200 or 'id="allow"' not in page.text:
+        return page
+    form = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page.text))
+    form |= {"allow": "Authorize"}
+    return http.post("/oauth/authorize/", data=form, headers={"referer": str(page.url)})
+
+
+def _code(reply: httpx2.Response) -> str:
+    assert reply.status_code == 302, reply.text[:500]
+    return parse_qs(urlsplit(reply.headers["location"]).query)["code"][0]
+
+
+def _token(gateway, **form: str) -> httpx2.Response:
+    return httpx2.post(f"{gateway.url}/oauth/token/", data=form, timeout=10)
+
+
+def test_pkce_is_required_and_only_s256(gateway):
+    client_id = _register(gateway).json()["client_id"]
+    with _signed_in(gateway) as http:
+        verifier, challenge = _pkce()
+        missing = _authorize(http, gateway, client_id)
+        plain = _authorize(http, gateway, client_id, code_challenge=verifier, code_challenge_method="plain")
+    for refused in (missing, plain):
+        location = refused.headers.get("location", "")
+        assert refused.status_code == 302 and location.startswith(CALLBACK), refused.text[:300]
+        assert parse_qs(urlsplit(location).query)["error"] == ["invalid_request"]
+
+
+def test_a_code_works_once_and_a_rotated_refresh_token_works_once(gateway):
+    client_id = _register(gateway).json()["client_id"]
+    verifier, challenge = _pkce()
+    with _signed_in(gateway) as http:
+        code = _code(_authorize(http, gateway, client_id, code_challenge=challenge, code_challenge_method="S256"))
+    exchange = {"grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK, "client_id": client_id}
+    exchange |= {"code_verifier": verifier}
+    first = _token(gateway, **exchange)
+    assert first.status_code == 200, first.text
+    assert first.json()["expires_in"] == 600
+    replayed = _token(gateway, **exchange)
+    assert (replayed.status_code, replayed.json()["error"]) == (400, "invalid_grant")
+    refresh = {"grant_type": "refresh_token", "refresh_token": first.json()["refresh_token"], "client_id": client_id}
+    rotated = _token(gateway, **refresh)
+    assert rotated.status_code == 200 and rotated.json()["refresh_token"] != first.json()["refresh_token"]
+    reused = _token(gateway, **refresh)
+    assert (reused.status_code, reused.json()["error"]) == (400, "invalid_grant")
+
+
+def test_a_redirect_uri_must_match_exactly_and_be_http(gateway):
+    client_id = _register(gateway).json()["client_id"]
+    _verifier, challenge = _pkce()
+    with _signed_in(gateway) as http:
+        other = _authorize(
+            http,
+            gateway,
+            client_id,
+            redirect_uri=f"{CALLBACK}/more",
+            code_challenge=challenge,
+            code_challenge_method="S256",
+        )
+    assert other.status_code == 400 and "Mismatching redirect URI" in other.text  # never sent there
+    for scheme in ("javascript:alert(1)", "data:text/html,hi"):
+        refused = _register(gateway, redirect=scheme)
+        assert refused.status_code == 400, scheme
+        assert refused.json()["error"] == "invalid_client_metadata"
+
+
+def test_a_token_of_this_server_works_on_the_websocket_and_a_revoked_one_is_refused(gateway, ada):
+    client_id = _register(gateway).json()["client_id"]
+    verifier, challenge = _pkce()
+    with _signed_in(gateway) as http:
+        code = _code(_authorize(http, gateway, client_id, code_challenge=challenge, code_challenge_method="S256"))
+    exchange = {"grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK, "client_id": client_id}
+    token = _token(gateway, **exchange, code_verifier=verifier).json()["access_token"]
+    mark = audit_mark()
+
+    async def scenario() -> dict:
+        async with ws_session(gateway.url, token) as session:
+            return await session.request("tools/call", {"name": "demo__echo", "arguments": {"text": "ws"}})
+
+    assert anyio.run(scenario)["result"]["content"] == [{"type": "text", "text": "ws"}]
+    assert {row.person_subject for row in audit_since(mark) if row.tool == "echo"} == {str(ada.pk)}
+    revoked = httpx2.post(
+        f"{gateway.url}/oauth/revoke_token/", data={"token": token, "client_id": client_id}, timeout=10
+    )
+    assert revoked.status_code == 200
+    headers = {"authorization": f"Bearer {token}", "accept": "application/json, text/event-stream"}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+
+    def refused() -> httpx2.Response | None:  # within GATEWAY_AUTH_LOOKUP_SECONDS, 1 s here
+        reply = httpx2.post(f"{gateway.url}/mcp", json=initialize, headers=headers, timeout=10)
+        return reply if reply.status_code == 401 else None
+
+    reply = eventually(refused, timeout=10)
+    message = "The token is unknown, expired or revoked, or not for this gateway: sign in again"
+    assert reply.json()["error"]["message"] == message
+
+
+def test_registration_is_open_but_a_flood_is_refused(server_env, world, logs):
+    settings = {"GATEWAY_AUTH_REGISTRATIONS_PER_HOUR": "3"}
+    with servers.inline_gateway_with(server_env, logs / "gateway-as-flood.log", **settings) as gw:
+        statuses = [_register(gw).status_code for _ in range(4)]
+        flood = _register(gw)
+    assert statuses == [201, 201, 201, 429]
+    assert flood.json()["error"] == "too_many_requests"
+    assert int(flood.headers["retry-after"]) > 3000
