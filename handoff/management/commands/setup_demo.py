@@ -46,6 +46,9 @@ class Command(BaseCommand):
             else agent_create(name=DEMO_AGENT, actor="setup_demo")
         )
         self.stdout.write(f"\nAgent '{DEMO_AGENT}' API key (shown once; keys are stored hashed):\n  {issued.key}\n")
+        people = settings.GATEWAY_AUTH_SERVER_AGENT
+        if settings.GATEWAY_AUTH_SERVER and not Agent.objects.filter(name=people).exists():
+            agent_create(name=people, actor="setup_demo")  # OAuth sign-ins act as it; its key goes unused
         self._admin_user()
 
     def _admin_user(self) -> None:
