@@ -1,6 +1,7 @@
 """The admin site of the console: the stock admin, with the dashboard as its front page and a sign-in
 that is throttled (audit/sign_in.py)."""
 
+from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -14,6 +15,13 @@ class ConsoleSite(admin.AdminSite):
     index_title = "Gateway health"
     index_template = "admin/console_index.html"
     login_form = ThrottledAuthenticationForm
+    login_template = "admin/console_login.html"
+
+    def login(self, request: HttpRequest, extra_context: dict | None = None):
+        """The stock sign-in, with a way to the IdP when console sign-in with it is on (and the password form
+        only while local passwords are)."""
+        sso = {"console_sso": settings.CONSOLE_SSO, "console_passwords": settings.GATEWAY_CONSOLE_PASSWORDS}
+        return super().login(request, (extra_context or {}) | sso)
 
     def index(self, request: HttpRequest, extra_context: dict | None = None) -> TemplateResponse:
         context = extra_context or {}

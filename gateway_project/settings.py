@@ -158,6 +158,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "oauth2_provider",
+    "mozilla_django_oidc",
     "policy",
     "registry",
     "audit",
@@ -413,6 +414,30 @@ GATEWAY_EGRESS_ALLOWED_NETWORKS = env_list("GATEWAY_EGRESS_ALLOWED_NETWORKS", ""
 # with the right password) until the window, counted from the first failure, has passed.
 GATEWAY_SIGN_IN_MAX_FAILURES = env_int("GATEWAY_SIGN_IN_MAX_FAILURES", 5)
 GATEWAY_SIGN_IN_WINDOW_SECONDS = env_int("GATEWAY_SIGN_IN_WINDOW_SECONDS", 900)
+
+# Console sign-in with the IdP of GATEWAY_OIDC_ISSUER (docs/identity.md): on when its client is set; roles
+# from the groups claim. Local passwords can be switched off (the built-in authorization server uses them too).
+GATEWAY_CONSOLE_OIDC_CLIENT_ID = env_str("GATEWAY_CONSOLE_OIDC_CLIENT_ID")
+GATEWAY_CONSOLE_OIDC_CLIENT_SECRET = env_str("GATEWAY_CONSOLE_OIDC_CLIENT_SECRET")
+GATEWAY_CONSOLE_PASSWORDS = env_bool("GATEWAY_CONSOLE_PASSWORDS", True)
+GATEWAY_CONSOLE_GROUPS_CLAIM = env_str("GATEWAY_CONSOLE_GROUPS_CLAIM", "groups")
+GATEWAY_CONSOLE_ADMIN_GROUPS = env_list("GATEWAY_CONSOLE_ADMIN_GROUPS", "switchboard-admins")
+GATEWAY_CONSOLE_AUDITOR_GROUPS = env_list("GATEWAY_CONSOLE_AUDITOR_GROUPS", "switchboard-auditors")
+GATEWAY_CONSOLE_READER_GROUPS = env_list("GATEWAY_CONSOLE_READER_GROUPS", "switchboard-readers")
+CONSOLE_SSO = bool(GATEWAY_OIDC_ISSUER and GATEWAY_CONSOLE_OIDC_CLIENT_ID)
+AUTHENTICATION_BACKENDS = [
+    *(["policy.console_sign_in.ConsoleBackend"] if CONSOLE_SSO else []),
+    *(["django.contrib.auth.backends.ModelBackend"] if GATEWAY_CONSOLE_PASSWORDS else []),
+]
+OIDC_RP_CLIENT_ID = GATEWAY_CONSOLE_OIDC_CLIENT_ID
+OIDC_RP_CLIENT_SECRET = GATEWAY_CONSOLE_OIDC_CLIENT_SECRET
+OIDC_RP_SIGN_ALGO = "RS256"
+OIDC_RP_SCOPES = "openid email profile groups"
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = GATEWAY_OIDC_FETCH_TIMEOUT
+LOGIN_REDIRECT_URL = "/admin/"
+LOGIN_REDIRECT_URL_FAILURE = "/admin/login/?sso=refused"
+OIDC_AUTHENTICATION_CALLBACK_URL = "console-sso-callback"
 
 # --- REST API (DRF): admin tokens only, no session or Basic auth, so no CSRF surface ---------------------------
 REST_FRAMEWORK = {

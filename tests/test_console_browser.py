@@ -28,12 +28,6 @@ from tests.conftest import needs
 from tests.factories import demo_upstream
 from tests.helpers import T, audit_mark, audit_since, eventually, run
 
-CHROMIUM = Path("/usr/bin/chromium")
-# As the machine's own probe starts it: without the background-networking flags Chromium keeps dialling out.
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 PASSWORD = "console-pw-for-tests-only"
 TIMEOUT_MS = 10_000
 
@@ -47,12 +41,12 @@ def console(server_env, world, logs) -> Iterator[servers.Running]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    needs(CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
+    needs(servers.CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
     # Playwright's sync API keeps an event loop on this thread; the ORM calls made here are still plain
     # blocking calls, which Django would otherwise refuse beside a loop.
     with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
         patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        launched = playwright.chromium.launch(executable_path=str(servers.CHROMIUM), args=servers.CHROMIUM_ARGS)
         yield launched
         launched.close()
         connections.close_all()  # the ones opened beside Playwright's loop are not the session's to close

@@ -19,13 +19,16 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from django.contrib.auth import get_user_model
 from jwt.algorithms import RSAAlgorithm
+from playwright.async_api import async_playwright
 
 from policy.models import IdentityProvider, Person
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
 from tests.clients import INITIALIZE, call, sdk_client, ws_session
+from tests.conftest import needs
 from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually, orm, until
 
@@ -99,13 +102,20 @@ def people(db) -> Iterator[str]:
         yield someone.name
 
 
+CONSOLE_SECRET = "console-secret-for-tests-only"
+
+
 @pytest.fixture(scope="module")
 def idp_gateway(server_env, world, people, logs) -> Iterator[tuple[Idp, servers.Running]]:
     port = servers.free_port()
     resource = f"http://127.0.0.1:{port}/mcp"
     key, jwk = _private_jwk("idp-1")
-    provider = servers.start_oidc_provider(resource, {"keys": [jwk]}, CLIENTS, logs / "oidc-provider.log")
+    console = {"client_id": "console", "client_secret": CONSOLE_SECRET, "grant_types": ["authorization_code"]}
+    console |= {"redirect_uris": [f"http://127.0.0.1:{port}/oidc/callback/"], "response_types": ["code"]}
+    clients = [*CLIENTS, console]
+    provider = servers.start_oidc_provider(resource, {"keys": [jwk]}, clients, logs / "oidc-provider.log")
     settings = {"GATEWAY_OIDC_ISSUER": provider.url, "GATEWAY_OIDC_AGENT": people, "GATEWAY_OIDC_SCOPES": "mcp"}
+    settings |= {"GATEWAY_CONSOLE_OIDC_CLIENT_ID": "console", "GATEWAY_CONSOLE_OIDC_CLIENT_SECRET": CONSOLE_SECRET}
     try:
         with servers.inline_gateway_with(server_env, logs / "gateway-oidc.log", port, **settings) as gateway:
             yield Idp(provider.url, resource, key), gateway
@@ -517,3 +527,50 @@ def test_a_socket_serves_nothing_once_its_person_is_disabled(idp_gateway):
         "code": -32600,
         "message": "This person is disabled in this gateway: ask its administrators",
     }
+
+
+async def _console_sign_in(gateway_url: str, login: str) -> str:
+    """An operator signs in to the console through the IdP's pages in Chromium: the page they end on."""
+    needs(servers.CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=str(servers.CHROMIUM), args=servers.CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            page.set_default_timeout(10_000)
+            await page.goto(f"{gateway_url}/admin/login/?next=/admin/")
+            await page.click("#sign-in-with-idp")
+            await page.fill("input[name=login]", login)
+            await page.fill("input[name=password]", "any")
+            await page.click("button[type=submit]")
+            await page.click("button[type=submit]")  # the IdP's consent
+            await page.wait_for_url(f"{gateway_url}/admin/**")
+            return page.url + "\n" + await page.content()
+        finally:
+            await browser.close()
+
+
+@pytest.mark.parametrize(
+    ("login", "superuser", "groups"),
+    [("admin-olga", True, set()), ("auditor-ravi", False, {"Auditor", "Reader"}), ("reader-sam", False, {"Reader"})],
+)
+def test_operators_sign_in_to_the_console_with_the_idp_and_their_groups_set_their_role(
+    idp_gateway, login, superuser, groups
+):
+    idp, gateway = idp_gateway
+    ended = anyio.run(_console_sign_in, gateway.url, login)
+    assert "Gateway health" in ended  # the console's front page, signed in
+    user = get_user_model().objects.get(username=f"{login}@127.0.0.1")
+    try:
+        assert (user.is_staff, user.is_superuser, user.has_usable_password()) == (True, superuser, False)
+        assert {group.name for group in user.groups.all()} == groups
+        assert (user.first_name, user.last_name, user.email) == ("Person", login, f"{login}@example.test")
+    finally:
+        user.delete()
+
+
+def test_someone_in_none_of_the_consoles_groups_is_not_let_in(idp_gateway):
+    idp, gateway = idp_gateway
+    ended = anyio.run(_console_sign_in, gateway.url, "engineer-eve")
+    assert "/admin/login/?sso=refused" in ended.splitlines()[0]
+    assert "you are in none of the console" in ended
+    assert not get_user_model().objects.filter(username="engineer-eve@127.0.0.1").exists()
