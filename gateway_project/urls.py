@@ -10,6 +10,7 @@ from audit.api import AuditEventViewSet
 from gateway_project.metrics import metrics_view
 from handoff.api import HandoffRouteViewSet
 from handoff.views import claim_redeem, protected_resource
+from policy.account_views import my_account
 from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet
 from policy.authorization_views import ConsentView, RegistrationView
 from policy.console_sign_in import ConsoleCallback, ConsoleSignIn
@@ -49,6 +50,7 @@ urlpatterns = [
     path(".well-known/oauth-authorization-server", oauth.OAuthServerMetadataView.as_view()),
     path("oauth/", include((authorization_server, "oauth2_provider"))),
     path("accounts/login/", LoginView.as_view(template_name="registration/login.html"), name="login"),
+    path("account/", my_account, name="my-account"),
     path("oidc/authenticate/", ConsoleSignIn.as_view(), name="console-sso"),
     path("oidc/callback/", ConsoleCallback.as_view(), name="console-sso-callback"),
 ]

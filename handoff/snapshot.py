@@ -66,6 +66,11 @@ class KeyEntry:
     agent_id: int
     agent_name: str
     prefix: str
+    revoked: bool = False
+    expires_at: float = 0.0  # epoch seconds; 0: never
+    tools: tuple[str, ...] = ()  # exposed-name patterns it may call; empty: all its agent may
+    owner_id: int | None = None  # the console account of a personal key
+    owner_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,11 @@ class Snapshot:
 
     def key_holder(self, key: str) -> KeyEntry | None:
         """The enabled agent holding this API key, or None; constant-time (policy/keys.py)."""
+        entry = self.key_entry(key)
+        return entry if entry is not None and not entry.revoked else None
+
+    def key_entry(self, key: str) -> KeyEntry | None:
+        """This API key's entry, revoked or not, or None for a key never issued (or a wrong secret)."""
         parts = key_split(key)
         entry = self.keys.get(parts[0]) if parts else None
         return entry if parts and key_matches(entry.digest if entry else None, parts[1]) else None
@@ -327,9 +337,25 @@ def _builtins() -> dict[str, GatewayTool]:
     return tools
 
 
+def _key_entry(key: AgentKey) -> KeyEntry:
+    owner = key.owner
+    return KeyEntry(
+        key.digest,
+        key.agent_id,
+        key.agent.name,
+        key.prefix,
+        revoked=key.revoked,
+        expires_at=key.expires_at.timestamp() if key.expires_at else 0.0,
+        tools=tuple(key.tools.split()),
+        owner_id=owner.pk if owner and owner.is_active else None,
+        owner_name=(owner.get_full_name() or owner.get_username()) if owner else "",
+    )
+
+
 def snapshot_compile() -> Snapshot:
     version = config_version()  # read first: a change racing the compile leaves the version behind, not ahead
-    keys = AgentKey.objects.filter(revoked=False, agent__enabled=True).select_related("agent")
+    # Revoked keys too, so that their holders are told so (a key revoked is known, unlike a key made up).
+    keys = AgentKey.objects.filter(agent__enabled=True).select_related("agent", "owner")
     agents = Agent.objects.filter(enabled=True)
     upstreams = {u.id: u for u in Upstream.objects.select_related("group")}
     limits = {upstream.id: _upstream_limits(upstream) for upstream in upstreams.values()}
@@ -343,7 +369,7 @@ def snapshot_compile() -> Snapshot:
         providers=providers_compile(),
         builtin=builtin_compile(),
         people_disabled=people_disabled(),
-        keys={k.prefix: KeyEntry(k.digest, k.agent_id, k.agent.name, k.prefix) for k in keys},
+        keys={k.prefix: _key_entry(k) for k in keys},
         agents={
             a.id: AgentLimits(
                 calls_per_minute=a.calls_per_minute or settings.GATEWAY_AGENT_CALLS_PER_MINUTE,

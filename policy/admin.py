@@ -111,8 +111,19 @@ class ServerGroupAdmin(AuditedSaveMixin, admin.ModelAdmin):
 
 class AgentKeyInline(admin.TabularInline):
     model = AgentKey
-    fields = ("prefix", "label", "revoked", "created_at")
-    readonly_fields = ("prefix", "created_at")
+    fields = (
+        "prefix",
+        "label",
+        "owner",
+        "tools",
+        "expires_at",
+        "revoked",
+        "created_at",
+        "last_used_at",
+        "last_used_from",
+    )
+    readonly_fields = ("prefix", "created_at", "last_used_at", "last_used_from")
+    raw_id_fields = ("owner",)
     extra = 0
     can_delete = False
 
@@ -144,7 +155,7 @@ class AgentAdmin(AuditedSaveMixin, admin.ModelAdmin):
         for key, changed in formset.changed_objects:
             if "revoked" in changed and key.revoked:
                 agent_key_revoke(prefix=key.prefix, actor=actor)
-            if "label" in changed:
+            if {"label", "owner", "tools", "expires_at"} & set(changed):
                 policy_object_save(obj=key, actor=actor, created=False)
 
     @admin.action(description="Issue a new API key (shown once)")

@@ -68,6 +68,22 @@ class AgentKey(models.Model):
     label = models.CharField(max_length=64, blank=True)
     revoked = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Refused from then on; empty: never")
+    tools = models.CharField(
+        max_length=512,
+        blank=True,
+        help_text="Tool names it may call, space-separated, * as a wildcard (time__*); empty: all its agent may",
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="api_keys",
+        help_text="The person whose personal key this is: its calls are audited as them",
+    )
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_used_from = models.CharField(max_length=64, blank=True, editable=False, help_text="Client address")
 
     class Meta:
         ordering = ["-created_at"]

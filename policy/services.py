@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Model
+from django.utils import timezone
 
 from audit.changes import change_detail, object_state
 from audit.services import audit_record
@@ -24,18 +25,28 @@ def _new_key() -> tuple[str, str]:
     return secrets.token_hex(6), secrets.token_urlsafe(32)
 
 
-def agent_key_issue(*, agent: Agent, label: str = "", actor: str = "") -> IssuedKey:
-    """A new key for the agent. The plain key exists only in the return value: show it once."""
+def agent_key_issue(*, agent: Agent, label: str = "", actor: str = "", **terms: Any) -> IssuedKey:
+    """A new key for the agent (with `terms`: owner, tools, expires_at). The plain key exists only in the
+    return value: show it once."""
     prefix, secret = _new_key()
     with transaction.atomic():
-        AgentKey.objects.create(agent=agent, prefix=prefix, digest=key_digest(secret), label=label)
+        AgentKey.objects.create(agent=agent, prefix=prefix, digest=key_digest(secret), label=label, **terms)
         audit_record(
             kind="admin_change",
             actor=actor,
             agent_name=agent.name,
-            detail={"action": "agent_key_issued", "prefix": prefix},
+            detail={"action": "agent_key_issued", "prefix": prefix} | _terms_shown(terms),
         )
     return IssuedKey(agent=agent, key=f"{KEY_PREFIX}{prefix}_{secret}")
+
+
+def _terms_shown(terms: dict[str, Any]) -> dict[str, Any]:
+    shown = {"owner": terms["owner"].get_username()} if terms.get("owner") else {}
+    if terms.get("tools"):
+        shown["tools"] = terms["tools"]
+    if terms.get("expires_at"):
+        shown["expires_at"] = terms["expires_at"].isoformat()
+    return shown
 
 
 def agent_create(*, name: str, actor: str = "") -> IssuedKey:
@@ -60,6 +71,11 @@ def agent_set_enabled(*, agent: Agent, enabled: bool, actor: str = "") -> None:
             detail={"action": "agent_enabled" if enabled else "agent_disabled"},
         )
     agent.enabled = enabled
+
+
+def key_used(prefix: str, address: str) -> None:
+    """When and where a key was last used. An update, not a save: it changes nothing routing reads."""
+    AgentKey.objects.filter(prefix=prefix).update(last_used_at=timezone.now(), last_used_from=address[:64])
 
 
 def agent_key_revoke(*, prefix: str, actor: str = "") -> None:

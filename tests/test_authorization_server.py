@@ -8,20 +8,24 @@ import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, timedelta
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import anyio
 import httpx2
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from playwright.async_api import async_playwright
 
+from policy.models import Agent, AgentKey
+from policy.services import agent_key_issue
 from tests import servers
-from tests.clients import ws_session
+from tests.clients import call, tool_names, ws_session
 from tests.conftest import needs
 from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually
@@ -294,3 +298,67 @@ def test_registration_is_open_but_a_flood_is_refused(server_env, world, logs):
     assert statuses == [201, 201, 201, 429]
     assert flood.json()["error"] == "too_many_requests"
     assert int(flood.headers["retry-after"]) > 3000
+
+
+# Personal API keys, made on My account.
+
+
+def _make_key(http: httpx2.Client, **form: str) -> str:
+    page = http.get("/account/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    made = http.post("/account/", data={"csrfmiddlewaretoken": token} | form, headers={"referer": str(page.url)})
+    return re.search(r'<code id="new-key">([^<]+)</code>', made.text).group(1)
+
+
+def _revoke(http: httpx2.Client, prefix: str) -> None:
+    page = http.get("/account/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    http.post("/account/", data={"csrfmiddlewaretoken": token, "revoke": prefix}, headers={"referer": str(page.url)})
+
+
+def test_a_person_makes_a_personal_key_limited_to_some_tools_and_revokes_it(gateway, ada):
+    with _signed_in(gateway) as http:
+        key = _make_key(http, label="laptop", days="7", tools="demo__echo demo__pid")
+        prefix = key.split("_")[1]
+        eventually(lambda: _initialize(gateway, key).status_code == 200)  # once the gateway knows the new key
+        mark = audit_mark()
+        echoed = anyio.run(call, gateway.url, key, "demo__echo", {"text": "with my key"})
+        refused = anyio.run(call, gateway.url, key, "demo__add", {"a": 1, "b": 2})
+        listed = anyio.run(tool_names, gateway.url, key)
+        stored = eventually(lambda: (k := AgentKey.objects.get(prefix=prefix)).last_used_at and k)
+        _revoke(http, prefix)
+        row = eventually(lambda: "revoked" in (reply := _initialize(gateway, key)).text and reply)
+    assert echoed.content[0].text == "with my key"
+    assert refused.error.data["code"] == "KEY_SCOPE"
+    assert refused.error.message == "This API key may call only demo__echo demo__pid: 'demo__add' is not among them."
+    assert listed == {"demo__echo", "demo__pid"}
+    assert (stored.owner_id, stored.label, stored.last_used_from, stored.tools) == (
+        ada.pk,
+        "laptop",
+        "127.0.0.1",
+        "demo__echo demo__pid",
+    )
+    assert timedelta(days=7) - timedelta(minutes=1) < stored.expires_at - stored.created_at <= timedelta(days=7)
+    calls = [r for r in audit_since(mark) if r.tool == "echo"]
+    assert {(r.agent_name, r.person_subject, r.person_name) for r in calls} == {("people", str(ada.pk), "Ada Lovelace")}
+    message = "This API key was revoked (or its owner's account closed): ask for a new one"
+    assert row.json()["error"]["message"] == message
+    assert "KEY_REVOKED" in {r.error_code for r in audit_since(mark)}
+
+
+def _initialize(gateway, key: str) -> httpx2.Response:
+    headers = {"authorization": f"Bearer {key}", "accept": "application/json, text/event-stream"}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    return httpx2.post(f"{gateway.url}/mcp", json=initialize, headers=headers, timeout=10)
+
+
+def test_an_expired_key_is_refused_with_when_it_expired(gateway):
+    people = Agent.objects.get(name="people")
+    expired = timezone.now() - timedelta(minutes=5)
+    key = agent_key_issue(agent=people, label="old", actor="tests", expires_at=expired).key
+    mark = audit_mark()
+    reply = eventually(lambda: "expired" in (r := _initialize(gateway, key)).text and r)  # once the gateway knows it
+    message = f"This API key expired at {expired.astimezone(UTC).isoformat(timespec='minutes')}: make a new one"
+    assert reply.json()["error"] == {"code": -32600, "message": message}
+    assert 'error="invalid_token"' in reply.headers["www-authenticate"]
+    assert [r.error_code for r in audit_since(mark)] == ["KEY_EXPIRED"]

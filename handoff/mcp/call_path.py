@@ -61,8 +61,18 @@ async def admit(snap: Snapshot, caller: Caller, name: str, route: Route, request
     return Decision(route.upstream_slug, route, admission=admission, probing=verdict.probing, **found)
 
 
+def key_denial(caller: Caller, name: str) -> Denial | None:
+    """A key limited to some tools refuses the rest before anything else looks at the call."""
+    if caller.may_call(name):
+        return None
+    allowed = " ".join(caller.key_tools)
+    return Denial("KEY_SCOPE", f"This API key may call only {allowed}: {name!r} is not among them.")
+
+
 async def decide(snap: Snapshot, caller: Caller, name: str, request_id: str) -> Decision:
     """The static decision over the snapshot, then admission."""
+    if denial := key_denial(caller, name):
+        return Decision("", None, denial)
     denial, entry, upstream = snap.decide(caller.agent_id, name)
     if denial or entry is None:
         return Decision(upstream, entry.route if entry else None, denial)

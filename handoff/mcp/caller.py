@@ -1,11 +1,15 @@
 """Who is calling, and whether their request may enter at all: host, origin, API key and bearer token checks
 shared by every transport."""
 
+import asyncio
 import hashlib
+import logging
 import time
 from collections import OrderedDict
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from fnmatch import fnmatchcase
 from urllib.parse import parse_qs, urlsplit
 
 from django.conf import settings
@@ -15,11 +19,13 @@ from opentelemetry.trace import Span
 
 from audit.telemetry import mcp_span
 from gateway_project.lib.database import database_async
-from handoff.snapshot import Snapshot, snapshot
+from handoff.snapshot import ANONYMOUS_KEY, KeyEntry, Snapshot, snapshot
 from policy.authorization import local_tokens
 from policy.identity import Identity, Provider, TokenRefused, looks_like_jwt, person_seen, verifier
 from policy.keys import KEY_PREFIX
+from policy.services import key_used
 
+logger = logging.getLogger(__name__)
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 
 
@@ -36,6 +42,11 @@ class Caller:
     person_name: str = ""
     client_id: str = ""
     expires_at: float = 0.0  # when the token runs out (epoch seconds); 0 for an API key
+    key_tools: tuple[str, ...] = ()  # the exposed names an API key is limited to (patterns); empty: no limit
+
+    def may_call(self, name: str) -> bool:
+        """Whether the credential allows `name` at all (the agent's rules decide after)."""
+        return not self.key_tools or any(fnmatchcase(name, pattern) for pattern in self.key_tools)
 
     @property
     def principal(self) -> tuple[int, str, str]:
@@ -151,13 +162,60 @@ async def caller_from_scope(scope: dict, transport: str) -> Caller:
     elif scheme.lower() == "bearer" and snap.builtin and not key.strip().startswith(KEY_PREFIX):
         return await _signed_in_here(scope, transport, key.strip(), snap)
     else:
-        entry = snap.key_holder(key.strip()) if scheme.lower() == "bearer" else None
+        entry = snap.key_entry(key.strip()) if scheme.lower() == "bearer" else None
     if entry is None:
         message = "Missing or invalid API key: send 'Authorization: Bearer <agent key>'"
         if snap.signs_in:
             message = "Missing or invalid credentials: sign in with OAuth, or send 'Authorization: Bearer <agent key>'"
         raise Refused(401, message, challenge(scope, snap))
-    return Caller(agent_id=entry.agent_id, agent_name=entry.agent_name, transport=transport, key_prefix=entry.prefix)
+    return _key_holder(scope, transport, entry, snap)
+
+
+def _key_holder(scope: dict, transport: str, entry: KeyEntry, snap: Snapshot) -> Caller:
+    if entry.revoked:
+        message = "This API key was revoked (or its owner's account closed): ask for a new one"
+        raise Refused(401, message, challenge(scope, snap, "invalid_token", message), "KEY_REVOKED")
+    if entry.expires_at and time.time() >= entry.expires_at:
+        when = datetime.fromtimestamp(entry.expires_at, UTC).isoformat(timespec="minutes")
+        message = f"This API key expired at {when}: make a new one"
+        raise Refused(401, message, challenge(scope, snap, "invalid_token", message), "KEY_EXPIRED")
+    if entry.prefix != ANONYMOUS_KEY:
+        _note_use(entry.prefix, (scope.get("client") or ("",))[0])
+    owned = {"person_issuer": public_base(scope), "person_subject": str(entry.owner_id)} if entry.owner_id else {}
+    return Caller(
+        agent_id=entry.agent_id,
+        agent_name=entry.agent_name,
+        transport=transport,
+        key_prefix=entry.prefix,
+        key_tools=entry.tools,
+        person_name=entry.owner_name if entry.owner_id else "",
+        **owned,
+    )
+
+
+# When this process last recorded each key's use: a key's last use is written at most once a minute.
+_used: OrderedDict[str, float] = OrderedDict()
+_writes: set[asyncio.Task] = set()
+USE_RECORD_SECONDS = 60.0
+
+
+def _note_use(prefix: str, address: str) -> None:
+    now = time.monotonic()
+    if now - _used.get(prefix, float("-inf")) < USE_RECORD_SECONDS:
+        return
+    _used[prefix] = now
+    _used.move_to_end(prefix)
+    while len(_used) > SEEN_PEOPLE:
+        _used.popitem(last=False)
+    write = asyncio.get_running_loop().create_task(database_async(key_used)(prefix, address))
+    _writes.add(write)  # held until done: the loop keeps only a weak reference
+    write.add_done_callback(_used_recorded)
+
+
+def _used_recorded(write: asyncio.Task) -> None:
+    _writes.discard(write)
+    if not write.cancelled() and write.exception() is not None:
+        logger.warning("could not record a key's last use: %s", write.exception())
 
 
 TOKEN_EXPIRED = "The token this socket was opened with has expired: sign in again and reconnect"

@@ -31,6 +31,7 @@ from handoff.mcp.call_path import (
     deny,
     error_text,
     for_model,
+    key_denial,
     request_audit,
     route_execute,
     run_admitted,
@@ -110,6 +111,8 @@ async def _route(
     trace_id: str,
 ) -> Decision | dict[str, Any]:
     """Where the call goes: a handoff move (run here, its result returned), or a decision on a tool."""
+    if denial := key_denial(caller, name):
+        return Decision("", denial=denial)
     if tunnel is not None:
         if name == return_tool_name():
             move = handoff_return(ctx, caller, snap, tunnel, arguments)
@@ -330,6 +333,6 @@ async def _list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestP
     if tunnel is not None and tunnel.is_open:
         tools: list[Any] | tuple[Any, ...] = tunnel.definitions
     else:
-        tools = (await snapshot.get()).visible_for(caller.agent_id)
+        tools = [tool for tool in (await snapshot.get()).visible_for(caller.agent_id) if caller.may_call(tool["name"])]
     page, following = list_page("tools/list", tools, params.cursor if params else None)
     return finish(ctx, {"tools": page} | ({"nextCursor": following} if following else {}))

@@ -1,0 +1,47 @@
+"""My account: a signed-in person makes and revokes their own API keys. A personal key acts as the agent of
+the built-in authorization server's people (GATEWAY_AUTH_SERVER_AGENT) and its calls are audited as its owner."""
+
+from datetime import timedelta
+
+from django import forms
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+
+from policy.models import Agent, AgentKey
+from policy.services import agent_key_issue, agent_key_revoke
+
+LIFETIMES = [(7, "7 days"), (30, "30 days"), (90, "90 days"), (365, "a year")]
+
+
+class PersonalKeyForm(forms.Form):
+    label = forms.CharField(max_length=64, required=False)
+    days = forms.TypedChoiceField(choices=LIFETIMES, coerce=int, initial=30, label="Expires in")
+    tools = forms.CharField(
+        max_length=512, required=False, help_text="Only these tools (space-separated, * as a wildcard); empty: all"
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def my_account(request: HttpRequest) -> HttpResponse:
+    agent = Agent.objects.filter(name=settings.GATEWAY_AUTH_SERVER_AGENT, enabled=True).first()
+    actor = request.user.get_username()
+    made, form = None, PersonalKeyForm()
+    if request.method == "POST" and (revoking := request.POST.get("revoke")):
+        if AgentKey.objects.filter(prefix=revoking, owner=request.user).exists():
+            agent_key_revoke(prefix=revoking, actor=actor)
+        return redirect("my-account")
+    if request.method == "POST" and agent is not None:
+        form = PersonalKeyForm(request.POST)
+        if form.is_valid():
+            expires_at = timezone.now() + timedelta(days=form.cleaned_data["days"])
+            terms = {"owner": request.user, "tools": form.cleaned_data["tools"].strip(), "expires_at": expires_at}
+            made = agent_key_issue(agent=agent, label=form.cleaned_data["label"], actor=actor, **terms).key
+            form = PersonalKeyForm()
+    keys = AgentKey.objects.filter(owner=request.user).order_by("-created_at")
+    context = {"agent": agent, "form": form, "keys": keys, "made": made, "now": timezone.now()}
+    return render(request, "account/my_account.html", context)
