@@ -574,3 +574,15 @@ def test_someone_in_none_of_the_consoles_groups_is_not_let_in(idp_gateway):
     assert "/admin/login/?sso=refused" in ended.splitlines()[0]
     assert "you are in none of the console" in ended
     assert not get_user_model().objects.filter(username="engineer-eve@127.0.0.1").exists()
+
+
+def test_code_a_person_runs_calls_tools_as_them(idp_gateway, people):
+    idp, gateway = idp_gateway
+    mark = audit_mark()
+    code = 'return await tools.demo.echo({ text: "from code" });'
+    result = anyio.run(call, gateway.url, idp.forge(sub="coder"), "switchboard__execute", {"code": code}, "legacy")
+    assert not result.is_error, result.content[0].text
+    assert result.content[0].text == "from code"
+    rows = [row for row in audit_since(mark) if row.kind in ("approved", "completed")]
+    assert {row.exposed_name for row in rows} == {"switchboard__execute", "demo__echo"}
+    assert {(row.agent_name, row.person_subject) for row in rows} == {(people, "coder")}
