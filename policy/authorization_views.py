@@ -3,6 +3,7 @@ bounded rate per address, the consent page (which no other site may frame), and 
 account."""
 
 import time
+import uuid
 from collections import deque
 
 from django.conf import settings
@@ -10,14 +11,28 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from oauth2_provider.views import AuthorizationView
 from oauth2_provider.views.dynamic_client_registration import DynamicClientRegistrationView
 
+from gateway_project.lib.redis_clients import sync_redis
+
 HOUR = 3600.0
-_registrations: dict[str, deque[float]] = {}  # per address: when it registered, within the last hour
+_registrations: dict[str, deque[float]] = {}  # without Redis: per address, when it registered in the last hour
 ADDRESSES = 10_000
 
 
 def _flooding(address: str) -> float:
-    """Seconds until `address` may register again, or 0 (and the registration is counted)."""
-    now = time.monotonic()
+    """Seconds until `address` may register again, or 0 (and this registration is counted): a sliding hour,
+    shared by every web process through Redis when there is one."""
+    now = time.time()
+    if settings.REDIS_URL:
+        key = f"{settings.GATEWAY_REDIS_PREFIX}registrations:{address}"
+        pipe = sync_redis().pipeline()  # MULTI: the trim, the count and the add are one step
+        pipe.zremrangebyscore(key, 0, now - HOUR)
+        pipe.zrange(key, 0, 0, withscores=True)
+        pipe.zcard(key)
+        _trimmed, oldest, count = pipe.execute()
+        if count >= settings.GATEWAY_AUTH_REGISTRATIONS_PER_HOUR:
+            return oldest[0][1] + HOUR - now
+        sync_redis().pipeline().zadd(key, {f"{now}:{uuid.uuid4().hex}": now}).expire(key, int(HOUR)).execute()
+        return 0.0
     window = _registrations.setdefault(address, deque())
     while window and window[0] <= now - HOUR:
         window.popleft()
@@ -31,7 +46,7 @@ def _flooding(address: str) -> float:
 
 class RegistrationView(DynamicClientRegistrationView):
     """RFC 7591 registration, open as MCP clients expect it, at most GATEWAY_AUTH_REGISTRATIONS_PER_HOUR per
-    address (counted in each web process)."""
+    address."""
 
     def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
         if wait := _flooding(request.META.get("REMOTE_ADDR", "")):
