@@ -24,7 +24,7 @@ from handoff.models import HandoffRoute
 from handoff.triage import TriageTool, triage_tools
 from policy.authorization import builtin_compile
 from policy.config_version import config_version
-from policy.decisions import RETRY_LATER, CompiledRule, Denial, Policy, Target, policy_decide
+from policy.decisions import RETRY_LATER, CompiledRule, Denial, Policy, Target, Who, policy_decide, who_of
 from policy.identity import Provider, people_disabled, providers_compile
 from policy.keys import key_matches, key_split
 from policy.limits.admission import AgentLimits, UpstreamLimits
@@ -143,11 +143,12 @@ class Snapshot:
     anonymous: KeyEntry | None = None  # GATEWAY_ANONYMOUS_AGENT, while that agent exists and is enabled
     providers: dict[str, Provider] = field(default_factory=dict)  # identity providers by issuer
     builtin: Provider | None = None  # the built-in authorization server, while it is offered
+    idp_groups: dict[str, frozenset[int]] = field(default_factory=dict)  # a person's group: agent groups it counts in
     people_disabled: frozenset[tuple[str, str]] = frozenset()  # (issuer, subject) of people refused
     instructions: tuple[tuple[str, str], ...] = ()  # (slug, cleaned text) of upstreams that give instructions
     # Per-agent results, filled on first use; bounded by agents × known tools.
     _decisions: dict[tuple[int, str], Denial | None] = field(default_factory=dict, compare=False)
-    _visible: dict[int, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
+    _visible: dict[Who, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
     memo: dict[str, Any] = field(default_factory=dict, compare=False)  # what others derive from it, once
 
     @property
@@ -166,50 +167,52 @@ class Snapshot:
         entry = self.keys.get(parts[0]) if parts else None
         return entry if parts and key_matches(entry.digest if entry else None, parts[1]) else None
 
-    def decide(self, agent_id: int, name: str) -> tuple[Denial | None, ToolEntry | None, str]:
-        """The static decision for this agent and exposed name (policy/decisions.py), the tool when the
-        name is known, and the upstream the name points at (for the audit)."""
+    def decide(self, principal: int | Who, name: str) -> tuple[Denial | None, ToolEntry | None, str]:
+        """The static decision for this agent (or person) and exposed name (policy/decisions.py), the tool
+        when the name is known, and the upstream the name points at (for the audit)."""
+        who = who_of(principal)
         entry = self.tools.get(name)
         if entry is None:
             target = self._unknown(name)
-            return self._decide(agent_id, target), None, target.upstream_slug or ""
-        key = (agent_id, name)
+            return self._decide(who, target), None, target.upstream_slug or ""
+        key = (who, name)
         if key not in self._decisions:
-            self._decisions[key] = self._decide(agent_id, entry.target)
+            self._decisions[key] = self._decide(who, entry.target)
         return self._decisions[key], entry, entry.route.upstream_slug
 
-    def visible_for(self, agent_id: int) -> tuple[dict[str, Any], ...]:
-        """The tools/list payload for this agent: only what it may call (in GATEWAY_CODE_MODE=only, code
-        mode's tools instead of the upstreams'), and the gateway's own tools."""
-        if agent_id not in self._visible:
-            upstream_tools = () if settings.GATEWAY_CODE_MODE == "only" else self.allowed_tools(agent_id)
+    def visible_for(self, principal: int | Who) -> tuple[dict[str, Any], ...]:
+        """The tools/list payload for this agent (or person): only what it may call (in
+        GATEWAY_CODE_MODE=only, code mode's tools instead of the upstreams'), and the gateway's own tools."""
+        who = who_of(principal)
+        if who not in self._visible:
+            upstream_tools = () if settings.GATEWAY_CODE_MODE == "only" else self.allowed_tools(who)
             own = {**self.builtins, **self.triage}
-            self._visible[agent_id] = tuple(entry.definition for entry in upstream_tools) + tuple(
-                entry.definition for name, entry in own.items() if not self.gateway_denial(agent_id, name)
+            self._visible[who] = tuple(entry.definition for entry in upstream_tools) + tuple(
+                entry.definition for name, entry in own.items() if not self.gateway_denial(who, name)
             )
-        return self._visible[agent_id]
+        return self._visible[who]
 
-    def allowed_tools(self, agent_id: int) -> tuple[ToolEntry, ...]:
-        return tuple(entry for name, entry in self.tools.items() if self.decide(agent_id, name)[0] is None)
+    def allowed_tools(self, principal: int | Who) -> tuple[ToolEntry, ...]:
+        return tuple(entry for name, entry in self.tools.items() if self.decide(principal, name)[0] is None)
 
-    def gateway_denial(self, agent_id: int, name: str) -> Denial | None:
+    def gateway_denial(self, principal: int | Who, name: str) -> Denial | None:
         """Rules apply to the gateway's own tools too: a route's by its target upstream (and the tool name
         `handoff_to_<domain>`), a Python triage tool's or code mode's by its name alone."""
-        key = (agent_id, name)
+        key = (who_of(principal), name)
         if key not in self._decisions:
             own = self.triage.get(name) or self.builtins[name]
-            self._decisions[key] = self._decide(agent_id, own.policy_target)
+            self._decisions[key] = self._decide(key[0], own.policy_target)
         return self._decisions[key]
 
-    def permits(self, agent_id: int, target: UpstreamInfo, name: str, tool: str) -> Denial | None:
+    def permits(self, principal: int | Who, target: UpstreamInfo, name: str, tool: str) -> Denial | None:
         """The static decision for what no catalog holds: a specialist's tool during a handoff, a resource
         (`tool` its URI) or a prompt (its name). The same rules as for any tool."""
         found = Target(name, target.slug, target.reachable, True, target.id, target.group_id, tool)
-        return self._decide(agent_id, found)
+        return self._decide(who_of(principal), found)
 
-    def _decide(self, agent_id: int, target: Target) -> Denial | None:
-        enabled = agent_id in self.agents
-        return policy_decide(policy=self.policy, agent_id=agent_id, agent_enabled=enabled, target=target)
+    def _decide(self, who: Who, target: Target) -> Denial | None:
+        enabled = who.agent_id in self.agents
+        return policy_decide(policy=self.policy, agent_id=who, agent_enabled=enabled, target=target)
 
     def _unknown(self, name: str) -> Target:
         parts = split_exposed_name(name)
@@ -262,9 +265,9 @@ def _policy() -> Policy:
     for group_id, agent_id in AgentGroup.agents.through.objects.values_list("agentgroup_id", "agent_id"):
         members.setdefault(group_id, set()).add(agent_id)
     rules = []
-    for rule in Rule.objects.filter(enabled=True):
+    for rule in Rule.objects.filter(enabled=True).select_related("person"):
         agents = None
-        if rule.agent_id or rule.agent_group_id:
+        if rule.agent_id or rule.agent_group_id or rule.person_id:
             agents = frozenset(({rule.agent_id} if rule.agent_id else set()) | members.get(rule.agent_group_id, set()))
         rules.append(
             CompiledRule.build(
@@ -273,9 +276,19 @@ def _policy() -> Policy:
                 upstream_id=rule.upstream_id,
                 server_group_id=rule.server_group_id,
                 tool_pattern=rule.tool_pattern,
+                groups=frozenset({rule.agent_group_id} if rule.agent_group_id else ()),
+                people=frozenset({(rule.person.issuer, rule.person.subject)} if rule.person else ()),
             )
         )
     return Policy(rules=tuple(rules), default_allow=settings.GATEWAY_POLICY_DEFAULT == "allow")
+
+
+def _idp_groups() -> dict[str, frozenset[int]]:
+    found: dict[str, set[int]] = {}
+    for group_id, names in AgentGroup.objects.exclude(idp_groups="").values_list("id", "idp_groups"):
+        for name in names.split():
+            found.setdefault(name, set()).add(group_id)
+    return {name: frozenset(ids) for name, ids in found.items()}
 
 
 def _route_settings(route: HandoffRoute) -> RouteSettings:
@@ -368,6 +381,7 @@ def snapshot_compile() -> Snapshot:
         anonymous=KeyEntry("", anonymous.id, anonymous.name, ANONYMOUS_KEY) if anonymous else None,
         providers=providers_compile(),
         builtin=builtin_compile(),
+        idp_groups=_idp_groups(),
         people_disabled=people_disabled(),
         keys={k.prefix: _key_entry(k) for k in keys},
         agents={

@@ -53,10 +53,12 @@ class AuditedSaveMixin(AuditedDeleteMixin):
 class RuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
     """Deny wins over allow; with no matching rule, GATEWAY_POLICY_DEFAULT decides (see docs/policy.md)."""
 
-    list_display = ("effect", "agent", "agent_group", "upstream", "server_group", "tool_pattern", "enabled", "note")
+    list_display = (
+        "effect", "agent", "agent_group", "person", "upstream", "server_group", "tool_pattern", "enabled", "note"
+    )  # fmt: skip
     fieldsets = (
         (None, {"fields": ("effect", "enabled", "note")}),
-        ("Who: empty means any agent", {"fields": ("agent", "agent_group")}),
+        ("Who: empty means anyone", {"fields": ("agent", "agent_group", "person")}),
         ("Where: empty means any upstream", {"fields": ("upstream", "server_group", "tool_pattern")}),
     )
 
@@ -73,7 +75,7 @@ class RuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
 
 @admin.register(AgentGroup)
 class AgentGroupAdmin(AuditedSaveMixin, admin.ModelAdmin):
-    list_display = ("name",)
+    list_display = ("name", "idp_groups")
     filter_horizontal = ("agents",)
 
     related_action = "agentgroup_members"

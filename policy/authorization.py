@@ -45,6 +45,7 @@ def token_lookup(token: str, resource: str) -> Identity | None:
         client_id=found.application.client_id if found.application else "",
         scopes=frozenset(found.scope.split()),
         expires_at=found.expires.timestamp(),
+        groups=tuple(found.user.groups.values_list("name", flat=True)),
     )
 
 

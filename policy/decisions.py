@@ -51,21 +51,47 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Who:
+    """Whom a decision is for: the agent, and when a token named someone, the person (issuer, subject) and
+    the agent groups their IdP groups count them in."""
+
+    agent_id: int
+    person: tuple[str, str] | None = None
+    groups: frozenset[int] = frozenset()
+
+
+def who_of(principal: "int | Who") -> Who:
+    return principal if isinstance(principal, Who) else Who(principal)
+
+
+@dataclass(frozen=True)
 class CompiledRule:
     allow: bool
-    agents: frozenset[int] | None  # None: any agent (the rule names no agent and no agent group)
+    agents: frozenset[int] | None  # None: anyone (the rule names no agent, agent group or person)
     upstream_id: int | None
     server_group_id: int | None
     pattern: re.Pattern[str]
+    groups: frozenset[int] = frozenset()  # the agent group it names, which people may be counted in
+    people: frozenset[tuple[str, str]] = frozenset()
 
     @classmethod
     def build(cls, *, allow: bool, agents: frozenset[int] | None, upstream_id: int | None,
-              server_group_id: int | None, tool_pattern: str) -> "CompiledRule":  # fmt: skip
-        return cls(allow, agents, upstream_id, server_group_id, re.compile(fnmatch.translate(tool_pattern)))
+              server_group_id: int | None, tool_pattern: str, groups: frozenset[int] = frozenset(),
+              people: frozenset[tuple[str, str]] = frozenset()) -> "CompiledRule":  # fmt: skip
+        pattern = re.compile(fnmatch.translate(tool_pattern))
+        return cls(allow, agents, upstream_id, server_group_id, pattern, groups, people)
 
-    def matches(self, agent_id: int, target: Target) -> bool:
+    def names(self, who: Who) -> bool:
         return (
-            (self.agents is None or agent_id in self.agents)
+            self.agents is None
+            or who.agent_id in self.agents
+            or who.person in self.people
+            or not self.groups.isdisjoint(who.groups)
+        )
+
+    def matches(self, principal: "int | Who", target: Target) -> bool:
+        return (
+            self.names(who_of(principal))
             and (self.upstream_id is None or self.upstream_id == target.upstream_id)
             and (self.server_group_id is None or self.server_group_id == target.server_group_id)
             and self.pattern.match(target.tool) is not None
@@ -77,18 +103,19 @@ class Policy:
     rules: tuple[CompiledRule, ...] = ()
     default_allow: bool = True
 
-    def permits(self, agent_id: int, target: Target) -> bool:
+    def permits(self, principal: "int | Who", target: Target) -> bool:
         """Deny wins; an allow lets through; with neither, the deployment's stance decides."""
+        who = who_of(principal)
         allowed = False
         for rule in self.rules:
-            if rule.matches(agent_id, target):
+            if rule.matches(who, target):
                 if not rule.allow:
                     return False
                 allowed = True
         return allowed or self.default_allow
 
 
-def policy_decide(*, policy: Policy, agent_id: int, agent_enabled: bool, target: Target) -> Denial | None:
+def policy_decide(*, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target) -> Denial | None:
     """None when the call may go ahead, else the reason it may not, written for the model."""
     name = target.exposed_name
     if not agent_enabled:

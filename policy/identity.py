@@ -36,6 +36,7 @@ class Provider:
     agent_name: str
     subject_claim: str = "sub"
     name_claim: str = "name"
+    groups_claim: str = "groups"
 
 
 def providers_compile() -> dict[str, Provider]:
@@ -51,6 +52,7 @@ def providers_compile() -> dict[str, Provider]:
             agent_name=agent.name if agent else "",
             subject_claim=settings.GATEWAY_OIDC_SUBJECT_CLAIM,
             name_claim=settings.GATEWAY_OIDC_NAME_CLAIM,
+            groups_claim=settings.GATEWAY_OIDC_GROUPS_CLAIM,
         )
     for row in IdentityProvider.objects.filter(enabled=True).select_related("agent"):
         found[row.issuer] = Provider(
@@ -61,6 +63,7 @@ def providers_compile() -> dict[str, Provider]:
             agent_name=row.agent.name,
             subject_claim=row.subject_claim,
             name_claim=row.name_claim,
+            groups_claim=row.groups_claim,
         )
     return found
 
@@ -88,6 +91,7 @@ class Identity:
     client_id: str
     scopes: frozenset[str]
     expires_at: float
+    groups: tuple[str, ...] = ()  # the person's groups, as their IdP (or the console) names them
 
 
 class TokenRefused(Exception):
@@ -162,6 +166,13 @@ async def _document(http: httpx2.AsyncClient, url: str) -> dict:
     return document
 
 
+def _names(claim: object) -> tuple[str, ...]:
+    """A groups claim as names: a list of strings (or one string); anything else names none."""
+    if isinstance(claim, str):
+        return (claim,)
+    return tuple(str(name) for name in claim if isinstance(name, str | int)) if isinstance(claim, list) else ()
+
+
 class Verifier:
     """The gateway's check of bearer tokens: issuer, signature, audience, lifetime and scopes, and a memory of
     tokens already checked (until they expire, or the configuration changes) so a session's calls verify each
@@ -217,6 +228,7 @@ class Verifier:
             client_id=str(claims.get("client_id") or claims.get("azp") or ""),
             scopes=granted,
             expires_at=float(claims["exp"]),
+            groups=_names(claims.get(provider.groups_claim)),
         )
 
     def _issuer(self, issuer: str) -> Issuer:

@@ -104,6 +104,9 @@ class IdentityProvider(models.Model):
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="identity_providers")
     scopes = models.CharField(max_length=255, blank=True, help_text="Scopes every token must carry, space-separated")
     subject_claim = models.CharField(max_length=64, default="sub")
+    groups_claim = models.CharField(
+        max_length=64, default="groups", help_text="The person's groups (agent groups map them)"
+    )
     name_claim = models.CharField(
         max_length=64, default="name", help_text="The display name (else email, else subject)"
     )
@@ -142,6 +145,12 @@ class AgentGroup(models.Model):
 
     name = models.CharField(max_length=64, unique=True, validators=[visible_name])
     agents = models.ManyToManyField(Agent, blank=True, related_name="agent_groups")
+    idp_groups = models.CharField(
+        max_length=512,
+        blank=True,
+        help_text="Groups (at the IdP, or console groups for the built-in sign-in) whose people count in this "
+        "group too, space-separated",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -161,6 +170,9 @@ class Rule(models.Model):
     effect = models.CharField(max_length=5, choices=Effect.choices)
     agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
     agent_group = models.ForeignKey(AgentGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
+    person = models.ForeignKey(
+        "Person", null=True, blank=True, on_delete=models.CASCADE, related_name="rules", help_text="Someone signed in"
+    )
     upstream = models.ForeignKey(
         "registry.Upstream", null=True, blank=True, on_delete=models.CASCADE, related_name="rules"
     )
@@ -179,13 +191,13 @@ class Rule(models.Model):
         ordering = ["effect", "id"]
 
     def clean(self) -> None:
-        if self.agent_id and self.agent_group_id:
-            raise ValidationError("Name an agent or an agent group, not both: make two rules.")
+        if sum(bool(who) for who in (self.agent_id, self.agent_group_id, self.person_id)) > 1:
+            raise ValidationError("Name an agent, an agent group or a person, only one: make several rules.")
         if self.upstream_id and self.server_group_id:
             raise ValidationError("Name an upstream or a server group, not both: make two rules.")
 
     def __str__(self) -> str:
-        who = self.agent or self.agent_group or "any agent"
+        who = self.agent or self.agent_group or self.person or "any agent"
         where = self.upstream or self.server_group or "any service"
         return f"{self.effect} {who} → {where} / {self.tool_pattern}"
 

@@ -23,11 +23,11 @@ from django.contrib.auth import get_user_model
 from jwt.algorithms import RSAAlgorithm
 from playwright.async_api import async_playwright
 
-from policy.models import IdentityProvider, Person
+from policy.models import AgentGroup, IdentityProvider, Person, Rule
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
-from tests.clients import INITIALIZE, call, sdk_client, ws_session
+from tests.clients import INITIALIZE, call, sdk_client, tool_names, ws_session
 from tests.conftest import needs
 from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually, orm, until
@@ -586,3 +586,34 @@ def test_code_a_person_runs_calls_tools_as_them(idp_gateway, people):
     rows = [row for row in audit_since(mark) if row.kind in ("approved", "completed")]
     assert {row.exposed_name for row in rows} == {"switchboard__execute", "demo__echo"}
     assert {(row.agent_name, row.person_subject) for row in rows} == {(people, "coder")}
+
+
+def test_rules_may_name_a_person_or_an_agent_group_their_idp_groups_count_them_in(idp_gateway):
+    idp, gateway = idp_gateway
+    demo = Upstream.objects.get(slug="demo")
+    bob = Person.objects.create(issuer=idp.issuer, subject="bob", name="Bob")
+    readers = AgentGroup.objects.create(name="idp-readers", idp_groups="switchboard-readers")
+    rules = [
+        Rule.objects.create(effect="deny", person=bob, upstream=demo, tool_pattern="echo"),
+        Rule.objects.create(effect="deny", agent_group=readers, upstream=demo, tool_pattern="add"),
+    ]
+    tokens = {
+        "bob": idp.forge(sub="bob"),
+        "carol": idp.forge(sub="carol"),
+        "dave": idp.forge(sub="dave", groups=["switchboard-readers"]),
+    }
+
+    async def listed(person: str) -> set[str]:
+        return await tool_names(gateway.url, tokens[person])
+
+    try:
+        bob_sees = eventually(lambda: (names := anyio.run(listed, "bob")) and "demo__echo" not in names and names)
+        dave_sees = eventually(lambda: (names := anyio.run(listed, "dave")) and "demo__add" not in names and names)
+        carol_sees = anyio.run(listed, "carol")
+        refused = anyio.run(call, gateway.url, tokens["bob"], "demo__echo", {"text": "x"}, "2026-07-28")
+    finally:
+        for made in (*rules, readers, bob):
+            made.delete()
+    assert "demo__add" in bob_sees and "demo__echo" in dave_sees
+    assert {"demo__echo", "demo__add"} <= carol_sees
+    assert refused.error.data["code"] == "POLICY_DENIED"

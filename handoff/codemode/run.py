@@ -94,7 +94,7 @@ async def tools_search(snap: Snapshot, caller: Caller, arguments: dict[str, Any]
         raise _invalid(f"`k` must be a whole number from 1 to {most}.")
     index, embedder = await search_index(snap), _embedder()
     vector = await asyncio.to_thread(embedder.query, query) if embedder and index.vectors is not None else None
-    hits = index.search(query, k, lambda name: snap.decide(caller.agent_id, name)[0] is None, vector)
+    hits = index.search(query, k, lambda name: snap.decide(caller.who, name)[0] is None, vector)
     found = [_found(snap, code_bindings(snap), name) for name in hits]
     structured = {"tools": found, "ranking": "lexical+semantic" if vector is not None else "lexical"}
     return {"content": [{"type": "text", "text": _listing(query, found)}], "structuredContent": structured}
@@ -186,7 +186,7 @@ async def execution_run(execution: dict[str, Any]) -> Outcome:
 async def _sandboxed(execution: dict[str, Any]) -> Outcome:
     caller = Caller(**execution["caller"])
     snap = await snapshot.at_least(execution.get("version", 0))
-    permitted = code_bindings(snap).only(lambda name: snap.decide(caller.agent_id, name)[0] is None)
+    permitted = code_bindings(snap).only(lambda name: snap.decide(caller.who, name)[0] is None)
 
     async def call(binding: Any, arguments: dict[str, Any]) -> dict[str, Any]:
         return await code_call(caller, execution, binding.exposed_name, arguments)

@@ -73,7 +73,7 @@ async def decide(snap: Snapshot, caller: Caller, name: str, request_id: str) -> 
     """The static decision over the snapshot, then admission."""
     if denial := key_denial(caller, name):
         return Decision("", None, denial)
-    denial, entry, upstream = snap.decide(caller.agent_id, name)
+    denial, entry, upstream = snap.decide(caller.who, name)
     if denial or entry is None:
         return Decision(upstream, entry.route if entry else None, denial)
     return await admit(snap, caller, name, entry.route, request_id)

@@ -21,6 +21,7 @@ from audit.telemetry import mcp_span
 from gateway_project.lib.database import database_async
 from handoff.snapshot import ANONYMOUS_KEY, KeyEntry, Snapshot, snapshot
 from policy.authorization import local_tokens
+from policy.decisions import Who
 from policy.identity import Identity, Provider, TokenRefused, looks_like_jwt, person_seen, verifier
 from policy.keys import KEY_PREFIX
 from policy.services import key_used
@@ -43,6 +44,13 @@ class Caller:
     client_id: str = ""
     expires_at: float = 0.0  # when the token runs out (epoch seconds); 0 for an API key
     key_tools: tuple[str, ...] = ()  # the exposed names an API key is limited to (patterns); empty: no limit
+    groups: tuple[int, ...] = ()  # the agent groups the person's own groups count them in
+
+    @property
+    def who(self) -> Who:
+        """Whom policy decides for: the agent, and the person with their groups."""
+        person = (self.person_issuer, self.person_subject) if self.person_subject else None
+        return Who(self.agent_id, person, frozenset(self.groups))
 
     def may_call(self, name: str) -> bool:
         """Whether the credential allows `name` at all (the agent's rules decide after)."""
@@ -276,6 +284,7 @@ async def _admitted(scope: dict, transport: str, identity: Identity, provider: P
         person_name=identity.name,
         client_id=identity.client_id,
         expires_at=identity.expires_at,
+        groups=tuple(sorted(set().union(*(snap.idp_groups.get(name, ()) for name in identity.groups)))),
     )
 
 

@@ -110,7 +110,7 @@ async def _aggregated(ctx: ServerRequestContext, method: str, params: types.Pagi
             if not isinstance(own, str):
                 continue
             exposed = expose(target.namespace, own)
-            if snap.permits(caller.agent_id, target, exposed, own) is None:
+            if snap.permits(caller.who, target, exposed, own) is None:
                 items.append(manifest_sanitize(entry) | {field: exposed})
     page, following = list_page(method, items, params.cursor if params else None)
     return finish(ctx, {key: page} | ({"nextCursor": following} if following else {}))
@@ -176,7 +176,7 @@ async def _forward(
         await record(kind="denied", outcome="denied", error_code=NOT_FOUND, error_detail=message, **audit)
         raise not_found
     route = Route(target.id, target.slug, target.revision, target.timeout, own, target.limits)
-    denial = snap.permits(caller.agent_id, target, exposed, own)
+    denial = snap.permits(caller.who, target, exposed, own)
     decision = None if denial else await admit(snap, caller, exposed, route, str(request_id))
     if denial := denial or (decision.denial if decision else None):
         DENIALS.labels(denial.code).inc()

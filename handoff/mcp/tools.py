@@ -94,7 +94,7 @@ async def _decide_tunnelled(
             f"{return_tool_name()} can be called now. Call {return_tool_name()} first to use {name!r}."
         )
         return Decision(tunnel.upstream_slug, denial=Denial("HANDOFF_NAMESPACE_MISMATCH", message, INVALID_PARAMS))
-    if denial := snap.permits(caller.agent_id, target, name, tool):
+    if denial := snap.permits(caller.who, target, name, tool):
         return Decision(tunnel.upstream_slug, denial=denial)
     route = Route(target.id, target.slug, target.revision, target.timeout, tool, target.limits)
     return await admit(snap, caller, name, route, request_id, tunnel=tunnel)
@@ -119,12 +119,12 @@ async def _route(
             return await _gateway_tool(caller, name, request_id, trace_id, arguments, _completed(move))
         return await _decide_tunnelled(snap, caller, tunnel, name, str(request_id))
     if triage := snap.triage.get(name):
-        if denial := snap.gateway_denial(caller.agent_id, name):
+        if denial := snap.gateway_denial(caller.who, name):
             return Decision(settings.GATEWAY_NAME, denial=denial)
         move = handoff_activate(ctx, caller, snap, triage, arguments)
         return await _gateway_tool(caller, name, request_id, trace_id, arguments, _completed(move))
     if builtin := snap.builtins.get(name):
-        if denial := snap.gateway_denial(caller.agent_id, name):
+        if denial := snap.gateway_denial(caller.who, name):
             return Decision(settings.GATEWAY_NAME, denial=denial)
         decision = await admit(snap, caller, name, builtin.route, str(request_id))
         if decision.denial:
@@ -333,6 +333,6 @@ async def _list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestP
     if tunnel is not None and tunnel.is_open:
         tools: list[Any] | tuple[Any, ...] = tunnel.definitions
     else:
-        tools = [tool for tool in (await snapshot.get()).visible_for(caller.agent_id) if caller.may_call(tool["name"])]
+        tools = [tool for tool in (await snapshot.get()).visible_for(caller.who) if caller.may_call(tool["name"])]
     page, following = list_page("tools/list", tools, params.cursor if params else None)
     return finish(ctx, {"tools": page} | ({"nextCursor": following} if following else {}))

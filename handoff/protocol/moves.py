@@ -37,7 +37,7 @@ from handoff.protocol.tunnels import (
 )
 from handoff.snapshot import RouteSettings, Snapshot, TriageEntry, UpstreamInfo
 from handoff.triage import Handoff
-from policy.decisions import RETRY_LATER, Denial, ToolRefused
+from policy.decisions import RETRY_LATER, Denial, ToolRefused, Who
 from policy.manifest import manifest_sanitize, schema_problem, tool_name_problem
 from registry.executor import get_executor
 from registry.naming import exposed_name, gateway_tool_name
@@ -169,7 +169,7 @@ async def grant_build(
 
 
 def specialist_tools(
-    snap: Snapshot, agent_id: int, plan: Plan, listed: list[Any]
+    snap: Snapshot, who: Who, plan: Plan, listed: list[Any]
 ) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """The specialist's tools as this agent sees them: sanitised, under the domain, marked with it, filtered
     by the same rules as any tool; the specialist's own `return_to_triage` is the gateway's to call."""
@@ -181,7 +181,7 @@ def specialist_tools(
         exposed = exposed_name(domain, name)
         if exposed in names:  # listed twice
             continue
-        if snap.permits(agent_id, plan.target, exposed, name) is not None:
+        if snap.permits(who, plan.target, exposed, name) is not None:
             continue
         clean = manifest_sanitize(tool)
         names[exposed] = name
@@ -278,7 +278,7 @@ async def _open(ctx: Any, caller: Caller, snap: Snapshot, plan: Plan, session: S
         raise refused(code, OPEN_FAILURES[code])
     session.state = "open"
     listed = outcome["result"]["tools"]
-    session.tools, session.definitions = specialist_tools(snap, caller.agent_id, plan, listed)
+    session.tools, session.definitions = specialist_tools(snap, caller.who, plan, listed)
     session.summary_tool = any(isinstance(t, dict) and t.get("name") == RETURN_TOOL for t in listed)
     await session_index().put(key, session)
     elapsed = {"connect_ms": round((time.perf_counter() - started) * 1000, 1)}

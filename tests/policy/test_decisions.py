@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from policy.decisions import INVALID_PARAMS, POLICY_DENIED, CompiledRule, Denial, Policy, Target, policy_decide
+from policy.decisions import INVALID_PARAMS, POLICY_DENIED, CompiledRule, Denial, Policy, Target, Who, policy_decide
 
 ADD = Target("demo__add", "demo", True, True, upstream_id=1, server_group_id=7, tool="add")
 
@@ -15,7 +15,7 @@ def rule(allow: bool, *, agents=None, upstream_id=None, server_group_id=None, to
     )
 
 
-def code(policy: Policy, target: Target = ADD, *, agent_id: int = 1, enabled: bool = True) -> str | None:
+def code(policy: Policy, target: Target = ADD, *, agent_id: int | Who = 1, enabled: bool = True) -> str | None:
     denial = policy_decide(policy=policy, agent_id=agent_id, agent_enabled=enabled, target=target)
     return denial and denial.code
 
@@ -66,3 +66,32 @@ def test_rules_match_agent_upstream_group_and_pattern_and_deny_wins(rules, defau
 def test_a_refusal_that_lifts_with_time_says_when_in_milliseconds():
     assert Denial("X", "m", retry_after=1.23456).data() == {"code": "X", "retryAfter": 1.235}
     assert Denial("X", "m").data() == {"code": "X"}
+
+
+GRACE = ("https://idp.test", "grace")
+
+
+def test_a_rule_naming_a_person_applies_to_them_only_and_a_rule_naming_their_agent_to_them_too():
+    people_agent = 5
+    deny_grace = CompiledRule.build(
+        allow=False, agents=frozenset(), upstream_id=None, server_group_id=None, tool_pattern="*", people={GRACE}
+    )
+    deny_agent = rule(False, agents=frozenset({people_agent}), tool_pattern="delete_*")
+    policy = Policy((deny_grace, deny_agent))
+    assert code(policy, agent_id=Who(people_agent, GRACE)) == "POLICY_DENIED"
+    assert code(policy, agent_id=Who(people_agent, ("https://idp.test", "hopper"))) is None
+    assert code(policy, agent_id=people_agent) is None  # the agent itself, through an API key
+    delete = replace(ADD, exposed_name="demo__delete_all", tool="delete_all")
+    assert code(policy, delete, agent_id=Who(people_agent, ("https://idp.test", "hopper"))) == "POLICY_DENIED"
+
+
+def test_a_rule_naming_an_agent_group_applies_to_people_their_groups_count_in():
+    readers = 9
+    allow_readers = CompiledRule.build(
+        allow=True, agents=frozenset({3}), upstream_id=None, server_group_id=None, tool_pattern="*",
+        groups=frozenset({readers}),
+    )  # fmt: skip
+    policy = Policy((allow_readers,), default_allow=False)
+    assert code(policy, agent_id=Who(5, GRACE, frozenset({readers}))) is None
+    assert code(policy, agent_id=Who(5, GRACE)) == "POLICY_DENIED"
+    assert code(policy, agent_id=3) is None  # a member agent
