@@ -341,6 +341,8 @@ OAUTH2_PROVIDER = {
     "DCR_ENABLED": True,
     # Open registration, as MCP clients expect (the flood is bounded in policy/authorization_views.py).
     "DCR_REGISTRATION_PERMISSION_CLASSES": ("oauth2_provider.dcr.AllowAllDCRPermission",),
+    # Client ID Metadata Documents: https only, fetched from public addresses only, bounded in size and time.
+    "CIMD_ENABLED": True,
 }
 GATEWAY_POLICY_DEFAULT = env_choice("GATEWAY_POLICY_DEFAULT", "allow", ("allow", "deny"))
 GATEWAY_AGENT_CALLS_PER_MINUTE = env_int("GATEWAY_AGENT_CALLS_PER_MINUTE", 600)

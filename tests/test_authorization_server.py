@@ -165,6 +165,7 @@ def test_the_metadata_points_a_client_here_and_offers_only_code_with_s256(gatewa
     assert server["grant_types_supported"] == ["authorization_code", "refresh_token"]
     assert server["registration_endpoint"] == f"{gateway.url}/oauth/register/"
     assert server["authorization_response_iss_parameter_supported"] is True
+    assert server["client_id_metadata_document_supported"] is True
 
 
 # The same steps over plain HTTP, for the refusals a browser would never show.
@@ -259,6 +260,20 @@ def test_a_redirect_uri_must_match_exactly_and_be_http(gateway):
         refused = _register(gateway, redirect=scheme)
         assert refused.status_code == 400, scheme
         assert refused.json()["error"] == "invalid_client_metadata"
+
+
+def test_a_client_metadata_document_at_a_private_address_is_never_fetched(gateway):
+    _verifier, challenge = _pkce()
+    pkce = {"code_challenge": challenge, "code_challenge_method": "S256"}
+    with _signed_in(gateway) as http:
+        private = _authorize(http, gateway, "https://127.0.0.1:9/client.json", **pkce)
+        plain_http = _authorize(http, gateway, "http://example.test/client.json", **pkce)
+    for refused in (private, plain_http):  # the second is no metadata URL (https only), and no client either
+        assert refused.status_code == 400
+        assert "invalid_request: Invalid client_id parameter value." in refused.text
+    # Refused before any connection: the address is checked once resolved (django-oauth-toolkit's fetcher).
+    reason = "CIMDError('client_id host resolves to a non-public address (127.0.0.1)')"
+    assert eventually(lambda: reason in gateway.log.read_text())
 
 
 def test_a_token_of_this_server_works_on_the_websocket_and_a_revoked_one_is_refused(gateway, ada):
