@@ -21,6 +21,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.contrib.auth import get_user_model
 from jwt.algorithms import RSAAlgorithm
+from mcp import Client
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata
 from playwright.async_api import async_playwright
 
 from policy.models import AgentGroup, IdentityProvider, Person, Rule
@@ -617,3 +621,81 @@ def test_rules_may_name_a_person_or_an_agent_group_their_idp_groups_count_them_i
     assert "demo__add" in bob_sees and "demo__echo" in dave_sees
     assert {"demo__echo", "demo__add"} <= carol_sees
     assert refused.error.data["code"] == "POLICY_DENIED"
+
+
+class IdpMemory:
+    """The SDK client's token storage, in memory."""
+
+    tokens = client = None
+
+    async def get_tokens(self):
+        return self.tokens
+
+    async def set_tokens(self, tokens) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self):
+        return self.client
+
+    async def set_client_info(self, client_info) -> None:
+        self.client = client_info
+
+
+async def _oauth_through_the_idp(gateway_url: str, login: str) -> tuple[str, str]:
+    """The official SDK client with only OAuth: it finds the IdP from the gateway's metadata, registers there,
+    and the person signs in and consents at the IdP in Chromium. The echo, and the client id it registered."""
+    needs(servers.CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
+    redirected: dict[str, str] = {}
+    storage = IdpMemory()
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=str(servers.CHROMIUM), args=servers.CHROMIUM_ARGS)
+
+        async def sign_in(url: str) -> None:
+            page = await browser.new_page()
+            page.set_default_timeout(10_000)
+            arrived = anyio.Event()
+
+            async def intercept(route) -> None:
+                query = parse_qs(urlsplit(route.request.url).query)
+                redirected.update({name: values[0] for name, values in query.items()})
+                await route.fulfill(status=200, body="signed in")
+                arrived.set()
+
+            await page.route(f"{REDIRECT}**", intercept)
+            await page.goto(url)
+            await page.fill("input[name=login]", login)
+            await page.fill("input[name=password]", "any")
+            await page.click("button[type=submit]")
+            await page.click("button[type=submit]")  # consent
+            with anyio.fail_after(10):
+                await arrived.wait()
+            await page.close()
+
+        async def callback() -> AuthorizationCodeResult:
+            return AuthorizationCodeResult(
+                code=redirected["code"], state=redirected.get("state"), iss=redirected.get("iss")
+            )
+
+        metadata = OAuthClientMetadata(
+            client_name="IdP Desktop", redirect_uris=[REDIRECT], token_endpoint_auth_method="none", scope="mcp"
+        )
+        auth = OAuthClientProvider(f"{gateway_url}/mcp", metadata, storage, sign_in, callback)
+        try:
+            async with httpx2.AsyncClient(auth=auth, timeout=30) as http:
+                async with Client(streamable_http_client(f"{gateway_url}/mcp", http_client=http), mode="legacy") as c:
+                    result = await c.call_tool("demo__echo", {"text": "through my IdP"})
+        finally:
+            await browser.close()
+    return result.content[0].text, storage.client.client_id
+
+
+def test_an_oauth_only_client_signs_its_person_in_at_the_external_idp(idp_gateway, people):
+    idp, gateway = idp_gateway
+    mark = audit_mark()
+    text, client_id = anyio.run(_oauth_through_the_idp, gateway.url, "ursula")
+    assert text == "through my IdP"
+    rows = [row for row in audit_since(mark) if row.tool == "echo"]
+    assert [row.kind for row in rows] == ["approved", "completed"]
+    assert {(r.agent_name, r.person_issuer, r.person_subject, r.client_id) for r in rows} == {
+        (people, idp.issuer, "ursula", client_id)
+    }

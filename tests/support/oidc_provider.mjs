@@ -25,6 +25,7 @@ const provider = new Provider(issuer, {
     token.accountId ? { name: `Person ${token.accountId}`, email: `${token.accountId}@example.test` } : {},
   features: {
     clientCredentials: { enabled: true },
+    registration: { enabled: true }, // open dynamic client registration, as MCP clients expect
     devInteractions: { enabled: true },
     resourceIndicators: {
       enabled: true,
