@@ -153,11 +153,11 @@ class InvalidRequestState(MCPError):
 
 
 def state_sign(caller: Caller, name: str, upstream: str, **content: Any) -> str:
-    return signing.dumps({"a": caller.agent_id, "n": name, "u": upstream} | content, salt=SALT, compress=True)
+    return signing.dumps({"a": list(caller.principal), "n": name, "u": upstream} | content, salt=SALT, compress=True)
 
 
 def state_load(caller: Caller, name: str, upstream: str, request_state: str) -> dict[str, Any]:
-    """What a retry's requestState holds, if it is genuine, this agent's, for this tool of this upstream
+    """What a retry's requestState holds, if it is genuine, this agent's (and person's), for this tool of this upstream
     (a name an administrator moved to another upstream meanwhile does not count), and not expired."""
     try:
         state = signing.loads(request_state, salt=SALT, max_age=settings.GATEWAY_INPUT_WAIT_SECONDS)
@@ -165,7 +165,7 @@ def state_load(caller: Caller, name: str, upstream: str, request_state: str) -> 
         raise InvalidRequestState(f"This requestState has expired: call {name} again without it.") from None
     except (signing.BadSignature, ValueError):
         raise InvalidRequestState("Invalid requestState: send back the one the gateway gave, unchanged.") from None
-    if not isinstance(state, dict) or state.get("a") != caller.agent_id or state.get("n") != name:
+    if not isinstance(state, dict) or state.get("a") != list(caller.principal) or state.get("n") != name:
         raise InvalidRequestState("Invalid requestState: it was issued for another agent or tool.")
     if state.get("u") != upstream:
         raise InvalidRequestState(f"This requestState no longer applies: {name} has changed; call it again without it.")
