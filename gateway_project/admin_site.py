@@ -33,6 +33,7 @@ class ConsoleSite(admin.AdminSite):
                 "window": window,
                 "windows": list(WINDOWS),
                 "totals": sorted(stats.totals.items()),
+                "people": stats.people,
                 "chart": stats.chart_data(),
                 "state": gateway_state(),
             }

@@ -12,7 +12,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import connection
-from django.db.models import F
+from django.db.models import Count, F, Max, Q
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -48,6 +48,7 @@ class WindowStats:
     label_format: str
     totals: dict[str, Latency] = field(default_factory=dict)  # by upstream
     series: dict[str, dict[datetime, Latency]] = field(default_factory=dict)  # by upstream, then bucket
+    people: list[dict[str, Any]] = field(default_factory=list)  # the busiest people: who, calls, errors
 
     def chart_data(self) -> dict[str, Any]:
         """Per upstream, one list per measure, aligned with `labels`."""
@@ -129,7 +130,23 @@ def window_stats(*, window: str, now: datetime | None = None) -> WindowStats:
             stats.totals[upstream] = measure
         else:
             stats.series.setdefault(upstream, {})[bucket] = measure
+    stats.people = _busiest_people(origin)
     return stats
+
+
+BUSIEST = 10
+
+
+def _busiest_people(since: datetime) -> list[dict[str, Any]]:
+    """The people who made the most calls in the window, with their errors (the console lists them)."""
+    completed = AuditEvent.objects.filter(kind=AuditEvent.Kind.COMPLETED, created_at__gte=since).exclude(
+        person_subject=""
+    )
+    return list(
+        completed.values("person_issuer", "person_subject")
+        .annotate(name=Max("person_name"), calls=Count("id"), errors=Count("id", filter=Q(outcome="error")))
+        .order_by("-calls", "person_subject")[:BUSIEST]
+    )
 
 
 def _ms(value: float | None) -> float | None:

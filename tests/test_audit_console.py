@@ -149,6 +149,18 @@ def test_staff_without_the_view_permission_sees_no_trail(db, payload_row):
     assert 'id="dashboard"' not in dashboard
 
 
+def test_the_dashboard_lists_the_busiest_people_with_their_errors(admin_client):
+    issuer, zed = "https://idp.test", f"zed-{uuid.uuid4().hex[:8]}"
+    for outcome in ("ok", "ok", "error"):
+        audit_record(kind="completed", upstream="demo", tool="echo", outcome=outcome, person_issuer=issuer,
+                     person_subject=zed, person_name="Zed Z")  # fmt: skip
+    stats = window_stats(window="hour")
+    [mine] = [row for row in stats.people if row["person_subject"] == zed]
+    assert (mine["name"], mine["calls"], mine["errors"], mine["person_issuer"]) == ("Zed Z", 3, 1, issuer)
+    page = admin_client.get("/admin/").content.decode()
+    assert f'href="/admin/audit/auditevent/?person={zed}" title="{zed} at {issuer}">Zed Z</a>' in page
+
+
 def test_the_dashboard_counts_live_workers_in_celery_mode_only(admin_client, admin_executor):
     page = admin_client.get("/admin/").content.decode()
     if admin_executor == "inline":
