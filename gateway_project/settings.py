@@ -319,8 +319,29 @@ GATEWAY_AUTH_TOKEN_SECONDS = env_int("GATEWAY_AUTH_TOKEN_SECONDS", 600, minimum=
 GATEWAY_AUTH_LOOKUP_SECONDS = env_float("GATEWAY_AUTH_LOOKUP_SECONDS", 30.0, minimum=0, maximum=600)
 GATEWAY_AUTH_REGISTRATIONS_PER_HOUR = env_int("GATEWAY_AUTH_REGISTRATIONS_PER_HOUR", 30, minimum=1)
 LOGIN_URL = "/accounts/login/"
+
+
+def _auth_signing_key() -> str:
+    """The built-in server's RSA key for ID tokens (PEM): GATEWAY_AUTH_SIGNING_KEY, else one made once in var/."""
+    explicit = env_str("GATEWAY_AUTH_SIGNING_KEY")
+    if explicit:
+        return explicit
+    key_file = VAR_DIR / "auth_signing_key.pem"
+    if not key_file.exists():
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        key_file.write_bytes(pem)
+        key_file.chmod(0o600)
+    return key_file.read_text()
+
+
 OAUTH2_PROVIDER = {
-    "SCOPES": {"mcp": "Use this gateway's tools as you"},
+    "SCOPES": {"mcp": "Use this gateway's tools as you", "openid": "Tell the client who you are"},
     "DEFAULT_SCOPES": ["mcp"],
     "PKCE_REQUIRED": True,
     "ACCESS_TOKEN_EXPIRE_SECONDS": GATEWAY_AUTH_TOKEN_SECONDS,
@@ -343,6 +364,9 @@ OAUTH2_PROVIDER = {
     "DCR_REGISTRATION_PERMISSION_CLASSES": ("oauth2_provider.dcr.AllowAllDCRPermission",),
     # Client ID Metadata Documents: https only, fetched from public addresses only, bounded in size and time.
     "CIMD_ENABLED": True,
+    # OpenID Connect: ID tokens signed with this key; the issuer is the origin, as in the RFC 8414 document.
+    "OIDC_ENABLED": True,
+    "OIDC_RSA_PRIVATE_KEY": _auth_signing_key() if GATEWAY_AUTH_SERVER else "",
 }
 GATEWAY_POLICY_DEFAULT = env_choice("GATEWAY_POLICY_DEFAULT", "allow", ("allow", "deny"))
 GATEWAY_AGENT_CALLS_PER_MINUTE = env_int("GATEWAY_AGENT_CALLS_PER_MINUTE", 600)

@@ -25,14 +25,21 @@ api.register("agents", AgentViewSet)
 api.register("rules", RuleViewSet)
 api.register("audit", AuditEventViewSet)
 
-# The built-in authorization server: django-oauth-toolkit's views, with our consent page and registration.
+# The built-in authorization server: django-oauth-toolkit's views, with our consent page and registration;
+# its metadata and OIDC discovery at the origin, which is its issuer.
 authorization_server = [
-    path("authorize/", ConsentView.as_view(), name="authorize"),
-    path("token/", oauth.TokenView.as_view(), name="token"),
-    path("revoke_token/", oauth.RevokeTokenView.as_view(), name="revoke-token"),
-    path("register/", RegistrationView.as_view(), name="dcr-register"),
+    path(".well-known/oauth-authorization-server", oauth.OAuthServerMetadataView.as_view()),
     path(
-        "register/<str:client_id>/",
+        ".well-known/openid-configuration", oauth.ConnectDiscoveryInfoView.as_view(), name="oidc-connect-discovery-info"
+    ),
+    path("oauth/authorize/", ConsentView.as_view(), name="authorize"),
+    path("oauth/token/", oauth.TokenView.as_view(), name="token"),
+    path("oauth/revoke_token/", oauth.RevokeTokenView.as_view(), name="revoke-token"),
+    path("oauth/jwks/", oauth.JwksInfoView.as_view(), name="jwks-info"),
+    path("oauth/userinfo/", oauth.UserInfoView.as_view(), name="user-info"),
+    path("oauth/register/", RegistrationView.as_view(), name="dcr-register"),
+    path(
+        "oauth/register/<str:client_id>/",
         oauth.DynamicClientRegistrationManagementView.as_view(),
         name="dcr-register-management",
     ),
@@ -47,8 +54,7 @@ urlpatterns = [
     path("handoff/redeem", claim_redeem),
     path(".well-known/oauth-protected-resource", protected_resource),
     path(".well-known/oauth-protected-resource/mcp", protected_resource),
-    path(".well-known/oauth-authorization-server", oauth.OAuthServerMetadataView.as_view()),
-    path("oauth/", include((authorization_server, "oauth2_provider"))),
+    path("", include((authorization_server, "oauth2_provider"))),
     path("accounts/login/", LoginView.as_view(template_name="registration/login.html"), name="login"),
     path("account/", my_account, name="my-account"),
     path("oidc/authenticate/", ConsoleSignIn.as_view(), name="console-sso"),

@@ -2,12 +2,14 @@
 bounded rate per address, the consent page (which no other site may frame), and sign-in with a console
 account."""
 
+import json
 import time
 import uuid
 from collections import deque
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from oauth2_provider.models import get_application_model
 from oauth2_provider.views import AuthorizationView
 from oauth2_provider.views.dynamic_client_registration import DynamicClientRegistrationView
 
@@ -55,7 +57,12 @@ class RegistrationView(DynamicClientRegistrationView):
             response = JsonResponse({"error": "too_many_requests", "error_description": description}, status=429)
             response["Retry-After"] = str(int(wait) + 1)
             return response
-        return super().post(request, *args, **kwargs)
+        response = super().post(request, *args, **kwargs)
+        if response.status_code == 201:  # its ID tokens are signed with the server's RSA key
+            client_id = json.loads(response.content)["client_id"]
+            Application = get_application_model()
+            Application.objects.filter(client_id=client_id).update(algorithm=Application.RS256_ALGORITHM)
+        return response
 
 
 class ConsentView(AuthorizationView):

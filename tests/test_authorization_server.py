@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import anyio
 import httpx2
+import jwt
 import pytest
 import redis
 from django.contrib.auth import get_user_model
@@ -241,6 +242,24 @@ def test_a_code_works_once_and_a_rotated_refresh_token_works_once(gateway):
     assert rotated.status_code == 200 and rotated.json()["refresh_token"] != first.json()["refresh_token"]
     reused = _token(gateway, **refresh)
     assert (reused.status_code, reused.json()["error"]) == (400, "invalid_grant")
+
+
+def test_openid_connect_an_id_token_names_the_person_and_verifies_with_the_published_keys(gateway, ada):
+    discovery = httpx2.get(f"{gateway.url}/.well-known/openid-configuration", timeout=5).json()
+    assert discovery["issuer"] == gateway.url  # the same issuer as the RFC 8414 document's
+    client_id = _register(gateway).json()["client_id"]
+    verifier, challenge = _pkce()
+    with _signed_in(gateway) as http:
+        pkce = {"code_challenge": challenge, "code_challenge_method": "S256", "scope": "openid mcp", "nonce": "n1"}
+        code = _code(_authorize(http, gateway, client_id, **pkce))
+    exchange = {"grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK, "client_id": client_id}
+    tokens = _token(gateway, **exchange, code_verifier=verifier).json()
+    key = jwt.PyJWKClient(discovery["jwks_uri"]).get_signing_key_from_jwt(tokens["id_token"])
+    claims = jwt.decode(tokens["id_token"], key, algorithms=["RS256"], audience=client_id, issuer=gateway.url)
+    assert (claims["sub"], claims["nonce"]) == (str(ada.pk), "n1")
+    assert (
+        anyio.run(call, gateway.url, tokens["access_token"], "demo__echo", {"text": "oidc"}).content[0].text == "oidc"
+    )
 
 
 def test_a_redirect_uri_must_match_exactly_and_be_http(gateway):
