@@ -699,3 +699,25 @@ def test_an_oauth_only_client_signs_its_person_in_at_the_external_idp(idp_gatewa
     assert {(r.agent_name, r.person_issuer, r.person_subject, r.client_id) for r in rows} == {
         (people, idp.issuer, "ursula", client_id)
     }
+
+
+def test_a_person_hands_off_to_a_specialist_and_every_handoff_row_names_them(idp_gateway, specialists, people):
+    idp, gateway = idp_gateway
+    token = idp.forge(sub="hanna")
+    triage, back = "switchboard__handoff_to_finance", "switchboard__return_to_triage"
+    eventually(lambda: triage in anyio.run(tool_names, gateway.url, token), timeout=10)
+    mark = audit_mark()
+
+    async def scenario() -> tuple[str, set[str], str]:
+        async with sdk_client(gateway.url, token, "legacy") as client:
+            handed = await client.call_tool(triage, {"reason": "a budget question"})
+            during = {tool.name for tool in (await client.list_tools()).tools}
+            returned = await client.call_tool(back, {"note": "done"})
+            return handed.content[0].text, during, returned.content[0].text
+
+    handed, during, _returned = anyio.run(scenario)
+    assert handed.startswith("Handed off to the finance specialist.")
+    assert "finance__ask" in during
+    moves = [row for row in audit_since(mark) if row.kind == "handoff"]
+    assert {row.detail["event"] for row in moves} >= {"activated", "returned"}
+    assert {(row.agent_name, row.person_subject) for row in moves} == {(people, "hanna")}
