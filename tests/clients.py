@@ -174,3 +174,23 @@ async def stateless_call(base_url: str, key: str, name: str, arguments: dict) ->
     if response.headers["content-type"].startswith("text/event-stream"):
         return json.loads([line for line in response.text.splitlines() if line.startswith("data:")][-1][5:])
     return response.json()
+
+
+class TokenMemory:
+    """The SDK client's OAuth token storage, in memory: what it registered and the tokens it got."""
+
+    def __init__(self) -> None:
+        self.tokens: Any = None
+        self.client: Any = None
+
+    async def get_tokens(self) -> Any:
+        return self.tokens
+
+    async def set_tokens(self, tokens: Any) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> Any:
+        return self.client
+
+    async def set_client_info(self, client_info: Any) -> None:
+        self.client = client_info

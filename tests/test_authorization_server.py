@@ -22,13 +22,13 @@ from django.utils import timezone
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata
 from playwright.async_api import async_playwright
 
 from policy.models import Agent, AgentKey
 from policy.services import agent_key_issue
 from tests import servers
-from tests.clients import call, tool_names, ws_session
+from tests.clients import TokenMemory, call, tool_names, ws_session
 from tests.conftest import needs
 from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually
@@ -51,26 +51,6 @@ def gateway(server_env, world, ada, logs) -> Iterator[servers.Running]:
     log = logs / "gateway-as.log"
     with agent("people"), servers.inline_gateway_with(server_env, log, GATEWAY_AUTH_LOOKUP_SECONDS="1") as running:
         yield running
-
-
-class Memory:
-    """The SDK client's token storage, in memory."""
-
-    def __init__(self) -> None:
-        self.tokens: OAuthToken | None = None
-        self.client: OAuthClientInformationFull | None = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
 
 
 class Person:
@@ -115,9 +95,9 @@ class Person:
         )
 
 
-async def _oauth_call(gateway_url: str, mode: str, seen: dict, text: str) -> tuple[str, Memory]:
+async def _oauth_call(gateway_url: str, mode: str, seen: dict, text: str) -> tuple[str, TokenMemory]:
     needs(servers.CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
-    storage = Memory()
+    storage = TokenMemory()
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=str(servers.CHROMIUM), args=servers.CHROMIUM_ARGS)
         person = Person(browser, seen)

@@ -31,7 +31,7 @@ from policy.models import AgentGroup, IdentityProvider, Person, Rule
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
-from tests.clients import INITIALIZE, call, sdk_client, tool_names, ws_session
+from tests.clients import INITIALIZE, TokenMemory, call, sdk_client, tool_names, ws_session
 from tests.conftest import needs
 from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually, orm, until
@@ -623,30 +623,12 @@ def test_rules_may_name_a_person_or_an_agent_group_their_idp_groups_count_them_i
     assert refused.error.data["code"] == "POLICY_DENIED"
 
 
-class IdpMemory:
-    """The SDK client's token storage, in memory."""
-
-    tokens = client = None
-
-    async def get_tokens(self):
-        return self.tokens
-
-    async def set_tokens(self, tokens) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self):
-        return self.client
-
-    async def set_client_info(self, client_info) -> None:
-        self.client = client_info
-
-
 async def _oauth_through_the_idp(gateway_url: str, login: str) -> tuple[str, str]:
     """The official SDK client with only OAuth: it finds the IdP from the gateway's metadata, registers there,
     and the person signs in and consents at the IdP in Chromium. The echo, and the client id it registered."""
     needs(servers.CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
     redirected: dict[str, str] = {}
-    storage = IdpMemory()
+    storage = TokenMemory()
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=str(servers.CHROMIUM), args=servers.CHROMIUM_ARGS)
 
