@@ -28,6 +28,7 @@ from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata
 from playwright.async_api import async_playwright
 
 from policy.models import AgentGroup, IdentityProvider, Person, Rule
+from registry.credentials import public_key_of
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
@@ -703,3 +704,30 @@ def test_a_person_hands_off_to_a_specialist_and_every_handoff_row_names_them(idp
     moves = [row for row in audit_since(mark) if row.kind == "handoff"]
     assert {row.detail["event"] for row in moves} >= {"activated", "returned"}
     assert {(row.agent_name, row.person_subject) for row in moves} == {(people, "hanna")}
+
+
+def test_a_persons_call_through_the_celery_executor_is_audited_as_them(
+    idp_gateway, people, server_env, celery_worker, logs
+):
+    """The worker runs the upstream call; who asked stays on the web side, in both rows."""
+    idp, _inline = idp_gateway
+    public = public_key_of(server_env["GATEWAY_CREDENTIAL_KEYS"].split(",")[0])
+    env = server_env | {
+        "GATEWAY_EXECUTOR": "celery",
+        "GATEWAY_CREDENTIAL_KEYS": "",
+        "GATEWAY_CREDENTIAL_PUBLIC_KEY": public,
+    }
+    env |= {"GATEWAY_OIDC_ISSUER": idp.issuer, "GATEWAY_OIDC_AGENT": people}
+    gateway = servers.start_gateway(env, logs / "gateway-oidc-celery.log")
+    try:
+        token = idp.forge(sub="celia", aud=f"{gateway.url}/mcp")
+        mark = audit_mark()
+        result = anyio.run(call, gateway.url, token, "demo__echo", {"text": "via a worker"}, "2026-07-28")
+    finally:
+        gateway.stop()
+    assert result.content[0].text == "via a worker"
+    rows = [row for row in audit_since(mark) if row.tool == "echo"]
+    assert [(row.kind, row.person_subject, row.agent_name) for row in rows] == [
+        ("approved", "celia", people),
+        ("completed", "celia", people),
+    ]
