@@ -290,3 +290,33 @@ def admin_token(admin_client) -> str:
     from policy.services import admin_token_issue
 
     return admin_token_issue(user=get_user_model().objects.get(username="operator"), actor="tests")
+
+
+@pytest.fixture(scope="module")
+def people(db) -> Iterator[str]:
+    """The agent people signed in at the tests' IdP act as (tests/idp.py)."""
+    from tests.factories import agent
+
+    with agent("oidc-people", calls_per_minute=2) as (someone, _key):  # for each person (see the rate test)
+        yield someone.name
+
+
+@pytest.fixture(scope="module")
+def idp_gateway(server_env, world, people, logs) -> Iterator[tuple]:
+    """The tests' IdP (npm's oidc-provider) and an embedded-default gateway that trusts it, the console too."""
+    from tests.idp import CLIENTS, CONSOLE_SECRET, Idp, private_jwk
+
+    port = servers.free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    key, jwk = private_jwk("idp-1")
+    console = {"client_id": "console", "client_secret": CONSOLE_SECRET, "grant_types": ["authorization_code"]}
+    console |= {"redirect_uris": [f"http://127.0.0.1:{port}/oidc/callback/"], "response_types": ["code"]}
+    clients = [*CLIENTS, console]
+    provider = servers.start_oidc_provider(resource, {"keys": [jwk]}, clients, logs / "oidc-provider.log")
+    settings = {"GATEWAY_OIDC_ISSUER": provider.url, "GATEWAY_OIDC_AGENT": people, "GATEWAY_OIDC_SCOPES": "mcp"}
+    settings |= {"GATEWAY_CONSOLE_OIDC_CLIENT_ID": "console", "GATEWAY_CONSOLE_OIDC_CLIENT_SECRET": CONSOLE_SECRET}
+    try:
+        with servers.inline_gateway_with(server_env, logs / "gateway-oidc.log", port, **settings) as gateway:
+            yield Idp(provider.url, resource, key), gateway
+    finally:
+        provider.stop()
