@@ -4,17 +4,15 @@ address may register."""
 
 import hashlib
 import time
-from collections import OrderedDict
 
 from django.conf import settings
 from oauth2_provider.models import get_access_token_model
 
 from gateway_project.lib.database import database_async
-from policy.identity import Identity, Provider
+from policy.identity import CheckedTokens, Identity, Provider
 from policy.models import Agent
 
 SCOPE = "mcp"
-REMEMBERED_TOKENS = 10_000
 
 
 def builtin_compile() -> Provider | None:
@@ -54,22 +52,16 @@ class LocalTokens:
     expires): a revoked token or a disabled account is refused at most that long after."""
 
     def __init__(self) -> None:
-        self._known: OrderedDict[str, tuple[float, Identity | None]] = OrderedDict()
+        self._known = CheckedTokens()
 
     async def identity(self, token: str, resource: str, version: int) -> Identity | None:
-        digest = hashlib.sha256(f"{version}\n{resource}\n{token}".encode()).hexdigest()
-        now = time.time()
-        if (known := self._known.get(digest)) is not None and known[0] > now:
-            return known[1]
+        key = CheckedTokens.key(version, resource, token)
+        known, identity = self._known.get(key)
+        if known:
+            return identity
         identity = await database_async(token_lookup)(token, resource)
-        until = (
-            min(now + settings.GATEWAY_AUTH_LOOKUP_SECONDS, identity.expires_at)
-            if identity
-            else now + settings.GATEWAY_AUTH_LOOKUP_SECONDS
-        )
-        self._known[digest] = (until, identity)
-        while len(self._known) > REMEMBERED_TOKENS:
-            self._known.popitem(last=False)
+        until = time.time() + settings.GATEWAY_AUTH_LOOKUP_SECONDS
+        self._known.put(key, identity, min(until, identity.expires_at) if identity else until)
         return identity
 
 

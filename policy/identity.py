@@ -10,6 +10,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import httpx2
 import jwt
@@ -173,6 +174,31 @@ def _names(claim: object) -> tuple[str, ...]:
     return tuple(str(name) for name in claim if isinstance(name, str | int)) if isinstance(claim, list) else ()
 
 
+class CheckedTokens:
+    """What was found for a bearer token, remembered until a time (a token's expiry, or a lookup's shelf life),
+    for the newest `capacity` tokens. Keyed by a digest of the configuration version, the audience and the
+    token, so a change to either forgets what was found under the old ones."""
+
+    def __init__(self, capacity: int = CHECKED_TOKENS) -> None:
+        self._found: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+        self._capacity = capacity
+
+    @staticmethod
+    def key(version: int, audience: str, token: str) -> str:
+        return hashlib.sha256(f"{version}\n{audience}\n{token}".encode()).hexdigest()
+
+    def get(self, key: str) -> tuple[bool, Any]:
+        """(True, what was found) while it is remembered, else (False, None)."""
+        found = self._found.get(key)
+        return (True, found[1]) if found is not None and found[0] > time.time() else (False, None)
+
+    def put(self, key: str, value: Any, until: float) -> None:
+        self._found[key] = (until, value)
+        self._found.move_to_end(key)
+        while len(self._found) > self._capacity:
+            self._found.popitem(last=False)
+
+
 class Verifier:
     """The gateway's check of bearer tokens: issuer, signature, audience, lifetime and scopes, and a memory of
     tokens already checked (until they expire, or the configuration changes) so a session's calls verify each
@@ -180,20 +206,19 @@ class Verifier:
 
     def __init__(self) -> None:
         self._issuers: dict[str, Issuer] = {}
-        self._checked: OrderedDict[str, Identity] = OrderedDict()
+        self._checked = CheckedTokens()
 
     async def identity(self, token: str, audience: str, providers: dict[str, Provider], version: int) -> Identity:
         """The person `token` names, checked against `providers`; `audience` is the canonical resource URI and
         `version` the configuration's (a change to a provider drops what was checked under the old one)."""
         if len(token) > settings.GATEWAY_MAX_TOKEN_BYTES:
             raise TokenRefused(f"The token is over {settings.GATEWAY_MAX_TOKEN_BYTES} bytes")
-        digest = hashlib.sha256(f"{version}\n{audience}\n{token}".encode()).hexdigest()
-        if (known := self._checked.get(digest)) is not None and known.expires_at > time.time():
-            return known
+        key = CheckedTokens.key(version, audience, token)
+        known, identity = self._checked.get(key)
+        if known:
+            return identity
         identity = await self._verify(token, audience, providers)
-        self._checked[digest] = identity
-        while len(self._checked) > CHECKED_TOKENS:
-            self._checked.popitem(last=False)
+        self._checked.put(key, identity, identity.expires_at)
         return identity
 
     async def _verify(self, token: str, audience: str, providers: dict[str, Provider]) -> Identity:

@@ -1,9 +1,11 @@
 """Identity providers and people as the routing snapshot reads them, in this process."""
 
+import time
+
 from django.test import override_settings
 
 from policy.config_version import config_version
-from policy.identity import people_disabled, person_seen, providers_compile
+from policy.identity import CheckedTokens, people_disabled, person_seen, providers_compile
 from policy.models import IdentityProvider, Person
 from tests.factories import agent
 
@@ -44,3 +46,16 @@ def test_meeting_a_person_records_them_without_a_new_configuration_and_disabling
         assert ("https://p.test", "ann") in people_disabled()
     finally:
         person.delete()
+
+
+def test_checked_tokens_are_forgotten_when_their_time_is_up_and_the_oldest_go_first():
+    memory = CheckedTokens(capacity=2)
+    now = time.time()
+    keys = [CheckedTokens.key(1, "https://gw.test/mcp", f"token-{n}") for n in range(3)]
+    memory.put(keys[0], "first", now + 60)
+    memory.put(keys[1], None, now + 60)  # a lookup that found nobody is remembered too
+    memory.put(keys[2], "expired", now - 1)
+    assert memory.get(keys[1]) == (True, None)
+    assert memory.get(keys[2]) == (False, None)
+    assert memory.get(keys[0]) == (False, None)  # pushed out by the third
+    assert CheckedTokens.key(2, "https://gw.test/mcp", "token-0") != keys[0]  # a new configuration forgets
