@@ -235,7 +235,7 @@ def signed_out(caller: Caller, snap: Snapshot | None) -> str:
     "" while it may. A request over HTTP is checked afresh instead."""
     if not caller.person_subject:
         return ""
-    if time.time() >= caller.expires_at:
+    if caller.expires_at and time.time() >= caller.expires_at:  # 0: a personal key, which does not expire so
         return TOKEN_EXPIRED
     if snap is not None and (caller.person_issuer, caller.person_subject) in snap.people_disabled:
         return PERSON_DISABLED
