@@ -275,6 +275,16 @@ GATEWAY_MAX_TIMEOUT = env_float("GATEWAY_MAX_TIMEOUT", 300.0)
 GATEWAY_CONNECT_TIMEOUT = env_float("GATEWAY_CONNECT_TIMEOUT", 20.0)
 # An upstream session unused this long is closed (a stdio server stopped); the next call reopens it.
 GATEWAY_UPSTREAM_IDLE_SECONDS = env_float("GATEWAY_UPSTREAM_IDLE_SECONDS", 600.0)
+# Per-person upstreams (registry/personal.py): where people's credentials live, and how many stdio processes
+# one upstream may run for its people at once (the least recently used idle one makes room).
+GATEWAY_SECRET_STORE = env_choice("GATEWAY_SECRET_STORE", "database", ("database", "vault"))
+GATEWAY_SECRET_TENANT = env_str("GATEWAY_SECRET_TENANT", "default")
+GATEWAY_VAULT_URL = env_str("GATEWAY_VAULT_URL", "http://127.0.0.1:8200")
+GATEWAY_VAULT_TOKEN = env_str("GATEWAY_VAULT_TOKEN")
+GATEWAY_VAULT_MOUNT = env_str("GATEWAY_VAULT_MOUNT", "secret")
+GATEWAY_PERSON_PROCESSES = env_int("GATEWAY_PERSON_PROCESSES", 16, minimum=1)
+# How long a person has to finish connecting an upstream's OAuth sign-in.
+GATEWAY_CONNECT_SECONDS = env_int("GATEWAY_CONNECT_SECONDS", 600, minimum=60, maximum=3600)
 GATEWAY_MAX_LEGACY_SESSIONS = env_int("GATEWAY_MAX_LEGACY_SESSIONS", 10_000)
 GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0)
 # On SIGTERM a web process answers /readyz with 503 and lets requests in flight finish, for at most this long.

@@ -69,7 +69,7 @@ async def console_call(
             assert route is not None
 
             def run() -> Awaitable[Outcome]:
-                return route_execute(route, arguments)
+                return route_execute(route, arguments, credential=decision.credential)
 
             outcome, duration_ms = await run_admitted(decision, audit, arguments, run)
             result = for_model(name, outcome)

@@ -55,6 +55,7 @@ class Route:
     timeout: float
     tool: str
     limits: UpstreamLimits
+    per_person: str = ""  # a per-person upstream's: how people connect (registry.models.Upstream.PersonConnect)
 
 
 ANONYMOUS_KEY = "anonymous"  # what stands for the key of requests without credentials (GATEWAY_ANONYMOUS_AGENT)
@@ -243,7 +244,13 @@ def _tools(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) ->
         if name in tools:  # an unprefixed collision sync has not caught up with yet: the first slug keeps it
             continue
         route = Route(
-            upstream.id, upstream.slug, upstream.revision, upstream.call_timeout, tool.name, limits[upstream.id]
+            upstream.id,
+            upstream.slug,
+            upstream.revision,
+            upstream.call_timeout,
+            tool.name,
+            limits[upstream.id],
+            upstream.person_connect if upstream.per_person else "",
         )
         target = Target(
             exposed_name=name,

@@ -20,11 +20,14 @@ class Denial:
     message: str
     jsonrpc_code: int = POLICY_DENIED
     retry_after: float | None = None  # seconds, for refusals that lift with time
+    connect_url: str = ""  # for refusals that lift once the person connects an account there
 
     def data(self) -> dict[str, Any]:
         data: dict[str, Any] = {"code": self.code}
         if self.retry_after is not None:
             data["retryAfter"] = round(self.retry_after, 3)
+        if self.connect_url:
+            data["connectUrl"] = self.connect_url
         return data
 
 

@@ -73,6 +73,11 @@ def people_disabled() -> frozenset[tuple[str, str]]:
     return frozenset(Person.objects.filter(enabled=False).values_list("issuer", "subject"))
 
 
+def person_digest(issuer: str, subject: str) -> str:
+    """A person's short, stable name where their issuer and subject cannot go as they are (keys, paths)."""
+    return hashlib.sha256(f"{issuer}\n{subject}".encode()).hexdigest()[:24]
+
+
 def person_seen(issuer: str, subject: str, name: str) -> None:
     """Record a person on first sight, and when they were last seen, for the console's list of people. Neither
     changes what routing reads, so neither sends the signal that makes every process compile a new snapshot."""

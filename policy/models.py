@@ -128,6 +128,10 @@ class Person(models.Model):
     subject = models.CharField(max_length=255)
     name = models.CharField(max_length=150, blank=True)
     enabled = models.BooleanField(default=True)
+    # Their console account, once they signed in to it through the IdP: what My account's pages act as.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="people"
+    )
     first_seen = models.DateTimeField(null=True, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
 

@@ -38,6 +38,11 @@ class Upstream(models.Model):
         HOLD = "hold", "Hold for an administrator's approval"
         APPROVE = "approve", "Approve automatically"
 
+    class PersonConnect(models.TextChoices):
+        TOKEN = "token", "A personal token the person pastes"
+        OAUTH = "oauth", "The upstream's own OAuth sign-in"
+        EXCHANGE = "exchange", "Token exchange (RFC 8693) of the person's sign-in token"
+
     slug = models.CharField(
         max_length=32, unique=True, validators=[slug_validator], help_text="Namespace of this upstream's tools"
     )
@@ -96,6 +101,42 @@ class Upstream(models.Model):
             "empty: GATEWAY_BREAKER_RECOVERY_SECONDS"
         ),
     )
+    per_person = models.BooleanField(
+        default=False,
+        help_text="Each person reaches it with their own credential (connected once, in My account: Connections); "
+        "off: one shared credential for everyone",
+    )
+    person_connect = models.CharField(
+        max_length=8,
+        choices=PersonConnect.choices,
+        default=PersonConnect.TOKEN,
+        help_text="How a person gets their credential for a per-person upstream",
+    )
+    person_slot = models.CharField(
+        max_length=128,
+        default="bearer",
+        help_text="Where a person's credential goes: bearer (Authorization: Bearer), header:<Name>, query:<name>, "
+        "or for stdio env:<NAME>",
+    )
+    person_client = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The gateway's client at the upstream's authorization server: client_id and client_secret "
+        "(sealed). Empty for OAuth: registered dynamically. Needed for token exchange",
+    )
+    person_scope = models.CharField(max_length=512, blank=True, help_text="Scopes to ask for (OAuth, token exchange)")
+    exchange_url = models.URLField(max_length=1024, blank=True, help_text="Token exchange: the token endpoint")
+    exchange_audience = models.CharField(
+        max_length=1024, blank=True, help_text="Token exchange: the audience to ask for; empty: the upstream's URL"
+    )
+    catalog_credential = models.ForeignKey(
+        "PersonalCredential",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Per person: whose connection syncs the catalog and probes health (an admin's own)",
+    )
     # Bumped on every change of how to reach the upstream, so executors reconnect.
     revision = models.PositiveIntegerField(default=1)
     last_synced_at = models.DateTimeField(null=True, blank=True)
@@ -112,7 +153,12 @@ class Upstream(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     CONNECTION_FIELDS = ("transport", "command", "args", "env", "cwd", "url", "headers", "query")
-    SECRET_MAPS = ("env", "headers", "query")  # name -> value maps whose values are sealed (credentials.py)
+    SECRET_MAPS = (
+        "env",
+        "headers",
+        "query",
+        "person_client",
+    )  # name -> value maps whose values are sealed (credentials.py)
 
     class Meta:
         ordering = ["slug"]
@@ -141,6 +187,22 @@ class Upstream(models.Model):
                 raise ValidationError({field: "A JSON object of strings."})
         if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
             raise ValidationError({"args": "A JSON list of strings."})
+        if self.per_person:
+            self._person_clean()
+
+    def _person_clean(self) -> None:
+        kind, _, name = self.person_slot.partition(":")
+        stdio = self.transport == self.Transport.STDIO
+        if stdio and (kind != "env" or not name):
+            raise ValidationError({"person_slot": "A stdio upstream takes a person's credential as env:<NAME>."})
+        if not stdio and not (kind == "bearer" and not name or kind in ("header", "query") and name):
+            raise ValidationError({"person_slot": "bearer, header:<Name> or query:<name>."})
+        if stdio and self.person_connect != self.PersonConnect.TOKEN:
+            raise ValidationError({"person_connect": "A stdio upstream takes a pasted personal token."})
+        if self.person_connect == self.PersonConnect.EXCHANGE and not (self.exchange_url and self.person_client):
+            raise ValidationError({"exchange_url": "Token exchange needs its token endpoint and a client."})
+        if self.person_connect != self.PersonConnect.TOKEN and kind != "bearer":
+            raise ValidationError({"person_slot": "OAuth and token exchange give a bearer token."})
 
     @property
     def call_timeout(self) -> float:
@@ -207,3 +269,61 @@ class ToolEmbedding(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["model", "sentence_sha256"], name="embedding_unique")]
+
+
+class PersonalCredential(models.Model):
+    """One person's credential for one per-person upstream. The row is what anyone may see (whose, what kind,
+    since when, until when); the values live sealed in the secret store (registry/secret_store.py), which
+    only the executor opens."""
+
+    class Kind(models.TextChoices):
+        TOKEN = "token", "personal token"
+        OAUTH = "oauth", "OAuth"
+
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="personal_credentials")
+    person_issuer = models.CharField(max_length=255)
+    person_subject = models.CharField(max_length=255)
+    person_name = models.CharField(max_length=150, blank=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    # Bumped whenever the values change (a new token, a refresh), so executors reconnect with the new ones.
+    version = models.PositiveIntegerField(default=1)
+    connected_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="When the access token runs out")
+    refresh_failed_at = models.DateTimeField(
+        null=True, blank=True, help_text="Its refresh failed: the person must connect again"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=150, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["upstream__slug", "person_name", "person_subject"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["upstream", "person_issuer", "person_subject"], name="personal_credential_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.upstream.slug} for {self.person_name or self.person_subject}"
+
+
+class SealedSecret(models.Model):
+    """The database backend of the secret store: sealed values by path (only the executor opens them)."""
+
+    path = models.CharField(max_length=512, unique=True)
+    values = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class ConnectAttempt(models.Model):
+    """An OAuth sign-in under way at an upstream's authorization server: its `state`, used once."""
+
+    state_sha256 = models.CharField(max_length=64, unique=True)
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="+")
+    person_issuer = models.CharField(max_length=255)
+    person_subject = models.CharField(max_length=255)
+    person_name = models.CharField(max_length=150, blank=True)
+    material = models.JSONField(default=dict, help_text="Endpoints, client, the PKCE verifier sealed")
+    expires_at = models.DateTimeField()

@@ -219,7 +219,9 @@ async def code_call(caller: Caller, execution: dict[str, Any], name: str, argume
             await deny(decision.denial, audit, arguments)
         route = decision.route
         assert route is not None
-        outcome, duration_ms = await run_admitted(decision, audit, arguments, lambda: route_execute(route, arguments))
+        outcome, duration_ms = await run_admitted(
+            decision, audit, arguments, lambda: route_execute(route, arguments, credential=decision.credential)
+        )
     except MCPError as refused:  # a denial, or an approval that could not be recorded
         code = (refused.error.data or {}).get("code", "REFUSED")
         return {"ok": False, "error": {"code": code, "message": refused.error.message}}

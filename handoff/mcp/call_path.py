@@ -19,14 +19,17 @@ from audit.outcomes import DEADLINE, call_deadline
 from audit.services import canonical_sha256
 from audit.telemetry import DENIALS, call_observe, current_traceparent, span_failed
 from handoff.mcp.audit_rows import record
-from handoff.mcp.caller import Caller, person_digest
+from handoff.mcp.caller import Caller
+from handoff.mcp.personal_access import credential_for
 from handoff.protocol.tunnels import SessionTunnel, index_session
 from handoff.snapshot import Route, Snapshot
 from policy.decisions import Denial
+from policy.identity import person_digest
 from policy.limits.admission import Admission, health_of, limits_denial
 from policy.limits.stores import limit_store
 from policy.redaction import redact, redact_error_result
 from registry.executor import get_executor
+from registry.personal import CredentialRef
 from registry.upstreams.pool import Outcome, failure
 from registry.upstreams.relay import Relay
 from registry.upstreams.requests import UpstreamRequest
@@ -44,6 +47,7 @@ class Decision:
     admission: Admission | None = None  # held while the call runs; given back by release
     probing: bool = False  # this call is the half-open circuit's one probe
     tunnel: SessionTunnel | None = None  # the handoff tunnel the call goes through
+    credential: CredentialRef | None = None  # a per-person upstream's: whose credential the call uses
 
 
 async def admit(snap: Snapshot, caller: Caller, name: str, route: Route, request_id: str, **found: Any) -> Decision:
@@ -76,7 +80,12 @@ async def decide(snap: Snapshot, caller: Caller, name: str, request_id: str) -> 
     denial, entry, upstream = snap.decide(caller.who, name)
     if denial or entry is None:
         return Decision(upstream, entry.route if entry else None, denial)
-    return await admit(snap, caller, name, entry.route, request_id)
+    if not entry.route.per_person:
+        return await admit(snap, caller, name, entry.route, request_id)
+    credential = await credential_for(caller, entry.route, name)
+    if isinstance(credential, Denial):
+        return Decision(upstream, entry.route, credential)
+    return await admit(snap, caller, name, entry.route, request_id, credential=credential)
 
 
 def request_audit(
@@ -136,6 +145,7 @@ async def route_execute(
     tunnel: SessionTunnel | None = None,
     relay: Relay | None = None,
     rounds: dict[str, Any] | None = None,
+    credential: CredentialRef | None = None,
 ) -> Outcome:
     """The executor's outcome; if it fails in a way it did not foresee, an outcome all the same, so that
     every approved call gets its completion row."""
@@ -157,6 +167,7 @@ async def route_execute(
             timeout=route.timeout,
             traceparent=current_traceparent(),
             rounds=rounds,
+            person=credential.wire() if credential else None,
         )
         return await executor.request(request, relay)
     except Exception as exc:
@@ -166,8 +177,7 @@ async def route_execute(
         )
 
 
-async def deny(denial: Denial, audit: dict[str, Any], arguments: dict[str, Any]) -> NoReturn:
-    """Record the refusal, then raise it as the JSON-RPC error the agent gets."""
+async def denial_record(denial: Denial, audit: dict[str, Any], arguments: dict[str, Any]) -> None:
     DENIALS.labels(denial.code).inc()
     await record(
         kind="denied",
@@ -176,7 +186,16 @@ async def deny(denial: Denial, audit: dict[str, Any], arguments: dict[str, Any])
         error_detail=denial.message,
         **with_payload(audit, arguments),
     )
-    raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(audit["request_id"])})
+
+
+async def deny(
+    denial: Denial, audit: dict[str, Any], arguments: dict[str, Any], error: MCPError | None = None
+) -> NoReturn:
+    """Record the refusal, then raise it as the JSON-RPC error the agent gets (or as `error`)."""
+    await denial_record(denial, audit, arguments)
+    raise error or MCPError(
+        denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(audit["request_id"])}
+    )
 
 
 async def timed(run: Callable[[], Awaitable[Outcome]], audit: dict[str, Any]) -> tuple[Outcome, float]:
@@ -205,6 +224,8 @@ async def run_admitted(
     """Record the approval, then run. If the approval cannot be written or the client leaves, the
     admission goes back all the same."""
     assert decision.admission is not None and decision.route is not None
+    if decision.credential:  # named by id and kind, never by value; the completion row names it too
+        audit["detail"] = audit.get("detail", {}) | {"credential": decision.credential.named()}
     try:
         await record(kind="approved", **approval(audit, arguments, decision.route.timeout))  # before the upstream
         return await timed(run, audit)

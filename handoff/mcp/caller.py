@@ -2,12 +2,11 @@
 shared by every transport."""
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections import OrderedDict
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from urllib.parse import parse_qs, urlsplit
@@ -22,7 +21,7 @@ from gateway_project.lib.database import database_async
 from handoff.snapshot import ANONYMOUS_KEY, KeyEntry, Snapshot, snapshot
 from policy.authorization import local_tokens
 from policy.decisions import Who
-from policy.identity import Identity, Provider, TokenRefused, looks_like_jwt, person_seen, verifier
+from policy.identity import Identity, Provider, TokenRefused, looks_like_jwt, person_digest, person_seen, verifier
 from policy.keys import KEY_PREFIX
 from policy.services import key_used
 
@@ -45,6 +44,9 @@ class Caller:
     expires_at: float = 0.0  # when the token runs out (epoch seconds); 0 for an API key
     key_tools: tuple[str, ...] = ()  # the exposed names an API key is limited to (patterns); empty: no limit
     groups: tuple[int, ...] = ()  # the agent groups the person's own groups count them in
+    public_url: str = ""  # the gateway's, as this request reached it (where its connect links point)
+    # The person's own token, for an upstream that exchanges it (RFC 8693); kept out of every repr.
+    token: str = field(default="", repr=False)
 
     @property
     def who(self) -> Who:
@@ -90,10 +92,6 @@ class Refused(Exception):
         super().__init__(message)
         self.status, self.message, self.challenge = status, message, challenge
         self.code = code  # for the audit row; empty for a missing or wrong API key, which gets none
-
-
-def person_digest(issuer: str, subject: str) -> str:
-    return hashlib.sha256(f"{issuer}\n{subject}".encode()).hexdigest()[:24]
 
 
 def header(scope: dict, name: bytes) -> str | None:
@@ -196,6 +194,7 @@ def _key_holder(scope: dict, transport: str, entry: KeyEntry, snap: Snapshot) ->
         transport=transport,
         key_prefix=entry.prefix,
         key_tools=entry.tools,
+        public_url=public_base(scope),
         person_name=entry.owner_name if entry.owner_id else "",
         **owned,
     )
@@ -255,7 +254,8 @@ async def _person(scope: dict, transport: str, token: str, snap: Snapshot) -> Ca
         raise Refused(
             refused.status, refused.message, challenge(scope, snap, refused.error, refused.message), code
         ) from None
-    return await _admitted(scope, transport, identity, snap.providers[identity.issuer], snap)
+    caller = await _admitted(scope, transport, identity, snap.providers[identity.issuer], snap)
+    return replace(caller, token=token)
 
 
 async def _signed_in_here(scope: dict, transport: str, token: str, snap: Snapshot) -> Caller:
@@ -284,6 +284,7 @@ async def _admitted(scope: dict, transport: str, identity: Identity, provider: P
         person_name=identity.name,
         client_id=identity.client_id,
         expires_at=identity.expires_at,
+        public_url=public_base(scope),
         groups=tuple(sorted(set().union(*(snap.idp_groups.get(name, ()) for name in identity.groups)))),
     )
 

@@ -28,6 +28,7 @@ from handoff.mcp.call_path import (
     approval,
     conclude,
     decide,
+    denial_record,
     deny,
     error_text,
     for_model,
@@ -49,6 +50,7 @@ from handoff.mcp.input_required import (
     state_load,
 )
 from handoff.mcp.paging import list_page
+from handoff.mcp.personal_access import CONNECT_AGAIN, CONNECT_ROUND, connect_ask, connect_refusal
 from handoff.protocol.moves import (
     HANDOFF_FAILED,
     connecting,
@@ -174,7 +176,9 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
                 parked = parked_call(state, params.name)
                 parked.answer(responses_of(params))
                 return await parked.respond(ctx)
-            rounds = {"requestState": state.get("s"), "inputResponses": responses_of(params)}
+            # After connecting an account the call runs afresh; else the answers go to the upstream that asked.
+            fresh = state.get("k") == CONNECT_ROUND
+            rounds = {} if fresh else {"requestState": state.get("s"), "inputResponses": responses_of(params)}
         if not relay.capabilities - {LOGGING}:  # nothing it could be asked: no need to park
             return await _call_tool(ctx, params, trace_id, relay, rounds)
 
@@ -224,12 +228,18 @@ async def _call_tool(
     audit = request_audit(caller, params.name, request_id, arguments, decision.upstream, tool, trace_id)
     if tunnel is not None:
         audit["detail"] = {"domain": tunnel.domain, "tunnel_id": tunnel.tunnel_id, "token_id": tunnel.token_id}
+    if denial and denial.connect_url:
+        asked = connect_ask(ctx, caller, params.name, decision.upstream, denial, str(request_id))
+        if isinstance(asked, MCPError):
+            await deny(denial, audit, arguments, asked)
+        await denial_record(denial, audit, arguments)
+        return finish(ctx, asked.model_dump(mode="json", by_alias=True, exclude_none=True))
     if denial:
         await deny(denial, audit, arguments)
     assert route is not None and admission is not None
 
     def run() -> Awaitable[Outcome]:
-        return route_execute(route, arguments, decision.tunnel, relay, rounds)
+        return route_execute(route, arguments, decision.tunnel, relay, rounds, decision.credential)
 
     outcome, duration_ms = await run_admitted(decision, audit, arguments, run)
     result = for_model(params.name, outcome)
@@ -248,6 +258,18 @@ async def _call_tool(
             "own tools are restored (call tools/list). The call may not have run."
         )
         raise MCPError(HANDOFF_FAILED, message, {"code": TUNNEL_GONE, "requestId": str(request_id)})
+    if route.per_person and (code := outcome.get("code", "")) in CONNECT_AGAIN:  # the executor found it unusable
+        asked = connect_ask(
+            ctx,
+            caller,
+            params.name,
+            decision.upstream,
+            connect_refusal(code, caller, route, params.name),
+            str(request_id),
+        )
+        if isinstance(asked, MCPError):
+            raise asked
+        return finish(ctx, asked.model_dump(mode="json", by_alias=True, exclude_none=True))
     if outcome.get("rpc_code") == MISSING_CLIENT_CAPABILITY:  # the agent's client, not its model, must act
         raise MCPError(MISSING_CLIENT_CAPABILITY, redact(outcome["message"]), outcome.get("rpc_data"))
     return finish(ctx, result)

@@ -12,19 +12,28 @@ import anyio
 from channels.db import database_sync_to_async
 
 from registry.models import Upstream
+from registry.upstreams.person import person_spec
 from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.spec import UpstreamSpec
 
 T = TypeVar("T")
 
 
-def _spec_of(upstream_id: int) -> UpstreamSpec:
-    return UpstreamSpec.from_model(Upstream.objects.get(pk=upstream_id))
+def _upstream(upstream_id: int) -> Upstream:
+    return Upstream.objects.select_related("catalog_credential").get(pk=upstream_id)
 
 
 # Not on the thread-sensitive thread: under Daphne a sync view (an admin save that syncs a catalog) holds that
 # thread while it waits for this very pool, and the spec read would wait for the view: a deadlock.
-load_spec = database_sync_to_async(_spec_of, thread_sensitive=False)
+_upstream_read = database_sync_to_async(_upstream, thread_sensitive=False)
+_spec_of = database_sync_to_async(UpstreamSpec.from_model, thread_sensitive=False)
+
+
+async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
+    """How to reach the upstream; a per-person one as `person` (a CredentialRef's fields) reaches it, or for its
+    catalog as its designated connection does. Raises registry/upstreams/person.py CredentialUnusable."""
+    upstream = await _upstream_read(upstream_id)
+    return await person_spec(upstream, person, catalog) if upstream.per_person else await _spec_of(upstream)
 
 
 # What the pool does with what it learns, registered at start-up by the apps' ready() (registry first, so an

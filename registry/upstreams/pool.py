@@ -5,6 +5,7 @@ so the inline and the Celery executor hand the dispatcher exactly the same thing
 """
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -20,8 +21,10 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from registry.personal import PERSON_REQUIRED
 from registry.upstreams.egress import EgressRefused
 from registry.upstreams.health import Witness, connect_cause, found, outcome_health, with_stderr
+from registry.upstreams.person import PERSON_REQUIRED_MESSAGE, REFRESH_MARGIN_SECONDS, CredentialUnusable
 from registry.upstreams.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, Relay, unsupported
 from registry.upstreams.reply_depth import reply_too_deep
 from registry.upstreams.requests import (
@@ -268,7 +271,27 @@ CHANGES: dict[type, str] = {
     ResourcesListChanged: "resources",
 }
 UPDATED = "updated:"  # a change of kind "updated:<uri>": that resource changed
-ConnectionKey = tuple[int, frozenset[str]]  # the upstream, and the client capabilities the connection declares
+# The upstream, the client capabilities the connection declares, and whose it is: a person's digest for a
+# per-person upstream's, "" for the shared one (a per-person upstream's serves only its catalog).
+ConnectionKey = tuple[int, frozenset[str], str]
+PERSON_PROCESSES_FULL = "PERSON_PROCESSES_FULL"
+
+
+class ProcessesFull(Exception):
+    """A per-person stdio upstream runs a process for as many people as it may, all of them busy."""
+
+
+def _serves(connection: UpstreamConnection, revision: int, person: dict | None, catalog: bool) -> bool:
+    """Whether an open connection may carry this request as it is."""
+    spec = connection.spec
+    if not connection.alive or spec.revision < revision:
+        return False
+    if spec.expires_at and spec.expires_at - REFRESH_MARGIN_SECONDS < time.time():
+        return False  # its credential runs out: a new connection refreshes it
+    if person is None:
+        return catalog or not spec.per_person
+    current, wanted = spec.person_version, str(person["version"])
+    return current == wanted or (current.isdigit() and wanted.isdigit() and int(current) > int(wanted))
 
 
 class UpstreamPool:
@@ -277,7 +300,7 @@ class UpstreamPool:
 
     def __init__(
         self,
-        load_spec: Callable[[int], Awaitable[UpstreamSpec]],
+        load_spec: Callable[[int, dict | None, bool], Awaitable[UpstreamSpec]],
         on_change: Callable[[int, str], Awaitable[None]] | None = None,
         on_health: Callable[[int, str, str], Awaitable[None]] | None = None,
     ) -> None:
@@ -322,18 +345,30 @@ class UpstreamPool:
             if not connection.in_flight and now - connection.last_used >= 2 * connection.spec.grant["idle_timeout"]:
                 self.tunnel_close(tunnel_id)
 
-    async def _connection(self, upstream_id: int, revision: int, capabilities: frozenset[str]) -> UpstreamConnection:
-        key = (upstream_id, capabilities)
+    async def _connection(
+        self,
+        upstream_id: int,
+        revision: int,
+        capabilities: frozenset[str],
+        person: dict | None = None,
+        catalog: bool = False,
+    ) -> UpstreamConnection:
+        key = (upstream_id, capabilities, person["person"] if person else "")
         if key not in self._locks:
             self._locks[key] = anyio.Lock()
         async with self._locks[key]:
             current = self._connections.get(key)
-            if current and current.alive and current.spec.revision >= revision:
+            if current and _serves(current, revision, person, catalog):
                 current.last_used = anyio.current_time()
                 return current
+            if current and current.alive and current.spec.per_person and person is None and not catalog:
+                raise CredentialUnusable(PERSON_REQUIRED, PERSON_REQUIRED_MESSAGE)
             if current:
                 current.stop()
-            spec = await self._load_spec(upstream_id)
+                del self._connections[key]
+            spec = await self._load_spec(upstream_id, person, catalog)
+            if spec.per_person and spec.transport == "stdio" and person is not None:
+                self._make_room(upstream_id)
             # The shared connection hears the upstream's changes for all (the others would repeat them).
             notice = partial(self._changed, upstream_id) if self._on_change and not capabilities else None
             connection = UpstreamConnection(spec, capabilities, notice)
@@ -342,6 +377,17 @@ class UpstreamPool:
                 await self._task_group.start(connection.run)
             self._connections[key] = connection
             return connection
+
+    def _make_room(self, upstream_id: int) -> None:
+        """Keep a per-person stdio upstream's processes under GATEWAY_PERSON_PROCESSES: the least recently used
+        idle one stops for a new person; if none is idle, ProcessesFull."""
+        mine = [(k, c) for k, c in self._connections.items() if k[0] == upstream_id and k[2]]
+        if len(mine) < settings.GATEWAY_PERSON_PROCESSES:
+            return
+        idle = sorted((c.last_used, k) for k, c in mine if not c.in_flight)
+        if not idle:
+            raise ProcessesFull(upstream_id)
+        self._connections.pop(idle[0][1]).stop()
 
     def _changed(self, upstream_id: int, kind: str) -> None:
         """Handle a change in the background (never in the client's notification handler, which would
@@ -369,11 +415,22 @@ class UpstreamPool:
             del self._changing[key]
 
     async def _open(
-        self, upstream_id: int, revision: int, capabilities: frozenset[str]
+        self,
+        upstream_id: int,
+        revision: int,
+        capabilities: frozenset[str],
+        person: dict | None = None,
+        catalog: bool = False,
     ) -> UpstreamConnection | Outcome:
         """The connection, or the Outcome that says why there is none."""
         try:
-            return await self._connection(upstream_id, revision, capabilities)
+            return await self._connection(upstream_id, revision, capabilities, person, catalog)
+        except CredentialUnusable as unusable:
+            return failure(unusable.code, unusable.message)
+        except ProcessesFull:
+            most = settings.GATEWAY_PERSON_PROCESSES
+            busy = f"This service already runs for {most} people at once, all busy: try again in a moment."
+            return failure(PERSON_PROCESSES_FULL, busy, f"GATEWAY_PERSON_PROCESSES ({most}) reached, none idle")
         except TimeoutError:
             waited = settings.GATEWAY_CONNECT_TIMEOUT
             return CONNECT_TIMEOUT | {"cause": f"connect timeout: no answer within {waited:g} s"}
@@ -410,11 +467,18 @@ class UpstreamPool:
         self._watches.pop((connection.spec.id, uri), None)
 
     async def _run(
-        self, upstream_id: int, revision: int, action: Callable[[Any], Awaitable[Any]], relay: Relay | None = None
+        self,
+        upstream_id: int,
+        revision: int,
+        action: Callable[[Any], Awaitable[Any]],
+        relay: Relay | None = None,
+        person: dict | None = None,
+        catalog: bool = False,
     ) -> Outcome:
-        """Run one request on the upstream's session for the relay's capabilities, turn every failure into
-        a specific Outcome, and note what it shows of the upstream's health."""
-        outcome = await self._attempt_request(upstream_id, revision, action, relay)
+        """Run one request on the upstream's session for the relay's capabilities (and the person's, on a
+        per-person upstream), turn every failure into a specific Outcome, and note what it shows of the
+        upstream's health."""
+        outcome = await self._attempt_request(upstream_id, revision, action, relay, person, catalog)
         await self._observed(upstream_id, outcome)
         return outcome
 
@@ -437,10 +501,16 @@ class UpstreamPool:
             logger.warning("upstream %s: storing its health failed", upstream_id, exc_info=True)
 
     async def _attempt_request(
-        self, upstream_id: int, revision: int, action: Callable[[Any], Awaitable[Any]], relay: Relay | None
+        self,
+        upstream_id: int,
+        revision: int,
+        action: Callable[[Any], Awaitable[Any]],
+        relay: Relay | None,
+        person: dict | None,
+        catalog: bool,
     ) -> Outcome:
         capabilities = relay.capabilities if relay else frozenset()
-        connection = await self._open(upstream_id, revision, capabilities)
+        connection = await self._open(upstream_id, revision, capabilities, person, catalog)
         if not isinstance(connection, UpstreamConnection):
             return connection
         if not capabilities:
@@ -509,10 +579,10 @@ class UpstreamPool:
             return await self._watch(upstream_id, revision, method, str(params.get("uri", "")))
         else:
             action = forwarding(method, params, request.rounds)
-        return await self._run(upstream_id, revision, action, relay)
+        return await self._run(upstream_id, revision, action, relay, request.person)
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
-        return await self._run(upstream_id, revision, catalog)
+        return await self._run(upstream_id, revision, catalog, catalog=True)
 
     # Handoff tunnels: a session of their own per agent session, opened with the delegation in `spec`,
     # never shared, never reopened behind the gateway's back (a new token means a new handoff).
@@ -522,7 +592,7 @@ class UpstreamPool:
     ) -> Outcome:
         """Open the tunnel with the delegation `grant` and list the specialist's tools, within `connect_timeout`."""
         assert self._task_group is not None, "the pool is not serving"
-        connection = UpstreamConnection(replace(await self._load_spec(upstream_id), grant=grant))
+        connection = UpstreamConnection(replace(await self._load_spec(upstream_id, None, False), grant=grant))
         try:
             with anyio.fail_after(connect_timeout):
                 await self._task_group.start(connection.run)

@@ -28,6 +28,7 @@ class UpstreamRequest:
     timeout: float = 0.0  # the upstream's: how long a caller waits for it (audit/outcomes.py call_deadline)
     traceparent: str = ""  # the gateway's span, the upstream's parent
     rounds: dict[str, Any] | None = None  # a 2026-07-28 agent's input rounds (see `calling`)
+    person: dict[str, Any] | None = None  # whose credential, on a per-person upstream (registry/personal.py)
 
     @classmethod
     def tool_call(

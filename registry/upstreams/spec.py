@@ -39,6 +39,9 @@ class UpstreamSpec:
     internal: bool = False
     legacy: bool = False  # the last sync found it speaking 2025-11-25 only
     grant: dict[str, Any] | None = None  # a handoff tunnel's delegation (registry/upstreams/delegation.py)
+    per_person: bool = False  # each person connects with their own credential (registry/upstreams/person.py)
+    person_version: str = ""  # the version of the person's credential it holds
+    expires_at: float = 0.0  # when that credential runs out (epoch seconds; 0: not said)
 
     @classmethod
     def from_model(cls, upstream: Any) -> "UpstreamSpec":
@@ -56,6 +59,7 @@ class UpstreamSpec:
             headers=credentials_open(upstream.headers),
             query=credentials_open(upstream.query),
             internal=upstream.internal,
+            per_person=upstream.per_person,
             legacy=upstream.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS,
         )
 

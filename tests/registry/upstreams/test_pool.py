@@ -30,7 +30,7 @@ DEMO = UpstreamSpec(
 def with_pool(spec: UpstreamSpec, body: Callable[[UpstreamPool], Awaitable[Any]]) -> Any:
     """Run `body` against a serving pool whose only upstream is `spec`, then stop the pool."""
 
-    async def load_spec(upstream_id: int) -> UpstreamSpec:
+    async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
         return spec
 
     async def scenario() -> Any:
