@@ -283,6 +283,8 @@ GATEWAY_VAULT_URL = env_str("GATEWAY_VAULT_URL", "http://127.0.0.1:8200")
 GATEWAY_VAULT_TOKEN = env_str("GATEWAY_VAULT_TOKEN")
 GATEWAY_VAULT_MOUNT = env_str("GATEWAY_VAULT_MOUNT", "secret")
 GATEWAY_PERSON_PROCESSES = env_int("GATEWAY_PERSON_PROCESSES", 16, minimum=1)
+# Origins of upstreams' authorization servers that may be on a private address (registry/upstreams/token_grants.py).
+GATEWAY_INTERNAL_AUTH_SERVERS = env_list("GATEWAY_INTERNAL_AUTH_SERVERS", "")
 # How long a person has to finish connecting an upstream's OAuth sign-in.
 GATEWAY_CONNECT_SECONDS = env_int("GATEWAY_CONNECT_SECONDS", 600, minimum=60, maximum=3600)
 GATEWAY_MAX_LEGACY_SESSIONS = env_int("GATEWAY_MAX_LEGACY_SESSIONS", 10_000)

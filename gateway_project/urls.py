@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.views import LoginView
 from django.urls import include, path
@@ -14,7 +15,8 @@ from policy.account_views import my_account
 from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet
 from policy.authorization_views import ConsentView, RegistrationView
 from policy.console_sign_in import ConsoleCallback, ConsoleSignIn
-from registry.api import ToolViewSet, UpstreamViewSet
+from registry.api import ConnectionViewSet, MyConnectionViewSet, ToolViewSet, UpstreamViewSet
+from registry.connection_views import connection, connection_disconnect, connections
 
 api = SimpleRouter(trailing_slash=False)
 api.register("upstreams", UpstreamViewSet)
@@ -24,6 +26,8 @@ api.register("groups", ServerGroupViewSet)
 api.register("agents", AgentViewSet)
 api.register("rules", RuleViewSet)
 api.register("audit", AuditEventViewSet)
+api.register("connections", ConnectionViewSet)
+api.register("my/connections", MyConnectionViewSet, basename="my-connection")
 
 # The built-in authorization server: django-oauth-toolkit's views, with our consent page and registration;
 # its metadata and OIDC discovery at the origin, which is its issuer.
@@ -55,8 +59,18 @@ urlpatterns = [
     path(".well-known/oauth-protected-resource", protected_resource),
     path(".well-known/oauth-protected-resource/mcp", protected_resource),
     path("", include((authorization_server, "oauth2_provider"))),
-    path("accounts/login/", LoginView.as_view(template_name="registration/login.html"), name="login"),
+    path(
+        "accounts/login/",
+        LoginView.as_view(
+            template_name="registration/login.html",
+            extra_context={"sso": bool(settings.GATEWAY_CONSOLE_OIDC_CLIENT_ID)},
+        ),
+        name="login",
+    ),
     path("account/", my_account, name="my-account"),
+    path("account/connections/", connections, name="connections"),
+    path("account/connections/<slug:slug>/", connection, name="connection"),
+    path("account/connections/<slug:slug>/disconnect/", connection_disconnect, name="connection-disconnect"),
     path("oidc/authenticate/", ConsoleSignIn.as_view(), name="console-sso"),
     path("oidc/callback/", ConsoleCallback.as_view(), name="console-sso-callback"),
 ]

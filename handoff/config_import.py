@@ -200,7 +200,7 @@ def _up_to_date(upstream: Upstream, fields: dict[str, Any]) -> bool:
     """Sealed credentials cannot be compared here (only the executor opens them): an entry that carries
     any is imported again."""
     credentials = Upstream.SECRET_MAPS
-    if any(fields[name] or getattr(upstream, name) for name in credentials):
+    if any(fields.get(name) or getattr(upstream, name) for name in credentials):
         return False
     return all(getattr(upstream, key) == value for key, value in fields.items() if key not in credentials)
 
@@ -226,6 +226,33 @@ def _namespace(name: str, entry: dict[str, Any]) -> tuple[str, bool]:
     return (namespace, True) if namespace else (slug_for(name), False)
 
 
+PER_PERSON_KEYS = {"connect", "slot", "scope", "exchangeUrl", "audience", "client"}
+
+
+def _per_person(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """`"perPerson": {"connect": "token" | "oauth" | "exchange", "slot": ..., "scope": ..., "exchangeUrl": ...,
+    "audience": ..., "client": {"client_id": ..., "client_secret": ...}}`: each person reaches the upstream with
+    their own credential (docs/identity.md); without it, the upstream is shared."""
+    person = entry.get("perPerson")
+    if person is None:
+        return {"per_person": False}
+    if not isinstance(person, dict) or not set(person) <= PER_PERSON_KEYS:
+        raise ValueError(f"'perPerson' must be an object of {', '.join(sorted(PER_PERSON_KEYS))}")
+    connect = person.get("connect", "token")
+    if connect not in Upstream.PersonConnect.values:
+        raise ValueError(f"'perPerson.connect' must be one of {', '.join(Upstream.PersonConnect.values)}")
+    default_slot = "bearer" if "url" in entry else ""
+    return {
+        "per_person": True,
+        "person_connect": connect,
+        "person_slot": str(person.get("slot", default_slot)),
+        "person_scope": str(person.get("scope", "")),
+        "exchange_url": str(person.get("exchangeUrl", "")),
+        "exchange_audience": str(person.get("audience", "")),
+        "person_client": _resolved_map(person.get("client", {}), "perPerson.client", environ),
+    }
+
+
 def _internal(entry: dict[str, Any], internal: bool) -> bool:
     if not isinstance(entry.get("internal", False), bool):
         raise ValueError("'internal' must be true or false")
@@ -237,11 +264,15 @@ def _import_one(
 ) -> EntryOutcome:
     slug, prefixed = _namespace(name, entry)
     handoff = _handoff(entry)
-    fields = _fields(entry, environ) | {
-        "internal": _internal(entry, internal),
-        "handoff_only": handoff is not None,
-        "prefixed": prefixed,
-    }
+    fields = (
+        _fields(entry, environ)
+        | _per_person(entry, environ)
+        | {
+            "internal": _internal(entry, internal),
+            "handoff_only": handoff is not None,
+            "prefixed": prefixed,
+        }
+    )
     if fields["url"] and not fields["internal"] and (problem := url_problem(fields["url"])):
         raise ValueError(f"url: {problem}. {INTERNAL_HINT}")
     upstream = Upstream.objects.filter(slug=slug).first()
@@ -331,6 +362,8 @@ def _entry_export(upstream: Upstream, name: str, taken: dict[str, str]) -> dict[
         entry["url"] = f"{upstream.url}?{query}" if query else upstream.url
         entry |= {"headers": _placeholders(upstream, "HEADER", upstream.headers, taken)} if upstream.headers else {}
         entry |= {"internal": True} if upstream.internal else {}
+    if upstream.per_person:
+        entry["perPerson"] = _per_person_export(upstream, taken)
     if not upstream.prefixed:
         entry["namespace"] = ""
     elif slug_for(name) != upstream.slug:
@@ -338,6 +371,19 @@ def _entry_export(upstream: Upstream, name: str, taken: dict[str, str]) -> dict[
     if upstream.handoff_only:
         entry["handoff"] = {"description": _handoff_description(upstream)}
     return entry
+
+
+def _per_person_export(upstream: Upstream, taken: dict[str, str]) -> dict[str, Any]:
+    person: dict[str, Any] = {"connect": upstream.person_connect, "slot": upstream.person_slot}
+    optional = {
+        "scope": upstream.person_scope,
+        "exchangeUrl": upstream.exchange_url,
+        "audience": upstream.exchange_audience,
+    }
+    person |= {key: value for key, value in optional.items() if value}
+    if upstream.person_client:
+        person["client"] = _placeholders(upstream, "CLIENT", upstream.person_client, taken)
+    return person
 
 
 def _handoff_description(upstream: Upstream) -> str:

@@ -1,7 +1,8 @@
 """Console sign-in with the organisation's IdP (mozilla-django-oidc does the OIDC): its endpoints come from
 the issuer's discovery document, and each sign-in sets the operator's role from their IdP groups: admin,
 auditor (reads everything, argument payloads included) or reader (reads everything else). Someone in none of
-the groups is not let in."""
+the groups is not let into the console; they may sign in to their own account's pages (My account, Connections),
+as any person may, and nowhere else."""
 
 import time
 from urllib.parse import urlsplit
@@ -15,8 +16,10 @@ from mozilla_django_oidc.utils import import_from_settings
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from audit.selectors import AUDITOR_GROUP
+from policy.models import Person
 
 READER_GROUP = "Reader"  # every view permission, nothing else
+ACCOUNT_PAGES = "/account/"  # where someone without a console role may sign in to
 ENDPOINTS = {
     "OIDC_OP_AUTHORIZATION_ENDPOINT": "authorization_endpoint",
     "OIDC_OP_TOKEN_ENDPOINT": "token_endpoint",
@@ -72,7 +75,10 @@ class ConsoleBackend(OIDCAuthenticationBackend):
         return f"{claims['sub']}@{urlsplit(settings.GATEWAY_OIDC_ISSUER).hostname}"[:150]
 
     def verify_claims(self, claims: dict) -> bool:
-        return bool(claims.get("sub")) and bool(role_of(claims))
+        if not claims.get("sub"):
+            return False
+        going = str(self.request.session.get("oidc_login_next") or "")
+        return bool(role_of(claims)) or going.startswith(ACCOUNT_PAGES)
 
     def filter_users_by_claims(self, claims: dict):
         return get_user_model().objects.filter(username=self.username(claims))
@@ -88,8 +94,14 @@ class ConsoleBackend(OIDCAuthenticationBackend):
         user.first_name, _, user.last_name = (claims.get("given_name") or name).partition(" ")
         user.last_name = claims.get("family_name") or user.last_name
         user.email = str(claims.get("email") or "")
-        user.is_staff, user.is_superuser = True, role == "admin"
+        user.is_staff, user.is_superuser = bool(role), role == "admin"
         user.save()
+        # The person the IdP's tokens name is this account: what its Connections act as (registry/connection_views.py).
+        person, _ = Person.objects.get_or_create(
+            issuer=settings.GATEWAY_OIDC_ISSUER, subject=claims["sub"], defaults={"name": name or claims["sub"]}
+        )
+        if person.user_id != user.pk:
+            Person.objects.filter(pk=person.pk).update(user=user)
         roles = {"auditor": [AUDITOR_GROUP, READER_GROUP], "reader": [READER_GROUP]}.get(role, [])
         user.groups.set([_reader_group() if n == READER_GROUP else Group.objects.get(name=n) for n in roles])
         return user

@@ -18,8 +18,9 @@ from django.utils.text import Truncator
 from handoff.console import CONSOLE_AGENT, console_agent, console_call_from_sync
 from policy.limits.stores import limit_store
 from registry.forms import UpstreamForm
-from registry.models import Tool, Upstream
+from registry.models import PersonalCredential, Tool, Upstream
 from registry.naming import exposed_name
+from registry.personal import personal_revoke
 from registry.services import (
     tool_approve,
     upstream_breaker_reset,
@@ -85,6 +86,7 @@ class UpstreamAdmin(admin.ModelAdmin):
         "transport",
         "group",
         "enabled",
+        "per_person",
         "prefixed",
         "handoff_only",
         "protocol_version",
@@ -93,7 +95,7 @@ class UpstreamAdmin(admin.ModelAdmin):
         "last_synced_at",
         "last_sync_error",
     )
-    list_filter = ("health", "transport", "enabled", "prefixed", "handoff_only", "group")
+    list_filter = ("health", "transport", "enabled", "per_person", "prefixed", "handoff_only", "group")
     search_fields = ("slug", "name")
     readonly_fields = (
         "health_status",
@@ -289,3 +291,41 @@ class ToolAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False  # the catalog is what upstreams say; an administrator approves it, never edits it
+
+
+@admin.register(PersonalCredential)
+class PersonalCredentialAdmin(admin.ModelAdmin):
+    """Who has connected what, and since when: never a value (those are sealed in the secret store)."""
+
+    list_display = (
+        "upstream",
+        "person_name",
+        "person_subject",
+        "kind",
+        "connected_at",
+        "expires_at",
+        "last_used_at",
+        "state",
+    )
+    list_filter = ("upstream", "kind")
+    search_fields = ("person_name", "person_subject", "upstream__slug")
+    readonly_fields = [field.name for field in PersonalCredential._meta.fields]
+    actions = ("revoke",)
+
+    def has_add_permission(self, request) -> bool:
+        return False  # people connect their own, in My account
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # revoked, so that the person is told why
+
+    @admin.display(description="State")
+    def state(self, credential: PersonalCredential) -> str:
+        if credential.revoked_at:
+            return f"revoked by {credential.revoked_by}"
+        return "expired: to connect again" if credential.refresh_failed_at else "active"
+
+    @admin.action(description="Revoke selected connections", permissions=["change"])
+    def revoke(self, request, queryset):
+        for credential in queryset.select_related("upstream"):
+            personal_revoke(credential, actor=request.user.get_username())
+        self.message_user(request, f"{queryset.count()} connection(s) revoked.")

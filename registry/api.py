@@ -11,16 +11,19 @@ from django.db.models import F
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from policy.api import AuditedModelSerializer, EnabledSerializer, by_name, enabled_from
+from policy.api_auth import AdminTokenAuthentication, PersonalKeyAuthentication
 from policy.limits.stores import limit_store
 from policy.models import ServerGroup
+from registry.connection_views import MAX_TOKEN_CHARS, people_of
 from registry.forms import MASK, unmasked
-from registry.models import Tool, Upstream
+from registry.models import PersonalCredential, Tool, Upstream
+from registry.personal import personal_connect, personal_disconnect, personal_revoke
 from registry.services import (
     SyncReport,
     tool_approve,
@@ -43,6 +46,7 @@ class UpstreamSerializer(AuditedModelSerializer):
     env = SecretMapField(required=False)
     headers = SecretMapField(required=False)
     query = SecretMapField(required=False)
+    person_client = SecretMapField(required=False)
     circuit = serializers.SerializerMethodField()
     reachable = serializers.BooleanField(source="is_healthy", read_only=True)
 
@@ -168,3 +172,104 @@ class ToolViewSet(viewsets.ReadOnlyModelViewSet):
         if not tool.is_approved:
             tool_approve(tool=tool, actor=request.user.get_username())
         return Response(ToolSerializer(tool).data)
+
+
+class ConnectionSerializer(serializers.ModelSerializer):
+    upstream = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = PersonalCredential
+        fields = (
+            "id",
+            "upstream",
+            "person_issuer",
+            "person_subject",
+            "person_name",
+            "kind",
+            "connected_at",
+            "expires_at",
+            "last_used_at",
+            "refresh_failed_at",
+            "revoked_at",
+            "revoked_by",
+        )
+
+
+class PersonalTokenSerializer(serializers.Serializer):
+    token = serializers.CharField(write_only=True, max_length=MAX_TOKEN_CHARS, trim_whitespace=True)
+
+    def validate_token(self, token: str) -> str:
+        if any(not char.isprintable() or char.isspace() for char in token):
+            raise serializers.ValidationError("A token is one line of visible characters, without spaces.")
+        return token
+
+
+class MyConnectionViewSet(viewsets.ViewSet):
+    """The caller's own connections to per-person upstreams, authenticated with their personal key (or their
+    own admin token). PUT stores a personal token (sealed at once; nobody reads it back), DELETE disconnects."""
+
+    authentication_classes = (PersonalKeyAuthentication, AdminTokenAuthentication)
+    permission_classes = (IsAuthenticated,)
+    lookup_field = "slug"
+
+    def _mine(self, request: Request):
+        people = {p[:2] for p in people_of(request)}
+        rows = PersonalCredential.objects.select_related("upstream").order_by("upstream__slug")
+        return [
+            c
+            for c in rows.filter(person_subject__in={p[1] for p in people})
+            if (c.person_issuer, c.person_subject) in people
+        ]
+
+    @extend_schema(responses=ConnectionSerializer(many=True))
+    def list(self, request: Request) -> Response:
+        return Response(ConnectionSerializer(self._mine(request), many=True).data)
+
+    @extend_schema(request=PersonalTokenSerializer, responses=ConnectionSerializer)
+    def update(self, request: Request, slug: str) -> Response:
+        upstream = Upstream.objects.filter(slug=slug, per_person=True, enabled=True).first()
+        if upstream is None:
+            raise NotFound(f"No enabled per-person upstream {slug!r}.")
+        if upstream.person_connect != Upstream.PersonConnect.TOKEN:
+            how = upstream.get_person_connect_display()
+            raise ValidationError({"token": f"{slug} is connected by {how}, not with a pasted token."})
+        given = PersonalTokenSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        issuer, subject, name = people_of(request)[0]
+        credential = personal_connect(
+            upstream=upstream,
+            issuer=issuer,
+            subject=subject,
+            name=name,
+            kind=PersonalCredential.Kind.TOKEN,
+            values={"token": given.validated_data["token"]},
+        )
+        return Response(ConnectionSerializer(credential).data)
+
+    def destroy(self, request: Request, slug: str) -> Response:
+        mine = [c for c in self._mine(request) if c.upstream.slug == slug]
+        if not mine:
+            raise NotFound(f"You have no connection to {slug!r}.")
+        for credential in mine:
+            personal_disconnect(credential)
+        return Response(status=204)
+
+
+class ConnectionViewSet(viewsets.ReadOnlyModelViewSet):
+    """Who has connected what (never a value), for administrators; `revoke` makes a person connect again."""
+
+    queryset = PersonalCredential.objects.select_related("upstream")
+    serializer_class = ConnectionSerializer
+
+    def get_permissions(self) -> list[Any]:
+        return [IsAuthenticated()] if self.action == "revoke" else super().get_permissions()
+
+    @extend_schema(request=None, responses=ConnectionSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str) -> Response:
+        if not request.user.has_perm("registry.change_personalcredential"):
+            raise PermissionDenied("Revoking a connection needs the permission to change personal credentials.")
+        credential = self.get_object()
+        personal_revoke(credential, actor=request.user.get_username())
+        credential.refresh_from_db()
+        return Response(ConnectionSerializer(credential).data)

@@ -7,7 +7,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
-from registry.models import Upstream
+from registry.models import PersonalCredential, Upstream
 
 MASK = "********"
 
@@ -38,9 +38,22 @@ class UpstreamForm(forms.ModelForm):
         "as " + MASK,
     )
 
+    person_client = SecretMapField(
+        required=False,
+        label="Person client",
+        help_text="Per person, OAuth or token exchange: the gateway's client_id and client_secret at the upstream's "
+        "authorization server (empty for OAuth: registered dynamically). Stored values show as " + MASK,
+    )
+
     class Meta:
         model = Upstream
         fields = "__all__"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "catalog_credential" in self.fields:  # only a connection to this very upstream can sync it
+            own = PersonalCredential.objects.filter(upstream_id=self.instance.pk, revoked_at=None)
+            self.fields["catalog_credential"].queryset = own if self.instance.pk else own.none()
 
     def clean_env(self) -> dict[str, str]:
         return self._unmask("env")
@@ -50,6 +63,9 @@ class UpstreamForm(forms.ModelForm):
 
     def clean_query(self) -> dict[str, str]:
         return self._unmask("query")
+
+    def clean_person_client(self) -> dict[str, str]:
+        return self._unmask("person_client")
 
     def _unmask(self, name: str) -> dict[str, str]:
         value = self.cleaned_data.get(name) or {}

@@ -89,6 +89,9 @@ def _upstream_form(upstream: Upstream, **changes: str) -> dict[str, str]:
         "enabled": "on",
         "group": "",
         "new_tools": upstream.new_tools,
+        "person_connect": upstream.person_connect,
+        "person_slot": upstream.person_slot,
+        "person_client": "{}",
         "tools-TOTAL_FORMS": "0",
         "tools-INITIAL_FORMS": "0",
     }
