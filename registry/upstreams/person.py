@@ -100,6 +100,9 @@ async def _stored(upstream: Upstream, spec: UpstreamSpec, credential: PersonalCr
         raise CredentialUnusable(CREDENTIAL_REQUIRED, unusable) from None
     if "token" not in values:
         raise CredentialUnusable(CREDENTIAL_REQUIRED, f"No credential of yours for {upstream.slug}: connect it.")
+    # Noted when a connection opens with it, not per call: what the person's Connections page shows.
+    used = PersonalCredential.objects.filter(pk=credential.pk)
+    await _in_thread(used.update)(last_used_at=timezone.now())
     expires_at = _epoch(credential.expires_at)
     oauth = credential.kind == PersonalCredential.Kind.OAUTH
     if oauth and expires_at and expires_at - REFRESH_MARGIN_SECONDS < time.time():

@@ -1,0 +1,135 @@
+"""Personal credentials without a server: stored sealed, versioned, revoked, found for a call; put where the
+upstream takes them; and the connect link signed for one person and one upstream."""
+
+import json
+
+import anyio
+import pytest
+from django.core.exceptions import ValidationError
+
+from policy.identity import person_digest
+from registry.models import PersonalCredential, SealedSecret, Upstream
+from registry.personal import (
+    CREDENTIAL_EXPIRED,
+    CREDENTIAL_REVOKED,
+    connect_link,
+    connect_link_person,
+    credential_path,
+    personal_connect,
+    personal_disconnect,
+    personal_revoke,
+    personal_state,
+)
+from registry.upstreams.person import CredentialUnusable, person_spec, slotted
+from registry.upstreams.spec import UpstreamSpec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ALICE = {"issuer": "https://idp.example.com", "subject": "alice", "name": "Alice"}
+TOKEN = "alice-personal-token-91c2"
+
+
+@pytest.fixture
+def upstream() -> Upstream:
+    row = Upstream.objects.create(
+        slug="ledger", transport="streamable_http", url="http://127.0.0.1:9/mcp", internal=True, per_person=True
+    )
+    yield row
+    row.delete()
+
+
+def test_a_connection_is_stored_sealed_and_each_change_bumps_its_version(upstream):
+    first = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
+    stored = SealedSecret.objects.get(path=credential_path(upstream, ALICE["issuer"], ALICE["subject"]))
+    assert stored.path == f"tenants/default/users/{person_digest(ALICE['issuer'], ALICE['subject'])}/ledger"
+    assert TOKEN not in json.dumps(stored.values) and stored.values["token"].startswith("sbx1:")
+    assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"]) == (first.pk, "token", 1, "")
+    again = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN + "2"}, **ALICE)
+    assert (again.pk, again.version) == (first.pk, 2)
+
+
+def test_revoked_and_expired_credentials_say_so_and_disconnect_forgets(upstream):
+    credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
+    personal_revoke(credential, actor="operator")
+    assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"])[2:] == (2, CREDENTIAL_REVOKED)
+    assert not SealedSecret.objects.exists()
+    credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
+    assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"])[3] == ""  # connecting again lifts it
+    PersonalCredential.objects.filter(pk=credential.pk).update(refresh_failed_at="2026-01-01T00:00:00Z")
+    assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"])[3] == CREDENTIAL_EXPIRED
+    personal_disconnect(PersonalCredential.objects.get(pk=credential.pk))
+    assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"]) is None
+    assert not SealedSecret.objects.exists()
+
+
+def test_the_executor_opens_the_persons_token_into_its_slot(upstream):
+    credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
+    ref = {"person": person_digest(ALICE["issuer"], ALICE["subject"]), "kind": "token", "version": "1"}
+    spec = anyio.run(person_spec, upstream, ref | {"id": credential.pk})
+    assert spec.headers == {"Authorization": f"Bearer {TOKEN}"} and spec.person_version == "1"
+    assert TOKEN in spec.secrets  # so the upstream's errors are scrubbed of it
+    assert PersonalCredential.objects.get(pk=credential.pk).last_used_at is not None
+    with pytest.raises(CredentialUnusable) as nobody:
+        anyio.run(person_spec, upstream, None)
+    assert nobody.value.code == "PERSON_REQUIRED"
+    with pytest.raises(CredentialUnusable) as gone:
+        anyio.run(person_spec, upstream, ref | {"id": credential.pk + 1000})
+    assert (gone.value.code, gone.value.message) == (
+        "CREDENTIAL_REQUIRED",
+        "No credential of yours for ledger: connect it.",
+    )
+
+
+def test_a_value_moved_to_another_persons_path_does_not_open(upstream):
+    personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
+    bob = personal_connect(
+        upstream=upstream, kind="token", values={"token": "bob-token-77aa"}, **ALICE | {"subject": "bob"}
+    )
+    alice_path = credential_path(upstream, ALICE["issuer"], "alice")
+    bob_path = credential_path(upstream, ALICE["issuer"], "bob")
+    SealedSecret.objects.filter(path=bob_path).update(values=SealedSecret.objects.get(path=alice_path).values)
+    ref = {"person": person_digest(ALICE["issuer"], "bob"), "kind": "token", "version": "1", "id": bob.pk}
+    with pytest.raises(CredentialUnusable) as moved:
+        anyio.run(person_spec, upstream, ref)
+    assert moved.value.message == "Your credential for ledger is unusable: connect again."
+
+
+@pytest.mark.parametrize(
+    ("slot", "field", "expected"),
+    [
+        ("bearer", "headers", {"Authorization": "Bearer t0k"}),
+        ("header:X-Api-Key", "headers", {"X-Api-Key": "t0k"}),
+        ("query:api_key", "query", {"api_key": "t0k"}),
+        ("env:GITHUB_TOKEN", "env", {"GITHUB_TOKEN": "t0k"}),
+    ],
+)
+def test_each_slot_puts_the_token_where_it_says(slot, field, expected):
+    spec = UpstreamSpec(id=1, revision=1, slug="s", transport="stdio", timeout=1.0)
+    assert getattr(slotted(spec, slot, "t0k", 0.0, "3"), field) == expected
+
+
+def test_a_connect_link_opens_only_for_its_person_and_upstream():
+    link = connect_link("https://gw.example.com", "ledger", ALICE["issuer"], ALICE["subject"])
+    assert link.startswith("https://gw.example.com/account/connections/ledger/?for=")
+    made_for = link.split("for=", 1)[1]
+    assert connect_link_person("ledger", made_for) == person_digest(ALICE["issuer"], ALICE["subject"])
+    assert connect_link_person("payroll", made_for) is None  # not for another upstream
+    assert connect_link_person("ledger", made_for[:-2] + "xx") is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"transport": "stdio", "command": "x", "person_slot": "bearer"}, "env:<NAME>"),
+        ({"person_slot": "env:TOKEN"}, "bearer, header:<Name> or query:<name>."),
+        ({"person_connect": "exchange"}, "Token exchange needs its token endpoint and a client."),
+        ({"person_connect": "oauth", "person_slot": "header:X"}, "OAuth and token exchange give a bearer token."),
+    ],
+)
+def test_a_per_person_upstream_is_checked_before_it_is_saved(fields, error):
+    row = Upstream(slug="checked", transport="streamable_http", url="http://127.0.0.1:9/mcp", internal=True)
+    row.per_person = True
+    for name, value in fields.items():
+        setattr(row, name, value)
+    with pytest.raises(ValidationError) as refused:
+        row.full_clean()
+    assert error in str(refused.value)
