@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.crypto import salted_hmac
 
 from gateway_project.lib.keys import key_generate
 
@@ -140,6 +141,18 @@ def _key_ring(name: str, file_name: str) -> str:
 GATEWAY_DELEGATION_KEYS = _key_ring("GATEWAY_DELEGATION_KEYS", "delegation_keys")
 # Sign every audit row and checkpoint (audit/integrity.py). Keep them out of the database's reach.
 GATEWAY_AUDIT_KEYS = _key_ring("GATEWAY_AUDIT_KEYS", "audit_keys")
+
+
+def _task_key() -> str:
+    """The key of the MACs on Celery tasks and their replies (gateway_project/lib/task_mac.py), the same in web
+    processes and workers; without GATEWAY_TASK_KEY, one derived from SECRET_KEY under a salt of its own."""
+    explicit = env_str("GATEWAY_TASK_KEY")
+    if explicit and len(explicit) < 32:
+        raise ImproperlyConfigured("GATEWAY_TASK_KEY must be 32 characters or more")  # a secret: never echoed
+    return explicit or salted_hmac("switchboard.task_key", "", secret=SECRET_KEY, algorithm="sha256").hexdigest()
+
+
+GATEWAY_TASK_KEY = _task_key()
 GATEWAY_CREDENTIAL_PUBLIC_KEY = env_str("GATEWAY_CREDENTIAL_PUBLIC_KEY")
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")

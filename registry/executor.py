@@ -2,11 +2,12 @@
 
 - InlineExecutor (embedded default): the pool thread of this very process runs the call.
 - CeleryExecutor (REDIS_URL set): a worker on queue `upstream` runs it and pushes the outcome onto a
-  one-off Redis list that the caller waits on with BLPOP: no polling, no result backend.
+  one-off Redis list that the caller waits on with BLPOP: no polling, no result backend. Tasks and replies
+  carry MACs (gateway_project/lib/task_mac.py): a reply whose MAC fails is REPLY_REFUSED.
 """
 
 import asyncio
-import json
+import logging
 import time
 import uuid
 from collections.abc import Awaitable
@@ -19,16 +20,20 @@ from celery import current_app
 from django.conf import settings
 
 from audit.outcomes import EXECUTOR_GRACE_SECONDS, call_deadline
+from gateway_project.lib import task_mac
 from gateway_project.lib.redis_clients import async_redis, sync_redis
-from registry.publish import task_publish
+from registry.publish import task_headers, task_publish
 from registry.upstreams.loop import held_tunnel_close, pool_thread
 from registry.upstreams.pool import TUNNEL_GONE, Outcome, failure
 from registry.upstreams.relay import LoopRelay, Relay, cancel_remote, carried, relay_channels, relay_pump
 from registry.upstreams.requests import UpstreamRequest
 from registry.worker import HEARTBEAT_SECONDS, alive_key
 
+logger = logging.getLogger(__name__)
+
 REPLY_TTL_SECONDS = 60
 EXECUTOR_UNAVAILABLE = "EXECUTOR_UNAVAILABLE"  # no executor answered in time
+REPLY_REFUSED = "REPLY_REFUSED"  # a reply whose MAC did not verify: not the worker's, or not for this call
 
 
 class Executor(Protocol):
@@ -88,8 +93,31 @@ def held_by(outcome: Outcome, queue: str) -> Outcome:
     return outcome | {"result": outcome["result"] | {"queue": queue}} if outcome["ok"] else outcome
 
 
+def _reply_prefix() -> str:
+    return f"{settings.GATEWAY_REDIS_PREFIX}reply:"
+
+
 def reply_key() -> str:
-    return f"{settings.GATEWAY_REDIS_PREFIX}reply:{uuid.uuid4().hex}"
+    return f"{_reply_prefix()}{uuid.uuid4().hex}"
+
+
+def is_reply_key(key: object) -> bool:
+    """Whether `key` names a reply list (a forged task's `reply_to` may name any key)."""
+    return isinstance(key, str) and key.startswith(_reply_prefix())
+
+
+def reply_opened(task: str, key: str, wire: bytes) -> Outcome:
+    """The outcome a worker pushed onto `key` for `task`, or REPLY_REFUSED if its MAC does not verify."""
+    try:
+        return task_mac.reply_open(key, wire)
+    except task_mac.Refused as refused:
+        logger.warning("reply to task %s refused: %s", task, refused.reason)
+        return failure(
+            REPLY_REFUSED,
+            "The gateway could not trust its worker's answer: the call may or may not have run. "
+            "Check its effect before repeating it.",
+            f"reply to {task} refused: {refused.reason}",
+        )
 
 
 def _worker_gone(queue: str) -> Outcome:
@@ -113,7 +141,7 @@ async def _publish_and_wait(task: str, kwargs: dict[str, Any], wait: float, queu
     # rather than run late.
     await task_publish(task, kwargs=kwargs | {"reply_to": key}, queue=queue, expires=EXECUTOR_GRACE_SECONDS)
     reply = await async_redis().blpop([key], timeout=wait)
-    return json.loads(reply[1]) if reply else _lost(wait)
+    return reply_opened(task, key, reply[1]) if reply else _lost(wait)
 
 
 async def publish_call(
@@ -182,7 +210,7 @@ class CeleryExecutor:
         while (left := deadline - time.monotonic()) > 0:
             reply = await async_redis().blpop([key], timeout=min(HEARTBEAT_SECONDS, left))
             if reply:
-                return json.loads(reply[1])
+                return reply_opened("registry.tunnel_call", key, reply[1])
             if not await async_redis().exists(alive_key(queue)):
                 return _worker_gone(queue)
         return _lost(timeout + EXECUTOR_GRACE_SECONDS)
@@ -192,16 +220,13 @@ class CeleryExecutor:
             await task_publish("registry.tunnel_close", kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
-        key = reply_key()
-        current_app.send_task(
-            "registry.list_tools",
-            kwargs={"upstream_id": upstream_id, "revision": revision, "reply_to": key},
-            queue="upstream",
-            expires=EXECUTOR_GRACE_SECONDS,
-        )
+        task, key = "registry.list_tools", reply_key()
+        kwargs = {"upstream_id": upstream_id, "revision": revision, "reply_to": key}
+        headers = task_headers(task, kwargs, EXECUTOR_GRACE_SECONDS)
+        current_app.send_task(task, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS, headers=headers)
         wait = call_deadline(timeout)
         reply = sync_redis().blpop([key], timeout=wait)
-        return json.loads(reply[1]) if reply else _lost(wait)
+        return reply_opened(task, key, reply[1]) if reply else _lost(wait)
 
 
 async def reply_after(key: str, work: Awaitable[Outcome]) -> None:
@@ -209,9 +234,17 @@ async def reply_after(key: str, work: Awaitable[Outcome]) -> None:
     (it expires if nobody does), without waking the task's thread first."""
     outcome = await work
     async with async_redis().pipeline(transaction=False) as pipe:
-        pipe.rpush(key, json.dumps(outcome))
+        pipe.rpush(key, task_mac.reply_seal(key, outcome))
         pipe.expire(key, REPLY_TTL_SECONDS)
         await pipe.execute()
+
+
+def reply_now(key: str, outcome: Outcome) -> None:
+    """Worker side, from the task's thread: hand `outcome` to whoever waits on `key` (a refusal, say)."""
+    with sync_redis().pipeline(transaction=False) as pipe:
+        pipe.rpush(key, task_mac.reply_seal(key, outcome))
+        pipe.expire(key, REPLY_TTL_SECONDS)
+        pipe.execute()
 
 
 @cache

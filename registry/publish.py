@@ -5,6 +5,10 @@ millisecond a call. Here Celery itself builds the task message (`app.amqp.as_tas
 the worker reads), it is wrapped in the envelope kombu's Redis transport gives every message, and pushed
 with the async client onto the queue's list, where the worker's BRPOP takes it. Any other broker goes through
 `apply_async` in a thread.
+
+Every task message carries a MAC in a header (gateway_project/lib/task_mac.py), which the worker checks
+(registry/tasks.py Checked): the ones published here, and any published through Celery's own API anywhere in a
+process that imported this module (`before_task_publish` below).
 """
 
 import asyncio
@@ -14,11 +18,26 @@ import uuid
 from typing import Any
 
 from celery import Task, current_app
+from celery.signals import before_task_publish
 from celery.utils.nodenames import anon_nodename
 from django.conf import settings
 from kombu.serialization import dumps
 
+from gateway_project.lib import task_mac
 from gateway_project.lib.redis_clients import async_redis
+
+
+def task_headers(name: str, kwargs: dict[str, Any], expires: float) -> dict[str, Any]:
+    """The headers that sign a task message: its MAC, valid as long as the task itself."""
+    return {task_mac.HEADER: task_mac.task_seal(name, kwargs, ttl=expires)}
+
+
+@before_task_publish.connect(dispatch_uid="switchboard-task-mac")
+def _sign(sender: str, body: Any, headers: dict[str, Any], **_: Any) -> None:
+    """Celery publishes the message with these very headers: one sent with `send_task` or `apply_async`
+    without a MAC (by handoff's tunnel sweep, say) gets one here."""
+    if task_mac.HEADER not in headers and isinstance(body, tuple):  # task protocol 2: (args, kwargs, embed)
+        headers.update(task_headers(sender, body[1], task_mac.DEFAULT_TTL_SECONDS))
 
 
 def task_envelope(task: Task, *, kwargs: dict[str, Any], queue: str, expires: float) -> str:
@@ -35,6 +54,7 @@ def task_envelope(task: Task, *, kwargs: dict[str, Any], queue: str, expires: fl
         ignore_result=task.ignore_result,
         origin=anon_nodename(),  # as apply_async names the sender, for the worker's log
     )
+    headers = message.headers | task_headers(task.name, kwargs, expires)
     content_type, content_encoding, body = dumps(message.body, serializer="json")
     properties = message.properties | {
         "delivery_mode": 2,
@@ -49,7 +69,7 @@ def task_envelope(task: Task, *, kwargs: dict[str, Any], queue: str, expires: fl
             "body": base64.b64encode(body.encode()).decode(),
             "content-encoding": content_encoding,
             "content-type": content_type,
-            "headers": message.headers,
+            "headers": headers,
             "properties": properties,
         }
     )
@@ -60,7 +80,8 @@ async def task_publish(name: str, *, kwargs: dict[str, Any], queue: str, expires
     the workers' task modules (Celery's autodiscovery registers them, with their time limits)."""
     task = current_app.tasks[name]
     if not settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
-        await asyncio.to_thread(task.apply_async, kwargs=kwargs, queue=queue, expires=expires)
+        headers = task_headers(name, kwargs, expires)
+        await asyncio.to_thread(task.apply_async, kwargs=kwargs, queue=queue, expires=expires, headers=headers)
         return
     envelope = task_envelope(task, kwargs=kwargs, queue=queue, expires=expires)
     await async_redis(settings.CELERY_BROKER_URL).lpush(queue, envelope)

@@ -1,17 +1,18 @@
 """Celery tasks: thin wrappers that run one request on this worker's pool (queue `upstream`, or for a tunnel
-the queue of the worker holding it)."""
+the queue of the worker holding it). Each runs only from a message whose MAC verifies (Checked)."""
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 
+from gateway_project.lib import task_mac
 from gateway_project.lib.database import database_async
 from gateway_project.lib.process_task import ProcessTask
-from registry.executor import held_by, reply_after
+from registry.executor import held_by, is_reply_key, reply_after, reply_now
 from registry.services import upstream_health_probe
 from registry.upstreams.loop import held_tunnel_close, pool_thread
 from registry.upstreams.pool import Outcome, failure
@@ -24,6 +25,31 @@ logger = logging.getLogger(__name__)
 CANCELLED_OUTCOME = failure("CANCELLED", "The call was cancelled.", "cancelled by the caller")
 # Past every call's own deadline; the pool enforces the real one.
 HARD_LIMIT = settings.GATEWAY_MAX_TIMEOUT + settings.GATEWAY_CONNECT_TIMEOUT + 30
+TASK_REFUSED = "TASK_REFUSED"
+
+
+class Checked(Task):
+    """A task that runs only from a message whose MAC verifies, seen for the first time: anyone who can
+    write to Redis could otherwise run a call as someone else. A refused one does nothing but log why and,
+    if it names a reply list, say so there, so that its caller need not wait for its timeout."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.request.called_directly:  # in this process, not off the broker
+            return super().__call__(*args, **kwargs)
+        try:
+            if args:  # the tasks take keyword arguments only: the MAC covers those
+                raise task_mac.Refused(task_mac.MALFORMED)
+            task_mac.task_check(self.name, kwargs, self.request.get(task_mac.HEADER))
+        except task_mac.Refused as refused:
+            self._refuse(refused.reason, kwargs.get("reply_to"))
+            return None
+        return self.run(**kwargs)  # as Celery's tracer would: its request (id, headers) stays current
+
+    def _refuse(self, reason: str, reply_to: Any) -> None:
+        logger.warning("task %s[%s] refused: %s", self.name, self.request.id, reason)
+        if is_reply_key(reply_to):
+            message = "The gateway's worker refused the call as not authentic: it did not run."
+            reply_now(reply_to, failure(TASK_REFUSED, message, f"task {self.name} refused: {reason}"))
 
 
 def _run_call(
@@ -46,7 +72,7 @@ def _run_call(
     pool_thread().submit(reply_after(reply_to, running())).result()
 
 
-@shared_task(name="registry.request", ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
+@shared_task(name="registry.request", base=Checked, ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
 def request_task(
     *,
     request: dict[str, Any],
@@ -79,13 +105,13 @@ async def _probe(ready: asyncio.Future) -> None:
 embedded_health_prober = ProcessTask(_probe)
 
 
-@shared_task(name="registry.list_tools", ignore_result=True, time_limit=HARD_LIMIT)
+@shared_task(name="registry.list_tools", base=Checked, ignore_result=True, time_limit=HARD_LIMIT)
 def list_tools_task(*, upstream_id: int, revision: int, reply_to: str) -> None:
     runner = pool_thread()
     runner.submit(reply_after(reply_to, runner.pool.list_tools(upstream_id, revision))).result()
 
 
-@shared_task(name="registry.tunnel_open", ignore_result=True, time_limit=HARD_LIMIT)
+@shared_task(name="registry.tunnel_open", base=Checked, ignore_result=True, time_limit=HARD_LIMIT)
 def tunnel_open_task(
     *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float, reply_to: str
 ) -> None:
@@ -98,12 +124,12 @@ def tunnel_open_task(
     runner.submit(reply_after(reply_to, opened())).result()
 
 
-@shared_task(name="registry.tunnel_call", ignore_result=True, time_limit=HARD_LIMIT)
+@shared_task(name="registry.tunnel_call", base=Checked, ignore_result=True, time_limit=HARD_LIMIT)
 def tunnel_call_task(*, tunnel_id: str, tool: str, arguments: dict[str, Any], reply_to: str) -> None:
     runner = pool_thread()
     runner.submit(reply_after(reply_to, runner.pool.tunnel_call(tunnel_id, tool, arguments))).result()
 
 
-@shared_task(name="registry.tunnel_close", ignore_result=True)
+@shared_task(name="registry.tunnel_close", base=Checked, ignore_result=True)
 def tunnel_close_task(*, tunnel_id: str) -> None:
     held_tunnel_close(tunnel_id)
