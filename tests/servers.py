@@ -153,6 +153,25 @@ def start_oidc_provider(resource: str, jwks: dict, clients: list[dict], log: Pat
     return Running(process, log, f"http://127.0.0.1:{port}")
 
 
+def start_protected_upstream(
+    authorization_server: str,
+    log: Path,
+    tokens: dict[str, str] | None = None,
+    seen: Path | None = None,
+    port: int | None = None,
+) -> Running:
+    """tests/support/protected_upstream.py over Streamable HTTP: an MCP server that serves JWT access tokens of
+    `authorization_server` for its url, and the static `tokens` ({person: token}); every Authorization header it
+    receives is appended to `seen`. A `port` chosen beforehand lets the authorization server know its url first."""
+    port = port or free_port()
+    env = os.environ | {"UPSTREAM_TOKENS": ",".join(f"{person}:{token}" for person, token in (tokens or {}).items())}
+    env |= {"UPSTREAM_AUTHORIZATION_SERVER": authorization_server} | ({"UPSTREAM_SEEN": str(seen)} if seen else {})
+    command = [sys.executable, str(ROOT / "tests/support/protected_upstream.py"), "http", str(port)]
+    process = start(command, env, log)
+    wait_for_port(port, process, log)
+    return Running(process, log, f"http://127.0.0.1:{port}/mcp")
+
+
 def start_demo_http(log: Path) -> Running:
     port = free_port()
     process = start([sys.executable, str(ROOT / "examples/demo_upstream.py"), "http", str(port)], dict(os.environ), log)
