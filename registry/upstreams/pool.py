@@ -429,7 +429,9 @@ class UpstreamPool:
             return failure(unusable.code, unusable.message)
         except ProcessesFull:
             most = settings.GATEWAY_PERSON_PROCESSES
-            busy = f"This service already runs for {most} people at once, all busy: try again in a moment."
+            busy = (
+                f"This service already runs as many processes for people as it may ({most}), all busy: try again soon."
+            )
             return failure(PERSON_PROCESSES_FULL, busy, f"GATEWAY_PERSON_PROCESSES ({most}) reached, none idle")
         except TimeoutError:
             waited = settings.GATEWAY_CONNECT_TIMEOUT

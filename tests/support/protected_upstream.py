@@ -153,8 +153,29 @@ async def call_tool_http(ctx, params: types.CallToolRequestParams) -> types.Call
     return answer({"person": user.access_token.subject, "audience": audience, "pid": os.getpid()})
 
 
+HOLD = types.Tool(
+    name="hold",
+    description="Answers once the file `until` exists (at most 30 s): a call that stays in flight while a test acts.",
+    input_schema={"type": "object", "properties": {"until": {"type": "string"}}, "required": ["until"]},
+)
+HOLD_SECONDS = 30.0
+
+
+async def stdio_list_tools(ctx, params) -> types.ListToolsResult:
+    return types.ListToolsResult(tools=[WHOAMI, HOLD])
+
+
+async def hold(until: str) -> types.CallToolResult:
+    with anyio.move_on_after(HOLD_SECONDS):
+        while not os.path.exists(until):
+            await anyio.sleep(0.02)
+    return answer({"released": os.path.exists(until), "pid": os.getpid()})
+
+
 def stdio_call_tool(tokens: dict[str, str]):
     async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name == HOLD.name:
+            return await hold(str((params.arguments or {}).get("until", "")))
         if params.name != WHOAMI.name:
             raise ValueError(f"Unknown tool: {params.name}")
         person = static_person(tokens, os.environ.get("UPSTREAM_TOKEN", ""))
@@ -185,7 +206,8 @@ def serve_stdio(tokens: dict[str, str], seen: str | None) -> None:
     if seen:
         with open(seen, "a") as record:
             record.write(f"UPSTREAM_TOKEN={os.environ.get('UPSTREAM_TOKEN', '')}\n")
-    server = Server("protected-upstream", version="1.0", on_list_tools=list_tools, on_call_tool=stdio_call_tool(tokens))
+    calls = stdio_call_tool(tokens)
+    server = Server("protected-upstream", version="1.0", on_list_tools=stdio_list_tools, on_call_tool=calls)
 
     async def serve() -> None:
         async with stdio_server() as (read, write):
