@@ -28,6 +28,7 @@ from registry.personal import (
 
 _state = database_sync_to_async(personal_state, thread_sensitive=False)
 CONNECT_AGAIN = (CREDENTIAL_REQUIRED, CREDENTIAL_EXPIRED, CREDENTIAL_REVOKED)  # lift once the person connects
+CONNECTED = (Upstream.PersonConnect.TOKEN, Upstream.PersonConnect.OAUTH)  # kinds a person connects (not exchange)
 CONNECT_ROUND = "connect"  # a requestState's kind: the retry after connecting runs the call afresh
 
 

@@ -50,7 +50,7 @@ from handoff.mcp.input_required import (
     state_load,
 )
 from handoff.mcp.paging import list_page
-from handoff.mcp.personal_access import CONNECT_AGAIN, CONNECT_ROUND, connect_ask, connect_refusal
+from handoff.mcp.personal_access import CONNECT_AGAIN, CONNECT_ROUND, CONNECTED, connect_ask, connect_refusal
 from handoff.protocol.moves import (
     HANDOFF_FAILED,
     connecting,
@@ -258,7 +258,7 @@ async def _call_tool(
             "own tools are restored (call tools/list). The call may not have run."
         )
         raise MCPError(HANDOFF_FAILED, message, {"code": TUNNEL_GONE, "requestId": str(request_id)})
-    if route.per_person and (code := outcome.get("code", "")) in CONNECT_AGAIN:  # the executor found it unusable
+    if route.per_person in CONNECTED and (code := outcome.get("code", "")) in CONNECT_AGAIN:  # unusable after all
         asked = connect_ask(
             ctx,
             caller,
