@@ -26,6 +26,7 @@ from tests.helpers import audit_mark, audit_since, eventually
 pytestmark = pytest.mark.e2e
 
 TOKENS = {"alice": "tok-alice-3f9a7c1e5b", "bob": "tok-bob-8d2e6a4f0c"}
+ADMIN_TOKEN = "tok-admin-0e4c7b9a2d"  # the upstream shows its account one tool more (reports)
 SLUG = "tracker"
 WHOAMI = f"{SLUG}__whoami"
 
@@ -35,7 +36,8 @@ def tracker(db, logs) -> dict:
     """The protected upstream (static tokens), per person; Alice and Bob with personal keys; Alice's connection
     designated to sync its catalog."""
     seen = logs / "tracker-seen.log"
-    running = servers.start_protected_upstream("http://127.0.0.1:9", logs / "tracker.log", tokens=TOKENS, seen=seen)
+    tokens = TOKENS | {"admin": ADMIN_TOKEN}
+    running = servers.start_protected_upstream("http://127.0.0.1:9", logs / "tracker.log", tokens=tokens, seen=seen)
     agent = Agent.objects.get_or_create(name="people")[0]
     users = {name: get_user_model().objects.create_user(f"{name}-pp", first_name=name.title()) for name in TOKENS}
     keys = {name: agent_key_issue(agent=agent, owner=user, actor="tests").key for name, user in users.items()}
@@ -51,7 +53,7 @@ def tracker(db, logs) -> dict:
     upstream.full_clean()
     upstream_save(upstream=upstream, created=True)
     admin = {"issuer": "https://idp.example.com", "subject": "admin", "name": "Admin", "kind": "token"}
-    upstream.catalog_credential = personal_connect(upstream=upstream, values={"token": TOKENS["alice"]}, **admin)
+    upstream.catalog_credential = personal_connect(upstream=upstream, values={"token": ADMIN_TOKEN}, **admin)
     upstream_save(upstream=upstream)
     assert upstream_catalog_sync(upstream=upstream).ok
     try:
@@ -158,6 +160,24 @@ def test_without_a_credential_the_call_is_refused_with_the_link_and_audited(trac
     assert (row.error_code, row.person_name) == ("CREDENTIAL_REQUIRED", "Bob")
 
 
+def test_a_tool_the_persons_own_account_lacks_is_refused_by_the_upstream_in_its_words(tracker, inline_gateway):
+    _listed(inline_gateway, tracker["keys"]["alice"])
+    _connect(tracker, "alice", inline_gateway)
+
+    async def calls() -> tuple:
+        async with sdk_client(inline_gateway.url, tracker["keys"]["alice"], "legacy") as client:
+            listed = {tool.name for tool in (await client.list_tools()).tools if tool.name.startswith(SLUG)}
+            lacking = await client.call_tool(f"{SLUG}__reports", {})  # in the catalog (the admin's account has it)
+            with pytest.raises(MCPError) as unknown:  # in no catalog: refused before any upstream
+                await client.call_tool(f"{SLUG}__payroll", {})
+            return listed, lacking, unknown.value
+
+    listed, lacking, unknown = anyio.run(calls)
+    assert listed == {WHOAMI, f"{SLUG}__reports"}
+    assert lacking.is_error and json.loads(lacking.content[0].text) == {"error": "No tool reports for alice"}
+    assert unknown.error.data["code"] == "TOOL_NOT_FOUND"
+
+
 def test_an_agent_key_naming_no_person_is_refused(tracker, inline_gateway, world):
     _listed(inline_gateway, world.key)
 
@@ -257,7 +277,7 @@ def test_the_personal_api_refuses_what_it_must(tracker, inline_gateway, world):
 
 def test_no_personal_token_reaches_any_log_and_the_upstream_saw_only_its_own(tracker, logs):
     seen = Path(tracker["seen"]).read_text()
-    assert set(re.findall(r"Bearer (\S+)", seen)) <= set(TOKENS.values())
+    assert set(re.findall(r"Bearer (\S+)", seen)) <= {*TOKENS.values(), ADMIN_TOKEN}
     for log in logs.glob("*.log"):
         if log.name.startswith("tracker"):
             continue

@@ -140,14 +140,27 @@ def answer(value: dict[str, Any], is_error: bool = False) -> types.CallToolResul
     return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(value))], is_error=is_error)
 
 
+# Listed to, and served for, the person "admin" only: an account that sees more tools than another's.
+REPORTS = types.Tool(name="reports", description="Admin only.", input_schema={"type": "object", "properties": {}})
+ADMIN = "admin"
+
+
+def _person(ctx) -> str:
+    user = ctx.request.user  # set by the SDK's bearer middleware for this very request
+    assert isinstance(user, AuthenticatedUser)
+    return user.access_token.subject
+
+
 async def list_tools(ctx, params) -> types.ListToolsResult:
-    return types.ListToolsResult(tools=[WHOAMI])
+    return types.ListToolsResult(tools=[WHOAMI, REPORTS] if _person(ctx) == ADMIN else [WHOAMI])
 
 
 async def call_tool_http(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    if params.name == REPORTS.name and _person(ctx) == ADMIN:
+        return answer({"reports": []})
     if params.name != WHOAMI.name:
-        raise ValueError(f"Unknown tool: {params.name}")
-    user = ctx.request.user  # set by the SDK's bearer middleware for this very request
+        return answer({"error": f"No tool {params.name} for {_person(ctx)}"}, True)
+    user = ctx.request.user
     assert isinstance(user, AuthenticatedUser)
     audience = (user.access_token.claims or {}).get("aud")
     return answer({"person": user.access_token.subject, "audience": audience, "pid": os.getpid()})
