@@ -24,6 +24,7 @@ from registry.connection_views import MAX_TOKEN_CHARS, people_of
 from registry.forms import MASK, unmasked
 from registry.models import PersonalCredential, Tool, Upstream
 from registry.personal import personal_connect, personal_disconnect, personal_revoke
+from registry.secret_store import SecretStoreUnavailable
 from registry.services import (
     SyncReport,
     tool_approve,
@@ -32,6 +33,8 @@ from registry.services import (
     upstream_save,
     upstream_set_enabled,
 )
+
+STORE_DOWN = "The credential store cannot be reached now: nothing was stored. Try again soon."
 
 
 class SecretMapField(serializers.DictField):
@@ -236,14 +239,17 @@ class MyConnectionViewSet(viewsets.ViewSet):
         given = PersonalTokenSerializer(data=request.data)
         given.is_valid(raise_exception=True)
         issuer, subject, name = people_of(request)[0]
-        credential = personal_connect(
-            upstream=upstream,
-            issuer=issuer,
-            subject=subject,
-            name=name,
-            kind=PersonalCredential.Kind.TOKEN,
-            values={"token": given.validated_data["token"]},
-        )
+        try:
+            credential = personal_connect(
+                upstream=upstream,
+                issuer=issuer,
+                subject=subject,
+                name=name,
+                kind=PersonalCredential.Kind.TOKEN,
+                values={"token": given.validated_data["token"]},
+            )
+        except SecretStoreUnavailable:
+            return Response({"detail": STORE_DOWN}, status=503)
         return Response(ConnectionSerializer(credential).data)
 
     def destroy(self, request: Request, slug: str) -> Response:

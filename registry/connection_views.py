@@ -13,6 +13,7 @@ from policy.identity import person_digest
 from policy.models import Person
 from registry.models import PersonalCredential, Upstream
 from registry.personal import connect_link_person, personal_connect, personal_disconnect
+from registry.secret_store import SecretStoreUnavailable
 
 MAX_TOKEN_CHARS = 8192
 
@@ -89,8 +90,12 @@ def connection(request: HttpRequest, slug: str) -> HttpResponse:
             issuer, subject, name = person
             values = {"token": form.cleaned_data["token"]}
             kind = PersonalCredential.Kind.TOKEN
-            personal_connect(upstream=upstream, issuer=issuer, subject=subject, name=name, kind=kind, values=values)
-            return redirect(f"{request.path}?connected=1")
+            try:
+                personal_connect(upstream=upstream, issuer=issuer, subject=subject, name=name, kind=kind, values=values)
+            except SecretStoreUnavailable:
+                form.add_error(None, "The credential store cannot be reached now: nothing was stored. Try again soon.")
+            else:
+                return redirect(f"{request.path}?connected=1")
     credential = PersonalCredential.objects.filter(
         upstream=upstream, person_issuer=person[0], person_subject=person[1]
     ).first()

@@ -15,6 +15,10 @@ from django.conf import settings
 
 from registry.credentials import credential_open, credential_seal
 from registry.models import SealedSecret
+from registry.vault_store import VaultStore, VaultStoreError
+
+# What a store that cannot be reached raises (the message names the path and the cause, never a value).
+SecretStoreUnavailable = VaultStoreError
 
 
 class SecretStore(Protocol):
@@ -43,8 +47,6 @@ class DatabaseStore:
 @cache
 def secret_store() -> SecretStore:
     if settings.GATEWAY_SECRET_STORE == "vault":
-        from registry.vault_store import VaultStore  # hvac is needed only where Vault is used
-
         return VaultStore()
     return DatabaseStore()
 

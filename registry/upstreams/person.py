@@ -21,13 +21,14 @@ from registry.personal import (
     PERSON_REQUIRED,
     personal_connect,
 )
-from registry.secret_store import secret_path, secret_store, secrets_open
+from registry.secret_store import SecretStoreUnavailable, secret_path, secret_store, secrets_open
 from registry.upstreams.spec import UpstreamSpec
 from registry.upstreams.token_grants import GrantFailed, token_exchange, token_refresh
 
 logger = logging.getLogger(__name__)
 
 REFRESH_MARGIN_SECONDS = 30  # a token this close to its end is refreshed before use
+STORE_UNAVAILABLE = "CREDENTIAL_STORE_UNAVAILABLE"  # the secret store did not answer: nothing the person can fix
 PERSON_REQUIRED_MESSAGE = (
     "This service acts as each person, and this call names nobody: sign in with OAuth, or use a personal key."
 )
@@ -94,6 +95,10 @@ async def _stored(upstream: Upstream, spec: UpstreamSpec, credential: PersonalCr
     path = secret_path(person_digest(credential.person_issuer, credential.person_subject), upstream.slug)
     try:
         values = await _in_thread(_values)(path)
+    except SecretStoreUnavailable as exc:
+        logger.warning("personal credential %s: %s", credential.pk, exc)
+        unavailable = "The gateway cannot read your credential now: try again soon."
+        raise CredentialUnusable(STORE_UNAVAILABLE, unavailable) from None
     except CredentialError as exc:
         logger.warning("personal credential %s does not open: %s", credential.pk, exc)
         unusable = f"Your credential for {upstream.slug} is unusable: connect again."
