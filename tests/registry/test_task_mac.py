@@ -159,6 +159,18 @@ def test_the_default_task_key_is_derived_from_the_secret_key_and_a_short_one_is_
     assert "short-secret-x" not in short.stderr
 
 
+def test_a_task_is_signed_whether_published_from_the_event_loop_or_by_apply_async(redis_db):
+    """registry/publish.py signs what it pushes itself; `before_task_publish` signs what Celery publishes."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    kwargs = {"upstream_id": 1, "revision": 2, "reply_to": "sb:reply:x"}
+    client.delete("publish-probe-mac")
+    list_tools_task.apply_async(kwargs=kwargs, queue="publish-probe-mac", expires=5.0)
+    theirs = json.loads(client.rpop("publish-probe-mac"))
+    ours = json.loads(task_envelope(list_tools_task, kwargs=kwargs, queue="publish-probe-mac", expires=5.0))
+    for message in (theirs, ours):
+        task_mac.task_check("registry.list_tools", _kwargs_of(message), message["headers"][task_mac.HEADER])
+
+
 # --- a real worker refuses what is not authentic --------------------------------------------------------------
 
 
@@ -201,6 +213,11 @@ def _unsigned(envelope: dict[str, Any]) -> dict[str, Any]:
     return envelope | {"headers": headers}
 
 
+def _positional(envelope: dict[str, Any]) -> dict[str, Any]:
+    _, kwargs, embed = json.loads(base64.b64decode(envelope["body"]))
+    return envelope | {"body": base64.b64encode(json.dumps([[1], kwargs, embed]).encode()).decode()}
+
+
 def _expired(envelope: dict[str, Any]) -> dict[str, Any]:
     old = task_mac.task_seal("registry.request", _kwargs_of(envelope), ttl=5, now=time.time() - 3600)
     return envelope | {"headers": envelope["headers"] | {task_mac.HEADER: old}}
@@ -220,6 +237,7 @@ def test_a_task_published_with_a_valid_mac_runs_on_the_worker(world, celery_work
         (_forged_person, "its MAC does not verify"),
         (_unsigned, "it carries no MAC"),
         (_expired, "its MAC has expired"),
+        (_positional, "its MAC is malformed"),  # the MAC covers keyword arguments: the tasks take no others
     ],
 )
 def test_a_forged_unsigned_or_expired_task_is_refused_by_the_worker_and_its_caller_told(
