@@ -17,6 +17,7 @@ from policy.authorization_views import ConsentView, RegistrationView
 from policy.console_sign_in import ConsoleCallback, ConsoleSignIn
 from registry.api import ConnectionViewSet, MyConnectionViewSet, ToolViewSet, UpstreamViewSet
 from registry.connection_views import connection, connection_disconnect, connections
+from registry.oauth_views import connection_callback, connection_client, connection_oauth
 
 api = SimpleRouter(trailing_slash=False)
 api.register("upstreams", UpstreamViewSet)
@@ -71,6 +72,9 @@ urlpatterns = [
     path("account/connections/", connections, name="connections"),
     path("account/connections/<slug:slug>/", connection, name="connection"),
     path("account/connections/<slug:slug>/disconnect/", connection_disconnect, name="connection-disconnect"),
+    path("account/connections/<slug:slug>/oauth/", connection_oauth, name="connection-oauth"),
+    path("account/connect-callback/", connection_callback, name="connection-callback"),
+    path("account/connect-client/", connection_client, name="connection-client"),
     path("oidc/authenticate/", ConsoleSignIn.as_view(), name="console-sso"),
     path("oidc/callback/", ConsoleCallback.as_view(), name="console-sso-callback"),
 ]

@@ -27,6 +27,7 @@ from registry.upstreams.loop import held_tunnel_close, pool_thread
 from registry.upstreams.pool import TUNNEL_GONE, Outcome, failure
 from registry.upstreams.relay import LoopRelay, Relay, cancel_remote, carried, relay_channels, relay_pump
 from registry.upstreams.requests import UpstreamRequest
+from registry.upstreams.upstream_oauth import oauth_begin, oauth_finish, oauth_seconds
 from registry.worker import HEARTBEAT_SECONDS, alive_key
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,22 @@ class Executor(Protocol):
     ) -> Outcome: ...
 
     async def tunnel_close(self, *, tunnel_id: str, queue: str) -> None: ...
+
+    # A person's sign-in at an upstream's own authorization server (registry/upstreams/upstream_oauth.py): the
+    # executor discovers, registers and exchanges the code; the web process gets sealed material, never a token.
+    def oauth_begin(self, *, upstream_id: int, redirect_uri: str) -> Outcome: ...
+
+    def oauth_finish(
+        self,
+        *,
+        upstream_id: int,
+        material: dict[str, Any],
+        sealed_code: str,
+        redirect_uri: str,
+        person_issuer: str,
+        person_subject: str,
+        person_name: str,
+    ) -> Outcome: ...
 
 
 class InlineExecutor:
@@ -86,6 +103,23 @@ class InlineExecutor:
 
     async def tunnel_close(self, *, tunnel_id: str, queue: str) -> None:
         held_tunnel_close(tunnel_id)
+
+    def oauth_begin(self, *, upstream_id: int, redirect_uri: str) -> Outcome:
+        return _on_pool(oauth_begin(upstream_id, redirect_uri))
+
+    def oauth_finish(self, **kwargs: Any) -> Outcome:
+        return _on_pool(oauth_finish(**kwargs))
+
+
+def _on_pool(work: Awaitable[Outcome]) -> Outcome:
+    """A sign-in step on this process's pool thread, waited for from a (sync) view."""
+    wait = oauth_seconds() + EXECUTOR_GRACE_SECONDS
+    running = pool_thread().submit(work)
+    try:
+        return running.result(timeout=wait)
+    except TimeoutError:
+        running.cancel()
+        return _lost(wait)
 
 
 def held_by(outcome: Outcome, queue: str) -> Outcome:
@@ -220,13 +254,26 @@ class CeleryExecutor:
             await task_publish("registry.tunnel_close", kwargs={"tunnel_id": tunnel_id}, queue=queue, expires=60)
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
-        task, key = "registry.list_tools", reply_key()
-        kwargs = {"upstream_id": upstream_id, "revision": revision, "reply_to": key}
-        headers = task_headers(task, kwargs, EXECUTOR_GRACE_SECONDS)
-        current_app.send_task(task, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS, headers=headers)
+        task, kwargs = "registry.list_tools", {"upstream_id": upstream_id, "revision": revision}
         wait = call_deadline(timeout)
-        reply = sync_redis().blpop([key], timeout=wait)
-        return reply_opened(task, key, reply[1]) if reply else _lost(wait)
+        return _sent_and_waited(task, kwargs, wait)
+
+    def oauth_begin(self, *, upstream_id: int, redirect_uri: str) -> Outcome:
+        kwargs = {"upstream_id": upstream_id, "redirect_uri": redirect_uri}
+        return _sent_and_waited("registry.oauth_begin", kwargs, oauth_seconds() + EXECUTOR_GRACE_SECONDS)
+
+    def oauth_finish(self, **kwargs: Any) -> Outcome:
+        return _sent_and_waited("registry.oauth_finish", kwargs, oauth_seconds() + EXECUTOR_GRACE_SECONDS)
+
+
+def _sent_and_waited(task: str, kwargs: dict[str, Any], wait: float) -> Outcome:
+    """From sync code (a view, an admin action): publish `task` with a MAC and wait up to `wait` s for its reply."""
+    key = reply_key()
+    kwargs = kwargs | {"reply_to": key}
+    headers = task_headers(task, kwargs, EXECUTOR_GRACE_SECONDS)
+    current_app.send_task(task, kwargs=kwargs, queue="upstream", expires=EXECUTOR_GRACE_SECONDS, headers=headers)
+    reply = sync_redis().blpop([key], timeout=wait)
+    return reply_opened(task, key, reply[1]) if reply else _lost(wait)
 
 
 async def reply_after(key: str, work: Awaitable[Outcome]) -> None:

@@ -18,6 +18,7 @@ from registry.upstreams.loop import held_tunnel_close, pool_thread
 from registry.upstreams.pool import Outcome, failure
 from registry.upstreams.relay import ChannelRelay, Relay, cancellable
 from registry.upstreams.requests import UpstreamRequest
+from registry.upstreams.upstream_oauth import oauth_begin, oauth_finish
 from registry.worker import worker_queue
 
 logger = logging.getLogger(__name__)
@@ -133,3 +134,28 @@ def tunnel_call_task(*, tunnel_id: str, tool: str, arguments: dict[str, Any], re
 @shared_task(name="registry.tunnel_close", base=Checked, ignore_result=True)
 def tunnel_close_task(*, tunnel_id: str) -> None:
     held_tunnel_close(tunnel_id)
+
+
+@shared_task(name="registry.oauth_begin", base=Checked, ignore_result=True, time_limit=HARD_LIMIT)
+def oauth_begin_task(*, upstream_id: int, redirect_uri: str, reply_to: str) -> None:
+    """A person's sign-in at an upstream begins: where to send them, and the sealed material (upstream_oauth.py)."""
+    pool_thread().submit(reply_after(reply_to, oauth_begin(upstream_id, redirect_uri))).result()
+
+
+@shared_task(name="registry.oauth_finish", base=Checked, ignore_result=True, time_limit=HARD_LIMIT)
+def oauth_finish_task(
+    *,
+    upstream_id: int,
+    material: dict[str, Any],
+    sealed_code: str,
+    redirect_uri: str,
+    person_issuer: str,
+    person_subject: str,
+    person_name: str,
+    reply_to: str,
+) -> None:
+    """The code, sealed, exchanged here and the person's credential stored; the reply names no token."""
+    finishing = oauth_finish(
+        upstream_id, material, sealed_code, redirect_uri, person_issuer, person_subject, person_name
+    )
+    pool_thread().submit(reply_after(reply_to, finishing)).result()
