@@ -13,7 +13,7 @@ from handoff.codemode.run import execution_run
 from handoff.mcp.list_changed import tools_changed_everywhere
 from handoff.protocol.tunnels import index_session, tunnels_close_held, tunnels_sweep_idle
 from registry.executor import reply_after
-from registry.tasks import CANCELLED_OUTCOME
+from registry.tasks import CANCELLED_OUTCOME, Checked
 from registry.upstreams.loop import pool_thread
 from registry.upstreams.relay import cancellable
 
@@ -31,7 +31,11 @@ def sweep_idle_tunnels() -> int:
 
 
 @shared_task(
-    name="handoff.run_code", ignore_result=True, acks_late=False, time_limit=settings.GATEWAY_SANDBOX_TIMEOUT + 30
+    name="handoff.run_code",
+    base=Checked,  # an execution names its caller: a writer to Redis must not run code as someone else
+    ignore_result=True,
+    acks_late=False,
+    time_limit=settings.GATEWAY_SANDBOX_TIMEOUT + 30,
 )
 def run_code_task(*, execution: dict[str, Any], reply_to: str, call: str = "") -> None:
     """One execution, on this worker's event loop (where its async clients live); the sandbox bounds it, and
