@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from audit.services import audit_record
 from policy.identity import person_digest
 from registry.models import PersonalCredential, Upstream
 from registry.secret_store import secret_path, secret_store, secrets_seal
@@ -79,9 +80,11 @@ def personal_connect(
     kind: str,
     values: dict[str, str],
     expires_at: datetime | None = None,
+    action: str = "credential_connected",
 ) -> PersonalCredential:
     """Store a person's credential for `upstream`, sealed at once (`values` in clear, as the person gave them, or
-    as the executor got them), replacing one they had; executors reconnect with it on the next call."""
+    as the executor got them), replacing one they had; executors reconnect with it on the next call. The audit
+    trail records `action` (connected, or refreshed by the executor), naming the credential, never a value."""
     path = credential_path(upstream, issuer, subject)
     secret_store().write(path, secrets_seal(path, values))
     credential, made = PersonalCredential.objects.select_for_update().get_or_create(
@@ -95,12 +98,26 @@ def personal_connect(
         credential.version += 1
         credential.revoked_at, credential.revoked_by, credential.refresh_failed_at = None, "", None
         credential.save()
+    _recorded(credential, action, actor=name)
     return credential
+
+
+def _recorded(credential: PersonalCredential, action: str, *, actor: str) -> None:
+    audit_record(
+        kind="admin_change",
+        actor=actor,
+        upstream=credential.upstream.slug,
+        person_issuer=credential.person_issuer,
+        person_subject=credential.person_subject,
+        person_name=credential.person_name,
+        detail={"action": action, "credential": {"id": credential.pk, "kind": credential.kind}},
+    )
 
 
 def personal_disconnect(credential: PersonalCredential) -> None:
     """The person's own disconnect: the values go, and the row (their next call asks them to connect)."""
     secret_store().delete(credential_path(credential.upstream, credential.person_issuer, credential.person_subject))
+    _recorded(credential, "credential_disconnected", actor=credential.person_name)
     credential.delete()
 
 
@@ -110,6 +127,13 @@ def personal_revoke(credential: PersonalCredential, *, actor: str) -> None:
     PersonalCredential.objects.filter(pk=credential.pk).update(
         revoked_at=timezone.now(), revoked_by=actor, version=F("version") + 1
     )
+    _recorded(credential, "credential_revoked", actor=actor)
+
+
+def personal_refresh_failed(credential: PersonalCredential) -> None:
+    """The executor could not refresh it: the person's next call asks them to connect again."""
+    PersonalCredential.objects.filter(pk=credential.pk).update(refresh_failed_at=timezone.now())
+    _recorded(credential, "credential_refresh_failed", actor="executor")
 
 
 def personal_state(upstream_id: int, issuer: str, subject: str) -> tuple[int, str, int, str] | None:

@@ -20,6 +20,7 @@ from registry.personal import (
     INBOUND,
     PERSON_REQUIRED,
     personal_connect,
+    personal_refresh_failed,
 )
 from registry.secret_store import SecretStoreUnavailable, secret_path, secret_store, secrets_open
 from registry.upstreams.spec import UpstreamSpec
@@ -124,8 +125,7 @@ async def _refreshed(
         fresh = await token_refresh(values)
     except GrantFailed as failed:
         logger.warning("refreshing personal credential %s failed: %s", credential.pk, failed)
-        failing = PersonalCredential.objects.filter(pk=credential.pk)
-        await _in_thread(failing.update)(refresh_failed_at=timezone.now())
+        await _in_thread(personal_refresh_failed)(credential)
         raise CredentialUnusable(
             CREDENTIAL_EXPIRED, f"Your sign-in at {upstream.slug} expired and could not be renewed: connect again."
         ) from None
@@ -138,6 +138,7 @@ async def _refreshed(
         kind=credential.kind,
         values=values | fresh.values,
         expires_at=expires_at,
+        action="credential_refreshed",
     )
     return stored, values | fresh.values
 

@@ -7,6 +7,7 @@ import anyio
 import pytest
 from django.core.exceptions import ValidationError
 
+from audit.models import AuditEvent
 from policy.identity import person_digest
 from registry.models import PersonalCredential, SealedSecret, Upstream
 from registry.personal import (
@@ -45,11 +46,18 @@ def test_a_connection_is_stored_sealed_and_each_change_bumps_its_version(upstrea
     assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"]) == (first.pk, "token", 1, "")
     again = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN + "2"}, **ALICE)
     assert (again.pk, again.version) == (first.pk, 2)
+    rows = AuditEvent.objects.filter(kind="admin_change", upstream="ledger").order_by("id")
+    assert [(r.detail["action"], r.detail["credential"], r.person_subject) for r in rows] == [
+        ("credential_connected", {"id": first.pk, "kind": "token"}, "alice")
+    ] * 2
+    assert TOKEN not in json.dumps([r.detail for r in rows])
 
 
 def test_revoked_and_expired_credentials_say_so_and_disconnect_forgets(upstream):
     credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
     personal_revoke(credential, actor="operator")
+    revoked = AuditEvent.objects.filter(kind="admin_change", upstream="ledger").latest("id")
+    assert (revoked.actor, revoked.detail["action"]) == ("operator", "credential_revoked")
     assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"])[2:] == (2, CREDENTIAL_REVOKED)
     assert not SealedSecret.objects.exists()
     credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
@@ -57,6 +65,7 @@ def test_revoked_and_expired_credentials_say_so_and_disconnect_forgets(upstream)
     PersonalCredential.objects.filter(pk=credential.pk).update(refresh_failed_at="2026-01-01T00:00:00Z")
     assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"])[3] == CREDENTIAL_EXPIRED
     personal_disconnect(PersonalCredential.objects.get(pk=credential.pk))
+    assert AuditEvent.objects.filter(upstream="ledger").latest("id").detail["action"] == "credential_disconnected"
     assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"]) is None
     assert not SealedSecret.objects.exists()
 
