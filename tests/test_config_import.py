@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from audit.models import AuditEvent
+from handoff.config_import import mcp_config_export, mcp_config_import
 from handoff.models import HandoffRoute
 from registry.credentials import credentials_open
 from registry.models import Upstream
@@ -354,3 +355,40 @@ def test_an_export_the_import_could_not_read_back_is_refused_naming_why(cleanup,
     with pytest.raises(CommandError) as raised:
         call_command("export_mcp_config")
     assert (str(raised.value), capsys.readouterr().out) == (message, "")
+
+
+def test_a_per_person_entry_imports_and_exports_back_with_its_client_as_placeholders(cleanup, tmp_path, capsys):
+    person = {"connect": "exchange", "exchangeUrl": "https://idp.example.com/token", "scope": "tracker"}
+    person |= {"client": {"client_id": "${IMP_CLIENT_ID}", "client_secret": "${IMP_CLIENT_SECRET}"}}
+    config = {
+        "mcpServers": {
+            "imp-tracker": {"url": "https://tracker.example.com/mcp", "perPerson": person},
+            "imp-desk": DEMO_ENTRY | {"perPerson": {"slot": "env:DESK_TOKEN"}},
+            "imp-odd": {"url": "https://example.com/mcp", "perPerson": {"connect": "magic"}},
+            "imp-extra": {"url": "https://example.com/mcp", "perPerson": {"via": "x"}},
+        }
+    }
+    environ = {"IMP_CLIENT_ID": "gateway", "IMP_CLIENT_SECRET": "s3cret-client-value"}
+    report = mcp_config_import(config=config, environ=environ)
+    assert [entry.line() for entry in report.rejected] == [
+        "rejected imp-odd: 'perPerson.connect' must be one of token, oauth, exchange",
+        "rejected imp-extra: 'perPerson' must be an object of audience, client, connect, exchangeUrl, scope, slot",
+    ]
+    tracker, desk = Upstream.objects.get(slug="imp-tracker"), Upstream.objects.get(slug="imp-desk")
+    assert (tracker.per_person, tracker.person_connect, tracker.person_slot) == (True, "exchange", "bearer")
+    assert (tracker.exchange_url, tracker.person_scope) == ("https://idp.example.com/token", "tracker")
+    assert "s3cret-client-value" not in json.dumps(tracker.person_client)
+    assert credentials_open(tracker.person_client) == {"client_id": "gateway", "client_secret": "s3cret-client-value"}
+    assert (desk.per_person, desk.person_connect, desk.person_slot) == (True, "token", "env:DESK_TOKEN")
+    exported = mcp_config_export().config["mcpServers"]
+    assert exported["imp-tracker"]["perPerson"] == {
+        "connect": "exchange",
+        "slot": "bearer",
+        "scope": "tracker",
+        "exchangeUrl": "https://idp.example.com/token",
+        "client": {
+            "client_id": "${IMP_TRACKER_CLIENT_CLIENT_ID}",
+            "client_secret": "${IMP_TRACKER_CLIENT_CLIENT_SECRET}",
+        },
+    }
+    assert exported["imp-desk"]["perPerson"] == {"connect": "token", "slot": "env:DESK_TOKEN"}
