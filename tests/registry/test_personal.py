@@ -24,7 +24,7 @@ from registry.personal import (
 from registry.upstreams.person import CredentialUnusable, person_spec, slotted
 from registry.upstreams.spec import UpstreamSpec
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 ALICE = {"issuer": "https://idp.example.com", "subject": "alice", "name": "Alice"}
 TOKEN = "alice-personal-token-91c2"
 
@@ -70,6 +70,7 @@ def test_revoked_and_expired_credentials_say_so_and_disconnect_forgets(upstream)
     assert not SealedSecret.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)  # the executor reads in threads of its own, outside the test's transaction
 def test_the_executor_opens_the_persons_token_into_its_slot(upstream):
     credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
     ref = {"person": person_digest(ALICE["issuer"], ALICE["subject"]), "kind": "token", "version": "1"}
@@ -88,6 +89,7 @@ def test_the_executor_opens_the_persons_token_into_its_slot(upstream):
     )
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_value_moved_to_another_persons_path_does_not_open(upstream):
     personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
     bob = personal_connect(

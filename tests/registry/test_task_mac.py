@@ -16,6 +16,7 @@ import pytest
 import redis
 from celery import current_app
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from gateway_project.lib import task_mac
@@ -144,19 +145,22 @@ def _settings_process(**env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_default_task_key_is_derived_from_the_secret_key_and_a_short_one_is_refused_unechoed(tmp_path):
-    var = {"SWITCHBOARD_VAR_DIR": str(tmp_path)}
-    one = _settings_process(SECRET_KEY="first-secret-key-of-some-length", **var).stdout.strip()
-    two = _settings_process(SECRET_KEY="second-secret-key-of-some-length", **var).stdout.strip()
+def test_the_default_task_key_is_derived_from_the_secret_key_and_a_short_one_is_refused_unechoed(monkeypatch):
+    from gateway_project import settings as module
+
+    monkeypatch.delenv("GATEWAY_TASK_KEY", raising=False)
+    monkeypatch.setattr(module, "SECRET_KEY", "first-secret-key-of-some-length")
+    one = module._task_key()
+    monkeypatch.setattr(module, "SECRET_KEY", "second-secret-key-of-some-length")
+    two = module._task_key()
     assert len(one) == len(two) == 64 and one != two
     assert "first-secret-key-of-some-length" not in one
-    given = _settings_process(GATEWAY_TASK_KEY="k" * 32, **var).stdout.strip()
-    assert given == "k" * 32
-    short = _settings_process(GATEWAY_TASK_KEY="short-secret-x", **var)
-    assert short.returncode == 1
-    last = short.stderr.strip().splitlines()[-1]
-    assert last == "django.core.exceptions.ImproperlyConfigured: GATEWAY_TASK_KEY must be 32 characters or more"
-    assert "short-secret-x" not in short.stderr
+    monkeypatch.setenv("GATEWAY_TASK_KEY", "k" * 32)
+    assert module._task_key() == "k" * 32
+    monkeypatch.setenv("GATEWAY_TASK_KEY", "short-secret-x")
+    with pytest.raises(ImproperlyConfigured) as short:
+        module._task_key()
+    assert str(short.value) == "GATEWAY_TASK_KEY must be 32 characters or more"
 
 
 def test_a_task_is_signed_whether_published_from_the_event_loop_or_by_apply_async(redis_db):
