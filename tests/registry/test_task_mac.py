@@ -5,9 +5,6 @@ against a real worker and the real waiting code."""
 import base64
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from typing import Any
@@ -30,7 +27,6 @@ from registry.upstreams.requests import UpstreamRequest
 from registry.worker import alive_key
 from tests.conftest import needs
 from tests.helpers import eventually, run
-from tests.servers import ROOT
 
 ALICE = {"person": "digest-of-alice", "kind": "token", "version": "3", "id": 7, "inbound": ""}
 BOB_DIGEST = "digest-of-bob-7e1c0d"  # the forger's choice: it must never reach a log line
@@ -130,19 +126,6 @@ def test_a_reply_opens_only_on_the_key_it_was_sealed_for_and_unaltered():
         with pytest.raises(task_mac.Refused) as refused:
             task_mac.reply_open(key, forged.encode())
         assert refused.value.reason == reason
-
-
-def _settings_process(**env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "SECRET_KEY"))}
-    code = "import django; django.setup(); from django.conf import settings; print(settings.GATEWAY_TASK_KEY)"
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=base | {"DJANGO_SETTINGS_MODULE": "gateway_project.settings"} | env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_the_default_task_key_is_derived_from_the_secret_key_and_a_short_one_is_refused_unechoed(monkeypatch):
