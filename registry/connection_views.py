@@ -7,6 +7,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods, require_POST
 
 from policy.identity import person_digest
@@ -83,6 +84,7 @@ def connection(request: HttpRequest, slug: str) -> HttpResponse:
     person = person_for(request, slug)
     if person is None:
         return _other_person(request, upstream)
+    made_for = request.GET.get("for") or request.POST.get("for") or ""
     form = TokenForm()
     if request.method == "POST" and upstream.person_connect == Upstream.PersonConnect.TOKEN:
         form = TokenForm(request.POST)
@@ -94,8 +96,9 @@ def connection(request: HttpRequest, slug: str) -> HttpResponse:
                 personal_connect(upstream=upstream, issuer=issuer, subject=subject, name=name, kind=kind, values=values)
             except SecretStoreUnavailable:
                 form.add_error(None, "The credential store cannot be reached now: nothing was stored. Try again soon.")
-            else:
-                return redirect(f"{request.path}?connected=1")
+            else:  # the link's `for` kept: the page then names the person just connected (as the OAuth way does)
+                query = urlencode({"connected": 1} | ({"for": made_for} if made_for else {}))
+                return redirect(f"{request.path}?{query}")
     credential = PersonalCredential.objects.filter(
         upstream=upstream, person_issuer=person[0], person_subject=person[1]
     ).first()
@@ -104,10 +107,15 @@ def connection(request: HttpRequest, slug: str) -> HttpResponse:
         "person": person,
         "credential": credential,
         "form": form,
-        "made_for": request.GET.get("for", ""),
-        "connected": request.GET.get("connected") == "1",
+        "made_for": made_for,
+        # Said from the row, not the address alone: a bookmarked ?connected=1 must not hide a revoke.
+        "connected": request.GET.get("connected") == "1" and _usable(credential),
     }
     return render(request, "account/connection.html", context)
+
+
+def _usable(credential: PersonalCredential | None) -> bool:
+    return credential is not None and not credential.revoked_at and not credential.refresh_failed_at
 
 
 @login_required
