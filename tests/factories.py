@@ -101,3 +101,19 @@ def two_strict_groups() -> Iterator[None]:
     finally:
         vault.delete()
         outbound.delete()
+
+
+def person_upstream(slug: str, catalog_token: str, **fields: Any) -> Upstream:
+    """A per-person upstream saved through the service, its catalog synced through an administrator's own
+    connection (`catalog_token`, a token of theirs the upstream knows)."""
+    from registry.personal import personal_connect
+
+    upstream = Upstream(slug=slug, per_person=True, **fields)
+    upstream.full_clean()
+    upstream_save(upstream=upstream, created=True)
+    admin = {"issuer": "https://idp.example.com", "subject": f"{slug}-admin", "name": "Admin", "kind": "token"}
+    upstream.catalog_credential = personal_connect(upstream=upstream, values={"token": catalog_token}, **admin)
+    upstream_save(upstream=upstream)
+    report = upstream_catalog_sync(upstream=upstream)
+    assert report.ok, report.summary()
+    return upstream

@@ -23,10 +23,10 @@ from policy.models import Agent, Person
 from policy.services import agent_key_issue
 from registry.models import PersonalCredential, SealedSecret, Upstream
 from registry.personal import connect_link, credential_path, personal_connect, personal_disconnect
-from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
 from tests.clients import sdk_client, tool_names
 from tests.conftest import needs
+from tests.factories import person_upstream
 from tests.helpers import eventually, run
 
 pytestmark = pytest.mark.e2e
@@ -68,21 +68,7 @@ def journal(db, logs) -> Iterator[Upstream]:
     tokens = TOKENS | {"admin": CATALOG_TOKEN}
     seen = logs / f"{SLUG}-seen.log"
     running = servers.start_protected_upstream("http://127.0.0.1:9", logs / f"{SLUG}.log", tokens=tokens, seen=seen)
-    upstream = Upstream(
-        slug=SLUG,
-        transport="streamable_http",
-        url=running.url,
-        internal=True,
-        per_person=True,
-        person_connect="token",
-        person_slot="bearer",
-    )
-    upstream.full_clean()
-    upstream_save(upstream=upstream, created=True)
-    admin = {"issuer": "https://idp.example.com", "subject": "journal-admin", "name": "Admin", "kind": "token"}
-    upstream.catalog_credential = personal_connect(upstream=upstream, values={"token": CATALOG_TOKEN}, **admin)
-    upstream_save(upstream=upstream)
-    assert upstream_catalog_sync(upstream=upstream).ok
+    upstream = person_upstream(SLUG, CATALOG_TOKEN, transport="streamable_http", url=running.url, internal=True)
     try:
         yield upstream
     finally:

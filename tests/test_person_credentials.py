@@ -21,6 +21,7 @@ from registry.personal import personal_connect
 from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
 from tests.clients import api, sdk_client, tool_names
+from tests.factories import person_upstream
 from tests.helpers import audit_mark, audit_since, eventually
 
 pytestmark = pytest.mark.e2e
@@ -41,21 +42,7 @@ def tracker(db, logs) -> dict:
     agent = Agent.objects.get_or_create(name="people")[0]
     users = {name: get_user_model().objects.create_user(f"{name}-pp", first_name=name.title()) for name in TOKENS}
     keys = {name: agent_key_issue(agent=agent, owner=user, actor="tests").key for name, user in users.items()}
-    upstream = Upstream(
-        slug=SLUG,
-        transport="streamable_http",
-        url=running.url,
-        internal=True,
-        per_person=True,
-        person_connect="token",
-        person_slot="bearer",
-    )
-    upstream.full_clean()
-    upstream_save(upstream=upstream, created=True)
-    admin = {"issuer": "https://idp.example.com", "subject": "admin", "name": "Admin", "kind": "token"}
-    upstream.catalog_credential = personal_connect(upstream=upstream, values={"token": ADMIN_TOKEN}, **admin)
-    upstream_save(upstream=upstream)
-    assert upstream_catalog_sync(upstream=upstream).ok
+    upstream = person_upstream(SLUG, ADMIN_TOKEN, transport="streamable_http", url=running.url, internal=True)
     try:
         yield {"upstream": upstream, "users": users, "keys": keys, "seen": seen}
     finally:

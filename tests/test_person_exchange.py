@@ -9,11 +9,9 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from policy.models import Agent
-from registry.models import Upstream
-from registry.personal import personal_connect
-from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
 from tests.clients import sdk_client, tool_names
+from tests.factories import person_upstream
 from tests.helpers import audit_mark, audit_since, eventually
 from tests.idp import CLIENTS, REDIRECT, Idp, private_jwk
 
@@ -44,23 +42,17 @@ def exchanging(server_env, world, logs):
         provider.url, logs / "exchange-upstream.log", tokens=tokens, seen=seen, port=upstream_port
     )
     agent = Agent.objects.get_or_create(name="exchange-people")[0]
-    upstream = Upstream(
-        slug="vault",
+    client = {"client_id": GATEWAY_CLIENT["client_id"], "client_secret": GATEWAY_CLIENT["client_secret"]}
+    exchange = {"person_connect": "exchange", "exchange_url": f"{provider.url}/token", "person_scope": "upstream"}
+    upstream = person_upstream(
+        "vault",
+        CATALOG_TOKEN,
         transport="streamable_http",
         url=upstream_url,
         internal=True,
-        per_person=True,
-        person_connect="exchange",
-        exchange_url=f"{provider.url}/token",
-        person_scope="upstream",
-        person_client={"client_id": GATEWAY_CLIENT["client_id"], "client_secret": GATEWAY_CLIENT["client_secret"]},
+        person_client=client,
+        **exchange,
     )
-    upstream.full_clean()
-    upstream_save(upstream=upstream, created=True)
-    admin = {"issuer": provider.url, "subject": "catalog", "name": "Catalog", "kind": "token"}
-    upstream.catalog_credential = personal_connect(upstream=upstream, values={"token": CATALOG_TOKEN}, **admin)
-    upstream_save(upstream=upstream)
-    assert upstream_catalog_sync(upstream=upstream).ok
     settings = {"GATEWAY_OIDC_ISSUER": provider.url, "GATEWAY_OIDC_AGENT": agent.name, "GATEWAY_OIDC_SCOPES": "mcp"}
     settings |= {"GATEWAY_INTERNAL_AUTH_SERVERS": provider.url}
     try:
@@ -112,15 +104,18 @@ def test_an_api_key_cannot_be_exchanged(exchanging):
 
 def test_an_exchange_the_idp_refuses_is_a_clear_error(exchanging):
     idp, gateway, good = exchanging["idp"], exchanging["gateway"], exchanging["upstream"]
-    bad = Upstream(slug="vault-bad", transport="streamable_http", url=good.url, internal=True, per_person=True)
-    bad.person_connect, bad.exchange_url, bad.person_scope = "exchange", good.exchange_url, "upstream"
-    bad.person_client = {"client_id": GATEWAY_CLIENT["client_id"], "client_secret": "not-the-secret"}
-    upstream_save(upstream=bad, created=True)
-    admin = {"issuer": idp.issuer, "subject": "catalog", "name": "Catalog", "kind": "token"}
-    bad.catalog_credential = personal_connect(upstream=bad, values={"token": CATALOG_TOKEN}, **admin)
-    upstream_save(upstream=bad)
+    exchange = {"person_connect": "exchange", "exchange_url": good.exchange_url, "person_scope": "upstream"}
+    client = {"client_id": GATEWAY_CLIENT["client_id"], "client_secret": "not-the-secret"}
+    bad = person_upstream(
+        "vault-bad",
+        CATALOG_TOKEN,
+        transport="streamable_http",
+        url=good.url,
+        internal=True,
+        person_client=client,
+        **exchange,
+    )
     try:
-        assert upstream_catalog_sync(upstream=bad).ok
         token = idp.person_token("gil")
         eventually(lambda: "vault-bad__whoami" in anyio.run(tool_names, gateway.url, token))
 

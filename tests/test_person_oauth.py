@@ -27,13 +27,14 @@ from playwright.async_api import Browser, Page, async_playwright
 from policy.models import Agent
 from policy.services import agent_key_issue
 from registry.models import ConnectAttempt, PersonalCredential, Upstream
-from registry.personal import connect_link, credential_path, personal_connect, personal_disconnect
+from registry.personal import connect_link, credential_path, personal_disconnect
 from registry.secret_store import secret_store, secrets_open
-from registry.services import upstream_catalog_sync, upstream_save
+from registry.services import upstream_save
 from registry.upstreams import upstream_oauth
 from tests import servers
 from tests.clients import sdk_client
 from tests.conftest import needs
+from tests.factories import person_upstream
 from tests.helpers import orm
 from tests.idp import CLIENTS, private_jwk
 
@@ -82,13 +83,7 @@ def _stack(logs: Path, slug: str, clients: list[dict] = (), authorization_server
     upstream = servers.start_protected_upstream(
         authorization_server or provider.url, logs / f"{slug}.log", {"catalog": CATALOG_TOKEN}, seen, port
     )
-    row = Upstream(slug=slug, transport="streamable_http", url=url, per_person=True, person_connect="oauth")
-    row.full_clean()
-    upstream_save(upstream=row, created=True)
-    admin = {"issuer": "https://idp.example.com", "subject": "admin", "name": "Admin", "kind": "token"}
-    row.catalog_credential = personal_connect(upstream=row, values={"token": CATALOG_TOKEN}, **admin)
-    upstream_save(upstream=row)
-    assert upstream_catalog_sync(upstream=row).ok
+    row = person_upstream(slug, CATALOG_TOKEN, transport="streamable_http", url=url, person_connect="oauth")
     return Stack(provider, upstream, row, seen)
 
 

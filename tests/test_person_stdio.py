@@ -12,11 +12,10 @@ from django.contrib.auth import get_user_model
 
 from policy.models import Agent
 from policy.services import agent_key_issue
-from registry.models import Upstream
 from registry.personal import personal_connect
-from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
 from tests.clients import sdk_client, tool_names
+from tests.factories import person_upstream
 from tests.helpers import audit_mark, audit_since, eventually, until
 
 pytestmark = pytest.mark.e2e
@@ -30,20 +29,8 @@ def desk(server_env, logs) -> dict:
     """The stdio upstream, per person (env:UPSTREAM_TOKEN), and a gateway that runs one process per upstream
     for its people at most."""
     spec = ",".join(f"{person}:{token}" for person, token in TOKENS.items())
-    upstream = Upstream(
-        slug="desk",
-        transport="stdio",
-        command=sys.executable,
-        args=[SCRIPT, "stdio", "--tokens", spec],
-        per_person=True,
-        person_slot="env:UPSTREAM_TOKEN",
-    )
-    upstream.full_clean()
-    upstream_save(upstream=upstream, created=True)
-    catalog = {"issuer": "https://idp.example.com", "subject": "admin", "name": "Admin", "kind": "token"}
-    upstream.catalog_credential = personal_connect(upstream=upstream, values={"token": TOKENS["ana"]}, **catalog)
-    upstream_save(upstream=upstream)
-    assert upstream_catalog_sync(upstream=upstream).ok
+    stdio = {"command": sys.executable, "args": [SCRIPT, "stdio", "--tokens", spec]}
+    upstream = person_upstream("desk", TOKENS["ana"], transport="stdio", person_slot="env:UPSTREAM_TOKEN", **stdio)
     agent = Agent.objects.get_or_create(name="people")[0]
     users = {name: get_user_model().objects.create_user(f"{name}-stdio", first_name=name.title()) for name in TOKENS}
     keys = {name: agent_key_issue(agent=agent, owner=user, actor="tests").key for name, user in users.items()}

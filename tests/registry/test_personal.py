@@ -54,12 +54,13 @@ def test_a_connection_is_stored_sealed_and_each_change_bumps_its_version(upstrea
 
 
 def test_revoked_and_expired_credentials_say_so_and_disconnect_forgets(upstream):
+    stored = SealedSecret.objects.filter(path=credential_path(upstream, ALICE["issuer"], ALICE["subject"]))
     credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
     personal_revoke(credential, actor="operator")
     revoked = AuditEvent.objects.filter(kind="admin_change", upstream="ledger").latest("id")
     assert (revoked.actor, revoked.detail["action"]) == ("operator", "credential_revoked")
     assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"])[2:] == (2, CREDENTIAL_REVOKED)
-    assert not SealedSecret.objects.exists()
+    assert not stored.exists()
     credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
     assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"])[3] == ""  # connecting again lifts it
     PersonalCredential.objects.filter(pk=credential.pk).update(refresh_failed_at="2026-01-01T00:00:00Z")
@@ -67,7 +68,7 @@ def test_revoked_and_expired_credentials_say_so_and_disconnect_forgets(upstream)
     personal_disconnect(PersonalCredential.objects.get(pk=credential.pk))
     assert AuditEvent.objects.filter(upstream="ledger").latest("id").detail["action"] == "credential_disconnected"
     assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"]) is None
-    assert not SealedSecret.objects.exists()
+    assert not stored.exists()
 
 
 @pytest.mark.django_db(transaction=True)  # the executor reads in threads of its own, outside the test's transaction
