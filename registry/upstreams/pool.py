@@ -199,18 +199,20 @@ class UpstreamConnection:
         """A 2026-07-28 upstream tells its changes on a `subscriptions/listen` stream, which is acknowledged
         before the connection is used (a change made by its first call would go unheard otherwise)."""
         assert self.notice is not None
+        listening = False
         try:
             everything = {"tools_list_changed": True, "prompts_list_changed": True, "resources_list_changed": True}
             async with self.client.listen(**everything) as subscription:
                 task_status.started()
+                listening = True
                 async for event in subscription:
                     if kind := CHANGES.get(type(event)):
                         self.notice(kind)
         except MCPError as refused:  # an upstream without the feature: its changes go unheard
             logger.info("upstream %s: no change subscription (%s)", self.spec.slug, refused.error.message)
-            task_status.started()
         except Exception:  # a lost stream: changes go unheard until the connection is reopened
             logger.info("upstream %s: change subscription ended", self.spec.slug, exc_info=True)
+        if not listening:  # the connection is used all the same, unlistened
             task_status.started()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -114,3 +114,36 @@ def test_a_server_killed_during_a_call_is_named_in_the_operators_cause():
     outcome = with_pool(DEMO, body)
     assert outcome["code"] == "UPSTREAM_UNAVAILABLE"
     assert outcome["cause"] == "the connection closed during a call: the server was killed by SIGKILL"
+
+
+def test_a_change_subscription_lost_after_it_began_leaves_the_connection_standing(caplog):
+    """A 2026-07-28 upstream's `subscriptions/listen` stream that ends later (its process killed here) is logged,
+    and the connection goes on unlistened until a call finds it broken: no error out of the stream's task."""
+
+    async def changed(upstream_id: int, kind: str) -> None:
+        pass
+
+    async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
+        return DEMO
+
+    def heard(text: str) -> bool:
+        return any(text in record.getMessage() for record in caplog.records)
+
+    async def scenario() -> str:
+        pool = UpstreamPool(load_spec, on_change=changed)
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.serve)
+            try:
+                answer = await pool.request(UpstreamRequest.tool_call(1, 1, "pid", {}))
+                (connection,) = pool._connections.values()
+                assert connection.client.protocol_version == "2026-07-28"
+                os.kill(int(answer["result"]["content"][0]["text"]), signal.SIGKILL)
+                await until(lambda: heard("change subscription ended"), timeout=10)
+                return (await pool.request(UpstreamRequest.tool_call(1, 1, "pid", {})))["code"]
+            finally:
+                tg.cancel_scope.cancel()
+
+    with caplog.at_level("INFO", logger="registry.upstreams.pool"):
+        code = anyio.run(scenario)
+    assert code == "UPSTREAM_UNAVAILABLE"  # the call that finds it broken says so; the next one reconnects
+    assert not heard("called 'started' twice") and not heard("session ended with an error")
