@@ -1,10 +1,16 @@
 """Audit rows from async code. On PostgreSQL the row goes straight from the event loop through a few
 long-lived autocommit connections, from a column plan made once: no thread hop, no model instance, no
-query compilation and no pool checkout on the path of every tool call. Elsewhere (SQLite) the ORM saves
-it in a worker thread."""
+query compilation and no pool checkout on the path of every tool call. Rows that arrive while a commit is
+in flight go out together, as one multi-row INSERT, in the next commit (group commit); each caller still
+returns only once its own row is committed. Elsewhere (SQLite) the ORM saves it in a worker thread."""
 
 import asyncio
+import logging
 import os
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -18,6 +24,9 @@ from psycopg.types.json import Jsonb
 from audit.models import AuditEvent
 from audit.services import audit_event, audit_fields
 
+logger = logging.getLogger(__name__)
+BATCH = 64  # rows in one commit at most: a bounded statement, and a bounded wait for a row behind the batch
+
 
 class AuditUnavailable(Exception):
     """The row could not be written. Callers fail closed: nothing runs, or nothing is shown, unrecorded."""
@@ -28,46 +37,154 @@ class AuditSettled(Exception):
     written stands, and this one is not."""
 
 
+@dataclass
+class AuditCommits:
+    """What the writer committed: transactions and the rows in them (rows / transactions is the grouping)."""
+
+    transactions: int = 0
+    rows: int = 0
+
+
+@dataclass
+class _Row:
+    params: list[Any]
+    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def settle(self, error: Exception | None = None) -> None:
+        if self.done.done():  # its caller was cancelled; the row was written (or refused) all the same
+            return
+        if error is None:
+            self.done.set_result(None)
+        else:
+            self.done.set_exception(error)
+
+
 class AuditConnections:
-    """At most `size` autocommit connections of one event loop, handed out and back without the checks
-    and resets a general pool makes. When one breaks, the idle ones are dropped too (a database restart
-    breaks them all), so a single row fails and the next opens a fresh connection."""
+    """At most `size` autocommit connections of one event loop. A row that finds no commit in flight starts
+    one at once (no timer: a lone row waits for nothing); rows that come meanwhile queue and go out together
+    in the next, at most `batch` to a commit; another connection is used only when more rows wait than the
+    commits in flight will take next. When a connection breaks, the idle ones are dropped too (a database
+    restart breaks them all): the rows of that commit fail, and the next commit opens a fresh connection."""
 
-    def __init__(self, size: int) -> None:
-        self._idle: asyncio.Queue[psycopg.AsyncConnection] = asyncio.Queue()
-        self._size = size
-        self._opened = 0
+    def __init__(
+        self, size: int, *, table: str, columns: list[str], counts: AuditCommits, local: bool, batch: int = BATCH
+    ) -> None:
+        self._idle: list[psycopg.AsyncConnection] = []
+        self._pending: deque[_Row] = deque()
+        self._flushers: set[asyncio.Task[None]] = set()
+        self._size, self._batch, self._local, self._counts = size, batch, local, counts
+        self._head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+        self._marks = "(" + ", ".join(["%s"] * len(columns)) + ")"
+        self._sql: dict[int, str] = {}
 
-    async def execute(self, sql: str, params: list[Any]) -> None:
+    async def insert(self, params: list[Any]) -> None:
+        """Return once the row is committed; AuditSettled if a constraint refused it, else AuditUnavailable."""
+        row = _Row(params)
+        self._pending.append(row)
+        if len(self._flushers) < self._size and len(self._pending) > self._batch * len(self._flushers):
+            self._flushers.add(asyncio.create_task(self._flush()))  # a cancelled caller stops no commit
+        await row.done
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        """One of the loop's connections, given back after use; dropped, with the idle ones, if it broke."""
         conn = await self._take()
         try:
-            await conn.execute(sql, params)
-        except psycopg.IntegrityError as exc:  # autocommit: the connection is fine, only the row was refused
-            self._idle.put_nowait(conn)
-            raise AuditSettled(str(exc)) from exc
-        except psycopg.Error as exc:
-            await self._drop(conn)
-            await self.close()
-            raise AuditUnavailable(str(exc)) from exc
-        self._idle.put_nowait(conn)
+            yield conn
+        except BaseException:  # cancelled mid-statement: its state is unknown
+            await conn.close()
+            raise
+        if conn.broken:
+            await conn.close()
+            await self._close_idle()
+        else:
+            self._idle.append(conn)
 
     async def close(self) -> None:
-        while not self._idle.empty():
-            await self._drop(self._idle.get_nowait())
+        await asyncio.gather(*self._flushers, return_exceptions=True)
+        await self._close_idle()
 
-    async def _drop(self, conn: psycopg.AsyncConnection) -> None:
-        self._opened -= 1
-        await conn.close()
+    async def _flush(self) -> None:
+        try:
+            await self._flush_pending()
+        finally:  # at once, not in a done callback: a row queued meanwhile would find no commit coming
+            self._flushers.discard(asyncio.current_task())
+
+    async def _flush_pending(self) -> None:
+        while self._pending:
+            batch = [self._pending.popleft() for _ in range(min(self._batch, len(self._pending)))]
+            try:
+                async with self.connection() as conn:
+                    await self._write(conn, batch)
+            except AuditUnavailable as exc:  # no connection to be had
+                _refuse(batch, exc)
+            except Exception as exc:  # a bug must not leave the batch's callers waiting for ever
+                logger.exception("audit batch of %d rows failed", len(batch))
+                _refuse(batch, AuditUnavailable(str(exc)))
+            finally:
+                _refuse(batch, AuditUnavailable("the audit writer was stopped"))  # no-op for settled rows
+
+    async def _write(self, conn: psycopg.AsyncConnection, batch: list[_Row]) -> None:
+        """The batch in one statement, so one commit; if it is refused, row by row, so that only the
+        refused rows' callers fail."""
+        try:
+            await conn.execute(self._insert(len(batch)), [value for row in batch for value in row.params])
+        except psycopg.Error as exc:
+            if conn.broken or len(batch) == 1:
+                return _refuse(batch, _error(exc))
+        else:
+            return self._committed(batch)
+        for index, row in enumerate(batch):
+            try:
+                await conn.execute(self._insert(1), row.params)
+            except psycopg.Error as exc:
+                if conn.broken:
+                    return _refuse(batch[index:], _error(exc))
+                row.settle(_error(exc))
+            else:
+                self._committed([row])
+
+    def _committed(self, rows: list[_Row]) -> None:
+        self._counts.transactions += 1
+        self._counts.rows += len(rows)
+        for row in rows:
+            row.settle()
+
+    def _insert(self, count: int) -> str:
+        if count not in self._sql:
+            self._sql[count] = self._head + ", ".join([self._marks] * count)
+        return self._sql[count]
 
     async def _take(self) -> psycopg.AsyncConnection:
-        if not self._idle.empty() or self._opened >= self._size:
-            return await self._idle.get()
-        self._opened += 1
+        if self._idle:
+            return self._idle.pop()
         try:
-            return await psycopg.AsyncConnection.connect(**_connect_kwargs(), autocommit=True)
-        except psycopg.OperationalError as exc:
-            self._opened -= 1
+            conn = await psycopg.AsyncConnection.connect(**_connect_kwargs(), autocommit=True)
+        except psycopg.Error as exc:
             raise AuditUnavailable(str(exc)) from exc
+        if self._local:  # commits return before their WAL reaches disk (docs/audit.md)
+            try:
+                await conn.execute("SET synchronous_commit = off")
+            except psycopg.Error as exc:
+                await conn.close()
+                raise AuditUnavailable(str(exc)) from exc
+        return conn
+
+    async def _close_idle(self) -> None:
+        while self._idle:
+            await self._idle.pop().close()
+
+
+def _error(exc: psycopg.Error) -> Exception:
+    # autocommit: an IntegrityError refused the row, not the connection (audit_one_outcome, audit/models.py)
+    refused = AuditSettled(str(exc)) if isinstance(exc, psycopg.IntegrityError) else AuditUnavailable(str(exc))
+    refused.__cause__ = exc
+    return refused
+
+
+def _refuse(rows: list[_Row], error: Exception) -> None:
+    for row in rows:
+        row.settle(error)
 
 
 def _connect_kwargs() -> dict[str, Any]:
@@ -83,22 +200,23 @@ def _connect_kwargs() -> dict[str, Any]:
 
 
 class AsyncAuditWriter:
-    def __init__(self) -> None:
+    def __init__(self, *, batch: int = BATCH) -> None:
         self._connections: dict[int, AuditConnections] = {}  # per event loop: connections belong to one
+        self._batch = batch  # 1 writes each row in a commit of its own (bench/audit_commit.py's "before")
+        self.commits = AuditCommits()
 
     @cached_property
     def _on_postgres(self) -> bool:
         return connections["default"].vendor == "postgresql"
 
     @cached_property
-    def _plan(self) -> tuple[str, list[tuple[str, bool]]]:
-        """The INSERT, and per column: the field name, whether it is JSON."""
+    def _plan(self) -> tuple[str, list[str], list[tuple[str, bool]]]:
+        """The table, its columns, and per column: the field name, whether it is JSON."""
         ops = connections["default"].ops
         fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
-        columns = ", ".join(ops.quote_name(f.column) for f in fields)
-        marks = ", ".join(["%s"] * len(fields))
-        sql = f"INSERT INTO {ops.quote_name(AuditEvent._meta.db_table)} ({columns}) VALUES ({marks})"
-        return sql, [(f.attname, isinstance(f, JSONField)) for f in fields]
+        columns = [ops.quote_name(f.column) for f in fields]
+        table = ops.quote_name(AuditEvent._meta.db_table)
+        return table, columns, [(f.attname, isinstance(f, JSONField)) for f in fields]
 
     async def record(self, *, kind: str, detail: dict[str, Any] | None = None, **fields: Any) -> None:
         if not self._on_postgres:
@@ -111,15 +229,25 @@ class AsyncAuditWriter:
                 raise AuditUnavailable(str(exc)) from exc
             return
         row = audit_fields(kind, detail, fields)
-        sql, columns = self._plan
-        params = [Jsonb(row[name]) if is_json else row[name] for name, is_json in columns]
+        await self.pool().insert([Jsonb(row[name]) if is_json else row[name] for name, is_json in self._plan[2]])
+
+    def pool(self) -> AuditConnections:
+        """This event loop's connections."""
         loop = id(asyncio.get_running_loop())
         if loop not in self._connections:
-            self._connections[loop] = AuditConnections(settings.GATEWAY_AUDIT_POOL_SIZE)
-        await self._connections[loop].execute(sql, params)
+            table, columns, _ = self._plan
+            self._connections[loop] = AuditConnections(
+                settings.GATEWAY_AUDIT_POOL_SIZE,
+                table=table,
+                columns=columns,
+                counts=self.commits,
+                local=settings.GATEWAY_AUDIT_COMMIT == "local",
+                batch=self._batch,
+            )
+        return self._connections[loop]
 
     async def close(self) -> None:
-        """Close this event loop's connections (before the loop ends)."""
+        """Close this event loop's connections (before the loop ends), once the commits in flight are done."""
         pool = self._connections.pop(id(asyncio.get_running_loop()), None)
         if pool is not None:
             await pool.close()

@@ -306,6 +306,9 @@ GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0)
 GATEWAY_DRAIN_SECONDS = env_float("GATEWAY_DRAIN_SECONDS", 20.0)
 # Connections of each web process's async audit writer (PostgreSQL only).
 GATEWAY_AUDIT_POOL_SIZE = env_int("GATEWAY_AUDIT_POOL_SIZE", 10)
+# strict: a call's audit rows are on disk before it goes on; local: committed, but PostgreSQL may lose the
+# last moments of them in a crash of its own (synchronous_commit = off; docs/audit.md).
+GATEWAY_AUDIT_COMMIT = env_choice("GATEWAY_AUDIT_COMMIT", "strict", ("strict", "local"))
 # How stale a process's view of upstreams, agents and keys may get after an admin's change.
 GATEWAY_SNAPSHOT_CHECK_SECONDS = env_float("GATEWAY_SNAPSHOT_CHECK_SECONDS", 1.0)
 
