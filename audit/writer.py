@@ -62,17 +62,15 @@ class _Row:
 class AuditConnections:
     """At most `size` autocommit connections of one event loop. A row that finds no commit in flight starts
     one at once (no timer: a lone row waits for nothing); rows that come meanwhile queue and go out together
-    in the next, at most `batch` to a commit; another connection is used only when more rows wait than the
+    in the next, at most BATCH to a commit; another connection is used only when more rows wait than the
     commits in flight will take next. When a connection breaks, the idle ones are dropped too (a database
     restart breaks them all): the rows of that commit fail, and the next commit opens a fresh connection."""
 
-    def __init__(
-        self, size: int, *, table: str, columns: list[str], counts: AuditCommits, local: bool, batch: int = BATCH
-    ) -> None:
+    def __init__(self, size: int, *, table: str, columns: list[str], counts: AuditCommits, local: bool) -> None:
         self._idle: list[psycopg.AsyncConnection] = []
         self._pending: deque[_Row] = deque()
         self._flushers: set[asyncio.Task[None]] = set()
-        self._size, self._batch, self._local, self._counts = size, batch, local, counts
+        self._size, self._local, self._counts = size, local, counts
         self._head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
         self._marks = "(" + ", ".join(["%s"] * len(columns)) + ")"
         self._sql: dict[int, str] = {}
@@ -81,7 +79,7 @@ class AuditConnections:
         """Return once the row is committed; AuditSettled if a constraint refused it, else AuditUnavailable."""
         row = _Row(params)
         self._pending.append(row)
-        if len(self._flushers) < self._size and len(self._pending) > self._batch * len(self._flushers):
+        if len(self._flushers) < self._size and len(self._pending) > BATCH * len(self._flushers):
             self._flushers.add(asyncio.create_task(self._flush()))  # a cancelled caller stops no commit
         await row.done
 
@@ -112,7 +110,7 @@ class AuditConnections:
 
     async def _flush_pending(self) -> None:
         while self._pending:
-            batch = [self._pending.popleft() for _ in range(min(self._batch, len(self._pending)))]
+            batch = [self._pending.popleft() for _ in range(min(BATCH, len(self._pending)))]
             try:
                 async with self.connection() as conn:
                     await self._write(conn, batch)
@@ -200,9 +198,8 @@ def _connect_kwargs() -> dict[str, Any]:
 
 
 class AsyncAuditWriter:
-    def __init__(self, *, batch: int = BATCH) -> None:
+    def __init__(self) -> None:
         self._connections: dict[int, AuditConnections] = {}  # per event loop: connections belong to one
-        self._batch = batch  # 1 writes each row in a commit of its own (bench/audit_commit.py's "before")
         self.commits = AuditCommits()
 
     @cached_property
@@ -242,7 +239,6 @@ class AsyncAuditWriter:
                 columns=columns,
                 counts=self.commits,
                 local=settings.GATEWAY_AUDIT_COMMIT == "local",
-                batch=self._batch,
             )
         return self._connections[loop]
 
