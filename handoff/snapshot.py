@@ -96,6 +96,7 @@ class UpstreamInfo:
     limits: UpstreamLimits
     namespace: str  # "" for an unprefixed upstream
     handoff_only: bool
+    per_person: str = ""  # as Route.per_person
 
 
 @dataclass(frozen=True)
@@ -413,6 +414,7 @@ def snapshot_compile() -> Snapshot:
                 limits[u.id],
                 u.namespace,
                 u.handoff_only,
+                u.person_connect if u.per_person else "",
             )
             for u in upstreams.values()
         },

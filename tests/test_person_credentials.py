@@ -165,6 +165,30 @@ def test_a_tool_the_persons_own_account_lacks_is_refused_by_the_upstream_in_its_
     assert unknown.error.data["code"] == "TOOL_NOT_FOUND"
 
 
+def test_resources_of_a_per_person_upstream_are_each_persons_own(tracker, inline_gateway, world):
+    _listed(inline_gateway, tracker["keys"]["alice"])
+    _connect(tracker, "alice", inline_gateway)
+    PersonalCredential.objects.filter(upstream=tracker["upstream"], person_name="Bob").delete()
+    notes = f"{SLUG}+notes://mine"
+
+    async def resources(key: str) -> tuple[set[str], object]:
+        async with sdk_client(inline_gateway.url, key, "legacy") as client:
+            listed = {str(r.uri) for r in (await client.list_resources()).resources}
+            try:
+                read = (await client.read_resource(notes)).contents[0].text
+            except MCPError as refused:
+                read = refused
+            return listed, read
+
+    alice_listed, alice_read = anyio.run(resources, tracker["keys"]["alice"])
+    assert notes in alice_listed and alice_read == "the notes of alice"
+    bob_listed, bob_read = anyio.run(resources, tracker["keys"]["bob"])  # not connected: not listed, not read
+    assert notes not in bob_listed
+    assert bob_read.error.data["code"] == "CREDENTIAL_REQUIRED" and "connectUrl" in bob_read.error.data
+    agent_listed, agent_read = anyio.run(resources, world.key)  # an agent's key names nobody
+    assert notes not in agent_listed and agent_read.error.data["code"] == "PERSON_REQUIRED"
+
+
 def test_an_agent_key_naming_no_person_is_refused(tracker, inline_gateway, world):
     _listed(inline_gateway, world.key)
 

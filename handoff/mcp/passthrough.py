@@ -25,20 +25,23 @@ from audit.telemetry import DENIALS, current_trace_id
 from handoff.mcp.agent_relay import AgentRelay
 from handoff.mcp.audit_rows import record
 from handoff.mcp.call_path import CANCELLED_DETAIL, Decision, admit, approval, request_audit
-from handoff.mcp.caller import caller_of, request_span
+from handoff.mcp.caller import Caller, caller_of, request_span
 from handoff.mcp.input_required import passed_through, responses_of
 from handoff.mcp.list_changed import resource_subscription
 from handoff.mcp.list_changed import subscriptions_listen as listen
 from handoff.mcp.paging import list_page
+from handoff.mcp.personal_access import credential_for
 from handoff.mcp.tools import finish, request_state_verified
 from handoff.protocol.tunnels import index_session
 from handoff.snapshot import Route, Snapshot, UpstreamInfo, snapshot
+from policy.decisions import Denial
 from policy.limits.admission import health_of
 from policy.limits.stores import limit_store
 from policy.manifest import manifest_sanitize
 from policy.redaction import redact
 from registry.executor import get_executor
 from registry.naming import URI_MARK, exposed_name, exposed_uri, split_exposed_name
+from registry.personal import CredentialRef
 from registry.upstreams.pool import UNSUPPORTED, Outcome
 from registry.upstreams.requests import UpstreamRequest
 
@@ -78,15 +81,25 @@ LISTS: dict[str, tuple[str, str, Callable[[str, str], str]]] = {
 }
 
 
-async def _every_page(target: UpstreamInfo, method: str) -> list[dict[str, Any]]:
+def _route(target: UpstreamInfo, own: str) -> Route:
+    return Route(target.id, target.slug, target.revision, target.timeout, own, target.limits, target.per_person)
+
+
+async def _person(caller: Caller, target: UpstreamInfo, name: str) -> CredentialRef | Denial | None:
+    """Whose credential a request to a per-person upstream carries (None for a shared one), or why it has none."""
+    return await credential_for(caller, _route(target, name), name) if target.per_person else None
+
+
+async def _every_page(target: UpstreamInfo, method: str, person: CredentialRef | None = None) -> list[dict[str, Any]]:
     """All of one upstream's items; none when it does not offer the feature or cannot be reached (logged)."""
     key = LISTS[method][0]
     items: list[dict[str, Any]] = []
     cursor = None
     for _ in range(MAX_PAGES):
         params = {"cursor": cursor} if cursor else {}
+        wire = person.wire() if person else None
         outcome = await get_executor().request(
-            UpstreamRequest(target.id, target.revision, method, params, timeout=target.timeout)
+            UpstreamRequest(target.id, target.revision, method, params, timeout=target.timeout, person=wire)
         )
         if not outcome["ok"]:
             if outcome["code"] != UNSUPPORTED:
@@ -102,7 +115,11 @@ async def _aggregated(ctx: ServerRequestContext, method: str, params: types.Pagi
     caller, snap = caller_of(ctx), await snapshot.get()
     key, field, expose = LISTS[method]
     targets = [t for t in snap.targets.values() if t.reachable and not t.handoff_only]
-    listed = await asyncio.gather(*(_every_page(target, method) for target in targets))
+    people = await asyncio.gather(*(_person(caller, target, method) for target in targets))
+    # A per-person upstream lists what the caller's own account there holds; without a usable credential, nothing.
+    targets = [t for t, person in zip(targets, people, strict=True) if not isinstance(person, Denial)]
+    people = [person for person in people if not isinstance(person, Denial)]
+    listed = await asyncio.gather(*(_every_page(t, method, p) for t, p in zip(targets, people, strict=True)))
     items = []
     for target, entries in zip(targets, listed, strict=True):
         for entry in entries:
@@ -175,8 +192,10 @@ async def _forward(
         message = not_found.error.message
         await record(kind="denied", outcome="denied", error_code=NOT_FOUND, error_detail=message, **audit)
         raise not_found
-    route = Route(target.id, target.slug, target.revision, target.timeout, own, target.limits)
+    route = _route(target, own)
     denial = snap.permits(caller.who, target, exposed, own)
+    person = None if denial else await _person(caller, target, exposed)
+    denial = denial or (person if isinstance(person, Denial) else None)
     decision = None if denial else await admit(snap, caller, exposed, route, str(request_id))
     if denial := denial or (decision.denial if decision else None):
         DENIALS.labels(denial.code).inc()
@@ -191,7 +210,10 @@ async def _forward(
         raise
     started, outcome = time.perf_counter(), None
     try:
-        request = UpstreamRequest(target.id, target.revision, method, params, timeout=target.timeout, rounds=rounds)
+        wire = person.wire() if isinstance(person, CredentialRef) else None
+        request = UpstreamRequest(
+            target.id, target.revision, method, params, timeout=target.timeout, rounds=rounds, person=wire
+        )
         outcome = await get_executor().request(request, relay)
     finally:
         with anyio.CancelScope(shield=True):

@@ -199,9 +199,28 @@ def stdio_call_tool(tokens: dict[str, str]):
     return call_tool
 
 
+NOTES = "notes://mine"  # a resource whose text names the person reading it
+
+
+async def list_resources(ctx, params) -> types.ListResourcesResult:
+    return types.ListResourcesResult(resources=[types.Resource(uri=NOTES, name=f"notes of {_person(ctx)}")])
+
+
+async def read_resource(ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    text = f"the notes of {_person(ctx)}"
+    return types.ReadResourceResult(contents=[types.TextResourceContents(uri=str(params.uri), text=text)])
+
+
 def http_app(port: int, issuer: str, tokens: dict[str, str], seen: str | None) -> ASGIApp:
     resource = f"http://127.0.0.1:{port}/mcp"
-    server = Server("protected-upstream", version="1.0", on_list_tools=list_tools, on_call_tool=call_tool_http)
+    server = Server(
+        "protected-upstream",
+        version="1.0",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool_http,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+    )
     auth = AuthSettings(
         issuer_url=issuer, resource_server_url=resource, required_scopes=[SCOPE], validate_token_resource=True
     )
