@@ -167,20 +167,25 @@ def traced_snapshot(pid: int, path: Path) -> tracemalloc.Snapshot:
     return tracemalloc.Snapshot.load(str(path))
 
 
-def owner(trace: tracemalloc.StatisticDiff) -> str:
-    """The innermost frame outside the standard library: the package (or repository module) that asked."""
+def owner(trace: tracemalloc.StatisticDiff) -> tuple[str, str]:
+    """The innermost frame outside the standard library: its package (or repository module), and its line."""
     for frame in reversed(trace.traceback):  # tracemalloc lists the oldest call first
         name = frame.filename
         if "site-packages/" in name:
-            return name.split("site-packages/", 1)[1].split("/", 1)[0]
+            where = name.split("site-packages/", 1)[1]
+            return where.split("/", 1)[0], f"{where}:{frame.lineno}"
         if name.startswith(str(ROOT)) and "/.venv/" not in name:
-            return str(Path(name).relative_to(ROOT))
-    return f"stdlib {Path(trace.traceback[-1].filename).name}"
+            where = str(Path(name).relative_to(ROOT))
+            return where, f"{where}:{frame.lineno}"
+    name = f"stdlib {Path(trace.traceback[-1].filename).name}"
+    return name, f"{name}:{trace.traceback[-1].lineno}"
 
 
 def attribute(key: str, sessions: int, concurrency: int, env: dict[str, str], work: Path) -> None:
     """Python heap growth per session under tracemalloc, by the package whose code allocated it."""
     port, out = servers.free_port(), work / "trace"
+    for stale in work.glob("trace.*"):  # a snapshot of an earlier run would be taken for this one's
+        stale.unlink()
     command = [
         sys.executable,
         "-c",
@@ -202,16 +207,21 @@ def attribute(key: str, sessions: int, concurrency: int, env: dict[str, str], wo
     finally:
         gateway.stop()
     per_owner: dict[str, int] = defaultdict(int)
+    per_line: dict[str, int] = defaultdict(int)
     for diff in after.compare_to(before, "traceback"):
-        per_owner[owner(diff)] += diff.size_diff
+        package, line = owner(diff)
+        per_owner[package] += diff.size_diff
+        per_line[line] += diff.size_diff
     total = sum(per_owner.values())
     print(
         f"\nPython heap growth under tracemalloc for {sessions} sessions: {total / MIB:.1f} MiB "
         f"({total / sessions / 1024:.1f} KiB per session), by the code that allocated it:\n"
     )
-    print("| allocated by | MiB | KiB / session |\n|---|---:|---:|")
-    for name, size in sorted(per_owner.items(), key=lambda item: -item[1])[:15]:
-        print(f"| {name} | {size / MIB:.1f} | {size / sessions / 1024:.1f} |")
+    for title, sizes in (("package", per_owner), ("line", per_line)):
+        print(f"| allocated by ({title}) | MiB | KiB / session |\n|---|---:|---:|")
+        for name, size in sorted(sizes.items(), key=lambda item: -item[1])[:12]:
+            print(f"| {name} | {size / MIB:.1f} | {size / sessions / 1024:.1f} |")
+        print()
 
 
 def main() -> None:
