@@ -13,7 +13,9 @@ answered. Phases seen from outside:
 - daphne listening: from Daphne's spawn to its port accepting;
 - initialize: the client's connect, initialize and notifications/initialized;
 - first call: the first tools/call (the snapshot, the demo upstream's stdio spawn and handshake);
-- second call: the same call again, warm, to show what the first one paid for starting things.
+- second call: the same call again, warm, to show what the first one paid for starting things;
+- restart: the same again on the same var dir (already migrated, the demo already registered), as a second
+  `scripts/demo` would.
 
 `--profile` then runs each process once more under `python -X importtime` (imports by top-level package) and
 `cProfile` (the functions with the most cumulative time), to name what dominates.
@@ -113,13 +115,22 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def run_once(work: Path) -> dict[str, float]:
+    """A start on a fresh var dir, then a restart on the same one (migrated, the demo registered)."""
     var_dir = Path(tempfile.mkdtemp(prefix="var-", dir=work))
     env = demo_env(var_dir)
-    port, specialist_port = free_port(), free_port()
     phases = {
         "python+django": timed_run([PYTHON, "-c", DJANGO_SETUP], env)[0],
         "demo upstream alone": timed_run([PYTHON, "examples/demo_upstream.py"], env)[0],
     }
+    phases |= start_to_answer(var_dir, env, work)
+    restart = start_to_answer(var_dir, env, work)
+    return phases | {f"restart: {name}": seconds for name, seconds in restart.items() if "call" not in name}
+
+
+def start_to_answer(var_dir: Path, env: dict[str, str], work: Path) -> dict[str, float]:
+    """scripts/demo from migrate to the first answered call."""
+    port, specialist_port = free_port(), free_port()
+    phases = {}
     clock = time.perf_counter()
     phases["migrate"] = timed_run([PYTHON, "manage.py", "migrate", "--verbosity", "0"], env)[0]
     specialist_url = f"http://127.0.0.1:{specialist_port}/mcp"
