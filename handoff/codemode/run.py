@@ -8,7 +8,6 @@ import hashlib
 import json
 import logging
 import uuid
-from dataclasses import asdict
 from functools import cache
 from typing import Any
 
@@ -128,7 +127,7 @@ async def execute(caller: Caller, arguments: dict[str, Any], request_id: uuid.UU
         message = f"`code` is larger than {limit} bytes; split the work into several executions."
         raise _invalid(message, "CODE_TOO_LARGE")
     seen = snapshot.latest.version if snapshot.latest else 0  # the configuration this call was admitted on
-    execution = {"caller": asdict(caller), "request_id": str(request_id), "trace_id": trace_id, "code": code}
+    execution = {"caller": caller.wire(), "request_id": str(request_id), "trace_id": trace_id, "code": code}
     execution["version"] = seen
     try:
         return await _executed(execution)
@@ -184,7 +183,7 @@ async def execution_run(execution: dict[str, Any]) -> Outcome:
 
 
 async def _sandboxed(execution: dict[str, Any]) -> Outcome:
-    caller = Caller(**execution["caller"])
+    caller = Caller.from_wire(execution["caller"])
     snap = await snapshot.at_least(execution.get("version", 0))
     permitted = code_bindings(snap).only(lambda name: snap.decide(caller.who, name)[0] is None)
 

@@ -6,7 +6,7 @@ import logging
 import time
 from collections import OrderedDict
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from urllib.parse import parse_qs, urlsplit
@@ -24,6 +24,8 @@ from policy.decisions import Who
 from policy.identity import Identity, Provider, TokenRefused, looks_like_jwt, person_digest, person_seen, verifier
 from policy.keys import KEY_PREFIX
 from policy.services import key_used
+from registry.credentials import credential_open, credential_seal
+from registry.personal import INBOUND
 
 logger = logging.getLogger(__name__)
 METADATA_PATH = "/.well-known/oauth-protected-resource"
@@ -53,6 +55,19 @@ class Caller:
         """Whom policy decides for: the agent, and the person with their groups."""
         person = (self.person_issuer, self.person_subject) if self.person_subject else None
         return Who(self.agent_id, person, frozenset(self.groups))
+
+    def wire(self) -> dict:
+        """The caller as a task carries it (code mode's executions): the person's token sealed, so that it
+        crosses Redis as nothing anyone there can use; `from_wire` opens it again in the executor."""
+        fields = asdict(self)
+        return fields | {"token": credential_seal(self.token, name=INBOUND) if self.token else ""}
+
+    @classmethod
+    def from_wire(cls, fields: dict) -> "Caller":
+        token = credential_open(fields["token"], name=INBOUND) if fields.get("token") else ""
+        return cls(
+            **fields | {"token": token, "key_tools": tuple(fields["key_tools"]), "groups": tuple(fields["groups"])}
+        )
 
     def may_call(self, name: str) -> bool:
         """Whether the credential allows `name` at all (the agent's rules decide after)."""

@@ -1,5 +1,6 @@
 """When a person's open connection stops serving them (handoff/mcp/caller.py signed_out)."""
 
+import json
 import time
 from dataclasses import replace
 
@@ -18,3 +19,14 @@ def test_a_token_that_expires_or_a_person_disabled_signs_the_connection_out_and_
     )
     personal_key = replace(person, key_prefix="abc", expires_at=0.0)  # a key's owner: no token to expire
     assert signed_out(personal_key, snap) == ""
+
+
+def test_a_caller_crosses_to_a_worker_with_its_token_sealed_and_out_of_its_repr():
+    token = "eyJhbGciOiJSUzI1NiJ9.person-token.signature"
+    caller = Caller(7, "people", "http", "", person_issuer="https://idp", person_subject="ada", token=token)
+    caller = replace(caller, key_tools=("a__*",), groups=(3,))
+    assert token not in repr(caller)
+    wire = json.loads(json.dumps(caller.wire()))  # as a Celery task carries it
+    assert token not in json.dumps(wire) and wire["token"].startswith("sbx1:")
+    assert Caller.from_wire(wire) == caller
+    assert Caller.from_wire(json.loads(json.dumps(replace(caller, token="").wire()))).token == ""
