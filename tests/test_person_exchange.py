@@ -60,7 +60,14 @@ def exchanging(server_env, world, logs):
             server_env, logs / "gateway-exchange.log", gateway_port, **settings
         ) as gateway:
             idp = Idp(provider.url, gateway_resource, key)
-            yield {"idp": idp, "gateway": gateway, "seen": seen, "world": world, "upstream": upstream}
+            yield {
+                "idp": idp,
+                "gateway": gateway,
+                "seen": seen,
+                "world": world,
+                "upstream": upstream,
+                "log": logs / "gateway-exchange.log",
+            }
     finally:
         upstream.delete()
         agent.delete()
@@ -85,6 +92,7 @@ def test_a_person_reaches_the_upstream_with_an_exchanged_token(exchanging, mode)
     assert second == first  # one exchange, one connection, for the person's sign-in
     seen = exchanging["seen"].read_text()
     assert token not in seen  # the person's own token never reaches the upstream
+    assert token not in exchanging["log"].read_text()  # nor the gateway's log
     row = eventually(lambda: [r for r in audit_since(mark) if r.kind == "completed"])[0]
     assert row.detail["credential"] == {"kind": "exchange"} and row.person_subject == login
 
