@@ -98,6 +98,23 @@ def start_gateway(env: dict[str, str], log: Path, port: int | None = None) -> Ru
     return Running(process, log, f"http://127.0.0.1:{port}")
 
 
+# The other ASGI servers the gateway is tested under (tests/test_asgi_servers.py), each up to its host, port and app.
+# The router has no lifespan handler (web_process.py starts on the first request): neither server sends the event.
+# After the drain uvicorn waits for open connections to close: bounded, as in production (docs/internals.md).
+UVICORN = [sys.executable, "-m", "uvicorn", "--loop", "uvloop", "--http", "httptools", "--lifespan", "off"]
+UVICORN += ["--timeout-graceful-shutdown", "5"]
+GRANIAN = [sys.executable, "-m", "granian", "--interface", "asginl"]
+
+
+def start_gateway_under(server: list[str], env: dict[str, str], log: Path, port: int | None = None) -> Running:
+    """start_gateway under another ASGI server: `server` is its command (UVICORN, GRANIAN) without host, port or app."""
+    port = port or free_port()
+    command = [*server, "--host", "127.0.0.1", "--port", str(port), "gateway_project.asgi:application"]
+    process = start(command, env, log)
+    wait_for_port(port, process, log)
+    return Running(process, log, f"http://127.0.0.1:{port}")
+
+
 @contextmanager
 def inline_gateway_with(env: dict[str, str], log: Path, port: int | None = None, **settings: str) -> Iterator[Running]:
     """An embedded-default gateway of a test module's own, with some settings changed."""
