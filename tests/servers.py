@@ -102,7 +102,7 @@ def start_gateway(env: dict[str, str], log: Path, port: int | None = None) -> Ru
 # The router has no lifespan handler (web_process.py starts on the first request): neither server sends the event.
 # After the drain uvicorn waits for open connections to close: bounded, as in production (docs/internals.md).
 UVICORN = [sys.executable, "-m", "uvicorn", "--loop", "uvloop", "--http", "httptools", "--lifespan", "off"]
-UVICORN += ["--timeout-graceful-shutdown", "5"]
+UVICORN += ["--ws-max-size", "1048576", "--timeout-graceful-shutdown", "5"]
 GRANIAN = [sys.executable, "-m", "granian", "--interface", "asginl"]
 
 
