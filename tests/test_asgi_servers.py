@@ -23,6 +23,7 @@ from tests.helpers import audit_mark, audit_since, eventually, orm, run
 pytestmark = pytest.mark.e2e
 SERVERS = {"uvicorn": servers.UVICORN, "granian": servers.GRANIAN}
 MODES = ["legacy", "2026-07-28"]
+RPC = {"jsonrpc": "2.0"}
 STREAMABLE = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
@@ -53,9 +54,14 @@ def test_the_sdk_client_calls_a_tool_and_hears_its_progress(served, world, mode)
     assert seen == [0, 1, 2, 3, 4]
 
 
-def sse_messages(body: str) -> list[dict]:
-    data = (line.removeprefix("data:").strip() for line in body.splitlines() if line.startswith("data:"))
-    return [json.loads(message) for message in data if message]  # the first event only primes resumption
+def answer(response: httpx2.Response) -> dict:
+    """The JSON-RPC answer to a POST, sent as JSON or as an SSE stream (whose first event may only prime
+    resumption, with no data)."""
+    if response.headers["content-type"].startswith("application/json"):
+        return response.json()
+    assert response.headers["content-type"].startswith("text/event-stream")
+    data = (line.removeprefix("data:").strip() for line in response.text.splitlines() if line.startswith("data:"))
+    return next(json.loads(message) for message in data if message)
 
 
 def test_a_session_posts_holds_a_get_stream_and_ends_with_delete(served, world):
@@ -63,15 +69,17 @@ def test_a_session_posts_holds_a_get_stream_and_ends_with_delete(served, world):
     with httpx2.Client(base_url=served.url, headers=auth | STREAMABLE, timeout=5) as http:
         opened = http.post("/mcp", json=INITIALIZE)
         assert opened.status_code == 200, opened.text
-        assert opened.headers["content-type"].startswith("text/event-stream")
-        assert sse_messages(opened.text)[0]["result"]["protocolVersion"] == "2025-11-25"
+        assert answer(opened)["result"]["protocolVersion"] == "2025-11-25"
         session = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
-        initialized = http.post("/mcp", headers=session, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        initialized = http.post("/mcp", headers=session, json=RPC | {"method": "notifications/initialized"})
         assert initialized.status_code == 202
+        params = {"name": "demo__echo", "arguments": {"text": "raw"}}
+        echoed = http.post("/mcp", headers=session, json=RPC | {"id": 1, "method": "tools/call", "params": params})
+        assert answer(echoed)["result"]["content"] == [{"type": "text", "text": "raw"}]
         with http.stream("GET", "/mcp", headers=session | {"Accept": "text/event-stream"}) as stream:
             assert (stream.status_code, stream.headers["content-type"][:17]) == (200, "text/event-stream")
         assert http.delete("/mcp", headers=session).status_code == 200
-        gone = http.post("/mcp", headers=session, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        gone = http.post("/mcp", headers=session, json=RPC | {"id": 2, "method": "ping"})
     # An answer the gateway writes itself is JSON, before the SDK's transport is reached.
     assert (gone.status_code, gone.headers["content-type"]) == (404, "application/json")
     assert gone.json()["error"]["message"] == "Session not found"
@@ -141,7 +149,7 @@ async def legacy_session(http: httpx2.AsyncClient, key: str) -> dict[str, str]:
     auth = {"Authorization": f"Bearer {key}"}
     opened = await http.post("/mcp", headers=auth, json=INITIALIZE)
     session = auth | {"Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
-    await http.post("/mcp", headers=session, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    await http.post("/mcp", headers=session, json=RPC | {"method": "notifications/initialized"})
     return session
 
 
