@@ -5,6 +5,8 @@
 - sdk:     the same pass-through on the gateway's own stack (the `mcp` 2.x SDK's server under Daphne,
            bench/sdk_passthrough.py): what that stack costs before the gateway does anything;
 - inline:  Switchboard with the inline executor;
+- inline-uvicorn, inline-granian: the same under uvicorn (uvloop, httptools) and under granian instead of
+           Daphne (tests/servers.py UVICORN, GRANIAN), started only when named in --targets;
 - celery:  Switchboard with the Celery executor and a worker;
 
 both Switchboard targets with audit on PostgreSQL. Every target is driven by the official SDK client
@@ -43,6 +45,7 @@ DEMO = [sys.executable, str(ROOT / "examples/demo_upstream.py")]
 PROXY = ROOT / ".venv-proxy/bin/mcp-proxy"
 SDK_PASSTHROUGH = "bench.sdk_passthrough:app"
 ARGUMENTS = {"text": "benchmark"}
+OTHER_SERVERS = {"inline-uvicorn": servers.UVICORN, "inline-granian": servers.GRANIAN}
 
 
 def setup_database() -> str:
@@ -141,7 +144,7 @@ async def measure(
     }
 
 
-def start_targets(key: str, logs: Path) -> tuple[dict, list]:
+def start_targets(key: str, logs: Path, names: Collection[str]) -> tuple[dict, list]:
     env = dict(os.environ)
     started = []
     proxy_port = servers.free_port()
@@ -160,6 +163,12 @@ def start_targets(key: str, logs: Path) -> tuple[dict, list]:
     celery = servers.start_gateway(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "celery.log")
     started += [inline, worker, celery]
     auth = {"Authorization": f"Bearer {key}"}
+    under = {
+        name: servers.start_gateway_under(server, env | {"GATEWAY_EXECUTOR": "inline"}, logs / f"{name}.log")
+        for name, server in OTHER_SERVERS.items()
+        if name in names
+    }
+    started += under.values()
     # Each server runs in a process session of its own (servers.start), so its upstreams count with it.
     targets = {
         "direct": (stdio_session, "echo", ()),
@@ -172,6 +181,8 @@ def start_targets(key: str, logs: Path) -> tuple[dict, list]:
             {celery.process.pid, worker.process.pid},
         ),
     }
+    for name, running in under.items():
+        targets[name] = (lambda url=running.url: http_session(f"{url}/mcp", auth), "demo__echo", {running.process.pid})
     return targets, started
 
 
@@ -201,7 +212,7 @@ def added_table(results: list[dict]) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for r in results:
-        if r["target"] in ("inline", "celery") and (base := stack.get(r["sessions"])):
+        if r["target"] in ("inline", "celery", *OTHER_SERVERS) and (base := stack.get(r["sessions"])):
             lines.append(
                 f"| {r['target']} | {r['sessions']} | {r['p50_ms'] - base['p50_ms']:.2f} | "
                 f"{r['server_cpu_ms'] - base['server_cpu_ms']:.2f} | {r['calls_per_s'] / base['calls_per_s']:.2f} |"
@@ -222,7 +233,7 @@ def main() -> None:
     key = setup_database()
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
-    targets, started = start_targets(key, logs)
+    targets, started = start_targets(key, logs, args.targets.split(","))
     try:
         results = asyncio.run(measure_all(targets, args))
     finally:
@@ -244,7 +255,7 @@ async def measure_all(targets: dict, args: argparse.Namespace) -> list[dict]:
             result = await measure(open_session, tool, sessions, args.calls, args.warmup, server_sessions)
             results.append({"target": name, **result})
             print(
-                f"{name:7} {sessions:3} sessions  p50 {result['p50_ms']:.2f} ms  {result['calls_per_s']:.0f} calls/s  "
+                f"{name:14} {sessions:3} sessions  p50 {result['p50_ms']:.2f} ms  {result['calls_per_s']:.0f} calls/s  "
                 f"machine CPU {result['machine_cpu_ms']:.2f} ms/call",
                 file=sys.stderr,
             )
