@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from django.db import connections
+from playwright.sync_api import Browser, sync_playwright
 
 from tests import servers
 
@@ -320,3 +322,17 @@ def idp_gateway(server_env, world, people, logs) -> Iterator[tuple]:
             yield Idp(provider.url, resource, key), gateway
     finally:
         provider.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium through Playwright, for the console's pages."""
+    needs(servers.CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
+    # Playwright's sync API keeps an event loop on this thread; the ORM calls made here are still plain
+    # blocking calls, which Django would otherwise refuse beside a loop.
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        launched = playwright.chromium.launch(executable_path=str(servers.CHROMIUM), args=servers.CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+        connections.close_all()  # the ones opened beside Playwright's loop are not the session's to close

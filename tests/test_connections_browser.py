@@ -14,10 +14,9 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connections
 from django.utils.timezone import now
 from mcp.shared.exceptions import MCPError
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from policy.models import Agent, Person
 from policy.services import agent_key_issue
@@ -25,7 +24,6 @@ from registry.models import PersonalCredential, SealedSecret, Upstream
 from registry.personal import connect_link, credential_path, personal_connect, personal_disconnect
 from tests import servers
 from tests.clients import sdk_client, tool_names
-from tests.conftest import needs
 from tests.factories import person_upstream
 from tests.helpers import eventually, run
 
@@ -39,19 +37,6 @@ TOKENS = {"alice": "tok-journal-alice-7c41e9b2a0", "bob": "tok-journal-bob-2f8d5
 CATALOG_TOKEN = "tok-journal-admin-9e3b1d7f42"  # the administrator's own, to sync the catalog
 REFUSED = ["tok-journal two-words-5d0c", "tok-journal\nsecond-line-8a1f"]  # refused by the form, never stored
 ONE_LINE = "A token is one line of visible characters, without spaces."
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    needs(servers.CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
-    # Playwright's sync API keeps an event loop on this thread; the ORM calls made here are still plain
-    # blocking calls, which Django would otherwise refuse beside a loop.
-    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        launched = playwright.chromium.launch(executable_path=str(servers.CHROMIUM), args=servers.CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-        connections.close_all()  # the ones opened beside Playwright's loop are not the session's to close
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from django.db import connections
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from audit.models import AuditEvent
 from handoff.console import CONSOLE_AGENT
@@ -24,7 +23,6 @@ from registry.models import Tool
 from registry.services import upstream_catalog_sync
 from tests import servers
 from tests.clients import call, tool_names
-from tests.conftest import needs
 from tests.factories import demo_upstream
 from tests.helpers import T, audit_mark, audit_since, eventually, run
 
@@ -37,19 +35,6 @@ def console(server_env, world, logs) -> Iterator[servers.Running]:
     """A gateway that keeps argument payloads, so the audit's payload view has something to show."""
     with servers.inline_gateway_with(server_env, logs / "gateway-console.log", GATEWAY_AUDIT_PAYLOADS="1") as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    needs(servers.CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
-    # Playwright's sync API keeps an event loop on this thread; the ORM calls made here are still plain
-    # blocking calls, which Django would otherwise refuse beside a loop.
-    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        launched = playwright.chromium.launch(executable_path=str(servers.CHROMIUM), args=servers.CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-        connections.close_all()  # the ones opened beside Playwright's loop are not the session's to close
 
 
 @contextmanager
