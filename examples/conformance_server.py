@@ -11,14 +11,16 @@ the sampling and elicitation scenarios ask on the call's stream whatever the era
 import base64
 import hashlib
 import hmac
+import itertools
 import json
 import secrets
 import sys
-from pathlib import Path
+from collections import OrderedDict, deque
 
 import anyio
 from mcp import types
 from mcp.server import NotificationOptions, Server
+from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, PromptsListChanged, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
@@ -512,11 +514,44 @@ async def _prompts() -> types.ListPromptsResult:
     return types.ListPromptsResult(prompts=PROMPTS)
 
 
+class RecentEvents(EventStore):
+    """The newest events of each stream, for clients that resume with Last-Event-ID (bounded in count)."""
+
+    def __init__(self, max_events: int) -> None:
+        self._max_events = max_events
+        self._streams: dict[StreamId, OrderedDict[EventId, types.JSONRPCMessage | None]] = {}
+        self._order: deque[tuple[StreamId, EventId]] = deque()  # every kept event, oldest first
+        self._ids = itertools.count()
+
+    async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
+        event_id = f"{stream_id}:{next(self._ids)}"
+        self._streams.setdefault(stream_id, OrderedDict())[event_id] = message
+        self._order.append((stream_id, event_id))
+        while len(self._order) > self._max_events:
+            old_stream, old_event = self._order.popleft()
+            events = self._streams.get(old_stream)
+            if events is not None:
+                events.pop(old_event, None)
+                if not events:
+                    del self._streams[old_stream]
+        return event_id
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        stream_id = last_event_id.rpartition(":")[0]
+        events = self._streams.get(stream_id)
+        if events is None or last_event_id not in events:
+            return None
+        after = False
+        for event_id, message in list(events.items()):
+            if after and message is not None:  # priming events carry no message
+                await send_callback(EventMessage(message, event_id))
+            after = after or event_id == last_event_id
+        return stream_id
+
+
 if __name__ == "__main__":
     import uvicorn
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from handoff.mcp.sse_replay import RecentEvents  # the gateway's own event store serves here just as well
-
     app = server.streamable_http_app(event_store=RecentEvents(1000), retry_interval=500)  # resumable streams
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    # h11 trims the whitespace around header values, as HTTP says to (httptools leaves it, which the suite fails).
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", http="h11")

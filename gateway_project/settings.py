@@ -317,6 +317,8 @@ GATEWAY_SNAPSHOT_CHECK_SECONDS = env_float("GATEWAY_SNAPSHOT_CHECK_SECONDS", 1.0
 # Last-Event-ID, and clients are told to wait this long before they do.
 GATEWAY_SSE_REPLAY_EVENTS = env_int("GATEWAY_SSE_REPLAY_EVENTS", 1000)
 GATEWAY_SSE_RETRY_MS = env_int("GATEWAY_SSE_RETRY_MS", 1000)
+# A stream silent this long gets a comment line, so that proxies do not close it as idle.
+GATEWAY_SSE_PING_SECONDS = env_float("GATEWAY_SSE_PING_SECONDS", 15.0)
 # Aggregated lists (tools, resources, prompts) are served in pages of this many, with signed cursors.
 GATEWAY_LIST_PAGE_SIZE = env_int("GATEWAY_LIST_PAGE_SIZE", 100)
 GATEWAY_LIST_CURSOR_SECONDS = env_int("GATEWAY_LIST_CURSOR_SECONDS", 3600)

@@ -14,20 +14,15 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from mcp import types
 from pydantic import ValidationError
-from pydantic_core import PydanticSerializationError
 
 from handoff.mcp.audit_rows import refusal_record, session_record
 from handoff.mcp.caller import Caller, Refused, caller_from_scope, host_allowed, origin_allowed, signed_out
-from handoff.mcp.frames import FrameError, frame_id, parse_frame
+from handoff.mcp.frames import FrameError, encode_message, frame_id, parse_frame
 from handoff.mcp.handle import McpSession, handle
 from handoff.protocol.moves import end_handoff
 from handoff.snapshot import ConfigurationUnavailable, snapshot
 from handoff.web_process import background_start
 
-UNENCODABLE = (
-    "Invalid params: the request holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair) "
-    "that its reply would repeat; send the text as valid Unicode"
-)
 SIGNED_OUT_CLOSE = 4401  # an application close code (Daphne passes 1000 and 3000-4999): 4000 + HTTP 401
 logger = logging.getLogger(__name__)
 
@@ -36,18 +31,6 @@ def _log_failure(task: asyncio.Task) -> None:
     """The session's tasks are awaited only at disconnect: without this their failures would go unseen."""
     if not task.cancelled() and (exc := task.exception()) is not None:
         logger.error("websocket session task %s failed", task.get_name(), exc_info=exc)
-
-
-def _encoded(message: types.JSONRPCMessage) -> str | None:
-    """The frame for a message. A reply that cannot be encoded (a lone surrogate the agent sent, echoed back:
-    a URI, say) becomes an error for its request instead of ending the pump, and with it the socket."""
-    try:
-        return message.model_dump_json(by_alias=True, exclude_unset=True)
-    except PydanticSerializationError:
-        if not isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
-            logger.warning("websocket: dropped a %s that cannot be encoded", type(message).__name__, exc_info=True)
-            return None
-        return FrameError(types.INVALID_PARAMS, UNENCODABLE, message.id).body()
 
 
 class McpWebSocketConsumer(AsyncWebsocketConsumer):
@@ -98,7 +81,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
 
     async def _deliver(self, message: types.JSONRPCMessage) -> None:
         self._last_frame = time.monotonic()
-        if (frame := _encoded(message)) is not None:
+        if (frame := encode_message(message)) is not None:
             await self.send(text_data=frame)
 
     async def _handle(self, message: types.JSONRPCMessage) -> None:

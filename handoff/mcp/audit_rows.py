@@ -38,7 +38,7 @@ async def record(*, kind: str, **fields: Any) -> None:
 async def session_record(caller: Caller, action: str, **detail: Any) -> None:
     """A stateful session opened or closed. Unlike a call's rows, a lost one refuses nothing: no tool runs
     because of it, and a session must close whatever the database says."""
-    if caller.transport == "ws":  # HTTP sessions are counted from the SDK's own table (http.py)
+    if caller.transport == "ws":  # HTTP sessions are counted from their store (streamable_http/legacy.py)
         SESSIONS.labels("ws").inc(1 if action == "opened" else -1)
     try:
         await audit_writer.record(

@@ -315,13 +315,11 @@ async def _record_once(identity: Identity) -> None:
 
 
 def caller_of(ctx: ServerRequestContext) -> Caller:
-    """The caller the transport attached: a Caller itself (WebSocket) or on the HTTP request's scope."""
+    """The caller the transport attached (handoff/mcp/handle.py puts it where the SDK puts a request), or,
+    for the SDK's own look at the tools a 2026-07-28 caller sees (its `Mcp-Param-*` check), the HTTP
+    request's scope."""
     request = ctx.request
-    if isinstance(request, Caller):
-        return request
-    caller: Caller = request.scope["switchboard.caller"]
-    session_id = request.headers.get("mcp-session-id")
-    return replace(caller, session_id=session_id) if session_id else caller
+    return request if isinstance(request, Caller) else request.scope["switchboard.caller"]
 
 
 def request_span(ctx: ServerRequestContext, method: str, **names: str) -> AbstractContextManager[Span]:

@@ -3,12 +3,20 @@ GATEWAY_MAX_JSON_DEPTH, is it one JSON-RPC 2.0 message, and is its text Unicode 
 finer is the SDK's to check."""
 
 import json
+import logging
 from typing import Any
 
 from django.conf import settings
 from mcp import types
+from pydantic_core import PydanticSerializationError
 
 from gateway_project.lib.json_depth import nested_deeper_than
+
+logger = logging.getLogger(__name__)
+UNENCODABLE = (
+    "Invalid params: the request holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair) "
+    "that its reply would repeat; send the text as valid Unicode"
+)
 
 
 class FrameError(Exception):
@@ -81,3 +89,15 @@ def _check_text(payload: dict[str, Any], request_id: Any) -> None:
             "pair); send the text as valid Unicode",
             request_id,
         )
+
+
+def encode_message(message: types.JSONRPCMessage) -> str | None:
+    """The frame for a message going out. A reply that cannot be encoded (a lone surrogate the agent sent,
+    echoed back: a URI, say) becomes an error for its request instead of failing the transport."""
+    try:
+        return message.model_dump_json(by_alias=True, exclude_unset=True)
+    except PydanticSerializationError:
+        if not isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+            logger.warning("dropped a %s that cannot be encoded", type(message).__name__, exc_info=True)
+            return None
+        return FrameError(types.INVALID_PARAMS, UNENCODABLE, message.id).body()

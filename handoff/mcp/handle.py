@@ -11,6 +11,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import anyio
@@ -69,8 +70,15 @@ class McpSession:
 
     def __post_init__(self) -> None:
         self.standalone = Standalone(self.push)
-        self.connection = Connection.for_loop(self.standalone, session_id=self.id)
-        self.runner = ServerRunner(server, self.connection, None)
+
+    @cached_property
+    def connection(self) -> Connection:
+        """The handshake's state; a 2026-07-28 session, whose requests each bring their own, never makes it."""
+        return Connection.for_loop(self.standalone, session_id=self.id)
+
+    @cached_property
+    def runner(self) -> ServerRunner:
+        return ServerRunner(server, self.connection, None)
 
     async def ask(self, send: Push, method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
         """Put a question to the agent on a request's stream and wait for its answer (or the session's end)."""
@@ -119,7 +127,8 @@ class McpSession:
                 answers.send_nowait(CONNECTION_CLOSED)
             except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # answered already, or no longer waited for
-        await aclose_shielded(self.connection)
+        if "connection" in self.__dict__:
+            await aclose_shielded(self.connection)
 
 
 @dataclass(eq=False)

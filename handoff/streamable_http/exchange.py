@@ -1,0 +1,88 @@
+"""One request's answer, the same in both eras: its messages (what the MCP layer's `handle` yields) run into
+an event stream in a task of their own; the answer is JSON when the first of them is the reply, and SSE when
+something comes first (progress, a log line, a question for the agent) or nothing has come within
+JSON_WAIT_SECONDS: a slow call's answer starts at once as a stream, so that no client or proxy waiting for its
+first byte gives up on it (the SDK's client reads a JSON answer with its short timeout, a stream with its
+long one)."""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from mcp import types
+
+from handoff.mcp.frames import encode_message
+from handoff.streamable_http.streams import EventStream
+from handoff.streamable_http.wire import SSE, Headers, json_answer, ping_seconds, priming_frame
+
+logger = logging.getLogger(__name__)
+# The 2025-11-25 wire ends a request's stream only with a reply for its id (the SDK's transport says the same).
+REQUEST_CANCELLED = -32800
+JSON_WAIT_SECONDS = 1.0
+running: set[asyncio.Task] = set()  # the event loop keeps only weak references to tasks
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    running.discard(task)
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.error("an MCP request's task failed", exc_info=exc)
+
+
+async def _drain(
+    request: types.JSONRPCRequest, replies: AsyncIterator[types.JSONRPCMessage], stream: EventStream, reply_always: bool
+) -> None:
+    answered = False
+    try:
+        async for message in replies:
+            if (data := encode_message(message)) is not None:
+                answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
+                stream.put(data, answered, message.error.code if isinstance(message, types.JSONRPCError) else None)
+    finally:
+        if reply_always and not answered:
+            error = types.ErrorData(code=REQUEST_CANCELLED, message="Request cancelled")
+            cancelled = types.JSONRPCError(jsonrpc="2.0", id=request.id, error=error)
+            stream.put(encode_message(cancelled) or "", True, REQUEST_CANCELLED)
+        stream.close()
+
+
+def run(
+    request: types.JSONRPCRequest,
+    replies: AsyncIterator[types.JSONRPCMessage],
+    stream: EventStream,
+    reply_always: bool = False,
+) -> asyncio.Task:
+    """Start the request: its messages go into `stream` whether or not anyone reads them."""
+    task = asyncio.create_task(_drain(request, replies, stream, reply_always))
+    running.add(task)
+    task.add_done_callback(_log_failure)
+    return task
+
+
+async def answer(
+    send: object,
+    stream: EventStream,
+    headers: Headers,
+    status_of: Callable[[int | None], int],
+    ready: Callable[[], object] | None = None,
+    resumable: Callable[[EventStream], None] = EventStream.keep,
+) -> bool:
+    """Answer from `stream` as JSON (True) or start the SSE answer (False: the caller streams the rest).
+    `ready` runs once the request's outcome is known well enough to go out."""
+    first = await stream.first(min(JSON_WAIT_SECONDS, ping_seconds()))
+    if first is not None and first.final:
+        if ready is not None:
+            await ready()
+        await json_answer(send, status_of(first.code), first.data, headers)
+        return True
+    resumable(stream)
+    await send({"type": "http.response.start", "status": 200, "headers": [*SSE, *headers]})
+    return False
+
+
+async def stream_out(send: object, stream: EventStream, after: int = 0, prime: bool = False) -> None:
+    """The SSE body: a priming event when the stream is resumable, then its events after `after`."""
+    if prime and (event_id := stream.event_id(after)) is not None:
+        await send({"type": "http.response.body", "body": priming_frame(event_id), "more_body": True})
+    async for frame in stream.frames(after, ping_seconds()):
+        await send({"type": "http.response.body", "body": frame, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,69 @@
+"""What `/mcp` puts on the wire: JSON answers, error answers, SSE frames, and the wait for a client to go."""
+
+import asyncio
+from collections.abc import Awaitable, Iterable
+from typing import Any
+
+from django.conf import settings
+
+from handoff.mcp.frames import FrameError
+
+Headers = Iterable[tuple[bytes, bytes]]
+JSON = (b"content-type", b"application/json")
+SSE = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),  # nginx would otherwise hold the stream back in its buffer
+]
+PING = b": ping\r\n\r\n"
+
+
+def ping_seconds() -> float:
+    """How long a stream stays silent before a comment line keeps proxies from timing it out."""
+    return settings.GATEWAY_SSE_PING_SECONDS
+
+
+def sse_frame(data: str, event_id: str | None = None) -> bytes:
+    head = f"id: {event_id}\r\n" if event_id is not None else ""
+    return f"{head}event: message\r\ndata: {data}\r\n\r\n".encode()
+
+
+def priming_frame(event_id: str) -> bytes:
+    """An event with an id and no data, first on a resumable stream: a client that loses the stream before
+    anything else comes can still resume it, after the `retry` it is told."""
+    return f"id: {event_id}\r\nretry: {settings.GATEWAY_SSE_RETRY_MS}\r\ndata: \r\n\r\n".encode()
+
+
+async def json_answer(send: Any, status: int, body: str | bytes, headers: Headers = ()) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [JSON, *headers]})
+    await send({"type": "http.response.body", "body": body.encode() if isinstance(body, str) else body})
+
+
+async def error_answer(
+    send: Any, status: int, code: int, message: str, headers: Headers = (), request_id: Any = None
+) -> None:
+    await json_answer(send, status, FrameError(code, message, request_id).body(), headers)
+
+
+async def empty_answer(send: Any, status: int, headers: Headers = ()) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": list(headers)})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _disconnected(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_gone(receive: Any, work: Awaitable[None]) -> None:
+    """Run `work` (a streaming answer) until it ends, or until the client goes (it is cancelled then)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        task.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        raise exc
