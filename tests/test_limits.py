@@ -3,6 +3,7 @@ once per upstream. Each refusal is -32003 (or -32001 for the session cap) with i
 waiting helps, and a `denied` audit row; nothing refused reaches the upstream."""
 
 import anyio
+import httpx2
 from mcp.shared.exceptions import MCPError
 
 from tests import servers
@@ -124,19 +125,40 @@ def test_calls_past_an_upstreams_concurrency_are_refused_as_busy(inline_gateway,
 
 
 def test_without_its_shared_state_the_gateway_refuses_calls_rather_than_run_them_unchecked(server_env, world, logs):
-    """Redis gone (here: a port where nothing listens): the call is refused, audited, and the process serves on.
-    The first shared state a call reads is its session's (is it handed off?), so that is what is missing."""
+    """Redis gone (here: a port where nothing listens): requests are refused, audited, and the process serves on.
+    The first shared state a 2025-11-25 request reads is its session's record, and a 2026-07-28 call's is its
+    session's handoff state (is it handed off?), so that is what is missing."""
     env = server_env | {"GATEWAY_EXECUTOR": "inline", "REDIS_URL": f"redis://127.0.0.1:{servers.free_port()}/0"}
     gateway = servers.start_gateway(env, logs / "gateway-no-redis.log")
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    headers = {"authorization": f"Bearer {world.key}", "accept": "application/json, text/event-stream"}
     try:
         mark = audit_mark()
-        refused = [run(lambda: call(gateway.url, world.key, "demo__echo", {"text": "x"})) for _ in range(2)]
+        opening = [httpx2.post(f"{gateway.url}/mcp", json=init, headers=headers, timeout=30) for _ in range(2)]
+        refused = run(lambda: call(gateway.url, world.key, "demo__echo", {"text": "x"}, "2026-07-28"))
     finally:
         gateway.stop()
-    for error in refused:
-        assert (error.code, error.data["code"], error.data["retryAfter"]) == (-32003, "SESSION_STATE_UNAVAILABLE", 1.0)
-        assert str(error) == (
-            "The gateway cannot read this session's state right now, so 'demo__echo' was not run. Retry after 1 second."
-        )
+    for answer in opening:
+        assert (answer.status_code, answer.headers["retry-after"]) == (503, "1")
+        assert answer.json()["error"] == {
+            "code": -32003,
+            "message": "The gateway cannot read this session's state right now, so the request was not served. "
+            "Retry after 1 second.",
+            "data": {"code": "SESSION_STATE_UNAVAILABLE", "retryAfter": 1.0},
+        }
+    assert (refused.code, refused.data["code"], refused.data["retryAfter"]) == (
+        -32003,
+        "SESSION_STATE_UNAVAILABLE",
+        1.0,
+    )
+    assert str(refused) == (
+        "The gateway cannot read this session's state right now, so 'demo__echo' was not run. Retry after 1 second."
+    )
     rows = audit_since(mark)
-    assert [(r.kind, r.error_code) for r in rows] == [("denied", "SESSION_STATE_UNAVAILABLE")] * 2
+    assert [(r.kind, r.error_code) for r in rows] == [("denied", "SESSION_STATE_UNAVAILABLE")] * 3
+    assert [r.detail.get("method") for r in rows[:2]] == ["initialize", "initialize"]

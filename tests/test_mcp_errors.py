@@ -259,7 +259,7 @@ def test_a_session_opened_by_one_agent_cannot_be_used_by_another(inline_gateway,
     finally:
         Agent.objects.filter(name="bob").delete()
     assert (stolen.status_code, stolen.json()) == (unknown.status_code, unknown.json())
-    assert stolen.status_code == 404 and stolen.json()["error"]["message"] == "Session not found"
+    assert stolen.status_code == 404 and stolen.json()["error"]["message"].startswith("Session not found:")
     assert owned.status_code == 200
 
 

@@ -2,13 +2,16 @@
 a stream, resumable streams, sessions and their bad input, in both eras."""
 
 import json
+import os
 from collections.abc import Iterator
 
 import httpx2
 import pytest
+import redis
 
 from tests import servers
 from tests.clients import TIMEOUT
+from tests.conftest import needs
 from tests.helpers import audit_mark, audit_since, eventually
 
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
@@ -19,6 +22,7 @@ INIT = {
     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
 }
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+NOT_FOUND = "Session not found: it ended, expired or never existed; send initialize to open a new one"
 MISMATCH = "Bad Request: MCP-Protocol-Version 2025-06-18 is not this session's (2025-11-25)"
 MODERN = {"mcp-protocol-version": "2026-07-28"}
 ENVELOPE = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
@@ -149,7 +153,7 @@ def test_a_get_stream_gets_what_the_session_is_sent_and_a_second_one_is_409(inli
     [
         ({"accept": "application/json"}, 406, "Not Acceptable: a GET must accept text/event-stream"),
         ({"mcp-session-id": ""}, 400, "Bad Request: Missing session ID"),
-        ({"mcp-session-id": "0" * 32}, 404, "Session not found"),
+        ({"mcp-session-id": "0" * 32}, 404, NOT_FOUND),
         (
             {"mcp-protocol-version": "2025-06-18"},
             400,
@@ -180,7 +184,7 @@ def test_delete_ends_the_session_and_says_so_in_the_audit(inline_gateway, world,
     deleted = httpx2.delete(client.url, headers=client.headers(), timeout=TIMEOUT)
     assert deleted.status_code == 200
     after = client.post(request("tools/list"))
-    assert (after.status_code, after.json()["error"]["message"]) == (404, "Session not found")
+    assert (after.status_code, after.json()["error"]["message"]) == (404, NOT_FOUND)
     closed = eventually(lambda: [e for e in audit_since(mark, sessions=True) if e.session_id == client.session])
     assert [(e.detail["action"], e.detail["reason"]) for e in closed] == [("session_closed", "deleted by the client")]
 
@@ -196,3 +200,22 @@ def test_a_stateless_initialize_or_get_is_refused_as_the_era_says(inline_gateway
     assert initialize.status_code == 404 and initialize.json()["error"]["code"] == -32601
     listen = httpx2.get(client.url, headers=client.headers(**MODERN), timeout=TIMEOUT)
     assert listen.status_code == 405 and listen.headers["allow"] == "POST"
+
+
+def _session_key(client: Client) -> str:
+    return f"sb:mcp-session:{client.session}"
+
+
+def test_a_session_whose_record_redis_lost_or_someone_forged_is_told_to_initialise_again(inline_gateway, world):
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: sessions are held in the process")
+    store = redis.Redis.from_url(os.environ["REDIS_URL"])
+    lost, forged = Client(inline_gateway, world.key).open(), Client(inline_gateway, world.key).open()
+    assert store.exists(_session_key(lost)) and store.exists(_session_key(forged))
+    store.delete(_session_key(lost))  # what a flushed or restarted Redis leaves
+    store.set(_session_key(forged), b"a record nobody signed")
+    for client in (lost, forged):
+        refused = client.post(request("tools/list"))
+        assert (refused.status_code, refused.json()["error"]["message"]) == (404, NOT_FOUND)
+    assert "does not verify: refused" in inline_gateway.log.read_text()
+    again = Client(inline_gateway, world.key).open()
+    assert again.post(request("tools/list")).status_code == 200

@@ -12,7 +12,7 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from handoff.mcp.caller import caller_of
+from handoff.mcp.caller import Caller, caller_of
 from handoff.mcp.list_changed import per_session
 from handoff.protocol.tunnels import index_session
 from registry.upstreams.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, may_ask, unsupported
@@ -31,6 +31,17 @@ def _session(ctx: ServerRequestContext) -> str:
 async def set_logging_level(ctx: ServerRequestContext, params: types.SetLevelRequestParams) -> types.EmptyResult:
     per_session(_session_levels, _session(ctx), params.level)
     return types.EmptyResult()
+
+
+def session_level(caller: Caller) -> str | None:
+    """The level a 2025-11-25 session set, for its record (handoff/streamable_http/redis_sessions.py)."""
+    return _session_levels.get(index_session(caller.agent_id, caller.session_key))
+
+
+def session_level_restore(caller: Caller, level: str | None) -> None:
+    """Take up the level a session set in another process."""
+    if level in LEVELS:
+        per_session(_session_levels, index_session(caller.agent_id, caller.session_key), level)
 
 
 def log_level(ctx: ServerRequestContext) -> str | None:

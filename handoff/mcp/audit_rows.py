@@ -69,3 +69,22 @@ async def refusal_record(transport: str, refused: Refused) -> None:
         )
     except AuditUnavailable as exc:
         logger.error("audit write failed (refused credentials, %s): %s", refused.code, exc)
+
+
+async def unserved_record(caller: Caller, error_code: str, message: str, **detail: Any) -> None:
+    """A request the gateway could not serve for want of its own state (Redis down): refused, and said here."""
+    try:
+        await audit_writer.record(
+            kind=AuditEvent.Kind.DENIED,
+            agent_id=caller.agent_id,
+            agent_name=caller.agent_name,
+            **caller.person,
+            session_id=caller.session_id,
+            transport=caller.transport,
+            outcome=AuditEvent.Outcome.DENIED,
+            error_code=error_code,
+            error_detail=message,
+            detail=detail,
+        )
+    except AuditUnavailable as exc:
+        logger.error("audit write failed (unserved request, %s): %s", error_code, exc)

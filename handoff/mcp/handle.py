@@ -9,6 +9,7 @@ comes out of the same iterator ahead of the reply, and the agent's answer to a q
 import asyncio
 import itertools
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -66,7 +67,8 @@ class McpSession:
     era: str = ""
     running: dict[Any, "Exchange"] = field(default_factory=dict)
     asked: dict[Any, MemoryObjectSendStream] = field(default_factory=dict)
-    _ids: Any = field(default_factory=lambda: itertools.count(1))
+    # The ids of its questions to the agent: unique across the processes that may serve the same session.
+    _ids: Any = field(default_factory=lambda: (f"{secrets.token_hex(4)}-{n}" for n in itertools.count(1)))
 
     def __post_init__(self) -> None:
         self.standalone = Standalone(self.push)
@@ -79,6 +81,29 @@ class McpSession:
     @cached_property
     def runner(self) -> ServerRunner:
         return ServerRunner(server, self.connection, None)
+
+    def handshake(self) -> dict[str, Any]:
+        """What the handshake settled, as JSON values: what a process that did not see it needs to serve the
+        session (`resume`)."""
+        params = self.connection.client_params
+        return {
+            "version": self.connection.protocol_version,
+            "client": params.model_dump(mode="json", by_alias=True, exclude_none=True) if params else None,
+        }
+
+    def resume(self, handshake: dict[str, Any]) -> None:
+        """Take up a session whose handshake another process served (its `handshake()`)."""
+        client = handshake["client"]
+        connection = Connection(
+            self.standalone,
+            protocol_version=handshake["version"],
+            session_id=self.id,
+            client_params=types.InitializeRequestParams.model_validate(client) if client else None,
+        )
+        connection.initialized.set()
+        self.__dict__["connection"] = connection
+        self.__dict__.pop("runner", None)
+        self.era = LEGACY
 
     async def ask(self, send: Push, method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
         """Put a question to the agent on a request's stream and wait for its answer (or the session's end)."""

@@ -12,7 +12,7 @@ import asyncio
 import contextvars
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -189,6 +189,16 @@ async def tools_changed_everywhere(sessions: list[str]) -> None:
         await layer.group_send(GROUP, {"type": "tools.changed", "session": session})
 
 
+# Handlers of other kinds of message the relay carries, by type: a transport's own (a client's message for
+# a session another process waits in: handoff/streamable_http/legacy.py).
+relay_handlers: dict[str, Callable[[dict], Awaitable[None]]] = {}
+
+
+async def relay_everywhere(message: dict) -> None:
+    """`message` to every web process's relay, this one's included."""
+    await get_channel_layer().group_send(GROUP, message)
+
+
 async def _relay(ready: asyncio.Future) -> None:
     """This process's ear on the channel layer: changes from anywhere, told to the sessions held here."""
     layer = get_channel_layer()
@@ -208,6 +218,11 @@ async def _relay(ready: asyncio.Future) -> None:
             elif message.get("type") == "list.changed" and message.get("kind") in LISTS:
                 snapshot.invalidate()  # agents refetch at once: they must see the new catalog
                 await list_changed_here(message["kind"])
+            elif (handler := relay_handlers.get(message.get("type", ""))) is not None:
+                try:
+                    await handler(message)
+                except Exception:  # one bad message must not stop the relay
+                    logger.exception("the relay's %s handler failed", message.get("type"))
     finally:
         refreshing.cancel()
 

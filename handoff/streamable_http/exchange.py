@@ -69,7 +69,9 @@ async def answer(
     """Answer from `stream` as JSON (True) or start the SSE answer (False: the caller streams the rest).
     `ready` runs once the request's outcome is known well enough to go out."""
     first = await stream.first(min(JSON_WAIT_SECONDS, ping_seconds()))
-    if first is not None and first.final:
+    # A request the client cancelled ends its stream with REQUEST_CANCELLED (never as a JSON answer, which a
+    # client that stopped waiting would take as an answer to deliver).
+    if first is not None and first.final and first.code != REQUEST_CANCELLED:
         if ready is not None:
             await ready()
         await json_answer(send, status_of(first.code), first.data, headers)

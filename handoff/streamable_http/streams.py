@@ -56,10 +56,13 @@ class EventStream:
         while self._events and self._events[0].number <= number:
             self._events.popleft()
 
-    def missed(self, after: int) -> int:
+    def gone(self, after: int) -> int:
         """How many events after `after` are gone already."""
         first = self._events[0].number if self._events else self.count + 1
         return max(0, first - after - 1)
+
+    async def missed(self, after: int) -> int:
+        return self.gone(after)
 
     async def first(self, wait: float) -> Event | None:
         """The first event, once it is there (None if none came within `wait` seconds, or the stream ended)."""
@@ -70,21 +73,25 @@ class EventStream:
                 return None
         return self._events[0] if self._events and self._events[0].number == 1 else None
 
-    async def frames(self, after: int, idle: float) -> AsyncIterator[bytes]:
-        """The SSE frames of the events after `after` as they come, a ping after `idle` seconds of silence,
-        until the stream ends."""
+    async def events(self, after: int, idle: float | None = None) -> AsyncIterator[Event | None]:
+        """The events after `after` as they come, None after `idle` seconds of silence, until the stream ends."""
         while True:
             if fresh := [event for event in self._events if event.number > after]:
                 for event in fresh:  # more may come while these go out: looked for again before waiting
                     after = event.number
-                    yield sse_frame(event.data, self.event_id(event.number))
+                    yield event
                 continue
             if self.done:
                 return
             try:
                 await asyncio.wait_for(self._changed.wait(), idle)
             except TimeoutError:
-                yield PING
+                yield None
+
+    async def frames(self, after: int, idle: float) -> AsyncIterator[bytes]:
+        """The SSE frames of the events after `after`, a ping for each `idle` seconds of silence."""
+        async for event in self.events(after, idle):
+            yield PING if event is None else sse_frame(event.data, self.event_id(event.number))
 
     def _wake(self) -> None:
         self._changed.set()

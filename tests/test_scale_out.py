@@ -1,0 +1,159 @@
+"""Two web processes behind HAProxy in round robin, with no affinity: a 2025-11-25 client's whole life works
+with its requests spread over both (sessions in Redis: handoff/streamable_http/redis_sessions.py)."""
+
+import json
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import types
+
+from tests import servers
+from tests.clients import sdk_client, tool_names, watched_client
+from tests.conftest import needs
+from tests.factories import demo_upstream
+from tests.helpers import eventually, run
+
+HAPROXY = """
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend mcp
+  bind 127.0.0.1:{port}
+  default_backend gateways
+backend gateways
+  balance roundrobin
+{servers}
+"""
+POST = re.compile(r'"POST /mcp"')
+
+
+@pytest.fixture(scope="module")
+def balanced(server_env, world, logs) -> Iterator[tuple[str, list[servers.Running]]]:
+    """Two inline gateways on PostgreSQL and Redis, and HAProxy sending each request to the next of them."""
+    needs(bool(server_env.get("REDIS_URL")), "REDIS_URL is not set: sessions live in one process without it")
+    needs(shutil.which("haproxy") is not None, "haproxy is not installed (apt-get install haproxy)")
+    gateways = [
+        servers.start_gateway(server_env | {"GATEWAY_EXECUTOR": "inline"}, logs / f"gateway-{n}.log") for n in "ab"
+    ]
+    port = servers.free_port()
+    lines = [f"  server {n} {g.url.removeprefix('http://')}" for n, g in zip("ab", gateways, strict=True)]
+    config = logs / "haproxy.cfg"
+    config.write_text(HAPROXY.format(port=port, servers="\n".join(lines)))
+    log = logs / "haproxy.log"
+    proxy = servers.start(["haproxy", "-db", "-f", str(config)], server_env, log)
+    try:
+        servers.wait_for_port(port, proxy, log)
+        yield f"http://127.0.0.1:{port}", gateways
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=10)
+        for gateway in gateways:
+            gateway.stop()
+
+
+def _posts(log: Path) -> int:
+    return len(POST.findall(log.read_text()))
+
+
+def test_a_sessions_whole_life_works_with_its_requests_spread_over_two_processes(balanced, world, tmp_path):
+    url, gateways = balanced
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    slug = f"spread-{uuid.uuid4().hex[:8]}"
+    before = [_posts(g.log) for g in gateways]
+    progress: list[float] = []
+    asked: list[str] = []
+
+    async def elicited(context, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"answer": "teal"})
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(done)
+
+    with demo_upstream(slug, env={"DEMO_MANIFEST": str(manifest)}, new_tools="approve"):
+        eventually(lambda: f"{slug}__announce" in run(lambda: tool_names(url, world.key)))
+
+        async def life() -> tuple[list[str], str, str, set[str]]:
+            async with watched_client(url, world.key, "legacy") as (client, changes):
+                echoes = [(await client.call_tool("demo__echo", {"text": f"n{n}"})).content[0].text for n in range(6)]
+                done = await client.call_tool("demo__progress", {"seconds": 0.5}, progress_callback=on_progress)
+                async with sdk_client(url, world.key, "legacy", elicitation_callback=elicited) as asking:
+                    answer = await asking.call_tool(f"{slug}__ask", {"question": "Colour?"})
+                fresh = {"name": "fresh", "description": "New.", "inputSchema": {"type": "object"}}
+                manifest.write_text(json.dumps({"tools": [fresh]}))
+                await client.call_tool(f"{slug}__announce", {})
+                await changes.next(timeout=15)  # on the GET stream, held by one process or the other
+                # The other process may list before the relay told it to look again (at most a second later).
+                listed = set()
+                with anyio.fail_after(5):
+                    while f"{slug}__fresh" not in listed:
+                        listed = {tool.name for tool in (await client.list_tools()).tools}
+                return echoes, done.content[0].text, answer.content[0].text, listed
+
+        echoes, done, answer, listed = run(life)
+    assert echoes == [f"n{n}" for n in range(6)]
+    assert done == "done" and progress
+    assert (answer, asked) == ('accept: {"answer": "teal"}', ["Colour?"])
+    assert f"{slug}__fresh" in listed
+    spread = [_posts(g.log) - b for g, b in zip(gateways, before, strict=True)]
+    assert min(spread) >= 5, spread  # round robin: each process served about half
+
+
+def test_a_session_deleted_through_one_process_is_gone_in_the_other(balanced, world):
+    url, gateways = balanced
+    headers = {"accept": "application/json, text/event-stream", "authorization": f"Bearer {world.key}"}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    opened = httpx2.post(f"{gateways[0].url}/mcp", json=init, headers=headers)
+    session = headers | {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    assert httpx2.post(f"{gateways[1].url}/mcp", json=ping, headers=session).status_code == 200
+    assert httpx2.delete(f"{gateways[1].url}/mcp", headers=session).status_code == 200
+    gone = httpx2.post(f"{gateways[0].url}/mcp", json=ping, headers=session)
+    assert gone.status_code == 404 and gone.json()["error"]["message"].startswith("Session not found:")
+
+
+def _events(response: httpx2.Response) -> Iterator[dict]:
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line[6:]:
+            yield json.loads(line[6:])
+
+
+def test_an_answer_that_reaches_the_other_process_gets_to_the_question(balanced, world):
+    """The question goes out on one process's stream; the client's answer is posted to the other one."""
+    _, (a, b) = balanced
+    headers = {"accept": "application/json, text/event-stream", "authorization": f"Bearer {world.key}"}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"elicitation": {}},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    opened = httpx2.post(f"{a.url}/mcp", json=init, headers=headers)
+    session = headers | {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    httpx2.post(f"{b.url}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "demo__ask", "arguments": {}}}
+    with httpx2.stream("POST", f"{a.url}/mcp", json=call, headers=session, timeout=30) as stream:
+        events = _events(stream)
+        question = next(e for e in events if e.get("method") == "elicitation/create")
+        answer = {"jsonrpc": "2.0", "id": question["id"], "result": {"action": "accept", "content": {"answer": "x"}}}
+        assert httpx2.post(f"{b.url}/mcp", json=answer, headers=session).status_code == 202
+        reply = next(e for e in events if e.get("id") == 2)
+    assert reply["result"]["content"][0]["text"] == 'accept: {"answer": "x"}'
