@@ -7,6 +7,7 @@
 - inline:  Switchboard with the inline executor;
 - inline-uvicorn, inline-granian: the same under uvicorn (uvloop, httptools) and under granian instead of
            Daphne (tests/servers.py UVICORN, GRANIAN), started only when named in --targets;
+- inline-uvicorn-local: inline-uvicorn with GATEWAY_AUDIT_COMMIT=local (audit commits not flushed to disk);
 - celery:  Switchboard with the Celery executor and a worker;
 
 both Switchboard targets with audit on PostgreSQL. Every target is driven by the official SDK client
@@ -45,7 +46,12 @@ DEMO = [sys.executable, str(ROOT / "examples/demo_upstream.py")]
 PROXY = ROOT / ".venv-proxy/bin/mcp-proxy"
 SDK_PASSTHROUGH = "bench.sdk_passthrough:app"
 ARGUMENTS = {"text": "benchmark"}
-OTHER_SERVERS = {"inline-uvicorn": servers.UVICORN, "inline-granian": servers.GRANIAN}
+# The inline gateway under another server, or with another setting: started only when named in --targets.
+OTHER_SERVERS = {
+    "inline-uvicorn": (servers.UVICORN, {}),
+    "inline-granian": (servers.GRANIAN, {}),
+    "inline-uvicorn-local": (servers.UVICORN, {"GATEWAY_AUDIT_COMMIT": "local"}),
+}
 
 
 def setup_database() -> str:
@@ -164,8 +170,8 @@ def start_targets(key: str, logs: Path, names: Collection[str]) -> tuple[dict, l
     started += [inline, worker, celery]
     auth = {"Authorization": f"Bearer {key}"}
     under = {
-        name: servers.start_gateway_under(server, env | {"GATEWAY_EXECUTOR": "inline"}, logs / f"{name}.log")
-        for name, server in OTHER_SERVERS.items()
+        name: servers.start_gateway_under(server, env | {"GATEWAY_EXECUTOR": "inline"} | extra, logs / f"{name}.log")
+        for name, (server, extra) in OTHER_SERVERS.items()
         if name in names
     }
     started += under.values()

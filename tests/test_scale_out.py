@@ -33,6 +33,17 @@ backend gateways
 {servers}
 """
 POST = re.compile(r'"POST /mcp"')
+LEGACY = "2025-11-25"
+
+
+def opened(url: str, key: str, capabilities: dict | None = None) -> dict[str, str]:
+    """A 2025-11-25 session opened with raw HTTP on `url`: the headers each of its requests carries."""
+    headers = {"accept": "application/json, text/event-stream", "authorization": f"Bearer {key}"}
+    client = {"name": "t", "version": "1"}
+    params = {"protocolVersion": LEGACY, "capabilities": capabilities or {}, "clientInfo": client}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}
+    answer = httpx2.post(f"{url}/mcp", json=body, headers=headers, timeout=30)
+    return headers | {"mcp-session-id": answer.headers["mcp-session-id"], "mcp-protocol-version": LEGACY}
 
 
 @pytest.fixture(scope="module")
@@ -109,16 +120,8 @@ def test_a_sessions_whole_life_works_with_its_requests_spread_over_two_processes
 
 
 def test_a_session_deleted_through_one_process_is_gone_in_the_other(balanced, world):
-    url, gateways = balanced
-    headers = {"accept": "application/json, text/event-stream", "authorization": f"Bearer {world.key}"}
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
-    }
-    opened = httpx2.post(f"{gateways[0].url}/mcp", json=init, headers=headers)
-    session = headers | {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    _, gateways = balanced
+    session = opened(gateways[0].url, world.key)
     ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
     assert httpx2.post(f"{gateways[1].url}/mcp", json=ping, headers=session).status_code == 200
     assert httpx2.delete(f"{gateways[1].url}/mcp", headers=session).status_code == 200
@@ -135,19 +138,7 @@ def _events(response: httpx2.Response) -> Iterator[dict]:
 def test_an_answer_that_reaches_the_other_process_gets_to_the_question(balanced, world):
     """The question goes out on one process's stream; the client's answer is posted to the other one."""
     _, (a, b) = balanced
-    headers = {"accept": "application/json, text/event-stream", "authorization": f"Bearer {world.key}"}
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {"elicitation": {}},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    opened = httpx2.post(f"{a.url}/mcp", json=init, headers=headers)
-    session = headers | {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    session = opened(a.url, world.key, {"elicitation": {}})
     httpx2.post(f"{b.url}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "demo__ask", "arguments": {}}}
     with httpx2.stream("POST", f"{a.url}/mcp", json=call, headers=session, timeout=30) as stream:
@@ -157,3 +148,27 @@ def test_an_answer_that_reaches_the_other_process_gets_to_the_question(balanced,
         assert httpx2.post(f"{b.url}/mcp", json=answer, headers=session).status_code == 202
         reply = next(e for e in events if e.get("id") == 2)
     assert reply["result"]["content"][0]["text"] == 'accept: {"answer": "x"}'
+
+
+def test_a_session_carries_on_through_another_process_when_its_own_stops(server_env, world, logs):
+    """SIGTERM drains a process (docs/internals.md); its sessions are in Redis, so their clients go on elsewhere."""
+    needs(bool(server_env.get("REDIS_URL")), "REDIS_URL is not set: sessions live in one process without it")
+    env = server_env | {"GATEWAY_EXECUTOR": "inline"}
+    first = servers.start_gateway(env, logs / "gateway-stopping.log")
+    second = servers.start_gateway(env, logs / "gateway-staying.log")
+    echo = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "demo__echo", "arguments": {"text": "on"}},
+    }
+    try:
+        session = opened(first.url, world.key)
+        assert httpx2.post(f"{first.url}/mcp", json=echo, headers=session, timeout=30).status_code == 200
+        first.stop()
+        assert first.process.returncode is not None
+        after = httpx2.post(f"{second.url}/mcp", json=echo, headers=session, timeout=30)
+    finally:
+        first.stop()
+        second.stop()
+    assert after.status_code == 200 and after.json()["result"]["content"][0]["text"] == "on"
