@@ -8,6 +8,7 @@
 - inline-uvicorn, inline-granian: the same under uvicorn (uvloop, httptools) and under granian instead of
            Daphne (tests/servers.py UVICORN, GRANIAN), started only when named in --targets;
 - inline-uvicorn-local: inline-uvicorn with GATEWAY_AUDIT_COMMIT=local (audit commits not flushed to disk);
+- pair:    two inline-uvicorn gateways behind HAProxy in round robin (server CPU: both gateways'), when named;
 - celery:  Switchboard with the Celery executor and a worker;
 
 both Switchboard targets with audit on PostgreSQL. Every target is driven by the official SDK client
@@ -175,6 +176,8 @@ def start_targets(key: str, logs: Path, names: Collection[str]) -> tuple[dict, l
         if name in names
     }
     started += under.values()
+    if "pair" in names:
+        started += (pair := start_pair(env | {"GATEWAY_EXECUTOR": "inline"}, logs))
     # Each server runs in a process session of its own (servers.start), so its upstreams count with it.
     targets = {
         "direct": (stdio_session, "echo", ()),
@@ -189,7 +192,17 @@ def start_targets(key: str, logs: Path, names: Collection[str]) -> tuple[dict, l
     }
     for name, running in under.items():
         targets[name] = (lambda url=running.url: http_session(f"{url}/mcp", auth), "demo__echo", {running.process.pid})
+    if "pair" in names:
+        balancer, *gateways = pair
+        pids = {g.process.pid for g in gateways}
+        targets["pair"] = (lambda url=balancer.url: http_session(f"{url}/mcp", auth), "demo__echo", pids)
     return targets, started
+
+
+def start_pair(env: dict[str, str], logs: Path) -> list[servers.Running]:
+    """Two inline gateways under uvicorn behind HAProxy in round robin (no affinity: sessions are in Redis)."""
+    gateways = [servers.start_gateway_under(servers.UVICORN, env, logs / f"pair-{n}.log") for n in "ab"]
+    return [servers.start_balancer(gateways, env, logs), *gateways]
 
 
 def table(results: list[dict]) -> str:
@@ -218,7 +231,7 @@ def added_table(results: list[dict]) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for r in results:
-        if r["target"] in ("inline", "celery", *OTHER_SERVERS) and (base := stack.get(r["sessions"])):
+        if r["target"] in ("inline", "celery", "pair", *OTHER_SERVERS) and (base := stack.get(r["sessions"])):
             lines.append(
                 f"| {r['target']} | {r['sessions']} | {r['p50_ms'] - base['p50_ms']:.2f} | "
                 f"{r['server_cpu_ms'] - base['server_cpu_ms']:.2f} | {r['calls_per_s'] / base['calls_per_s']:.2f} |"

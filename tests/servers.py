@@ -115,6 +115,31 @@ def start_gateway_under(server: list[str], env: dict[str, str], log: Path, port:
     return Running(process, log, f"http://127.0.0.1:{port}")
 
 
+HAPROXY = """defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend mcp
+  bind 127.0.0.1:{port}
+  default_backend gateways
+backend gateways
+  balance roundrobin
+{servers}
+"""
+
+
+def start_balancer(gateways: list[Running], env: dict[str, str], logs: Path) -> Running:
+    """HAProxy (Debian's) in front of `gateways`, each request to the next of them: round robin, no affinity."""
+    port = free_port()
+    lines = [f"  server g{n} {g.url.removeprefix('http://')}" for n, g in enumerate(gateways)]
+    config = logs / "haproxy.cfg"
+    config.write_text(HAPROXY.format(port=port, servers="\n".join(lines)))
+    process = start(["haproxy", "-db", "-f", str(config)], env, logs / "haproxy.log")
+    wait_for_port(port, process, logs / "haproxy.log")
+    return Running(process, logs / "haproxy.log", f"http://127.0.0.1:{port}")
+
+
 @contextmanager
 def inline_gateway_with(env: dict[str, str], log: Path, port: int | None = None, **settings: str) -> Iterator[Running]:
     """An embedded-default gateway of a test module's own, with some settings changed."""

@@ -124,21 +124,27 @@ def test_each_person_reaches_the_upstream_as_themselves(tracker, gateway, mode):
     assert not any(token in dumped for token in TOKENS.values())
 
 
+def _refusal(gateway, key: str) -> MCPError | None:
+    """How a call of WHOAMI is refused, or None while it is not."""
+
+    async def calling() -> MCPError | None:
+        async with sdk_client(gateway.url, key, "legacy") as client:
+            try:
+                await client.call_tool(WHOAMI, {})
+            except MCPError as refused:
+                return refused
+        return None
+
+    return anyio.run(calling)
+
+
 def test_without_a_credential_the_call_is_refused_with_the_link_and_audited(tracker, inline_gateway):
     _listed(inline_gateway, tracker["keys"]["bob"])
     PersonalCredential.objects.filter(upstream=tracker["upstream"], person_name="Bob").delete()
     mark = audit_mark()
 
-    async def call() -> MCPError | None:
-        async with sdk_client(inline_gateway.url, tracker["keys"]["bob"], "legacy") as client:
-            try:
-                await client.call_tool(WHOAMI, {})
-            except MCPError as refused:
-                return refused
-            return None
-
     # A process remembers for a second that a credential was usable (personal_access.py): bounded, not at once.
-    refused = eventually(lambda: anyio.run(call))
+    refused = eventually(lambda: _refusal(inline_gateway, tracker["keys"]["bob"]))
     assert refused.error.code == -32001
     assert refused.error.data["code"] == "CREDENTIAL_REQUIRED"
     link = refused.error.data["connectUrl"]
@@ -264,16 +270,8 @@ def test_a_revoked_credential_is_refused_until_the_person_connects_again(tracker
     revoked = api(inline_gateway, "POST", f"connections/{credential.pk}/revoke", admin_token)
     assert revoked.status_code == 200 and revoked.json()["revoked_by"] == "operator"
 
-    async def refusal() -> MCPError | None:
-        async with sdk_client(inline_gateway.url, tracker["keys"]["bob"], "legacy") as client:
-            try:
-                await client.call_tool(WHOAMI, {})
-            except MCPError as refused:
-                return refused
-        return None
-
     # A process may serve what it found usable for up to GATEWAY_SNAPSHOT_CHECK_SECONDS, as with a revoked key.
-    refused = eventually(lambda: anyio.run(refusal))
+    refused = eventually(lambda: _refusal(inline_gateway, tracker["keys"]["bob"]))
     assert refused.error.data["code"] == "CREDENTIAL_REVOKED"
     assert refused.error.message.startswith(f"An administrator revoked your connection to {SLUG}: connect again at")
     listed = api(inline_gateway, "GET", "my/connections", tracker["keys"]["bob"]).json()

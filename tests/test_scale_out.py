@@ -19,19 +19,6 @@ from tests.conftest import needs
 from tests.factories import demo_upstream
 from tests.helpers import eventually, run
 
-HAPROXY = """
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 60s
-  timeout server 60s
-frontend mcp
-  bind 127.0.0.1:{port}
-  default_backend gateways
-backend gateways
-  balance roundrobin
-{servers}
-"""
 POST = re.compile(r'"POST /mcp"')
 LEGACY = "2025-11-25"
 
@@ -54,18 +41,13 @@ def balanced(server_env, world, logs) -> Iterator[tuple[str, list[servers.Runnin
     gateways = [
         servers.start_gateway(server_env | {"GATEWAY_EXECUTOR": "inline"}, logs / f"gateway-{n}.log") for n in "ab"
     ]
-    port = servers.free_port()
-    lines = [f"  server {n} {g.url.removeprefix('http://')}" for n, g in zip("ab", gateways, strict=True)]
-    config = logs / "haproxy.cfg"
-    config.write_text(HAPROXY.format(port=port, servers="\n".join(lines)))
-    log = logs / "haproxy.log"
-    proxy = servers.start(["haproxy", "-db", "-f", str(config)], server_env, log)
     try:
-        servers.wait_for_port(port, proxy, log)
-        yield f"http://127.0.0.1:{port}", gateways
+        proxy = servers.start_balancer(gateways, server_env, logs)
+        try:
+            yield proxy.url, gateways
+        finally:
+            proxy.stop()
     finally:
-        proxy.terminate()
-        proxy.wait(timeout=10)
         for gateway in gateways:
             gateway.stop()
 

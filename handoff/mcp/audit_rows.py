@@ -35,6 +35,12 @@ async def record(*, kind: str, **fields: Any) -> None:
         raise MCPError(AUDIT_UNAVAILABLE, message, {"code": "AUDIT_UNAVAILABLE"}) from exc
 
 
+def _who(caller: Caller) -> dict[str, Any]:
+    """The row's fields that say who: the agent, the person and client, the session and transport."""
+    fields = {"agent_id": caller.agent_id, "agent_name": caller.agent_name, **caller.person}
+    return fields | {"session_id": caller.session_id, "transport": caller.transport}
+
+
 async def session_record(caller: Caller, action: str, **detail: Any) -> None:
     """A stateful session opened or closed. Unlike a call's rows, a lost one refuses nothing: no tool runs
     because of it, and a session must close whatever the database says."""
@@ -43,11 +49,7 @@ async def session_record(caller: Caller, action: str, **detail: Any) -> None:
     try:
         await audit_writer.record(
             kind=AuditEvent.Kind.SESSION,
-            agent_id=caller.agent_id,
-            agent_name=caller.agent_name,
-            **caller.person,
-            session_id=caller.session_id,
-            transport=caller.transport,
+            **_who(caller),
             detail={"action": f"session_{action}", "key_prefix": caller.key_prefix} | detail,
         )
     except AuditUnavailable as exc:
@@ -76,11 +78,7 @@ async def unserved_record(caller: Caller, error_code: str, message: str, **detai
     try:
         await audit_writer.record(
             kind=AuditEvent.Kind.DENIED,
-            agent_id=caller.agent_id,
-            agent_name=caller.agent_name,
-            **caller.person,
-            session_id=caller.session_id,
-            transport=caller.transport,
+            **_who(caller),
             outcome=AuditEvent.Outcome.DENIED,
             error_code=error_code,
             error_detail=message,
