@@ -23,7 +23,7 @@ from handoff.mcp.caller import Caller
 from handoff.snapshot import snapshot
 from policy.config_version import config_version
 from policy.models import Agent
-from registry.upstreams.pool import Outcome
+from registry.upstreams.connection import Outcome
 
 CONSOLE_AGENT = "console"
 

@@ -33,7 +33,7 @@ from handoff.mcp.caller import caller_of
 from handoff.protocol.tunnels import index_session
 from handoff.snapshot import snapshot
 from registry.naming import exposed_uri
-from registry.upstreams.pool import UPDATED
+from registry.upstreams.connection import UPDATED
 
 logger = logging.getLogger(__name__)
 GROUP = "switchboard.tools-changed"

@@ -5,7 +5,7 @@ were given ("invalid key sk-..."), and neither the model nor the audit may read 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the pool imports this module
-    from registry.upstreams.pool import Outcome
+    from registry.upstreams.connection import Outcome
 
 CREDENTIAL = "[credential]"
 
