@@ -30,6 +30,7 @@ class Drain:
 
     def __init__(self) -> None:
         self.draining = False
+        self.started = asyncio.Event()  # set when the drain begins: streams that last as long as their client end
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._watching = False
@@ -72,6 +73,7 @@ class Drain:
 
     async def begin(self, then: Callable[[], None]) -> None:
         self.draining = True
+        self.started.set()
         logger.warning("SIGTERM: draining %d request(s) for up to %g s", self.in_flight, settings.GATEWAY_DRAIN_SECONDS)
         if self.in_flight:
             try:

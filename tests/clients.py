@@ -1,7 +1,7 @@
 """MCP clients for the tests: the official SDK client, and raw HTTP/WebSocket for the error paths."""
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -194,3 +194,18 @@ class TokenMemory:
 
     async def set_client_info(self, client_info: Any) -> None:
         self.client = client_info
+
+
+def sse_events(response: httpx2.Response) -> Iterator[dict]:
+    """The events of an SSE body: each a dict of its fields (data parsed when it is JSON)."""
+    event: dict = {}
+    for line in response.iter_lines():
+        if not line:
+            if event:
+                yield event
+            event = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            event[name] = value.removeprefix(" ")
+            if name == "data" and event[name]:
+                event[name] = json.loads(event[name])

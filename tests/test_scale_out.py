@@ -2,8 +2,11 @@
 with its requests spread over both (sessions in Redis: handoff/streamable_http/redis_sessions.py)."""
 
 import json
+import os
 import re
 import shutil
+import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +17,7 @@ import pytest
 from mcp import types
 
 from tests import servers
-from tests.clients import sdk_client, tool_names, watched_client
+from tests.clients import sdk_client, sse_events, tool_names, watched_client
 from tests.conftest import needs
 from tests.factories import demo_upstream
 from tests.helpers import eventually, run
@@ -111,12 +114,6 @@ def test_a_session_deleted_through_one_process_is_gone_in_the_other(balanced, wo
     assert gone.status_code == 404 and gone.json()["error"]["message"].startswith("Session not found:")
 
 
-def _events(response: httpx2.Response) -> Iterator[dict]:
-    for line in response.iter_lines():
-        if line.startswith("data: ") and line[6:]:
-            yield json.loads(line[6:])
-
-
 def test_an_answer_that_reaches_the_other_process_gets_to_the_question(balanced, world):
     """The question goes out on one process's stream; the client's answer is posted to the other one."""
     _, (a, b) = balanced
@@ -124,7 +121,7 @@ def test_an_answer_that_reaches_the_other_process_gets_to_the_question(balanced,
     httpx2.post(f"{b.url}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "demo__ask", "arguments": {}}}
     with httpx2.stream("POST", f"{a.url}/mcp", json=call, headers=session, timeout=30) as stream:
-        events = _events(stream)
+        events = (event["data"] for event in sse_events(stream) if event.get("data"))
         question = next(e for e in events if e.get("method") == "elicitation/create")
         answer = {"jsonrpc": "2.0", "id": question["id"], "result": {"action": "accept", "content": {"answer": "x"}}}
         assert httpx2.post(f"{b.url}/mcp", json=answer, headers=session).status_code == 202
@@ -154,3 +151,43 @@ def test_a_session_carries_on_through_another_process_when_its_own_stops(server_
         first.stop()
         second.stop()
     assert after.status_code == 200 and after.json()["result"]["content"][0]["text"] == "on"
+
+
+def test_a_draining_process_ends_its_get_streams_and_the_client_resumes_elsewhere(server_env, world, logs):
+    """A call still running holds the drain (up to GATEWAY_DRAIN_SECONDS); a GET stream does not: it ends at
+    once, and its client resumes it on another process with its Last-Event-ID."""
+    needs(bool(server_env.get("REDIS_URL")), "REDIS_URL is not set: sessions live in one process without it")
+    env = server_env | {"GATEWAY_EXECUTOR": "inline"}
+    first = servers.start_gateway(env, logs / "gateway-draining.log")
+    second = servers.start_gateway(env, logs / "gateway-resuming.log")
+    mark = f"drain-{uuid.uuid4().hex[:12]}"
+    slow = {"name": "demo__sleep", "arguments": {"seconds": 5, "mark": mark}}
+    call_done = threading.Event()
+    caller = threading.Thread(target=lambda: None)
+    try:
+        session = opened(first.url, world.key)
+        listen = session | {"accept": "text/event-stream"}
+
+        def slow_call() -> None:
+            body = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": slow}
+            httpx2.post(f"{first.url}/mcp", json=body, headers=session, timeout=30)
+            call_done.set()
+
+        with httpx2.stream("GET", f"{first.url}/mcp", headers=listen, timeout=30) as stream:
+            events = sse_events(stream)
+            priming = next(events)
+            caller = threading.Thread(target=slow_call)
+            caller.start()
+            eventually(lambda: servers.demo_started(mark))  # the drain has a call to wait for
+            os.killpg(first.process.pid, signal.SIGTERM)
+            rest = list(events)  # the stream ends at once: the drain does not wait for it
+        ended_first = not call_done.is_set()
+        with httpx2.stream("GET", f"{second.url}/mcp", headers=listen | {"last-event-id": priming["id"]}) as resumed:
+            resumed_as = (resumed.status_code, resumed.headers["content-type"])
+    finally:
+        first.stop()
+        second.stop()
+        caller.join(timeout=30)
+    assert (priming["data"], rest, ended_first) == ("", [], True)
+    assert resumed_as == (200, "text/event-stream")
+    assert call_done.is_set(), "the call in flight was finished by the draining process"

@@ -3,14 +3,13 @@ a stream, resumable streams, sessions and their bad input, in both eras."""
 
 import json
 import os
-from collections.abc import Iterator
 
 import httpx2
 import pytest
 import redis
 
 from tests import servers
-from tests.clients import TIMEOUT
+from tests.clients import TIMEOUT, sse_events
 from tests.conftest import needs
 from tests.helpers import audit_mark, audit_since, eventually
 
@@ -59,21 +58,6 @@ class Client:
 
     def get(self, **headers: str) -> httpx2.Response:
         return httpx2.get(self.url, headers=self.headers(accept="text/event-stream", **headers), timeout=TIMEOUT)
-
-
-def sse_events(response: httpx2.Response) -> Iterator[dict]:
-    """The events of an SSE body: each a dict of its fields (data parsed when it is JSON)."""
-    event: dict = {}
-    for line in response.iter_lines():
-        if not line:
-            if event:
-                yield event
-            event = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(":")
-            event[name] = value.removeprefix(" ")
-            if name == "data" and event[name]:
-                event[name] = json.loads(event[name])
 
 
 def streamed(client: Client, body: dict) -> tuple[str, list[dict]]:

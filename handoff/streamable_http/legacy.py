@@ -24,6 +24,7 @@ from handoff.mcp.caller import Caller, header
 from handoff.mcp.frames import encode_message
 from handoff.mcp.handle import handle
 from handoff.mcp.list_changed import relay_everywhere, relay_handlers
+from handoff.probes import drain
 from handoff.protocol.moves import end_handoff
 from handoff.streamable_http import exchange
 from handoff.streamable_http.redis_sessions import RedisSessions
@@ -236,7 +237,10 @@ async def _get(scope: dict, receive: Any, send: Any, session: HttpSession) -> No
         if missed := await stream.missed(after):
             await send({"type": "http.response.body", "body": _missed(missed), "more_body": True})
         prime = is_version_at_least(session.version, RESUMABLE)
-        await until_gone(receive, exchange.stream_out(send, stream, after, prime))
+        # A draining process ends its GET streams: their clients come back after the retry hint, with their
+        # Last-Event-ID, to another process (sessions in Redis), instead of holding this one up.
+        if await until_gone(receive, exchange.stream_out(send, stream, after, prime), drain.started):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         if own:
             session.listening = False

@@ -55,15 +55,19 @@ async def _disconnected(receive: Any) -> None:
         pass
 
 
-async def until_gone(receive: Any, work: Awaitable[None]) -> None:
-    """Run `work` (a streaming answer) until it ends, or until the client goes (it is cancelled then)."""
+async def until_gone(receive: Any, work: Awaitable[None], stop: asyncio.Event | None = None) -> bool:
+    """Run `work` (a streaming answer) until it ends, or until the client goes or `stop` is set (it is
+    cancelled then). True if `stop` ended it: the answer is the caller's to end."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnected(receive))
+    stopping = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    waits = (task, gone, stopping) if stopping is not None else (task, gone)
     try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        gone.cancel()
-        task.cancel()
-        await asyncio.gather(task, gone, return_exceptions=True)
+        for waiting in waits:
+            waiting.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
     if not task.cancelled() and (exc := task.exception()) is not None:
         raise exc
+    return task.cancelled() and stopping is not None and stopping.done() and not stopping.cancelled()
