@@ -239,7 +239,10 @@ def test_calls_during_a_database_blink_get_a_result_or_the_gateways_own_error(se
     allowed = {"ok", "tool error", "error -32002 AUDIT_UNAVAILABLE", "error -32002 OUTCOME_UNKNOWN"}
     allowed.add("error -32003 CONFIGURATION_UNAVAILABLE")
     assert answers <= allowed, [got for got in seen if got.split(":")[0] not in allowed]
-    assert answers - {"ok", "tool error"}, "the blink reached no call"
+    # The blink was felt: a call got the gateway's own error, or the gateway rode it out (its calls waited for
+    # the database's pool, its session rows were lost and logged), which its log says.
+    felt = "failed: Connection refused" in gateway.log.read_text()
+    assert answers - {"ok", "tool error"} or felt, "the blink reached neither a call nor the gateway"
 
 
 def test_a_new_process_whose_database_is_down_says_so_on_both_transports(server_env, world, logs):

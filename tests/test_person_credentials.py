@@ -20,7 +20,7 @@ from registry.models import PersonalCredential, Upstream
 from registry.personal import personal_connect
 from registry.services import upstream_catalog_sync, upstream_save
 from tests import servers
-from tests.clients import api, sdk_client, tool_names
+from tests.clients import api, call, sdk_client, tool_names
 from tests.factories import person_upstream
 from tests.helpers import audit_mark, audit_since, eventually
 
@@ -126,16 +126,8 @@ def test_each_person_reaches_the_upstream_as_themselves(tracker, gateway, mode):
 
 def _refusal(gateway, key: str) -> MCPError | None:
     """How a call of WHOAMI is refused, or None while it is not."""
-
-    async def calling() -> MCPError | None:
-        async with sdk_client(gateway.url, key, "legacy") as client:
-            try:
-                await client.call_tool(WHOAMI, {})
-            except MCPError as refused:
-                return refused
-        return None
-
-    return anyio.run(calling)
+    outcome = anyio.run(call, gateway.url, key, WHOAMI)
+    return outcome if isinstance(outcome, MCPError) else None
 
 
 def test_without_a_credential_the_call_is_refused_with_the_link_and_audited(tracker, inline_gateway):
@@ -201,14 +193,8 @@ def test_resources_of_a_per_person_upstream_are_each_persons_own(tracker, inline
 def test_an_agent_key_naming_no_person_is_refused(tracker, inline_gateway, world):
     _listed(inline_gateway, world.key)
 
-    async def call() -> MCPError:
-        async with sdk_client(inline_gateway.url, world.key, "legacy") as client:
-            with pytest.raises(MCPError) as refused:
-                await client.call_tool(WHOAMI, {})
-            return refused.value
-
-    refused = anyio.run(call)
-    assert refused.error.data["code"] == "PERSON_REQUIRED"
+    refused = _refusal(inline_gateway, world.key)
+    assert refused is not None and refused.error.data["code"] == "PERSON_REQUIRED"
     assert refused.error.message == (
         f"{SLUG} acts as each person, and this API key names nobody: sign in with OAuth, or use a personal key."
     )
