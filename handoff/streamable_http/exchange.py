@@ -10,14 +10,13 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from mcp import types
+from mcp.server.streamable_http import REQUEST_CANCELLED
 
 from handoff.mcp.frames import encode_message
 from handoff.streamable_http.streams import EventStream
 from handoff.streamable_http.wire import SSE, Headers, json_answer, ping_seconds, priming_frame
 
 logger = logging.getLogger(__name__)
-# The 2025-11-25 wire ends a request's stream only with a reply for its id (the SDK's transport says the same).
-REQUEST_CANCELLED = -32800
 JSON_WAIT_SECONDS = 1.0
 running: set[asyncio.Task] = set()  # the event loop keeps only weak references to tasks
 
@@ -38,6 +37,7 @@ async def _drain(
                 answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
                 stream.put(data, answered, message.error.code if isinstance(message, types.JSONRPCError) else None)
     finally:
+        # The 2025-11-25 wire ends a request's stream only with a reply for its id, as the SDK's transport does.
         if reply_always and not answered:
             error = types.ErrorData(code=REQUEST_CANCELLED, message="Request cancelled")
             cancelled = types.JSONRPCError(jsonrpc="2.0", id=request.id, error=error)

@@ -43,8 +43,9 @@ REAP_SECONDS = min(60.0, max(0.5, settings.GATEWAY_SESSION_IDLE_SECONDS / 4))
 RESUMABLE = "2025-11-25"  # older clients cannot read a priming event (an id with no data)
 # The same answer for an id that never existed, one that ended, and another principal's: nothing tells whose.
 NOT_FOUND = "Session not found: it ended, expired or never existed; send initialize to open a new one"
-# Requests after which the session's record is written again: they change what it holds.
-CHANGING = frozenset({"initialize", "logging/setLevel"})
+# Requests after which the session's record is written again: they change what it holds (the handshake's
+# record is written as `initialize` is answered).
+CHANGING = frozenset({"logging/setLevel"})
 RELAYED = "mcp.session.message"  # a client's message for a session, passed to the process that waits for it
 
 
@@ -183,7 +184,7 @@ async def _post(
 
 
 async def _saved_after(session: HttpSession, message: types.JSONRPCRequest) -> None:
-    if message.method in CHANGING and message.method != "initialize" and session.version:
+    if message.method in CHANGING and session.version:
         await sessions.save(session)
 
 
