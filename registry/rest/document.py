@@ -260,8 +260,8 @@ def document_validate(document: dict[str, Any]) -> None:
     validator = VALIDATORS[VERSION.fullmatch(version).group(1)]  # type: ignore[union-attr] (document_parse)
     error = next(validator(SchemaPath.from_dict(document, handlers={})).iter_errors(), None)
     if error is not None:
-        where = "/".join(str(part) for part in error.absolute_path) or "the root"
-        raise DocumentRefused(f"the document is not valid OpenAPI {version}: {_short(error.message)} (at {where})")
+        where = "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in error.absolute_path)
+        raise DocumentRefused(f"the document is not valid OpenAPI {version}: {_short(error.message)} (at #{where})")
 
 
 def document_base_url(document: dict[str, Any], *, document_url: str | None, internal: bool) -> str:
