@@ -88,7 +88,7 @@ def operations_of(
                 found.append(_operation(path, method, item, max_name_length=max_name_length))
     tags, ids = (set(include_tags), set(exclude_tags)), (set(include_ids), set(exclude_ids))
     chosen = [op for op in found if _chosen(op, tags, ids) and (not read_only or op.method in READ_ONLY_METHODS)]
-    _refuse_collisions(chosen)
+    _refuse_collisions(chosen, fix="give one another operationId or exclude one")
     return chosen
 
 
@@ -100,14 +100,11 @@ def _chosen(op: Operation, tags: tuple[set[str], set[str]], ids: tuple[set[str],
     return (not tags[0] and not ids[0]) or bool(own_tags & tags[0] or own_ids & ids[0])
 
 
-def _refuse_collisions(operations: list[Operation]) -> None:
+def _refuse_collisions(operations: list[Operation], *, fix: str) -> None:
     seen: dict[str, Operation] = {}
     for op in operations:
         if op.name in seen:
-            raise DocumentRefused(
-                f"{seen[op.name].label} and {op.label} are both named {op.name!r} as tools; "
-                "give one another operationId or exclude one"
-            )
+            raise DocumentRefused(f"{seen[op.name].label} and {op.label} are both named {op.name!r} as tools; {fix}")
         seen[op.name] = op
 
 
@@ -299,7 +296,7 @@ def operations_declared(items: list[dict[str, Any]], *, max_name_length: int) ->
     if not isinstance(items, list) or not items:
         raise DocumentRefused("declared operations must be a non-empty list")
     operations = [_declared(item, index, max_name_length) for index, item in enumerate(items)]
-    _refuse_collisions(operations)
+    _refuse_collisions(operations, fix="rename one")
     return operations
 
 
