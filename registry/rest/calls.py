@@ -69,17 +69,23 @@ def _text(value: Any) -> str:
 def _path(op: Operation, values: dict[str, Any]) -> str:
     by_name = {p.name: p for p in op.parameters if p.location == "path"}
 
-    def segment(match: re.Match[str]) -> str:
+    def value(match: re.Match[str]) -> str:
         parameter = by_name.get(match[1])
         if parameter is None or parameter.argument not in values:
             raise CallRefused(f"the path {op.path} needs {match[1]!r}, which no argument gives")
-        value = values[parameter.argument]
-        items = value if isinstance(value, list) else [value]  # an array: OpenAPI's simple style, `1,2,3`
+        found = values[parameter.argument]
+        items = found if isinstance(found, list) else [found]  # an array: OpenAPI's simple style, `1,2,3`
         return ",".join(quote(_text(item), safe="") for item in items)
 
-    path = TEMPLATE_VARIABLE.sub(segment, op.path)
-    # `.` and `..` are unreserved, so quote keeps them; as a whole segment they would climb the path.
-    return "/".join(part.replace(".", "%2E") if part in (".", "..") else part for part in path.split("/"))
+    return "/".join(_segment(template, TEMPLATE_VARIABLE.sub(value, template)) for template in op.path.split("/"))
+
+
+def _segment(template: str, segment: str) -> str:
+    # `.` and `..` are unreserved, so quote keeps them; as a whole segment made by values they would climb.
+    # A template's own `..` stays, for _url to refuse.
+    if segment in (".", "..") and segment != template:
+        return segment.replace(".", "%2E")
+    return segment
 
 
 def _url(base_url: str, path: str, query: str) -> str:
@@ -131,9 +137,9 @@ def result_of(op: Operation, status: int, content_type: str, body: bytes, *, max
     media, charset = _media(content_type)
     if not 200 <= status < 300:
         detail = f": {_decoded(body, charset)}{_cut_note(cut, max_bytes)}" if body else ""
-        return _text_result(f"HTTP {status} {_reason(status)}{detail}", error=True)
+        return _text_result(f"{_status(status)}{detail}", error=True)
     if not body:
-        return _text_result(f"HTTP {status} {_reason(status)}: the call succeeded with an empty answer.")
+        return _text_result(f"{_status(status)}: the call succeeded with an empty answer.")
     if is_json(media):
         return _json_result(op, body, charset, cut=cut, max_bytes=max_bytes)
     if not (media.startswith("text/") or media in TEXT_MEDIA or media.endswith(TEXT_SUFFIXES)):
@@ -180,8 +186,9 @@ def _cut_note(cut: bool, max_bytes: int) -> str:
     return f"\n\n[cut: the answer is longer than {max_bytes:,} bytes]" if cut else ""
 
 
-def _reason(status: int) -> str:
+def _status(status: int) -> str:
+    """`HTTP 404 Not Found`, or `HTTP 599` for a status without a standard reason."""
     try:
-        return HTTPStatus(status).phrase
+        return f"HTTP {status} {HTTPStatus(status).phrase}"
     except ValueError:
-        return ""
+        return f"HTTP {status}"
