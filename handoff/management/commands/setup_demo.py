@@ -1,18 +1,23 @@
 import secrets
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
+from django.db import connection
+from django.utils import timezone
 
 from handoff.config_import import mcp_config_import
+from policy.keys import key_matches, key_split
 from policy.models import Agent
 from policy.services import agent_create, agent_key_issue
 from registry.models import Upstream
-from registry.services import upstream_catalog_sync
+from registry.services import SyncReport, upstream_catalog_sync
 
 DEMO_AGENT = "demo"
+DEMO_UPSTREAMS = ("time", "demo")
 SPECIALIST_DESCRIPTION = "Budgets, invoices and payments: hand questions about money to the finance specialist."
 
 
@@ -33,28 +38,68 @@ class Command(BaseCommand):
                 "demo": {"command": sys.executable, "args": [str(settings.BASE_DIR / "examples/demo_upstream.py")]},
             }
         }
-        mcp_config_import(config=config, actor="setup_demo")
-        if specialist_url:  # on this machine's loopback, hence internal
+        mcp_config_import(config=config, actor="setup_demo")  # skips an upstream already as configured
+        # On this machine's loopback, hence internal. Imported again only for another URL: an import of a
+        # handoff target saves its route even when nothing changed.
+        if specialist_url and not Upstream.objects.filter(slug="finance", url=specialist_url).exists():
             finance = {"url": specialist_url, "handoff": {"description": SPECIALIST_DESCRIPTION}}
             mcp_config_import(config={"mcpServers": {"finance": finance}}, actor="setup_demo", internal=True)
-        for upstream in Upstream.objects.filter(slug__in=["time", "demo"], enabled=True):
-            self.stdout.write(upstream_catalog_sync(upstream=upstream).summary())
+        # The catalogs never synced (a restart keeps what it has; the console syncs again on demand), side by side
+        # and while this thread makes the agents and the admin: each sync waits on its upstream's start.
+        never_synced = Upstream.objects.filter(slug__in=DEMO_UPSTREAMS, enabled=True, last_synced_at=None)
+        with ThreadPoolExecutor(max_workers=len(DEMO_UPSTREAMS)) as threads:
+            syncs = [threads.submit(sync_in_thread, upstream) for upstream in never_synced]
+            key = self._demo_key()
+            people = settings.GATEWAY_AUTH_SERVER_AGENT
+            if settings.GATEWAY_AUTH_SERVER and not Agent.objects.filter(name=people).exists():
+                agent_create(name=people, actor="setup_demo")  # OAuth sign-ins act as it; its key goes unused
+            admin_login = self._admin_user()
+        for sync in syncs:
+            self.stdout.write(sync.result().summary())
+        self.stdout.write(f"\nAgent '{DEMO_AGENT}' API key (kept in {_key_file()}):\n  {key}\n")
+        if admin_login:
+            self.stdout.write(f"Admin console login (shown once): {admin_login}\n")
+
+    def _demo_key(self) -> str:
+        """The key kept in the var dir while it still opens the demo agent, else a new one kept there. It is
+        kept so that a restart prints the key the client was given, rather than one more valid key."""
+        key_file = _key_file()
         agent = Agent.objects.filter(name=DEMO_AGENT).first()
+        kept = key_file.read_text().strip() if key_file.exists() else ""
+        if agent and _key_opens(agent, kept):
+            return kept
         issued = (
             agent_key_issue(agent=agent, actor="setup_demo")
             if agent
             else agent_create(name=DEMO_AGENT, actor="setup_demo")
         )
-        self.stdout.write(f"\nAgent '{DEMO_AGENT}' API key (shown once; keys are stored hashed):\n  {issued.key}\n")
-        people = settings.GATEWAY_AUTH_SERVER_AGENT
-        if settings.GATEWAY_AUTH_SERVER and not Agent.objects.filter(name=people).exists():
-            agent_create(name=people, actor="setup_demo")  # OAuth sign-ins act as it; its key goes unused
-        self._admin_user()
+        key_file.touch(mode=0o600)
+        key_file.write_text(issued.key)
+        return issued.key
 
-    def _admin_user(self) -> None:
+    def _admin_user(self) -> str:
+        """The login of the admin made now, or "" if there is one already."""
         users = get_user_model().objects
         if users.filter(is_superuser=True).exists():
-            return
+            return ""
         password = secrets.token_urlsafe(12)
         users.create_superuser("admin", password=password)
-        self.stdout.write(f"Admin console login (shown once): admin / {password}\n")
+        return f"admin / {password}"
+
+
+def _key_file() -> Path:
+    return settings.VAR_DIR / "demo_key"
+
+
+def _key_opens(agent: Agent, key: str) -> bool:
+    split = key_split(key)
+    stored = agent.keys.filter(prefix=split[0], revoked=False).first() if split else None
+    unexpired = stored is not None and (stored.expires_at is None or stored.expires_at > timezone.now())
+    return unexpired and key_matches(stored.digest, split[1])
+
+
+def sync_in_thread(upstream: Upstream) -> SyncReport:
+    try:
+        return upstream_catalog_sync(upstream=upstream)
+    finally:
+        connection.close()  # this thread's own (Django's are per thread), which nothing else would close
