@@ -1,0 +1,138 @@
+"""scripts/demo's start (handoff/management/commands/serve_demo.py): a new SQLite file is a copy of the schema
+template of its migration set, made by that set's first migrate, and migrated again when the set changes; the
+template holds no key, agent or user; setup_demo run again changes nothing and prints the same key; the one
+process answers a call at once and, restarted, with the same key."""
+
+import asyncio
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import servers
+from tests.clients import call
+
+pytestmark = pytest.mark.e2e  # it runs manage.py processes, and serve_demo serves with its upstreams
+MANAGE = [sys.executable, str(servers.ROOT / "manage.py")]
+KEY = re.compile(r"\b(sb_[A-Za-z0-9_-]+)")
+COLD_APP = """from django.db import models
+
+
+class Note(models.Model):
+    text = models.CharField(max_length=40)
+"""
+COLD_MIGRATION = """from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = {dependencies}
+    operations = [{operation}]
+"""
+
+
+def _env(var: Path, **more: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SQLITE_PATH")}
+    return (
+        env
+        | more
+        | {
+            "DJANGO_SETTINGS_MODULE": "gateway_project.settings",
+            "GATEWAY_EXECUTOR": "inline",
+            "SWITCHBOARD_VAR_DIR": str(var),
+        }
+    )
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([*MANAGE, *args], env=env, cwd=servers.ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _schema_ready(var: Path, templates: Path, **env: str) -> str:
+    return _manage(_env(var, **env), "schema_ready", "--template-dir", str(templates))
+
+
+def _rows(database: Path, table: str) -> int:
+    with sqlite3.connect(database) as db:
+        return db.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]  # noqa: S608 (names from this file)
+
+
+def test_a_new_database_is_a_copy_of_the_template_its_migration_set_first_made(tmp_path):
+    templates = tmp_path / "templates"
+    assert "copied" not in _schema_ready(tmp_path / "first", templates)
+    [template] = templates.glob("schema-*.sqlite3")
+    assert f"copied from {template}" in _schema_ready(tmp_path / "second", templates)
+    # The copy is as migrated as the file that was migrated: migrate finds nothing to do.
+    _manage(_env(tmp_path / "second"), "migrate", "--check")
+    assert _rows(tmp_path / "second/switchboard.sqlite3", "auth_group") == 1  # the Auditor group migrate made
+
+
+def test_a_changed_migration_set_is_migrated_again_and_makes_a_template_of_its_own(tmp_path):
+    templates, app = tmp_path / "templates", tmp_path / "apps/coldapp"
+    (app / "migrations").mkdir(parents=True)
+    for name, text in [("__init__.py", ""), ("models.py", COLD_APP), ("migrations/__init__.py", "")]:
+        (app / name).write_text(text)
+    fields = "[('id', models.BigAutoField(primary_key=True)), ('text', models.CharField(max_length=40))]"
+    create = f"migrations.CreateModel('Note', {fields})"
+    (app / "migrations/0001_initial.py").write_text(COLD_MIGRATION.format(dependencies=[], operation=create))
+    with_app = {"GATEWAY_EXTRA_APPS": "coldapp", "PYTHONPATH": str(tmp_path / "apps")}
+    _schema_ready(tmp_path / "one", templates, **with_app)
+    assert "copied" in _schema_ready(tmp_path / "two", templates, **with_app)
+
+    add = "migrations.AddField('Note', 'author', models.CharField(max_length=40, default=''))"
+    (app / "migrations/0002_author.py").write_text(
+        COLD_MIGRATION.format(dependencies=[("coldapp", "0001_initial")], operation=add)
+    )
+    assert "copied" not in _schema_ready(tmp_path / "three", templates, **with_app)
+    assert len(list(templates.glob("schema-*.sqlite3"))) == 2
+    with sqlite3.connect(tmp_path / "three/switchboard.sqlite3") as db:
+        assert "author" in {row[1] for row in db.execute("PRAGMA table_info(coldapp_note)")}
+    # The database of the older set is brought up to the new one by migrate, not replaced.
+    _schema_ready(tmp_path / "one", templates, **with_app)
+    _manage(_env(tmp_path / "one", **with_app), "migrate", "--check")
+
+
+def test_setup_demo_again_keeps_its_key_syncs_nothing_and_the_template_holds_no_secret(tmp_path):
+    templates, var = tmp_path / "templates", tmp_path / "var"
+    _schema_ready(var, templates)
+    first = _manage(_env(var), "setup_demo")
+    again = _manage(_env(var), "setup_demo")
+    assert "demo: " in first and "time: " in first and "Admin console login" in first
+    assert "demo: " not in again and "time: " not in again and "Admin console login" not in again
+    assert KEY.search(first).group(1) == KEY.search(again).group(1) == (var / "demo_key").read_text()
+    assert (var / "demo_key").stat().st_mode & 0o777 == 0o600
+    with sqlite3.connect(var / "switchboard.sqlite3") as db:
+        demo_keys = (
+            "SELECT count(*) FROM policy_agentkey k JOIN policy_agent a ON a.id = k.agent_id WHERE a.name = 'demo'"
+        )
+        assert db.execute(demo_keys).fetchone()[0] == 1
+    [template] = templates.glob("schema-*.sqlite3")
+    for table in ("policy_agent", "policy_agentkey", "auth_user", "registry_upstream", "audit_auditevent"):
+        assert _rows(template, table) == 0, table
+
+
+def _serve(var: Path, port: int, log: Path) -> tuple[servers.Running, str]:
+    process = servers.start([*MANAGE, "serve_demo", "--port", str(port)], _env(var), log)
+    running = servers.Running(process, log, f"http://127.0.0.1:{port}")
+    servers.wait_for_port(port, process, log)
+    # The key is printed (and flushed) before Daphne starts, so it is in the log once the port accepts.
+    return running, KEY.search(log.read_text()).group(1)
+
+
+def test_serve_demo_answers_in_one_process_and_a_restart_prints_the_same_key(tmp_path):
+    var, port = tmp_path / "var", servers.free_port()
+    for log, text in [(tmp_path / "start.log", "cold"), (tmp_path / "restart.log", "warm")]:
+        running, key = _serve(var, port, log)
+        try:
+            echoed = asyncio.run(call(running.url, key, "demo__echo", {"text": text}))
+        finally:
+            running.stop()
+        assert [c.text for c in echoed.content] == [text]
+        assert key == (var / "demo_key").read_text()
+    assert len(re.findall("Admin console login", (tmp_path / "start.log").read_text())) == 1
+    assert "Admin console login" not in (tmp_path / "restart.log").read_text()
