@@ -1,24 +1,28 @@
 """Cold start of the embedded default to the first answered call (issue 22's bar: <= 2 s after the first install).
 
-Each run does what scripts/demo does after `scripts/bootstrap`, in a fresh temporary var dir (so a fresh SQLite
-database and fresh keys): `manage.py migrate`, `manage.py setup_demo` (the demo upstreams, their catalogs, the
-demo agent), the finance specialist in the background, then Daphne; the official SDK client then initialises a
-2025-11-25 session and calls `demo__echo`. The clock starts when migrate is spawned and stops when the call is
-answered. Phases seen from outside:
+Each run starts what scripts/demo starts after `scripts/bootstrap`, `manage.py serve_demo` (one process: the
+database, the demo's setup, the finance specialist beside it, then Daphne), in a fresh temporary var dir (so a
+fresh SQLite database and fresh keys); the official SDK client then initialises a 2025-11-25 session and calls
+`demo__echo`. The clock starts when the process is spawned and stops when the call is answered. Phases seen
+from outside:
 
-- python+django: a separate process that only runs django.setup() (what each of the three processes pays first);
+- python+django: a separate process that only runs django.setup() (what the process pays first);
 - demo upstream alone: a separate process that starts examples/demo_upstream.py on stdio and exits at end of input
-  (what the first call pays to spawn it);
-- migrate, setup_demo: each process's wall time (so each includes one python+django);
-- daphne listening: from Daphne's spawn to its port accepting;
+  (what a first call pays when it has to spawn it);
+- key printed: from the spawn to the demo key on stdout (Python and Django, the database, the demo's setup);
+- daphne listening: from the key to the port accepting (Daphne and the ASGI app imported, the specialist spawned);
 - initialize: the client's connect, initialize and notifications/initialized;
-- first call: the first tools/call (the snapshot, the demo upstream's stdio spawn and handshake);
+- first call: the first tools/call;
 - second call: the same call again, warm, to show what the first one paid for starting things;
 - restart: the same again on the same var dir (already migrated, the demo already registered), as a second
   `scripts/demo` would.
 
-`--profile` then runs each process once more under `python -X importtime` (imports by top-level package) and
-`cProfile` (the functions with the most cumulative time), to name what dominates.
+The schema template (handoff/management/commands/schema_ready.py) is made before the first run, as a first
+install leaves it. Before serve_demo (commit 7bc7bb8 and earlier), scripts/demo ran migrate, setup_demo and
+Daphne as three processes: that commit's bench/cold_start.py measures those.
+
+`--profile` then runs python -X importtime (imports by top-level package) and cProfile (the functions with the
+most cumulative time) over what the process does, to name what dominates.
 
     bench/run cold_start [--runs 5] [--profile]
 """
@@ -34,9 +38,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import IO
 
 import httpx2
 from mcp import Client
@@ -44,7 +50,6 @@ from mcp.client.streamable_http import streamable_http_client
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv/bin/python")
-DAPHNE = str(ROOT / ".venv/bin/daphne")
 START_BOUND = 60.0  # seconds a process may take to listen before the run fails
 KEY = re.compile(rb"\b(sb_[A-Za-z0-9_-]+)")
 DJANGO_SETUP = (
@@ -84,10 +89,10 @@ def wait_listening(port: int, process: subprocess.Popen, log: Path) -> None:
     raise RuntimeError(f"nothing listened on {port} within {START_BOUND}s:\n{log.read_text()[-3000:]}")
 
 
-def timed_run(command: list[str], env: dict[str, str]) -> tuple[float, bytes]:
+def timed_run(command: list[str], env: dict[str, str]) -> float:
     started = time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, check=True, stdin=subprocess.DEVNULL)
-    return time.perf_counter() - started, done.stdout
+    subprocess.run(command, env=env, cwd=ROOT, capture_output=True, check=True, stdin=subprocess.DEVNULL)
+    return time.perf_counter() - started
 
 
 async def first_calls(url: str, key: str) -> dict[str, float]:
@@ -119,51 +124,67 @@ def run_once(work: Path) -> dict[str, float]:
     var_dir = Path(tempfile.mkdtemp(prefix="var-", dir=work))
     env = demo_env(var_dir)
     phases = {
-        "python+django": timed_run([PYTHON, "-c", DJANGO_SETUP], env)[0],
-        "demo upstream alone": timed_run([PYTHON, "examples/demo_upstream.py"], env)[0],
+        "python+django": timed_run([PYTHON, "-c", DJANGO_SETUP], env),
+        "demo upstream alone": timed_run([PYTHON, "examples/demo_upstream.py"], env),
     }
     phases |= start_to_answer(var_dir, env, work)
     restart = start_to_answer(var_dir, env, work)
-    return phases | {f"restart: {name}": seconds for name, seconds in restart.items() if "call" not in name}
+    return phases | {f"restart: {name}": seconds for name, seconds in restart.items()}
+
+
+class Lines:
+    """The process's output, each line with when it arrived, also written to `log`."""
+
+    def __init__(self, process: subprocess.Popen, log: Path) -> None:
+        self.seen: list[tuple[float, bytes]] = []
+        self._arrived = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(process.stdout, log), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[bytes], log: Path) -> None:
+        with log.open("wb") as out:
+            for line in stream:
+                out.write(line)
+                with self._arrived:
+                    self.seen.append((time.perf_counter(), line))
+                    self._arrived.notify_all()
+
+    def wait_for(self, pattern: re.Pattern[bytes], process: subprocess.Popen) -> tuple[float, re.Match[bytes]]:
+        with self._arrived:
+            found = self._arrived.wait_for(lambda: self._match(pattern) or process.poll() is not None, START_BOUND)
+        if not found or not self._match(pattern):
+            raise RuntimeError(
+                f"no {pattern!r} within {START_BOUND}s:\n{b''.join(line for _, line in self.seen)[-3000:]}"
+            )
+        return self._match(pattern)
+
+    def _match(self, pattern: re.Pattern[bytes]) -> tuple[float, re.Match[bytes]] | None:
+        return next(((at, found) for at, line in self.seen if (found := pattern.search(line))), None)
 
 
 def start_to_answer(var_dir: Path, env: dict[str, str], work: Path) -> dict[str, float]:
-    """scripts/demo from migrate to the first answered call."""
-    port, specialist_port = free_port(), free_port()
-    phases = {}
-    clock = time.perf_counter()
-    phases["migrate"] = timed_run([PYTHON, "manage.py", "migrate", "--verbosity", "0"], env)[0]
-    specialist_url = f"http://127.0.0.1:{specialist_port}/mcp"
-    phases["setup_demo"], out = timed_run([PYTHON, "manage.py", "setup_demo", "--specialist-url", specialist_url], env)
-    key = KEY.search(out).group(1).decode()
-    keys = {
-        "SWITCHBOARD_DELEGATION_KEYS": (var_dir / "delegation_keys").read_text(),
-        "SWITCHBOARD_URL": f"http://127.0.0.1:{port}",
-    }
-    spawn = {"cwd": ROOT, "stderr": subprocess.STDOUT, "start_new_session": True}
-    specialist_log, gateway_log = var_dir / "specialist.log", var_dir / "gateway.log"
-    specialist = subprocess.Popen(
-        [PYTHON, "examples/specialist_server.py", "finance", str(specialist_port)],
-        env=env | keys,
-        stdout=specialist_log.open("wb"),
-        **spawn,
-    )
+    """serve_demo from its spawn to the first answered call."""
+    port = free_port()
+    gateway_log = var_dir / "gateway.log"
     started = time.perf_counter()
     gateway = subprocess.Popen(
-        [DAPHNE, "-b", "127.0.0.1", "-p", str(port), "gateway_project.asgi:application"],
+        [PYTHON, "manage.py", "serve_demo", "--port", str(port)],
         env=env,
-        stdout=gateway_log.open("wb"),
-        **spawn,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
+    phases = {}
     try:
+        keyed_at, key = Lines(gateway, gateway_log).wait_for(KEY, gateway)
+        phases["key printed"] = keyed_at - started
         wait_listening(port, gateway, gateway_log)
-        phases["daphne listening"] = time.perf_counter() - started
-        phases |= asyncio.run(first_calls(f"http://127.0.0.1:{port}/mcp", key))
-        phases["total"] = time.perf_counter() - clock - phases["second_call"]
-        phases["daphne start to first answer"] = phases["total"] - phases["migrate"] - phases["setup_demo"]
+        phases["daphne listening"] = time.perf_counter() - keyed_at
+        phases |= asyncio.run(first_calls(f"http://127.0.0.1:{port}/mcp", key.group(1).decode()))
+        phases["total"] = time.perf_counter() - started - phases["second_call"]
     finally:
         stop(gateway)
-        stop(specialist)
         shutil.copy(gateway_log, work / "gateway.log")  # the last run's, kept beside the results
     return phases
 
@@ -202,8 +223,8 @@ def profile(work: Path) -> None:
     print(f"total {sum(seconds for _, seconds in imports):.2f} s")
     for package, seconds in imports[:15]:
         print(f"  {package:30} {seconds * 1000:7.0f} ms")
-    print("\n## Imports of the ASGI app Daphne loads (gateway_project.asgi), top 15\n")
-    imports = importtime(["-c", "import gateway_project.asgi"], env)
+    print("\n## Imports of Daphne and the ASGI app it loads (gateway_project.asgi), top 15\n")
+    imports = importtime(["-c", "import daphne.cli, gateway_project.asgi"], env)
     print(f"total {sum(seconds for _, seconds in imports):.2f} s")
     for package, seconds in imports[:15]:
         print(f"  {package:30} {seconds * 1000:7.0f} ms")
@@ -212,20 +233,22 @@ def profile(work: Path) -> None:
     print(f"total {sum(seconds for _, seconds in imports):.2f} s")
     for package, seconds in imports[:15]:
         print(f"  {package:30} {seconds * 1000:7.0f} ms")
-    print("\n## cProfile of `manage.py migrate` on a fresh database (cumulative, top 30)\n")
-    print(cprofile(["manage.py", "migrate", "--verbosity", "0"], env, work / "migrate.prof"))
-    print("\n## cProfile of `manage.py setup_demo` (cumulative, top 30)\n")
+    print("\n## cProfile of `manage.py schema_ready` on a fresh var dir (cumulative, top 30)\n")
+    print(cprofile(["manage.py", "schema_ready"], env, work / "schema_ready.prof"))
+    print("\n## cProfile of `manage.py setup_demo` on it (cumulative, top 30)\n")
     print(cprofile(["manage.py", "setup_demo"], env, work / "setup_demo.prof"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--profile", action="store_true", help="also profile imports, migrate and setup_demo")
+    parser.add_argument("--profile", action="store_true", help="also profile imports, schema_ready and setup_demo")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/cold_start.json")
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory(prefix="switchboard-cold-") as work:
+        first_install = demo_env(Path(work) / "first-install")
+        timed_run([PYTHON, "manage.py", "schema_ready"], first_install)  # the template, if this migration set has none
         for number in range(args.runs):
             runs.append(run_once(Path(work)))
             print(f"run {number + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()), file=sys.stderr)
