@@ -286,6 +286,12 @@ GATEWAY_ALLOWED_ORIGINS = env_list(
 GATEWAY_DEFAULT_TIMEOUT = env_float("GATEWAY_DEFAULT_TIMEOUT", 30.0)
 GATEWAY_MAX_TIMEOUT = env_float("GATEWAY_MAX_TIMEOUT", 300.0)
 GATEWAY_CONNECT_TIMEOUT = env_float("GATEWAY_CONNECT_TIMEOUT", 20.0)
+# REST upstreams (registry/rest/): an OpenAPI document's size (a larger one is refused before it is parsed), the
+# documents its external $refs may fetch, an answer's size (cut past it), and the redirects a call may follow.
+GATEWAY_REST_DOCUMENT_MAX_BYTES = env_int("GATEWAY_REST_DOCUMENT_MAX_BYTES", 5 * 1024 * 1024, minimum=1024)
+GATEWAY_REST_MAX_EXTERNAL_REFS = env_int("GATEWAY_REST_MAX_EXTERNAL_REFS", 16, minimum=0)
+GATEWAY_REST_RESPONSE_MAX_BYTES = env_int("GATEWAY_REST_RESPONSE_MAX_BYTES", 1024 * 1024, minimum=1024)
+GATEWAY_REST_MAX_REDIRECTS = env_int("GATEWAY_REST_MAX_REDIRECTS", 5, minimum=0, maximum=20)
 # An upstream session unused this long is closed (a stdio server stopped); the next call reopens it.
 GATEWAY_UPSTREAM_IDLE_SECONDS = env_float("GATEWAY_UPSTREAM_IDLE_SECONDS", 600.0)
 # Per-person upstreams (registry/personal.py): where people's credentials live, and how many stdio processes

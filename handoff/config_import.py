@@ -97,8 +97,42 @@ def _resolved_map(values: Any, where: str, environ: Mapping[str, str]) -> Any:
     return {name: _resolved(value, f"{where}.{name}", environ) for name, value in values.items()}
 
 
+# What an entry of another kind than `rest` sets its REST fields to (an upstream may change kind on import).
+NOT_REST = {"openapi_url": "", "openapi_document": "", "rest_operations": [], "rest_select": {}, "read_only": False}
+
+
 def _fields(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     """Upstream fields for one entry, placeholders resolved; ValueError says what is wrong with it."""
+    if entry.get("type") == "rest" or "openapi" in entry or "openapiDocument" in entry:
+        return _rest_fields(entry, environ)
+    return _mcp_fields(entry, environ) | NOT_REST
+
+
+def _rest_fields(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """A REST service (docs/rest-upstreams.md): `openapi`, its document's URL, or `openapiDocument`, the
+    document itself, or `operations` declared by hand; `url` the base calls go to (with a document: optional)."""
+    url, query = query_split(entry.get("url", "")) if isinstance(entry.get("url", ""), str) else (entry["url"], {})
+    read_only = entry.get("readOnly", False)
+    if not isinstance(read_only, bool):
+        raise ValueError("'readOnly' must be true or false")
+    return {
+        "transport": "rest",
+        "openapi_url": _resolved(entry.get("openapi", ""), "openapi", environ),
+        "openapi_document": entry.get("openapiDocument", ""),
+        "rest_operations": entry.get("operations", []),
+        "rest_select": entry.get("select", {}),
+        "read_only": read_only,
+        "url": _resolved(url, "url", environ),
+        "query": _resolved_map(query, "url's query", environ),
+        "headers": _resolved_map(entry.get("headers", {}), "headers", environ),
+        "command": "",
+        "args": [],
+        "env": {},
+        "cwd": "",
+    }
+
+
+def _mcp_fields(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     if "command" in entry:
         return {
             "transport": "stdio",
@@ -241,7 +275,7 @@ def _per_person(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, 
     connect = person.get("connect", "token")
     if connect not in Upstream.PersonConnect.values:
         raise ValueError(f"'perPerson.connect' must be one of {', '.join(Upstream.PersonConnect.values)}")
-    default_slot = "bearer" if "url" in entry else ""
+    default_slot = "" if "command" in entry else "bearer"
     return {
         "per_person": True,
         "person_connect": connect,
@@ -256,7 +290,7 @@ def _per_person(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, 
 def _internal(entry: dict[str, Any], internal: bool) -> bool:
     if not isinstance(entry.get("internal", False), bool):
         raise ValueError("'internal' must be true or false")
-    return (internal or entry.get("internal", False)) and "url" in entry
+    return (internal or entry.get("internal", False)) and ("url" in entry or "openapi" in entry)
 
 
 def _import_one(
@@ -273,8 +307,9 @@ def _import_one(
             "prefixed": prefixed,
         }
     )
-    if fields["url"] and not fields["internal"] and (problem := url_problem(fields["url"])):
-        raise ValueError(f"url: {problem}. {INTERNAL_HINT}")
+    for key in ("url", "openapi_url"):
+        if fields[key] and not fields["internal"] and (problem := url_problem(fields[key])):
+            raise ValueError(f"{'openapi' if key == 'openapi_url' else key}: {problem}. {INTERNAL_HINT}")
     upstream = Upstream.objects.filter(slug=slug).first()
     created = upstream is None
     if created:
@@ -358,8 +393,8 @@ def _entry_export(upstream: Upstream, name: str, taken: dict[str, str]) -> dict[
         entry |= {"cwd": upstream.cwd} if upstream.cwd else {}
     else:
         query = urlencode(_placeholders(upstream, "QUERY", upstream.query, taken), safe="${}")
-        entry = {"type": "sse" if upstream.transport == Upstream.Transport.SSE else "http"}
-        entry["url"] = f"{upstream.url}?{query}" if query else upstream.url
+        entry = _http_export(upstream)
+        entry |= {"url": f"{upstream.url}?{query}" if query else upstream.url} if upstream.url else {}
         entry |= {"headers": _placeholders(upstream, "HEADER", upstream.headers, taken)} if upstream.headers else {}
         entry |= {"internal": True} if upstream.internal else {}
     if upstream.per_person:
@@ -371,6 +406,17 @@ def _entry_export(upstream: Upstream, name: str, taken: dict[str, str]) -> dict[
     if upstream.handoff_only:
         entry["handoff"] = {"description": _handoff_description(upstream)}
     return entry
+
+
+def _http_export(upstream: Upstream) -> dict[str, Any]:
+    if upstream.transport != Upstream.Transport.REST:
+        return {"type": "sse" if upstream.transport == Upstream.Transport.SSE else "http"}
+    entry: dict[str, Any] = {"type": "rest"}
+    entry |= {"openapi": upstream.openapi_url} if upstream.openapi_url else {}
+    entry |= {"openapiDocument": upstream.openapi_document} if upstream.openapi_document else {}
+    entry |= {"operations": upstream.rest_operations} if upstream.rest_operations else {}
+    entry |= {"select": upstream.rest_select} if upstream.rest_select else {}
+    return entry | ({"readOnly": True} if upstream.read_only else {})
 
 
 def _per_person_export(upstream: Upstream, taken: dict[str, str]) -> dict[str, Any]:

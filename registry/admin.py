@@ -26,6 +26,7 @@ from registry.services import (
     upstream_breaker_reset,
     upstream_catalog_sync,
     upstream_delete,
+    upstream_register,
     upstream_save,
     upstream_set_enabled,
 )
@@ -145,8 +146,14 @@ class UpstreamAdmin(admin.ModelAdmin):
             self.delete_model(request, upstream)
 
     def response_post_save_add(self, request, obj):
-        self._sync_after_commit(request, obj)
+        # A REST upstream whose document is refused is removed again (upstream_register): the page says why.
+        transaction.on_commit(lambda: self._register(request, obj))
         return super().response_post_save_add(request, obj)
+
+    def _register(self, request, upstream: Upstream) -> None:
+        if upstream.enabled:
+            report = upstream_register(upstream=upstream, actor=request.user.get_username())
+            self.message_user(request, report.summary(), messages.SUCCESS if report.ok else messages.ERROR)
 
     def response_post_save_change(self, request, obj):
         self._sync_after_commit(request, obj)

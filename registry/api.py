@@ -30,9 +30,11 @@ from registry.services import (
     tool_approve,
     upstream_catalog_sync,
     upstream_delete,
+    upstream_register,
     upstream_save,
     upstream_set_enabled,
 )
+from registry.upstreams.connection import DOCUMENT_REFUSED
 
 STORE_DOWN = "The credential store cannot be reached now: nothing was stored. Try again soon."
 
@@ -114,10 +116,14 @@ class UpstreamViewSet(viewsets.ModelViewSet):
     def perform_create(self, serializer: UpstreamSerializer) -> None:
         upstream = serializer.save()
         if upstream.enabled:
-            upstream_catalog_sync(upstream=upstream)
+            report = upstream_register(upstream=upstream, actor=self.request.user.get_username())
+            if report.code == DOCUMENT_REFUSED:
+                raise serializers.ValidationError({"openapi_url": [report.error]})
 
     def perform_update(self, serializer: UpstreamSerializer) -> None:
-        self.perform_create(serializer)
+        upstream = serializer.save()
+        if upstream.enabled:
+            upstream_catalog_sync(upstream=upstream)
 
     def perform_destroy(self, upstream: Upstream) -> None:
         upstream_delete(upstream=upstream, actor=self.request.user.get_username())

@@ -5,6 +5,7 @@ shown again after an error masks newly typed values too: they have to be typed a
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from registry.models import PersonalCredential, Upstream
@@ -45,6 +46,12 @@ class UpstreamForm(forms.ModelForm):
         "authorization server (empty for OAuth: registered dynamically). Stored values show as " + MASK,
     )
 
+    openapi_file = forms.FileField(
+        required=False,
+        label="OpenAPI file",
+        help_text="REST: upload its OpenAPI 3.0/3.1 document (JSON or YAML); it replaces the document below",
+    )
+
     class Meta:
         model = Upstream
         fields = "__all__"
@@ -54,6 +61,18 @@ class UpstreamForm(forms.ModelForm):
         if "catalog_credential" in self.fields:  # only a connection to this very upstream can sync it
             own = PersonalCredential.objects.filter(upstream_id=self.instance.pk, revoked_at=None)
             self.fields["catalog_credential"].queryset = own if self.instance.pk else own.none()
+
+    def clean_openapi_document(self) -> str:
+        upload = self.files.get(self.add_prefix("openapi_file"))
+        if upload is None:
+            return self.cleaned_data.get("openapi_document", "")
+        limit = settings.GATEWAY_REST_DOCUMENT_MAX_BYTES
+        if upload.size > limit:
+            raise ValidationError(f"The uploaded document is {upload.size:,} bytes; the limit is {limit:,}.")
+        try:
+            return upload.read().decode()
+        except UnicodeDecodeError as exc:
+            raise ValidationError("The uploaded document is not UTF-8 text (JSON or YAML).") from exc
 
     def clean_env(self) -> dict[str, str]:
         return self._unmask("env")

@@ -15,6 +15,9 @@ slug_validator = RegexValidator(
 )
 
 
+REST_SELECT_KEYS = ("include_tags", "exclude_tags", "include", "exclude")
+
+
 def query_split(url: str) -> tuple[str, dict[str, str]]:
     """The URL without its query, and the query's parameters: what `Upstream.query` keeps sealed."""
     parts = urlsplit(url)
@@ -28,6 +31,7 @@ class Upstream(models.Model):
         STDIO = "stdio", "stdio subprocess"
         STREAMABLE_HTTP = "streamable_http", "Streamable HTTP"
         SSE = "sse", "HTTP+SSE (2024-11-05)"
+        REST = "rest", "REST service (OpenAPI or declared operations)"
 
     class Health(models.TextChoices):
         UNKNOWN = "unknown", "never reached"
@@ -60,6 +64,28 @@ class Upstream(models.Model):
         help_text="Query parameters added to the URL (a query typed into the URL moves here): keys often travel "
         "there, so their values are sealed like headers",
     )
+    # Kind rest (registry/rest/, docs/rest-upstreams.md): `url` is where calls go (empty: the document's servers).
+    openapi_url = models.URLField(
+        max_length=1024,
+        blank=True,
+        help_text="REST: where its OpenAPI 3.0/3.1 document is; fetched again at every sync, so a changed document "
+        "changes the catalog",
+    )
+    openapi_document = models.TextField(
+        blank=True, help_text="REST: an uploaded OpenAPI 3.0/3.1 document (JSON or YAML)"
+    )
+    rest_operations = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="REST without a document: operations declared by hand (name, method, path, parameters)",
+    )
+    rest_select = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='REST: which operations become tools: {"include_tags": [], "exclude_tags": [], "include": [], '
+        '"exclude": []} (operation ids)',
+    )
+    read_only = models.BooleanField(default=False, help_text="REST: only GET and HEAD operations become tools")
     group = models.ForeignKey(ServerGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="upstreams")
     enabled = models.BooleanField(default=True)
     internal = models.BooleanField(
@@ -152,7 +178,21 @@ class Upstream(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    CONNECTION_FIELDS = ("transport", "command", "args", "env", "cwd", "url", "headers", "query")
+    CONNECTION_FIELDS = (
+        "transport",
+        "command",
+        "args",
+        "env",
+        "cwd",
+        "url",
+        "headers",
+        "query",
+        "openapi_url",
+        "openapi_document",
+        "rest_operations",
+        "rest_select",
+        "read_only",
+    )
     SECRET_MAPS = (
         "env",
         "headers",
@@ -171,7 +211,9 @@ class Upstream(models.Model):
             raise ValidationError({"slug": f"{self.slug!r} is the gateway's own namespace (GATEWAY_NAME)."})
         if self.transport == self.Transport.STDIO and not self.command:
             raise ValidationError({"command": "A stdio upstream needs a command."})
-        if self.transport != self.Transport.STDIO and not self.url:
+        if self.transport == self.Transport.REST:
+            self._rest_clean()
+        elif self.transport != self.Transport.STDIO and not self.url:
             raise ValidationError({"url": "An HTTP upstream needs a URL."})
         if urlsplit(self.url).username is not None:
             clear = "Credentials in the URL would be stored and shown in clear: put them in a header, which is sealed."
@@ -179,8 +221,10 @@ class Upstream(models.Model):
         pairs = parse_qsl(urlsplit(self.url).query, keep_blank_values=True)
         if len({name for name, _ in pairs}) < len(pairs):
             raise ValidationError({"url": "The URL's query names a parameter twice; each may appear once."})
-        if self.transport != self.Transport.STDIO and not self.internal and (problem := url_problem(self.url)):
-            raise ValidationError({"url": f"{problem}. Mark the upstream as internal to allow it."})
+        for field in ("url", "openapi_url"):
+            url = getattr(self, field)
+            if url and self.transport != self.Transport.STDIO and not self.internal and (problem := url_problem(url)):
+                raise ValidationError({field: f"{problem}. Mark the upstream as internal to allow it."})
         for field in self.SECRET_MAPS:
             value = getattr(self, field)
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
@@ -189,6 +233,34 @@ class Upstream(models.Model):
             raise ValidationError({"args": "A JSON list of strings."})
         if self.per_person:
             self._person_clean()
+
+    def _rest_clean(self) -> None:
+        """One source of operations: a document's URL, an uploaded document, or operations declared by hand."""
+        sources = [bool(self.openapi_url), bool(self.openapi_document), bool(self.rest_operations)]
+        if sum(sources) != 1:
+            raise ValidationError(
+                {
+                    "openapi_url": "A REST upstream takes one of: its OpenAPI document's URL, an uploaded document, "
+                    "or operations declared by hand."
+                }
+            )
+        if urlsplit(self.openapi_url).username is not None:
+            raise ValidationError({"openapi_url": "Credentials in the URL would be stored in clear: use a header."})
+        if (size := len(self.openapi_document.encode())) > settings.GATEWAY_REST_DOCUMENT_MAX_BYTES:
+            limit = settings.GATEWAY_REST_DOCUMENT_MAX_BYTES
+            raise ValidationError({"openapi_document": f"The document is {size:,} bytes; the limit is {limit:,}."})
+        if self.rest_operations and not self.url:
+            raise ValidationError({"url": "Operations declared by hand need the service's base URL."})
+        if not isinstance(self.rest_operations, list):
+            raise ValidationError({"rest_operations": "A JSON list of operations."})
+        select = self.rest_select
+        if (
+            not isinstance(select, dict)
+            or set(select) - set(REST_SELECT_KEYS)
+            or not all(isinstance(v, list) and all(isinstance(i, str) for i in v) for v in select.values())
+        ):
+            keys = ", ".join(REST_SELECT_KEYS)
+            raise ValidationError({"rest_select": f"A JSON object whose keys ({keys}) hold lists of strings."})
 
     def _person_clean(self) -> None:
         kind, _, name = self.person_slot.partition(":")

@@ -18,6 +18,7 @@ from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
 from registry.models import Tool, Upstream, query_split
 from registry.naming import exposed_name
+from registry.upstreams.connection import DOCUMENT_REFUSED
 from registry.upstreams.loop import pool_thread
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class SyncReport:
     held: list[str] = field(default_factory=list)  # added or changed, waiting for an administrator's approval
     rejected: list[str] = field(default_factory=list)  # "name: why"
     error: str = ""
+    code: str = ""  # when it failed: the outcome's code
     cause: str = ""  # when it failed: why, for the operator (registry/upstreams/health.py)
 
     def summary(self) -> str:
@@ -81,7 +83,7 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
         return report
     outcome = get_executor().list_tools(upstream_id=upstream.id, revision=upstream.revision, timeout=upstream.timeout)
     if not outcome["ok"]:
-        report.error = f"{outcome['code']}: {outcome['message']}"
+        report.error, report.code = f"{outcome['code']}: {outcome['message']}", outcome["code"]
         report.cause = outcome.get("cause", "")
         logger.warning("catalog sync of %s failed: %s", upstream.slug, report.cause or outcome.get("detail"))
         Upstream.objects.filter(pk=upstream.pk).update(last_sync_error=report.error)
@@ -91,6 +93,15 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
     said = {"protocol_version": listed["protocolVersion"][:16], "instructions": listed["instructions"]}
     Upstream.objects.filter(pk=upstream.pk).update(**said)
     report.ok = True
+    return report
+
+
+def upstream_register(*, upstream: Upstream, actor: str) -> SyncReport:
+    """The first sync of a new upstream. A REST upstream whose OpenAPI document is refused (hostile, broken, or
+    pointing at a private address) is removed again: such a document registers nothing."""
+    report = upstream_catalog_sync(upstream=upstream)
+    if report.code == DOCUMENT_REFUSED:
+        upstream_delete(upstream=upstream, actor=actor)
     return report
 
 

@@ -19,6 +19,7 @@ from jsonschema.validators import Draft202012Validator
 
 from policy.manifest import RESERVED_NAMES
 from registry.rest.document import DocumentRefused
+from registry.rest.schemas import json_schema
 
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 READ_ONLY_METHODS = frozenset({"GET", "HEAD"})
@@ -261,13 +262,14 @@ def _input_schema(op: Operation) -> dict[str, Any]:
         properties[BODY] = op.body_schema
         if op.body_required:
             required.append(BODY)
-    return {"type": "object", "properties": properties, "required": required}
+    return json_schema({"type": "object", "properties": properties, "required": required})
 
 
 def _output_schema(op: Operation) -> dict[str, Any]:
     if not op.output_wrapped:
-        return op.output_schema or {"type": "object"}
-    return {"type": "object", "properties": {"result": op.output_schema}, "required": ["result"]}
+        return json_schema(op.output_schema or {"type": "object"}, answer=True)
+    wrapped = {"type": "object", "properties": {"result": op.output_schema}, "required": ["result"]}
+    return json_schema(wrapped, answer=True)
 
 
 # --- Declared by hand -----------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from mcp.server.subscriptions import PromptsListChanged, ResourcesListChanged, T
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from registry.upstreams.egress import EgressRefused
+from registry.rest.document import DocumentRefused
+from registry.upstreams.egress import ADDRESS_REFUSED, EgressRefused
 from registry.upstreams.health import Witness, connect_cause, found, with_stderr
 from registry.upstreams.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, Relay, unsupported
 from registry.upstreams.spec import UpstreamSpec
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 MISSING_CLIENT_CAPABILITY = -32021  # 2026-07-28: the request needs a capability the client did not declare
 TUNNEL_GONE = "HANDOFF_UPSTREAM_UNAVAILABLE"
+DOCUMENT_REFUSED = "REST_DOCUMENT_REFUSED"  # a REST upstream's OpenAPI document (registry/rest/document.py)
 # Connection-level failures: the session is gone and must be reopened (a stdio server that died, say).
 CONNECTION_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
 EVERYTHING = frozenset(RELAYED_CAPABILITIES)
@@ -72,11 +74,9 @@ def connect_failure(exc: BaseException) -> Outcome:
 
 def _connect_failure(exc: BaseException) -> Outcome:
     if refused := found(exc, lambda e: isinstance(e, EgressRefused)):
-        return failure(
-            "UPSTREAM_ADDRESS_REFUSED",
-            "The gateway does not connect to this service's network address. Do not retry.",
-            str(refused),
-        )
+        return failure("UPSTREAM_ADDRESS_REFUSED", ADDRESS_REFUSED, str(refused))
+    if refused := found(exc, lambda e: isinstance(e, DocumentRefused)):
+        return failure(DOCUMENT_REFUSED, f"The service's OpenAPI document was refused: {refused}")
     if (code := _delegation_refusal(exc)) == "EXPIRED_DELEGATION_TOKEN":
         return failure(code, "The specialist found the delegation expired or already used.", repr(exc))
     return failure("UPSTREAM_UNAVAILABLE", "The service could not be reached. Try later.", repr(exc))
@@ -147,6 +147,8 @@ class UpstreamConnection:
         both may then ask on the call's stream (the push way), which a 2026-07-28 session has no channel for.
         Otherwise the newest era the upstream speaks (`auto`), declaring what that era wants: the era the last
         sync saw is the guess, and a wrong guess costs a second connect."""
+        if self.spec.transport == "rest":  # no era to agree on
+            return await self._attempt("rest", legacy=True)
         if LEGACY in self.capabilities:
             try:
                 return await self._attempt("legacy", legacy=True)

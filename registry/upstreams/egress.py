@@ -21,6 +21,9 @@ from httpcore2 import AsyncNetworkBackend, AsyncNetworkStream
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+ADDRESS_REFUSED = "The gateway does not connect to this service's network address. Do not retry."
+
+
 class EgressRefused(Exception):
     """A request to an address the gateway does not connect to."""
 

@@ -46,6 +46,7 @@ from registry.upstreams.requests import (
     forwarding,
     list_every_page,
 )
+from registry.upstreams.rest import CallFailed
 from registry.upstreams.scrub import scrubbed
 from registry.upstreams.spec import UpstreamSpec
 
@@ -333,6 +334,9 @@ class UpstreamPool:
             return refused | {"validation": True} if exc.code == types.INVALID_PARAMS else refused
         except Unsupported as exc:
             return failure(UNSUPPORTED, f"The service does not offer {exc}.")
+        except CallFailed as exc:  # a REST service's (registry/upstreams/rest.py)
+            failed = failure(exc.code, exc.message, exc.detail)
+            return failed | {"validation": True} if exc.validation else failed
         except (ValidationError, RuntimeError) as exc:
             # The SDK client raises RuntimeError when structured content is missing or breaks the tool's
             # own output schema (ClientSession.validate_tool_result), ValidationError for malformed results.

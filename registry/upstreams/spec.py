@@ -17,6 +17,7 @@ from registry.upstreams.delegation import DelegationAuth
 from registry.upstreams.egress import guarded_client
 from registry.upstreams.health import Witness
 from registry.upstreams.reply_depth import DepthCheckedTransport
+from registry.upstreams.rest import RestClient
 from registry.upstreams.stdio import stdio_transport
 
 MIN_SECRET_CHARS = 8  # shorter values ("true", "eu", "prod") would blank out ordinary words; keys are longer
@@ -42,6 +43,12 @@ class UpstreamSpec:
     per_person: bool = False  # each person connects with their own credential (registry/upstreams/person.py)
     person_version: str = ""  # the version of the person's credential it holds
     expires_at: float = 0.0  # when that credential runs out (epoch seconds; 0: not said)
+    # Kind rest (registry/upstreams/rest.py): where its operations come from, and which become tools.
+    openapi_url: str = ""
+    openapi_document: str = ""
+    rest_operations: list[dict[str, Any]] = field(default_factory=list)
+    rest_select: dict[str, list[str]] = field(default_factory=dict)
+    read_only: bool = False
 
     @classmethod
     def from_model(cls, upstream: Any) -> "UpstreamSpec":
@@ -61,6 +68,11 @@ class UpstreamSpec:
             internal=upstream.internal,
             per_person=upstream.per_person,
             legacy=upstream.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS,
+            openapi_url=upstream.openapi_url,
+            openapi_document=upstream.openapi_document,
+            rest_operations=list(upstream.rest_operations),
+            rest_select=dict(upstream.rest_select),
+            read_only=upstream.read_only,
         )
 
     @cached_property
@@ -76,10 +88,19 @@ class UpstreamSpec:
             kwargs["auth"] = DelegationAuth(self.grant)
         return guarded_client(internal=self.internal, params=self.query, **kwargs)
 
-    async def connect(self, stack: AsyncExitStack, witness: Witness, **options: Any) -> Client:
-        """An open `mcp.Client` whose resources `stack` owns; the caller's task must exit the stack. `witness`
-        keeps what the exceptions will not say (stderr, HTTP statuses). The options are the client's: its
-        mode, and callbacks (elicitation, sampling, roots: what it declares it can answer)."""
+    async def connect(self, stack: AsyncExitStack, witness: Witness, **options: Any) -> Client | RestClient:
+        """An open `mcp.Client` (or, for a REST service, a `RestClient`) whose resources `stack` owns; the
+        caller's task must exit the stack. `witness` keeps what the exceptions will not say (stderr, HTTP
+        statuses). The options are the client's: its mode, and callbacks (elicitation, sampling, roots: what
+        it declares it can answer)."""
+        if self.transport == "rest":
+            # Redirects are followed by the client itself, which keeps credentials to the service's own origins.
+            http = await stack.enter_async_context(
+                guarded_client(internal=self.internal, timeout=self.timeout, event_hooks={"response": [witness.heard]})
+            )
+            rest = RestClient(self, http, options.get("message_handler"))
+            await rest.load()
+            return rest
         if self.transport == "stdio":
             # PATH comes along so that commands like `npx` and `uvx` resolve as they would in a shell.
             env = {"PATH": os.environ.get("PATH", "")} | self.env

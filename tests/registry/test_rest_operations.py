@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import pytest
 from django.core.management import call_command
+from jsonschema import Draft202012Validator
 from mcp import types
 
 from registry.rest.document import DocumentRefused, document_load
@@ -288,3 +289,39 @@ def test_a_declared_parameter_named_body_clashes_with_a_declared_body():
         "declared operation 1 (item_get): a parameter named 'body' clashes with the declared body"
     )
     assert json.dumps(tool_of(operations_declared([an_item_get()], max_name_length=64)[0]))
+
+
+def test_an_answers_schema_allows_a_null_that_openapi_3_0_allows_and_overlapping_branches():
+    document = {
+        "openapi": "3.0.3",
+        "info": {"title": "t", "version": "1"},
+        "paths": {
+            "/thing": {
+                "get": {
+                    "operationId": "thing",
+                    "parameters": [{"name": "q", "in": "query", "schema": {"type": "string", "nullable": True}}],
+                    "responses": {
+                        "200": {
+                            "description": "ok",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {
+                                            "url": {"oneOf": [{"type": "string", "format": "uri"}, {"maxLength": 0}]},
+                                            "note": {"type": "string", "enum": ["a"], "nullable": True},
+                                        },
+                                    }
+                                }
+                            },
+                        }
+                    },
+                }
+            }
+        },
+    }
+    tool = tool_of(operations_of(document, max_name_length=64)[0])
+    answer = {"url": "", "note": None}
+    Draft202012Validator(tool["outputSchema"]).validate(answer)  # both would fail against the document as written
+    assert tool["outputSchema"]["properties"]["note"] == {"type": ["string", "null"], "enum": ["a", None]}
+    assert tool["inputSchema"]["properties"]["q"] == {"type": ["string", "null"]}
