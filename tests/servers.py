@@ -221,6 +221,15 @@ def start_demo_http(log: Path) -> Running:
     return Running(process, log, f"http://127.0.0.1:{port}/mcp")
 
 
+def start_rest_service(log: Path, token: str) -> Running:
+    """examples/rest_service.py, asking every call for `Authorization: Bearer <token>`; its URL is the service's root."""
+    port = free_port()
+    command = [sys.executable, str(ROOT / "examples/rest_service.py"), str(port)]
+    process = start(command, dict(os.environ) | {"REST_SERVICE_TOKEN": token}, log)
+    wait_for_port(port, process, log)
+    return Running(process, log, f"http://127.0.0.1:{port}")
+
+
 def start_specialist(domain: str, env: dict[str, str], gateway_url: str, log: Path) -> Running:
     """The example specialist, guarded by require_gateway_clearance, sharing the gateway's delegation keys."""
     port = free_port()

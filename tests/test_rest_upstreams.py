@@ -1,0 +1,210 @@
+"""REST services as upstreams (kind `rest`): examples/rest_service.py and the gateway's own REST API, registered
+from their OpenAPI documents and called through /mcp in both eras and through both executors."""
+
+from urllib.parse import unquote
+
+import pytest
+
+from registry.models import Tool, Upstream
+from registry.services import upstream_catalog_sync, upstream_register, upstream_save
+from tests import servers
+from tests.clients import api, sdk_client
+from tests.helpers import audit_mark, audit_since, run
+
+TOKEN = "rest-token-5b1e-not-for-anyone-else"
+ERAS = ("legacy", "2026-07-28")
+
+
+@pytest.fixture(scope="module")
+def service(logs):
+    running = servers.start_rest_service(logs / "rest-service.log", TOKEN)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def inventory(world, service):
+    """The example service from its document, with its bearer token (sealed) as a shared credential."""
+    upstream = Upstream(
+        slug="inventory",
+        transport="rest",
+        openapi_url=f"{service.url}/openapi.json",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=2.0,
+        breaker_failures=1000,
+    )
+    upstream_save(upstream=upstream, created=True)
+    report = upstream_catalog_sync(upstream=upstream)
+    assert report.ok, report.summary()
+    yield upstream
+    upstream.delete()
+
+
+def _call(gateway, key, name, arguments, mode="legacy"):
+    async def scenario():
+        async with sdk_client(gateway.url, key, mode) as client:
+            return await client.call_tool(name, arguments)
+
+    return run(scenario)
+
+
+def _tools(gateway, key, mode="legacy"):
+    async def scenario():
+        async with sdk_client(gateway.url, key, mode) as client:
+            return {tool.name: tool for tool in (await client.list_tools()).tools}
+
+    return run(scenario)
+
+
+def test_a_documents_operations_are_tools_with_schemas_from_it(gateway, world, inventory):
+    tools = _tools(gateway, world.key)
+    names = {name for name in tools if name.startswith("inventory__")}
+    assert names == {
+        f"inventory__{op}"
+        for op in (
+            "listItems",
+            "createItem",
+            "getItem",
+            "echoPath",
+            "slow",
+            "fail",
+            "big",
+            "products",
+            "redirectPrivate",
+            "redirectHome",
+        )  # fmt: skip
+    }
+    get_item = tools["inventory__getItem"]
+    assert get_item.description.startswith("One item by its id.")
+    assert get_item.input_schema["required"] == ["item_id"]
+    assert get_item.output_schema["properties"]["name"] == {"type": "string"}
+    # An array answer is wrapped: structuredContent must be an object.
+    assert tools["inventory__listItems"].output_schema["required"] == ["result"]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+def test_a_rest_call_returns_json_as_structured_content(gateway, world, inventory, mode):
+    result = _call(gateway, world.key, "inventory__getItem", {"item_id": "5"}, mode)
+    assert not result.is_error
+    assert result.structured_content == {"id": "5", "name": "item 5"}
+    listed = _call(gateway, world.key, "inventory__listItems", {"limit": 2}, mode)
+    assert listed.structured_content == {"result": [{"id": "1", "name": "item 1"}, {"id": "2", "name": "item 2"}]}
+
+
+def test_a_json_body_is_sent_and_the_answer_audited(gateway, world, inventory):
+    mark = audit_mark()
+    result = _call(gateway, world.key, "inventory__createItem", {"body": {"name": "lamp"}})
+    assert result.structured_content == {"id": "42", "name": "lamp"}
+    rows = sorted((row for row in audit_since(mark) if row.exposed_name == "inventory__createItem"), key=lambda r: r.id)
+    assert [(row.kind, row.upstream, row.tool) for row in rows] == [
+        ("approved", "inventory", "createItem"),
+        ("completed", "inventory", "createItem"),
+    ]
+    assert rows[1].outcome == "ok"
+
+
+def test_a_non_2xx_answer_is_an_error_result_without_the_credential(gateway, world, inventory):
+    failed = _call(gateway, world.key, "inventory__fail", {})
+    assert failed.is_error
+    text = failed.content[0].text
+    assert text.startswith("HTTP 500") and text.endswith("boom: the request carried [credential]")
+    assert TOKEN not in text
+    missing = _call(gateway, world.key, "inventory__getItem", {"item_id": "missing"})
+    assert missing.is_error and missing.content[0].text.startswith("HTTP 404")
+
+
+@pytest.mark.parametrize("value", ["../items", "..", ".", "a/b", "x%2Fy", "line\r\nbreak"])
+def test_a_path_parameter_stays_one_segment(inline_gateway, world, inventory, value):
+    result = _call(inline_gateway, world.key, "inventory__echoPath", {"value": value})
+    assert not result.is_error, result.content[0].text
+    raw = result.structured_content["raw_path"]
+    assert raw.startswith("/echo/") and raw.count("/") == 2  # one segment, however it was written
+    assert unquote(raw.removeprefix("/echo/")) == value
+
+
+def test_a_header_parameter_carrying_crlf_is_refused(inline_gateway, world, inventory):
+    result = _call(inline_gateway, world.key, "inventory__echoPath", {"value": "v", "note": "a\r\nX-Evil: 1"})
+    assert result.is_error
+    assert "header" in result.content[0].text and "line break" in result.content[0].text
+
+
+def test_an_xml_answer_is_text(inline_gateway, world, inventory):
+    result = _call(inline_gateway, world.key, "inventory__products", {})
+    assert not result.is_error and "<title>Chai</title>" in result.content[0].text
+    assert result.structured_content is None
+
+
+def test_an_oversized_answer_is_cut_at_the_limit(inline_gateway, world, inventory):
+    result = _call(inline_gateway, world.key, "inventory__big", {})
+    text = result.content[0].text
+    assert len(text.encode()) < 1024 * 1024 + 1000
+    assert "cut" in text
+
+
+def test_a_slow_answer_times_out(inline_gateway, world, inventory):
+    result = _call(inline_gateway, world.key, "inventory__slow", {"seconds": 5})
+    assert result.is_error and "did not answer within 2 seconds" in result.content[0].text
+
+
+def test_a_redirect_within_the_service_is_followed_and_one_to_a_private_address_refused(
+    inline_gateway, world, inventory
+):
+    home = _call(inline_gateway, world.key, "inventory__redirectHome", {})
+    assert home.structured_content == {"id": "7", "name": "item 7"}
+    private = _call(inline_gateway, world.key, "inventory__redirectPrivate", {})
+    assert private.is_error
+    assert "does not connect to this service's network address" in private.content[0].text
+
+
+HOSTILE = {
+    "broken-ref.json": "points at nothing",
+    "cycle.json": "is recursive (#/components/schemas/A -> #/components/schemas/B -> #/components/schemas/A)",
+    "external-ref.json": "127.0.0.2",
+    "servers-private.json": "10.0.0.1",
+    "bomb.yaml": "YAML aliases",
+    "huge.json": "limit",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_document_is_refused_and_nothing_registered(db, service, name, settings):
+    settings.GATEWAY_EXECUTOR = "inline"
+    upstream = Upstream(slug="hostile", transport="rest", openapi_url=f"{service.url}/hostile/{name}")
+    upstream_save(upstream=upstream, created=True)
+    report = upstream_register(upstream=upstream, actor="tests")
+    assert not report.ok and report.code == "REST_DOCUMENT_REFUSED"
+    assert report.error.startswith("REST_DOCUMENT_REFUSED: The service's OpenAPI document was refused: ")
+    assert HOSTILE[name] in report.error
+    assert not Upstream.objects.filter(slug="hostile").exists()
+    assert not Tool.objects.filter(upstream__slug="hostile").exists()
+
+
+def test_the_gateways_own_api_is_an_upstream_of_another_gateway(celery_gateway, inline_gateway, world, admin_token):
+    """The inline gateway's REST API, from its schema at /api/v1/schema, called through the Celery gateway."""
+    upstream = Upstream(
+        slug="gateway-api",
+        transport="rest",
+        openapi_url=f"{inline_gateway.url}/api/v1/schema",
+        headers={"Authorization": f"Bearer {admin_token}"},
+        read_only=True,
+        rest_select={"include": ["upstreams_list"]},
+    )
+    upstream_save(upstream=upstream, created=True)
+    try:
+        report = upstream_catalog_sync(upstream=upstream)
+        assert report.ok and report.added == ["upstreams_list"], report.summary()
+        for mode in ERAS:
+            listed = _call(celery_gateway, world.key, "gateway-api__upstreams_list", {}, mode)
+            assert not listed.is_error, listed.content[0].text
+            slugs = {row["slug"] for row in listed.structured_content["result"]}
+            assert {"time", "demo", "gateway-api"} <= slugs
+    finally:
+        upstream.delete()
+
+
+def test_the_rest_api_refuses_a_hostile_document_with_its_reason(inline_gateway, service, admin_token):
+    sent = {"slug": "hostile-api", "transport": "rest", "openapi_url": f"{service.url}/hostile/cycle.json"}
+    answer = api(inline_gateway, "POST", "upstreams", admin_token, json=sent)
+    assert answer.status_code == 400
+    assert answer.json()["openapi_url"][0].startswith("REST_DOCUMENT_REFUSED: The service's OpenAPI document")
+    assert api(inline_gateway, "GET", "upstreams/hostile-api", admin_token).status_code == 404
