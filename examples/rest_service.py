@@ -7,7 +7,9 @@ repeats the caller's credential, a slow answer, redirects (one to a private addr
 the gateway takes, XML as an OData service answers, a path that echoes how it arrived (escaping), and hostile
 OpenAPI documents under `/hostile/` (a broken `$ref`, a cycle, an external `$ref` and a `servers` URL at
 private addresses, a YAML anchor bomb, a 50 MB document). REST_SERVICE_TOKEN set: every request but the
-document's must carry `Authorization: Bearer <it>`.
+document's must carry `Authorization: Bearer <it>`; `name:token,name:token` gives each caller a token of their
+own, and `/me` says whose came. REST_SERVICE_NOTE names a file whose text, when it exists, is getItem's
+description: a document that changes.
 """
 
 import json
@@ -15,6 +17,7 @@ import os
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -37,6 +40,8 @@ def _operation(operation_id: str, summary: str, *parameters: dict[str, Any], **r
 
 def document(port: int) -> dict[str, Any]:
     string = {"type": "string"}
+    note = Path(os.environ.get("REST_SERVICE_NOTE") or os.devnull)
+    described = {"description": note.read_text()} if note.is_file() else {}
     return {
         "openapi": "3.1.0",
         "info": {"title": "Inventory", "version": "1.0"},
@@ -77,7 +82,13 @@ def document(port: int) -> dict[str, Any]:
                     _param("item_id", "path", string),
                     tags=["items"],
                     responses=_json_answer({"$ref": "#/components/schemas/Item"}),
+                    **described,
                 ),
+            },
+            "/me": {
+                "get": _operation(
+                    "whoAmI", "Whose token came.", tags=["items"], responses=_json_answer({"type": "object"})
+                )
             },
             "/echo/{value}": {
                 "get": _operation(
@@ -201,11 +212,19 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, value: Any) -> None:
         self._send(status, json.dumps(value).encode())
 
+    def _caller(self) -> str | None:
+        """Whose token the request carries (None: none the service knows)."""
+        tokens = dict(
+            entry.split(":", 1) if ":" in entry else ("service", entry)
+            for entry in os.environ["REST_SERVICE_TOKEN"].split(",")
+        )
+        sent = self.headers.get("Authorization", "")
+        return next((name for name, token in tokens.items() if sent == f"Bearer {token}"), None)
+
     def _allowed(self, path: str) -> bool:
-        token = os.environ.get("REST_SERVICE_TOKEN")
-        if not token or path == "/openapi.json" or path.startswith("/hostile/"):
+        if not os.environ.get("REST_SERVICE_TOKEN") or path == "/openapi.json" or path.startswith("/hostile/"):
             return True
-        return self.headers.get("Authorization") == f"Bearer {token}"
+        return self._caller() is not None
 
     def do_GET(self) -> None:
         path, query = urlsplit(self.path).path, parse_qs(urlsplit(self.path).query)
@@ -213,6 +232,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(401, {"error": "a bearer token is required"})
         elif path == "/openapi.json":
             self._json(200, document(self.server.server_port))
+        elif path == "/me":
+            self._json(200, {"caller": self._caller()})
         elif path.startswith("/hostile/"):
             self._hostile(path.removeprefix("/hostile/"))
         elif path == "/items":

@@ -221,11 +221,12 @@ def start_demo_http(log: Path) -> Running:
     return Running(process, log, f"http://127.0.0.1:{port}/mcp")
 
 
-def start_rest_service(log: Path, token: str) -> Running:
-    """examples/rest_service.py, asking every call for `Authorization: Bearer <token>`; its URL is the service's root."""
+def start_rest_service(log: Path, tokens: str, note: Path) -> Running:
+    """examples/rest_service.py, asking every call for a bearer token of `tokens` (`name:token,...`), getItem
+    described by the file `note` while it exists; its URL is the service's root."""
     port = free_port()
     command = [sys.executable, str(ROOT / "examples/rest_service.py"), str(port)]
-    process = start(command, dict(os.environ) | {"REST_SERVICE_TOKEN": token}, log)
+    process = start(command, dict(os.environ) | {"REST_SERVICE_TOKEN": tokens, "REST_SERVICE_NOTE": str(note)}, log)
     wait_for_port(port, process, log)
     return Running(process, log, f"http://127.0.0.1:{port}")
 

@@ -1,23 +1,33 @@
 """REST services as upstreams (kind `rest`): examples/rest_service.py and the gateway's own REST API, registered
 from their OpenAPI documents and called through /mcp in both eras and through both executors."""
 
+import json
+from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 
 from registry.models import Tool, Upstream
 from registry.services import upstream_catalog_sync, upstream_register, upstream_save
 from tests import servers
 from tests.clients import api, sdk_client
-from tests.helpers import audit_mark, audit_since, run
+from tests.helpers import audit_mark, audit_since, eventually, run
 
 TOKEN = "rest-token-5b1e-not-for-anyone-else"
+PEOPLE = {"alice": "rest-alice-7c2d9e", "bob": "rest-bob-1f8a3b", "admin": "rest-admin-4e6c0d"}
 ERAS = ("legacy", "2026-07-28")
 
 
 @pytest.fixture(scope="module")
-def service(logs):
-    running = servers.start_rest_service(logs / "rest-service.log", TOKEN)
+def note(logs) -> Path:
+    return logs / "rest-service-note.txt"
+
+
+@pytest.fixture(scope="module")
+def service(logs, note):
+    tokens = ",".join(f"{name}:{token}" for name, token in ({"service": TOKEN} | PEOPLE).items())
+    running = servers.start_rest_service(logs / "rest-service.log", tokens, note)
     yield running
     running.stop()
 
@@ -65,6 +75,7 @@ def test_a_documents_operations_are_tools_with_schemas_from_it(gateway, world, i
             "listItems",
             "createItem",
             "getItem",
+            "whoAmI",
             "echoPath",
             "slow",
             "fail",
@@ -208,3 +219,155 @@ def test_the_rest_api_refuses_a_hostile_document_with_its_reason(inline_gateway,
     assert answer.status_code == 400
     assert answer.json()["openapi_url"][0].startswith("REST_DOCUMENT_REFUSED: The service's OpenAPI document")
     assert api(inline_gateway, "GET", "upstreams/hostile-api", admin_token).status_code == 404
+
+
+@pytest.fixture(scope="module")
+def people_keys(db):
+    """Alice and Bob, each with a personal key of one agent."""
+    from django.contrib.auth import get_user_model
+
+    from policy.models import Agent
+    from policy.services import agent_key_issue
+
+    agent = Agent.objects.get_or_create(name="rest-people")[0]
+    users = {name: get_user_model().objects.create_user(f"{name}-rest", first_name=name.title()) for name in PEOPLE}
+    yield {name: (user, agent_key_issue(agent=agent, owner=user, actor="tests").key) for name, user in users.items()}
+    for user in users.values():
+        user.delete()
+
+
+def test_each_person_calls_a_per_person_rest_service_with_their_own_token(gateway, world, service, people_keys):
+    from registry.personal import personal_connect
+    from tests.factories import person_upstream
+
+    upstream = person_upstream(
+        "inventory-pp", PEOPLE["admin"], transport="rest", openapi_url=f"{service.url}/openapi.json"
+    )
+    try:
+        for name in ("alice", "bob"):
+            user, _ = people_keys[name]
+            values = {"token": PEOPLE[name]}
+            personal_connect(
+                upstream=upstream,
+                issuer=gateway.url,
+                subject=str(user.pk),
+                name=user.first_name,
+                kind="token",
+                values=values,
+            )
+        for name in ("alice", "bob"):
+            result = _call(gateway, people_keys[name][1], "inventory-pp__whoAmI", {})
+            assert result.structured_content == {"caller": name}, result.content[0].text
+    finally:
+        upstream.delete()
+
+
+def test_a_changed_document_is_synced_again_and_its_changed_operation_held(world, service, note):
+    """A probe finds the document changed and the catalog is synced again: the changed operation waits for an
+    administrator, as a changed MCP tool does."""
+    from registry.services import tool_approve, upstream_health_probe
+
+    upstream = Upstream(slug="inventory-notes", transport="rest", openapi_url=f"{service.url}/openapi.json")
+    upstream.headers = {"Authorization": f"Bearer {TOKEN}"}
+    upstream_save(upstream=upstream, created=True)
+    try:
+        assert upstream_catalog_sync(upstream=upstream).ok
+        tool = Tool.objects.get(upstream=upstream, name="getItem")
+        assert tool.is_approved and tool.description == "One item by its id."
+        note.write_text("Now with prices.")
+        upstream_health_probe()  # the executor's probe reads the document again and announces the change
+        tool = eventually(
+            lambda: Tool.objects.filter(upstream=upstream, name="getItem", description__contains="prices").first()
+        )
+        assert not tool.is_approved and tool.description == "One item by its id.\n\nNow with prices."
+        tool_approve(tool=tool, actor="tests")
+        assert Tool.objects.get(pk=tool.pk).is_approved
+    finally:
+        note.unlink(missing_ok=True)
+        upstream.delete()
+
+
+def test_a_document_uploaded_in_the_admin_registers_its_operations(admin_client, service, world):
+    document = json.dumps(json.loads(servers_document(service)))
+    form = {
+        "slug": "inventory-upload",
+        "name": "",
+        "transport": "rest",
+        "url": service.url,
+        "headers": json.dumps({"Authorization": f"Bearer {TOKEN}"}),
+        "timeout": "5",
+        "enabled": "on",
+        "new_tools": "approve",
+        "person_connect": "token",
+        "person_slot": "bearer",
+        "person_client": "{}",
+        "rest_select": json.dumps({"include": ["getItem", "listItems"]}),
+        "tools-TOTAL_FORMS": "0",
+        "tools-INITIAL_FORMS": "0",
+        "openapi_file": SimpleUploadedFile("openapi.json", document.encode(), "application/json"),
+    }
+    added = admin_client.post("/admin/registry/upstream/add/", form, follow=True)
+    try:
+        messages = [str(m) for m in added.context["messages"]]
+        assert messages[-1] == "inventory-upload: 2 added, 0 changed, 0 removed, 0 rejected", messages
+        upstream = Upstream.objects.get(slug="inventory-upload")
+        assert json.loads(upstream.openapi_document)["info"]["title"] == "Inventory"
+    finally:
+        Upstream.objects.filter(slug="inventory-upload").delete()
+
+
+def test_an_upload_over_the_limit_is_refused_by_the_form(admin_client, db, settings):
+    settings.GATEWAY_REST_DOCUMENT_MAX_BYTES = 2048
+    form = {"slug": "too-big", "transport": "rest", "timeout": "5", "new_tools": "hold", "person_connect": "token"}
+    form |= {"person_slot": "bearer", "tools-TOTAL_FORMS": "0", "tools-INITIAL_FORMS": "0"}
+    form["openapi_file"] = SimpleUploadedFile("openapi.json", b" " * 4096, "application/json")
+    page = admin_client.post("/admin/registry/upstream/add/", form)
+    assert page.status_code == 200  # the form again, with its error
+    assert "The uploaded document is 4,096 bytes; the limit is 2,048." in page.content.decode()
+    assert not Upstream.objects.filter(slug="too-big").exists()
+
+
+def test_operations_declared_by_hand_in_an_imported_config_are_tools_and_export_back(db, service, world):
+    from handoff.config_import import mcp_config_export, mcp_config_import
+
+    operations = [
+        {
+            "name": "item",
+            "method": "GET",
+            "path": "/items/{id}",
+            "parameters": {"type": "object", "properties": {"id": {"type": "string"}}},
+            "output": {"type": "object"},
+        }
+    ]
+    entry = {"type": "rest", "url": service.url, "operations": operations, "headers": {"Authorization": "Bearer ${T}"}}
+    report = mcp_config_import(config={"mcpServers": {"declared": entry}}, actor="tests", environ={"T": TOKEN})
+    upstream = Upstream.objects.get(slug="declared")
+    try:
+        assert [o.action for o in report.entries] == ["created"]
+        assert upstream_catalog_sync(upstream=upstream).added == ["item"]
+        exported = mcp_config_export().config["mcpServers"]["declared"]
+        assert exported == {
+            "type": "rest",
+            "operations": operations,
+            "url": service.url,
+            "headers": {"Authorization": "${DECLARED_HEADER_AUTHORIZATION}"},
+        }
+    finally:
+        upstream.delete()
+
+
+def test_an_import_refuses_a_document_at_a_private_address(db):
+    from handoff.config_import import mcp_config_import
+
+    entry = {"openapi": "http://10.1.2.3/openapi.json"}
+    report = mcp_config_import(config={"mcpServers": {"private": entry}}, actor="tests")
+    [outcome] = report.entries
+    assert outcome.action == "rejected"
+    assert outcome.why.startswith("openapi: 10.1.2.3 is not a public address. Pass --internal")
+    assert not Upstream.objects.filter(slug="private").exists()
+
+
+def servers_document(service) -> str:
+    import httpx2
+
+    return httpx2.get(f"{service.url}/openapi.json").text
