@@ -196,6 +196,7 @@ def hostile(name: str, port: int) -> bytes | None:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go in two writes: Nagle would hold the body for an ACK
 
     def log_message(self, format: str, *args: Any) -> None:  # the tests read answers, not access logs
         pass
