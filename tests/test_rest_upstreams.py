@@ -213,6 +213,24 @@ def test_the_gateways_own_api_is_an_upstream_of_another_gateway(celery_gateway, 
         upstream.delete()
 
 
+def test_the_rest_api_registers_a_rest_upstream_and_its_tools(inline_gateway, service, admin_token):
+    sent = {
+        "slug": "inventory-api",
+        "transport": "rest",
+        "openapi_url": f"{service.url}/openapi.json",
+        "headers": {"Authorization": f"Bearer {TOKEN}"},
+        "read_only": True,
+    }
+    answer = api(inline_gateway, "POST", "upstreams", admin_token, json=sent)
+    try:
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["headers"] == {"Authorization": "********"} and answer.json()["read_only"] is True
+        names = set(Tool.objects.filter(upstream__slug="inventory-api").values_list("name", flat=True))
+        assert "getItem" in names and "createItem" not in names  # read-only: GET and HEAD only
+    finally:
+        Upstream.objects.filter(slug="inventory-api").delete()
+
+
 def test_the_rest_api_refuses_a_hostile_document_with_its_reason(inline_gateway, service, admin_token):
     sent = {"slug": "hostile-api", "transport": "rest", "openapi_url": f"{service.url}/hostile/cycle.json"}
     answer = api(inline_gateway, "POST", "upstreams", admin_token, json=sent)
