@@ -1,6 +1,7 @@
 """REST services as upstreams (kind `rest`): examples/rest_service.py and the gateway's own REST API, registered
 from their OpenAPI documents and called through /mcp in both eras and through both executors."""
 
+import itertools
 import json
 from pathlib import Path
 from urllib.parse import unquote
@@ -191,7 +192,8 @@ def test_a_hostile_document_is_refused_and_nothing_registered(db, service, name,
 
 
 def test_the_gateways_own_api_is_an_upstream_of_another_gateway(celery_gateway, inline_gateway, world, admin_token):
-    """The inline gateway's REST API, from its schema at /api/v1/schema, called through the Celery gateway."""
+    """The inline gateway's REST API, from its schema at /api/v1/schema, called through the Celery gateway (another
+    instance, its worker making the request) and through the inline gateway itself."""
     upstream = Upstream(
         slug="gateway-api",
         transport="rest",
@@ -204,8 +206,8 @@ def test_the_gateways_own_api_is_an_upstream_of_another_gateway(celery_gateway, 
     try:
         report = upstream_catalog_sync(upstream=upstream)
         assert report.ok and report.added == ["upstreams_list"], report.summary()
-        for mode in ERAS:
-            listed = _call(celery_gateway, world.key, "gateway-api__upstreams_list", {}, mode)
+        for through, mode in itertools.product((celery_gateway, inline_gateway), ERAS):
+            listed = _call(through, world.key, "gateway-api__upstreams_list", {}, mode)
             assert not listed.is_error, listed.content[0].text
             slugs = {row["slug"] for row in listed.structured_content["result"]}
             assert {"time", "demo", "gateway-api"} <= slugs
