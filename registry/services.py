@@ -17,7 +17,7 @@ from policy.manifest import schema_problem, tool_name_problem
 from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
 from registry.models import Tool, Upstream, query_split
-from registry.naming import exposed_name
+from registry.naming import exposed_name, split_exposed_name
 from registry.upstreams.connection import DOCUMENT_REFUSED
 from registry.upstreams.loop import pool_thread
 
@@ -156,8 +156,14 @@ def _collision(upstream: Upstream, name: str, taken: dict[str, str]) -> str | No
     exposed = exposed_name(upstream.namespace, name)
     if owner := taken.get(exposed):
         return f"its name {exposed!r} is already exposed by upstream {owner!r}"
-    if not upstream.prefixed and name.startswith(f"{settings.GATEWAY_NAME}{settings.GATEWAY_TOOL_SEPARATOR}"):
+    if upstream.prefixed or (parts := split_exposed_name(name)) is None:
+        return None
+    # An unprefixed tool named `github__delete_repo` would pass for github's tool, out of reach of the rules
+    # that name github (tool shadowing): a namespace belongs to its upstream, even for names it lacks.
+    if parts[0] == settings.GATEWAY_NAME:
         return "it would take the gateway's own namespace"
+    if Upstream.objects.exclude(pk=upstream.pk).filter(slug=parts[0]).exists():
+        return f"it would take upstream {parts[0]!r}'s namespace"
     return None
 
 

@@ -62,6 +62,21 @@ def test_an_unprefixed_upstream_keeps_its_names_and_a_colliding_one_is_refused_a
         assert not Tool.objects.filter(upstream=twin).exists()  # its tools left: plain still owns the names
 
 
+def test_an_unprefixed_upstream_may_not_name_a_tool_inside_another_upstreams_namespace(db, tmp_path):
+    """Tool shadowing: `victim__wipe` from another server would pass for victim's tool, out of reach of the
+    rules that name victim, though victim has no tool of that name."""
+    manifest = tmp_path / "manifest.json"
+    schema = {"type": "object", "properties": {}}
+    names = ["victim__wipe", "switchboard__route", "nobody__own"]
+    manifest.write_text(json.dumps({"tools": [{"name": name, "inputSchema": schema} for name in names]}))
+    with demo_upstream("victim"), demo_upstream("shadow", prefixed=False, env={"DEMO_MANIFEST": str(manifest)}) as up:
+        kept = set(up.tools.values_list("name", flat=True))
+        up.refresh_from_db()
+    assert "nobody__own" in kept and not {"victim__wipe", "switchboard__route"} & kept
+    assert "'victim__wipe': it would take upstream 'victim''s namespace" in up.last_sync_error
+    assert "'switchboard__route': it would take the gateway's own namespace" in up.last_sync_error
+
+
 def test_unprefixed_tools_are_listed_and_called_by_their_own_names(inline_gateway, world):
     with demo_upstream("plain", prefixed=False):
         names = offered(inline_gateway, world.key, "echo")
