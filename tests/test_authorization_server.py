@@ -261,6 +261,28 @@ def test_a_redirect_uri_must_match_exactly_and_be_http(gateway):
         assert refused.json()["error"] == "invalid_client_metadata"
 
 
+def test_a_client_registered_later_meets_its_own_consent_page_which_no_site_may_frame(gateway):
+    """The confused deputy: a consent once given to one client is never another client's. A client registered
+    afterwards (with the attacker's redirect) gets the page again, naming it and where it sends the person."""
+    verifier, challenge = _pkce()
+    pkce = {"code_challenge": challenge, "code_challenge_method": "S256", "approval_prompt": "auto"}
+    allowed = _register(gateway).json()["client_id"]
+    elsewhere = "http://127.0.0.1:9/attacker"
+    later = _register(gateway, redirect=elsewhere).json()["client_id"]
+    with _signed_in(gateway) as http:
+        code = _code(_authorize(http, gateway, allowed, **pkce))
+        exchange = {"grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK, "client_id": allowed}
+        assert _token(gateway, **exchange, code_verifier=verifier).status_code == 200
+        query = {"response_type": "code", "scope": "mcp", "state": "s2"} | pkce
+        again = http.get(f"/oauth/authorize/?{urlencode(query | {'client_id': allowed, 'redirect_uri': CALLBACK})}")
+        page = http.get(f"/oauth/authorize/?{urlencode(query | {'client_id': later, 'redirect_uri': elsewhere})}")
+    assert again.status_code == 302 and _code(again)  # the client allowed before is not asked again...
+    assert page.status_code == 200 and 'id="allow"' in page.text  # ...but the new one is, not sent a code
+    assert "Raw" in page.text and elsewhere in page.text
+    assert page.headers["content-security-policy"] == "frame-ancestors 'none'"
+    assert page.headers["x-frame-options"] == "DENY"
+
+
 def test_a_client_metadata_document_at_a_private_address_is_never_fetched(gateway):
     _verifier, challenge = _pkce()
     pkce = {"code_challenge": challenge, "code_challenge_method": "S256"}

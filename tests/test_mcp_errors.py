@@ -1,7 +1,10 @@
 """Every way a request can be refused at /mcp and /mcp/ws, with the exact status and JSON-RPC error."""
 
+import base64
 import json
 import os
+import socket
+from urllib.parse import urlsplit
 
 import anyio
 import httpx2
@@ -62,6 +65,29 @@ def test_a_foreign_origin_is_403(inline_gateway, world):
     response = post(inline_gateway, json.dumps(LIST), origin="http://evil.example", **bearer(world.key))
     assert response.status_code == 403
     assert response.json()["error"] == {"code": -32600, "message": "Origin not allowed"}
+
+
+def _ws_handshake_status(gateway, host: str, key: str) -> int:
+    """The status of a WebSocket handshake sent with this Host header (websockets sets its own)."""
+    address = urlsplit(gateway.url)
+    nonce = base64.b64encode(os.urandom(16)).decode()
+    request = (
+        f"GET /mcp/ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {nonce}\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {key}\r\n\r\n"
+    )
+    with socket.create_connection((address.hostname, address.port), timeout=TIMEOUT) as sock:
+        sock.sendall(request.encode())
+        return int(sock.recv(1024).split()[1])
+
+
+def test_a_host_the_gateway_does_not_serve_is_refused_on_both_transports(inline_gateway, world):
+    """DNS rebinding: a page at evil.example whose name now resolves to the gateway's address reaches it with
+    its own Host, and is refused on /mcp and at the WebSocket handshake alike."""
+    response = post(inline_gateway, json.dumps(LIST), host="evil.example", **bearer(world.key))
+    assert response.status_code == 400
+    assert response.json()["error"] == {"code": -32600, "message": "Host not allowed"}
+    assert _ws_handshake_status(inline_gateway, "evil.example", world.key) == 403
+    assert _ws_handshake_status(inline_gateway, urlsplit(inline_gateway.url).netloc, world.key) == 101
 
 
 def test_a_local_origin_on_any_port_is_allowed(inline_gateway, world):
