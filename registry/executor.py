@@ -1,6 +1,7 @@
 """The executor: where upstream calls run. One interface, two implementations.
 
-- InlineExecutor (embedded default): the pool thread of this very process runs the call.
+- InlineExecutor (embedded default): this very process's pool runs the call (on the serving loop itself in a web
+  process: registry/upstreams/loop.py).
 - CeleryExecutor (REDIS_URL set): a worker on queue `upstream` runs it and pushes the outcome onto a
   one-off Redis list that the caller waits on with BLPOP: no polling, no result backend. Tasks and replies
   carry MACs (gateway_project/lib/task_mac.py): a reply whose MAC fails is REPLY_REFUSED.
@@ -74,10 +75,11 @@ class Executor(Protocol):
 
 class InlineExecutor:
     async def request(self, request: UpstreamRequest, relay: Relay | None = None) -> Outcome:
-        runner = pool_thread()
+        runner, here = pool_thread(), asyncio.get_running_loop()
         # Cancelling the wait cancels the call on the pool's loop, and the SDK client tells the upstream.
-        here = LoopRelay(wanted, asyncio.get_running_loop()) if (wanted := carried(relay)) else None
-        return await asyncio.wrap_future(runner.submit(runner.pool.request(request, here)))
+        if (wanted := carried(relay)) and runner.loop is not here:
+            wanted = LoopRelay(wanted, here)
+        return await runner.run(runner.pool.request(request, wanted))
 
     def list_tools(self, *, upstream_id: int, revision: int, timeout: float) -> Outcome:
         runner = pool_thread()
@@ -91,15 +93,14 @@ class InlineExecutor:
         self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float
     ) -> Outcome:
         runner = pool_thread()
-        opening = runner.pool.tunnel_open(tunnel_id, upstream_id, grant, connect_timeout)
-        outcome = await asyncio.wrap_future(runner.submit(opening))
+        outcome = await runner.run(runner.pool.tunnel_open(tunnel_id, upstream_id, grant, connect_timeout))
         return held_by(outcome, "")
 
     async def tunnel_call(
         self, *, tunnel_id: str, queue: str, tool: str, arguments: dict[str, Any], timeout: float
     ) -> Outcome:
         runner = pool_thread()
-        return await asyncio.wrap_future(runner.submit(runner.pool.tunnel_call(tunnel_id, tool, arguments)))
+        return await runner.run(runner.pool.tunnel_call(tunnel_id, tool, arguments))
 
     async def tunnel_close(self, *, tunnel_id: str, queue: str) -> None:
         held_tunnel_close(tunnel_id)
