@@ -277,6 +277,11 @@ GATEWAY_NAME = env_str("GATEWAY_NAME", "switchboard")
 GATEWAY_TOOL_SEPARATOR = env_choice("GATEWAY_TOOL_SEPARATOR", "__", ("__", "_", "."))
 GATEWAY_MAX_TOOL_NAME = env_int("GATEWAY_MAX_TOOL_NAME", 64)
 GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 1_048_576)
+# POSTs to /mcp one web process serves at once (from when their body has arrived); past it a POST is refused at
+# once (503, Retry-After) instead of queued behind the others (handoff/http.py): shed before it is parsed.
+GATEWAY_MAX_IN_FLIGHT = env_int("GATEWAY_MAX_IN_FLIGHT", 256, minimum=1)
+# How long a POST's body may take to arrive; a client that sends it slower is answered 408 (and held no place).
+GATEWAY_BODY_SECONDS = env_float("GATEWAY_BODY_SECONDS", 10.0, minimum=0.1)
 # How deep JSON may nest, in agents' frames and upstreams' replies: checked before parsing (Python's parser
 # recurses). The SDK's own parser stops near 200 levels, and replies travel wrapped in a few more.
 GATEWAY_MAX_JSON_DEPTH = env_int("GATEWAY_MAX_JSON_DEPTH", 64, minimum=8, maximum=128)

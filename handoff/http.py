@@ -1,6 +1,8 @@
 """`/mcp` over Streamable HTTP: admission (host, origin, key, method, body) in front of the project's own
 transport (handoff/streamable_http/), which the `MCP-Protocol-Version` header routes to its era."""
 
+import asyncio
+import json
 from typing import Any
 
 from django.conf import settings
@@ -11,18 +13,28 @@ from pydantic import ValidationError
 from starlette.requests import Request
 
 from handoff.mcp.audit_rows import refusal_record
-from handoff.mcp.caller import Refused, caller_from_scope, header, host_allowed, origin_allowed
+from handoff.mcp.caller import Caller, Refused, caller_from_scope, header, host_allowed, origin_allowed
 from handoff.mcp.frames import FrameError, frame_id, parse_frame
 from handoff.snapshot import ConfigurationUnavailable
 from handoff.streamable_http import legacy, modern
-from handoff.streamable_http.wire import error_answer
+from handoff.streamable_http.wire import error_answer, json_answer
 from handoff.web_process import background_start
+from policy.decisions import RETRY_LATER
 
 # What a POST must accept, in both eras: an answer may be JSON or a stream.
 NOT_ACCEPTABLE = "Not Acceptable: send 'Accept: application/json, text/event-stream'"
 NOT_JSON = "Unsupported Media Type: send 'Content-Type: application/json'"
 NOT_A_MESSAGE = "Invalid Request: the message does not match any JSON-RPC 2.0 shape"
 METHODS = (b"allow", b"GET, POST, DELETE")
+# Shed before the body is parsed: so its id is unknown, and the answer is always the same.
+BUSY = "Server busy: this gateway process serves as many requests as it may (GATEWAY_MAX_IN_FLIGHT). Retry in 1 s."
+BUSY_BODY = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": RETRY_LATER, "message": BUSY, "data": {"code": "SERVER_BUSY", "retryAfter": 1.0}},
+    }
+)
 
 
 class BodyTooLarge(Exception):
@@ -43,6 +55,14 @@ async def _read_body(receive: Any, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+class InFlight:
+    """The POSTs this process serves now (one event loop: no lock), counted once their body has arrived, so that a
+    client that sends it slowly holds no place. Past GATEWAY_MAX_IN_FLIGHT a new one is refused at once, not
+    queued: a refusal costs microseconds, a queue lengthens every admitted call's wait."""
+
+    count = 0
+
+
 async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
     if not host_allowed(scope):
         return await error_answer(send, 400, types.INVALID_REQUEST, "Host not allowed")
@@ -59,24 +79,39 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
     method = scope["method"]
     if method not in ("GET", "POST", "DELETE"):
         return await error_answer(send, 405, types.INVALID_REQUEST, "Method Not Allowed", [METHODS])
-    version = header(scope, b"mcp-protocol-version")
-    era = modern if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS else legacy
-    payload: dict = {}
-    if method == "POST":
-        if not all(check_accept_headers(Request(scope))):
-            return await error_answer(send, 406, types.INVALID_REQUEST, NOT_ACCEPTABLE)
-        if not (header(scope, b"content-type") or "").lower().startswith("application/json"):
-            return await error_answer(send, 415, types.INVALID_REQUEST, NOT_JSON)
-        limit = settings.GATEWAY_MAX_BODY_BYTES
-        declared = header(scope, b"content-length")
+    if method != "POST":
+        return await _served(scope, receive, send, caller, {})
+    if not all(check_accept_headers(Request(scope))):
+        return await error_answer(send, 406, types.INVALID_REQUEST, NOT_ACCEPTABLE)
+    if not (header(scope, b"content-type") or "").lower().startswith("application/json"):
+        return await error_answer(send, 415, types.INVALID_REQUEST, NOT_JSON)
+    limit, wait = settings.GATEWAY_MAX_BODY_BYTES, settings.GATEWAY_BODY_SECONDS
+    declared = header(scope, b"content-length")
+    try:
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge
+        async with asyncio.timeout(wait):
+            body = await _read_body(receive, limit)
+    except BodyTooLarge:
+        return await error_answer(send, 413, types.INVALID_REQUEST, f"Request body over {limit} bytes")
+    except TimeoutError:
+        return await error_answer(send, 408, types.INVALID_REQUEST, f"Request body not received within {wait:g} s")
+    if InFlight.count >= settings.GATEWAY_MAX_IN_FLIGHT:
+        return await json_answer(send, 503, BUSY_BODY, [(b"retry-after", b"1")])
+    InFlight.count += 1
+    try:
         try:
-            if declared and declared.isdigit() and int(declared) > limit:
-                raise BodyTooLarge
-            payload = parse_frame(await _read_body(receive, limit))
-        except BodyTooLarge:
-            return await error_answer(send, 413, types.INVALID_REQUEST, f"Request body over {limit} bytes")
+            payload = parse_frame(body)
         except FrameError as exc:
             return await error_answer(send, 400, exc.code, exc.message, request_id=exc.request_id)
+        await _served(scope, receive, send, caller, payload)
+    finally:
+        InFlight.count -= 1
+
+
+async def _served(scope: dict, receive: Any, send: Any, caller: Caller, payload: dict) -> None:
+    version = header(scope, b"mcp-protocol-version")
+    era = modern if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS else legacy
     background_start()
     if era is modern:
         return await modern.serve(scope, receive, send, caller, payload)

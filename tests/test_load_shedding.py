@@ -1,0 +1,111 @@
+"""Load shed at the door: past GATEWAY_MAX_IN_FLIGHT POSTs in a web process, a new one is refused at once with
+503, Retry-After and SERVER_BUSY (before its body is parsed), the calls in flight finish, and the process serves
+again as soon as they have; a client that sends its body slowly holds no place, and is answered 408 after
+GATEWAY_BODY_SECONDS. How fast refusals come and what admitted calls keep under 10x overload is
+measured in bench/shed.py (docs/reliability.md)."""
+
+import asyncio
+import json
+import uuid
+
+import anyio
+import httpx2
+import pytest
+
+from tests import servers
+from tests.clients import sdk_client
+from tests.helpers import until
+
+pytestmark = pytest.mark.e2e
+
+ACCEPT = "application/json, text/event-stream"
+
+
+@pytest.fixture(scope="module")
+def narrow_gateway(server_env, world, logs):
+    """Under uvicorn, the production server, which hands a body to the gateway as it arrives (Daphne reads it whole
+    first, so a slow body never reaches the gateway there)."""
+    narrow = {"GATEWAY_EXECUTOR": "inline", "GATEWAY_MAX_IN_FLIGHT": "2", "GATEWAY_BODY_SECONDS": "1"}
+    running = servers.start_gateway_under(servers.UVICORN, server_env | narrow, logs / "gateway-narrow.log")
+    yield running
+    running.stop()
+
+
+def test_a_post_past_the_in_flight_cap_is_refused_at_once_and_the_held_calls_finish(narrow_gateway, world):
+    marks = [f"shed-{uuid.uuid4().hex[:12]}" for _ in range(2)]
+
+    async def scenario():
+        results = []
+
+        async def hold(mark: str) -> None:
+            async with sdk_client(narrow_gateway.url, world.key, "2026-07-28") as client:
+                results.append(await client.call_tool("demo__sleep", {"seconds": 3, "mark": mark}))
+
+        async with anyio.create_task_group() as tg:
+            for mark in marks:
+                tg.start_soon(hold, mark)
+            await until(lambda: all(servers.demo_started(m) for m in marks), timeout=15)
+            async with httpx2.AsyncClient() as http:
+                refused = await http.post(
+                    f"{narrow_gateway.url}/mcp",
+                    json={"jsonrpc": "2.0", "id": 7, "method": "ping"},
+                    headers={"authorization": f"Bearer {world.key}", "accept": ACCEPT},
+                )
+                # Not a POST: a GET (or DELETE) is not shed, whatever it then answers.
+                listened = await http.get(f"{narrow_gateway.url}/mcp", headers={"authorization": f"Bearer {world.key}"})
+        return refused, listened, results
+
+    refused, listened, results = anyio.run(scenario)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert json.loads(refused.content) == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": -32003,
+            "message": "Server busy: this gateway process serves as many requests as it may (GATEWAY_MAX_IN_FLIGHT). "
+            "Retry in 1 s.",
+            "data": {"code": "SERVER_BUSY", "retryAfter": 1.0},
+        },
+    }
+    assert listened.status_code != 503
+    assert len(results) == 2 and not any(result.is_error for result in results)
+
+    async def afterwards():
+        async with sdk_client(narrow_gateway.url, world.key, "2026-07-28") as client:
+            return await client.call_tool("demo__echo", {"text": "served again"})
+
+    assert anyio.run(afterwards).content[0].text == "served again"
+
+
+async def _slow_post(url: str, key: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A POST whose headers promise 64 bytes of body, of which one is sent."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = (
+        f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\nAccept: {ACCEPT}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 64\r\n\r\n{"
+    )
+    writer.write(head.encode())
+    await writer.drain()
+    return reader, writer
+
+
+def test_slow_bodies_hold_no_place_and_are_answered_408(narrow_gateway, world):
+    async def scenario():
+        slow = [await _slow_post(narrow_gateway.url, world.key) for _ in range(3)]  # more than the two places
+        async with sdk_client(narrow_gateway.url, world.key, "2026-07-28") as client:
+            served = await client.call_tool("demo__echo", {"text": "past the slow ones"})
+        reader, writer = slow[0]
+        with anyio.fail_after(10):
+            answer = await reader.read(4096)
+        for _, each in slow:
+            each.close()
+        return served, answer
+
+    served, answer = anyio.run(scenario)
+    assert served.content[0].text == "past the slow ones"
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    if b"transfer-encoding: chunked" in head.lower():  # one chunk: its size, a line break, the chunk
+        body = body.split(b"\r\n")[1]
+    assert json.loads(body)["error"] == {"code": -32600, "message": "Request body not received within 1 s"}
