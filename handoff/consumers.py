@@ -15,6 +15,7 @@ from django.conf import settings
 from mcp import types
 from pydantic import ValidationError
 
+from gateway_project.lib.task_failures import failure_logger
 from handoff.mcp.audit_rows import refusal_record, session_record
 from handoff.mcp.caller import Caller, Refused, caller_from_scope, host_allowed, origin_allowed, signed_out
 from handoff.mcp.frames import FrameError, encode_message, frame_id, parse_frame
@@ -27,10 +28,8 @@ SIGNED_OUT_CLOSE = 4401  # an application close code (Daphne passes 1000 and 300
 logger = logging.getLogger(__name__)
 
 
-def _log_failure(task: asyncio.Task) -> None:
-    """The session's tasks are awaited only at disconnect: without this their failures would go unseen."""
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        logger.error("websocket session task %s failed", task.get_name(), exc_info=exc)
+# The session's tasks are awaited only at disconnect: without this their failures would go unseen.
+_log_failure = failure_logger(logger, "websocket session task")
 
 
 class McpWebSocketConsumer(AsyncWebsocketConsumer):

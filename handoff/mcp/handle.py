@@ -29,6 +29,7 @@ from mcp.shared.transport_context import TransportContext
 from mcp_types import PROTOCOL_VERSION_META_KEY, UnsupportedProtocolVersionErrorData
 from mcp_types.version import LATEST_MODERN_VERSION, MODERN_PROTOCOL_VERSIONS
 
+from gateway_project.lib.task_failures import failure_logger
 from handoff.mcp.caller import Caller
 from handoff.mcp.server import server
 
@@ -271,9 +272,7 @@ async def _answer(exchange: Exchange, request: types.JSONRPCRequest, out: Memory
                 logger.debug("dropped the reply to %r: its transport stopped listening", request.id)
 
 
-def _log_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        logger.error("MCP request task failed", exc_info=exc)
+_log_failure = failure_logger(logger, "MCP request task")
 
 
 async def _request(

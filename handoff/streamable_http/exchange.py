@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from mcp import types
 from mcp.server.streamable_http import REQUEST_CANCELLED
 
+from gateway_project.lib.task_failures import failure_logger
 from handoff.mcp.frames import encode_message
 from handoff.streamable_http.streams import EventStream
 from handoff.streamable_http.wire import SSE, Headers, json_answer, ping_seconds, priming_frame
@@ -21,10 +22,7 @@ JSON_WAIT_SECONDS = 1.0
 running: set[asyncio.Task] = set()  # the event loop keeps only weak references to tasks
 
 
-def _log_failure(task: asyncio.Task) -> None:
-    running.discard(task)
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        logger.error("an MCP request's task failed", exc_info=exc)
+_log_failure = failure_logger(logger, "MCP request task")
 
 
 async def _drain(
@@ -54,6 +52,7 @@ def run(
     """Start the request: its messages go into `stream` whether or not anyone reads them."""
     task = asyncio.create_task(_drain(request, replies, stream, reply_always))
     running.add(task)
+    task.add_done_callback(running.discard)
     task.add_done_callback(_log_failure)
     return task
 
