@@ -72,6 +72,7 @@ class Campaign:
         self.gateways: dict[str, servers.Running] = {}
         self.worker = self.beat = None
         self.calls: list[Call] = []
+        self.restarts: list[tuple[float, str, int | None]] = []  # (when, what, its exit status): the supervisor's
 
     def _redis(self) -> subprocess.Popen:
         command = ["redis-server", "--port", str(self.redis_port), "--save", "", "--appendonly", "no"]
@@ -102,8 +103,9 @@ class Campaign:
     # --- the faults: each returns when the fault is over (the thing restarted or restored) -------------------
 
     async def worker_kill(self, seconds: float) -> None:
-        os.killpg(self.worker.process.pid, signal.SIGKILL)  # with its stdio upstreams
-        self.worker.process.wait(timeout=10)
+        killed, self.worker = self.worker, None  # the supervisor leaves it down for the fault's length
+        os.killpg(killed.process.pid, signal.SIGKILL)  # with its stdio upstreams
+        killed.process.wait(timeout=10)
         await asyncio.sleep(seconds)  # the fault's length: no worker at all meanwhile
         self.worker = await asyncio.to_thread(
             servers.start_worker, self.env | {"GATEWAY_EXECUTOR": "celery"}, self.logs / "faults-worker.log"
@@ -123,7 +125,7 @@ class Campaign:
     def _upstreams(self) -> list[int]:
         """The demo upstream's processes (under the inline gateway and under the worker)."""
         found = subprocess.run(["pgrep", "-f", "examples/demo_upstream.py"], capture_output=True, text=True)
-        owners = {self.gateways["inline"].process.pid, self.worker.process.pid}
+        owners = {self.gateways["inline"].process.pid} | ({self.worker.process.pid} if self.worker else set())
         return [int(pid) for pid in found.stdout.split() if _parent(int(pid)) in owners]
 
     async def upstream_kill(self, seconds: float) -> None:
@@ -148,6 +150,16 @@ class Campaign:
             env = self.env | {"GATEWAY_EXECUTOR": name}
             log = self.logs / f"faults-{name}.log"
             self.gateways[name] = await asyncio.to_thread(servers.start_gateway, env, log, port)
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """What a deployment's supervisor (systemd's Restart=always, Kubernetes) does: a worker, beat or web
+        process that exited on its own is started again, and the campaign records it."""
+        while not stop.is_set():
+            await asyncio.sleep(0.5)  # the supervisor's polling interval
+            if self.worker is not None and (status := self.worker.process.poll()) is not None:
+                self.restarts.append((time.monotonic(), "worker", status))
+                env = self.env | {"GATEWAY_EXECUTOR": "celery"}
+                self.worker = await asyncio.to_thread(servers.start_worker, env, self.logs / "faults-worker.log")
 
     # --- the load -------------------------------------------------------------------------------------------
 
@@ -210,6 +222,7 @@ async def run_campaign(
 ) -> list[dict]:
     stop = asyncio.Event()
     loads = [asyncio.create_task(campaign.load(name, stop)) for name in campaign.gateways for _ in range(sessions)]
+    loads.append(asyncio.create_task(campaign.supervise(stop)))
     reports = []
     try:
         await asyncio.sleep(settle)
@@ -224,7 +237,10 @@ async def run_campaign(
                     await asyncio.sleep(0.1)  # polling the load's own record, bounded
                 served[name] = round(at - over, 2) if at is not None else None
             await asyncio.sleep(settle)
-            reports.append(_report(campaign, fault, struck, over, served))
+            report = _report(campaign, fault, struck, over, served)
+            report["restarted"] = [f"{what} (exit {status})" for at, what, status in campaign.restarts if at >= struck]
+            campaign.restarts.clear()
+            reports.append(report)
             print(json.dumps(reports[-1]), file=sys.stderr)
     finally:
         stop.set()
@@ -316,15 +332,16 @@ def teardown() -> None:
 def table(reports: list[dict], audit: dict) -> str:
     lines = [
         "| fault | its length s | calls overlapping | outcomes | longest wait s (deadline 10 + 1) "
-        "| served again after s (inline, celery) | bar s | held |",
-        "|---|---:|---:|---|---:|---|---:|---|",
+        "| served again after s (inline, celery) | restarted by the supervisor | bar s | held |",
+        "|---|---:|---:|---|---:|---|---|---:|---|",
     ]
     for r in reports:
         outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(r["outcomes"].items(), key=lambda kv: -kv[1]))
         served = ", ".join("none" if s is None else f"{s:.2f}" for s in r["served_again_after_s"].values())
         lines.append(
             f"| {r['fault']} | {r['fault_seconds']:.1f} | {r['calls']} | {outcomes} | {r['longest_wait_s']:.2f} "
-            f"| {served} | {r['bar_s']:.0f} | {'yes' if r['held'] else '**no**'} |"
+            f"| {served} | {', '.join(r['restarted']) or 'nothing'} | {r['bar_s']:.0f} "
+            f"| {'yes' if r['held'] else '**no**'} |"
         )
     lines.append("")
     lines.append(
@@ -343,6 +360,7 @@ def main() -> None:
     parser.add_argument("--account", type=float, default=60.0, help="how long every approval may take to settle")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/faults.json")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped from outside: the processes it started end too
     faults = args.faults.split(",")
     if unknown := set(faults) - set(FAULTS):
         parser.error(f"unknown faults: {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")

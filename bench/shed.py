@@ -62,7 +62,7 @@ def _call_headers(key: str, tool: str) -> dict[str, str]:
     }
 
 
-async def _flooder(kind: str, url: str, key: str, until: float, answers: list) -> None:
+async def _flooder(kind: str, url: str, key: str, until: float, answers: list, hostile: bool) -> None:
     """One flooding client: requests of its kind back to back until `until`; (status, seconds, retry-after)."""
     if kind == "slow":
         return await _slow(url, key, until, answers)
@@ -78,7 +78,10 @@ async def _flooder(kind: str, url: str, key: str, until: float, answers: list) -
             started = time.monotonic()
             try:
                 answer = await http.post(f"{url}/mcp", content=body, headers=headers)
-                answers.append((answer.status_code, time.monotonic() - started, answer.headers.get("retry-after")))
+                retry = answer.headers.get("retry-after")
+                answers.append((answer.status_code, time.monotonic() - started, retry))
+                if retry and not hostile:  # a client that does as it is told
+                    await asyncio.sleep(float(retry))
             except httpx2.HTTPError as exc:
                 answers.append((type(exc).__name__, time.monotonic() - started, None))
 
@@ -116,16 +119,33 @@ async def _slow(url: str, key: str, until: float, answers: list) -> None:
             answers.append((type(exc).__name__, time.monotonic() - started, None))
 
 
-def flood(kind: str, url: str, key: str, clients: int, seconds: float, out: "multiprocessing.Queue") -> None:
+def flood(
+    kind: str, url: str, key: str, clients: int, seconds: float, hostile: bool, out: "multiprocessing.Queue"
+) -> None:
     """In a process of its own: `clients` flooders of `kind` for `seconds`; their answers onto `out`."""
     answers: list = []
     until = time.monotonic() + seconds
 
     async def main() -> None:
-        await asyncio.gather(*(_flooder(kind, url, key, until, answers) for _ in range(clients)))
+        await asyncio.gather(*(_flooder(kind, url, key, until, answers, hostile) for _ in range(clients)))
 
     asyncio.run(main())
     out.put(answers)
+
+
+async def probe(url: str, key: str, seconds: float) -> list:
+    """One request at a time (a call that would be admitted if there were room), as a client that is not part
+    of the flood sees the door: (status, seconds, retry-after) each."""
+    answers: list = []
+    until = time.monotonic() + seconds
+    body, headers = _call_body("demo__echo", {"text": "probe"}), _call_headers(key, "demo__echo")
+    async with httpx2.AsyncClient(timeout=30) as http:
+        while time.monotonic() < until:
+            started = time.monotonic()
+            answer = await http.post(f"{url}/mcp", content=body, headers=headers)
+            answers.append((answer.status_code, time.monotonic() - started, answer.headers.get("retry-after")))
+            await asyncio.sleep(0.05)  # the probe's pace: it samples the door, it does not add to the flood
+    return answers
 
 
 async def measured(url: str, key: str, sessions: int, seconds: float) -> tuple[list[float], int]:
@@ -185,14 +205,19 @@ def run_all(url: str, key: str, args: argparse.Namespace) -> dict:
     for kind in args.kinds.split(","):
         out: multiprocessing.Queue = multiprocessing.Queue()
         flooding = multiprocessing.Process(
-            target=flood, args=(kind, url, key, args.capacity * 10, args.seconds + 1, out), daemon=True
+            target=flood, args=(kind, url, key, args.capacity * 10, args.seconds + 1, args.hostile, out), daemon=True
         )
         flooding.start()
-        admitted, shed = asyncio.run(measured(url, key, args.sessions, args.seconds))
+
+        async def both() -> tuple:
+            return await asyncio.gather(measured(url, key, args.sessions, args.seconds), probe(url, key, args.seconds))
+
+        (admitted, shed), probed = asyncio.run(both())
         answers = out.get(timeout=args.seconds + 60)
         flooding.join(timeout=30)
         after, _ = asyncio.run(measured(url, key, 1, 1.0))  # still serving once the flood is over
         results[kind] = summary(answers) | {
+            "probe": summary(probed),
             "admitted_calls": len(admitted),
             "admitted_p99_ms": p99(admitted) * 1000,
             "admitted_p99_over_unloaded": p99(admitted) / p99(unloaded),
@@ -208,9 +233,9 @@ def table(results: dict) -> str:
         f"Unloaded: {results['unloaded']['calls']} calls, p50 {results['unloaded']['p50_ms']:.2f} ms, "
         f"p99 {results['unloaded']['p99_ms']:.2f} ms.",
         "",
-        "| flood | its answers | refusal p50 / p99 ms (with Retry-After) | admitted p99 ms | / unloaded "
-        "| measured calls shed | served after |",
-        "|---|---|---|---:|---:|---:|---|",
+        "| flood | its answers | its refusals p50 / p99 ms (with Retry-After) | a probe's answers | the probe's "
+        "refusals p50 / p99 ms | admitted p99 ms | / unloaded | measured calls shed | served after |",
+        "|---|---|---|---|---|---:|---:|---:|---|",
     ]
     for kind in KINDS:
         if kind not in results:
@@ -223,8 +248,12 @@ def table(results: dict) -> str:
             if r["refusal_p99_ms"] is not None
             else "none"
         )
+        probe_answers = ", ".join(f"{k}: {v}" for k, v in sorted(r["probe"]["statuses"].items(), key=lambda kv: -kv[1]))
+        p = r["probe"]
+        probe_refusal = f"{p['refusal_p50_ms']:.1f} / {p['refusal_p99_ms']:.1f}" if p["refusal_p99_ms"] else "none"
         lines.append(
-            f"| {kind} | {answers} | {refusal} | {r['admitted_p99_ms']:.2f} | {r['admitted_p99_over_unloaded']:.2f} "
+            f"| {kind} | {answers} | {refusal} | {probe_answers} | {probe_refusal} "
+            f"| {r['admitted_p99_ms']:.2f} | {r['admitted_p99_over_unloaded']:.2f} "
             f"| {r['measured_shed']} | {'yes' if r['served_after'] else '**no**'} |"
         )
     return "\n".join(lines)
@@ -236,6 +265,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=2, help="measured sessions")
     parser.add_argument("--seconds", type=float, default=10.0, help="each phase's length")
     parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--hostile", action="store_true", help="the flood retries at once instead of after Retry-After")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/shed.json")
     args = parser.parse_args()
     logs = args.out.parent
