@@ -465,6 +465,7 @@ def main() -> int:
         parser.error("--database-url (or DATABASE_URL) must name a PostgreSQL database of the soak's own")
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
+    revision = revision_of_tree()  # before the run: what its processes loaded, whatever is committed meanwhile
     database_ensure(args.database_url)
     store_server, redis_url = redis_start(logs)
     started: dict[str, servers.Running] = {"redis": store_server}
@@ -483,17 +484,24 @@ def main() -> int:
     finally:
         for running in reversed(started.values()):
             running.stop()
-    return report(args, result)
+    return report(args, result, revision)
 
 
-def report(args: argparse.Namespace, result: dict) -> int:
+def revision_of_tree() -> str:
+    """HEAD's short hash, with `+changes` when tracked files differ from it (other work in a shared tree)."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return head + ("+changes" if changed.stdout.strip() else "")
+
+
+def report(args: argparse.Namespace, result: dict, revision: str) -> int:
     samples = result["samples"]
     window_from = samples[-1]["t"] / 3
     verdict = judge(samples, window_from)
     judged = args.minutes >= MIN_JUDGED_MINUTES
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     run = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-    document = {"run": run | {"commit": commit.stdout.strip()}, **result, "verdict": verdict, "judged": judged}
+    document = {"run": run | {"revision": revision}, **result, "verdict": verdict, "judged": judged}
     args.out.write_text(json.dumps(document, indent=1))
     plot(samples, window_from, args.png)
     print(f"operations done {result['done']}, failed {result['failed']}")
