@@ -111,17 +111,25 @@ def _fields(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]
 def _rest_fields(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     """A REST service (docs/rest-upstreams.md): `openapi`, its document's URL, or `openapiDocument`, the
     document itself, or `operations` declared by hand; `url` the base calls go to (with a document: optional)."""
-    url, query = query_split(entry.get("url", "")) if isinstance(entry.get("url", ""), str) else (entry["url"], {})
     read_only = entry.get("readOnly", False)
     if not isinstance(read_only, bool):
         raise ValueError("'readOnly' must be true or false")
-    return {
+    return _http_fields(entry, environ) | {
         "transport": "rest",
         "openapi_url": _resolved(entry.get("openapi", ""), "openapi", environ),
         "openapi_document": entry.get("openapiDocument", ""),
         "rest_operations": entry.get("operations", []),
         "rest_select": entry.get("select", {}),
         "read_only": read_only,
+    }
+
+
+def _http_fields(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """An HTTP entry's URL, its query and headers, and no stdio fields. The query is split off before the
+    placeholders are filled, so a value from the environment is never read as URL syntax."""
+    raw = entry.get("url", "")
+    url, query = query_split(raw) if isinstance(raw, str) else (raw, {})
+    return {
         "url": _resolved(url, "url", environ),
         "query": _resolved_map(query, "url's query", environ),
         "headers": _resolved_map(entry.get("headers", {}), "headers", environ),
@@ -148,18 +156,7 @@ def _mcp_fields(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, 
         kind = entry.get("type") or entry.get("transport") or "http"
         if kind not in HTTP_TYPES:
             raise ValueError(f"unknown transport type {kind!r}")
-        # Split before resolving, so a value from the environment is never read as URL syntax.
-        url, query = query_split(entry["url"]) if isinstance(entry["url"], str) else (entry["url"], {})
-        return {
-            "transport": HTTP_TYPES[kind],
-            "url": _resolved(url, "url", environ),
-            "query": _resolved_map(query, "url's query", environ),
-            "headers": _resolved_map(entry.get("headers", {}), "headers", environ),
-            "command": "",
-            "args": [],
-            "env": {},
-            "cwd": "",
-        }
+        return _http_fields(entry, environ) | {"transport": HTTP_TYPES[kind]}
     raise ValueError("an entry needs either 'command' (stdio) or 'url' (HTTP)")
 
 
