@@ -1,15 +1,13 @@
 """The REST API's handoff routes: the triage tools the gateway offers (`handoff_to_<domain>`), saved through
 the same audited service as the admin."""
 
-from rest_framework import serializers
-
 from handoff.models import HandoffRoute
-from policy.api import AuditedModelSerializer, AuditedViewSet
+from policy.api import AuditedModelSerializer, AuditedViewSet, NameRelation
 from registry.models import Upstream
 
 
 class HandoffRouteSerializer(AuditedModelSerializer):
-    target = serializers.SlugRelatedField(slug_field="slug", queryset=Upstream.objects.all())
+    target = NameRelation(slug_field="slug", queryset=Upstream.objects.all())
 
     class Meta:
         model = HandoffRoute

@@ -23,7 +23,7 @@ class HandoffRoute(models.Model):
     enabled = models.BooleanField(default=True)
     connect_timeout = models.FloatField(
         default=settings.GATEWAY_HANDOFF_CONNECT_TIMEOUT,
-        validators=[MinValueValidator(0.1)],
+        validators=[MinValueValidator(0.1), MaxValueValidator(settings.GATEWAY_MAX_TIMEOUT)],
         help_text="Seconds the specialist has to accept the tunnel",
     )
     max_sessions = models.PositiveIntegerField(

@@ -33,9 +33,19 @@ def enabled_from(request: Request) -> bool:
     return body.validated_data["enabled"]
 
 
-def by_name(model: Any, field: str = "name") -> serializers.SlugRelatedField:
+class NameRelation(serializers.SlugRelatedField):
+    """A relation written by its object's name (or slug). A name holding a NUL is refused as not found, since
+    PostgreSQL text cannot hold one and the lookup itself would fail (a 500, which the fuzzer found)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("does_not_exist", slug_name=self.slug_field, value=data.replace("\x00", "\\x00"))
+        return super().to_internal_value(data)
+
+
+def by_name(model: Any, field: str = "name") -> NameRelation:
     """A relation read and written by its object's name (or slug); optional."""
-    return serializers.SlugRelatedField(slug_field=field, queryset=model.objects.all(), required=False, allow_null=True)
+    return NameRelation(slug_field=field, queryset=model.objects.all(), required=False, allow_null=True)
 
 
 class AuditedModelSerializer(serializers.ModelSerializer):
@@ -156,22 +166,11 @@ class AgentViewSet(AuditedViewSet):
 
 
 class RuleSerializer(AuditedModelSerializer):
-    agent = serializers.SlugRelatedField(
-        slug_field="name", queryset=Agent.objects.all(), required=False, allow_null=True
-    )
-    agent_group = serializers.SlugRelatedField(
-        slug_field="name", queryset=AgentGroup.objects.all(), required=False, allow_null=True
-    )
+    agent = by_name(Agent)
+    agent_group = by_name(AgentGroup)
     # The upstream by its model, not an import: registry builds on policy.
-    upstream = serializers.SlugRelatedField(
-        slug_field="slug",
-        queryset=Rule._meta.get_field("upstream").related_model.objects.all(),
-        required=False,
-        allow_null=True,
-    )
-    server_group = serializers.SlugRelatedField(
-        slug_field="name", queryset=ServerGroup.objects.all(), required=False, allow_null=True
-    )
+    upstream = by_name(Rule._meta.get_field("upstream").related_model, "slug")
+    server_group = by_name(ServerGroup)
 
     class Meta:
         model = Rule

@@ -213,6 +213,21 @@ def test_handoff_routes_are_managed_through_the_api(inline_gateway, world, admin
     assert actions == ["handoffroute_created", "handoffroute_saved", "handoffroute_deleted"]
 
 
+def test_a_name_holding_a_nul_or_an_unbounded_timeout_is_refused_not_a_server_error(inline_gateway, world, admin_token):
+    """Found by the REST API's fuzzing (tests/fuzz/test_rest_api_schema.py): a NUL in a name looked up by the
+    database was a 500, and a route's connect timeout had no upper bound."""
+    body = {"domain": "nul", "description": "d", "target": "de\x00mo"}
+    named = api(inline_gateway, "POST", "handoff-routes", admin_token, json=body)
+    rule = api(inline_gateway, "POST", "rules", admin_token, json={"effect": "allow", "agent": "al\x00ice"})
+    endless = api(
+        inline_gateway, "POST", "handoff-routes", admin_token, json=body | {"target": "demo", "connect_timeout": 1e308}
+    )
+    assert (named.status_code, named.json()) == (400, {"target": ["Object with slug=de\\x00mo does not exist."]})
+    assert (rule.status_code, rule.json()) == (400, {"agent": ["Object with name=al\\x00ice does not exist."]})
+    assert endless.status_code == 400
+    assert endless.json() == {"connect_timeout": ["Ensure this value is less than or equal to 300.0."]}
+
+
 def test_approving_a_tool_needs_the_permission_to_change_tools(inline_gateway, world, admin_token):
     clerk = get_user_model().objects.create_user("reader", password="reader-pw-for-tests")
     clerk.user_permissions.add(Permission.objects.get(codename="view_tool"))

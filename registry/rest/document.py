@@ -261,7 +261,8 @@ def document_validate(document: dict[str, Any]) -> None:
     error = next(validator(SchemaPath.from_dict(document, handlers={})).iter_errors(), None)
     if error is not None:
         where = "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in error.absolute_path)
-        raise DocumentRefused(f"the document is not valid OpenAPI {version}: {_short(error.message)} (at #{where})")
+        said = error.message.splitlines()[0]  # the first line says what is wrong (a backend may quote schemas after)
+        raise DocumentRefused(f"the document is not valid OpenAPI {version}: {_short(said)} (at #{where})")
 
 
 def document_base_url(document: dict[str, Any], *, document_url: str | None, internal: bool) -> str:
