@@ -293,9 +293,6 @@ GATEWAY_MAX_TIMEOUT = env_float("GATEWAY_MAX_TIMEOUT", 300.0)
 GATEWAY_CONNECT_TIMEOUT = env_float("GATEWAY_CONNECT_TIMEOUT", 20.0)
 # REST upstreams (registry/rest/): an OpenAPI document's size (a larger one is refused before it is parsed), the
 # documents its external $refs may fetch, an answer's size (cut past it), and the redirects a call may follow.
-# openapi-spec-validator picks jsonschema-rs when it is installed (a test dependency brings it): the gateway uses
-# the pure-Python backend its own requirements install, so that its refusals read the same wherever it runs.
-os.environ.setdefault("OPENAPI_SPEC_VALIDATOR_SCHEMA_VALIDATOR_BACKEND", "jsonschema")
 GATEWAY_REST_DOCUMENT_MAX_BYTES = env_int("GATEWAY_REST_DOCUMENT_MAX_BYTES", 5 * 1024 * 1024, minimum=1024)
 GATEWAY_REST_MAX_EXTERNAL_REFS = env_int("GATEWAY_REST_MAX_EXTERNAL_REFS", 16, minimum=0)
 GATEWAY_REST_RESPONSE_MAX_BYTES = env_int("GATEWAY_REST_RESPONSE_MAX_BYTES", 1024 * 1024, minimum=1024)

@@ -8,11 +8,12 @@ from urllib.parse import unquote
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from mcp.shared.exceptions import MCPError
 
 from registry.models import Tool, Upstream
 from registry.services import upstream_catalog_sync, upstream_register, upstream_save
 from tests import servers
-from tests.clients import api, sdk_client
+from tests.clients import api, sdk_client, tool_names
 from tests.helpers import audit_mark, audit_since, eventually, run
 
 TOKEN = "rest-token-5b1e-not-for-anyone-else"
@@ -67,7 +68,20 @@ def _tools(gateway, key, mode="legacy"):
     return run(scenario)
 
 
+def _offered(gateway, key: str, tool: str) -> None:
+    """Wait until the gateway's snapshot knows the new key and offers the new upstream's tool (within a second)."""
+
+    async def listed() -> bool:
+        try:
+            return tool in await tool_names(gateway.url, key)
+        except MCPError:  # the key is not in the gateway's snapshot yet
+            return False
+
+    eventually(lambda: run(listed))
+
+
 def test_a_documents_operations_are_tools_with_schemas_from_it(gateway, world, inventory):
+    _offered(gateway, world.key, "inventory__getItem")
     tools = _tools(gateway, world.key)
     names = {name for name in tools if name.startswith("inventory__")}
     assert names == {
@@ -207,6 +221,7 @@ def test_the_gateways_own_api_is_an_upstream_of_another_gateway(celery_gateway, 
         report = upstream_catalog_sync(upstream=upstream)
         assert report.ok and report.added == ["upstreams_list"], report.summary()
         for through, mode in itertools.product((celery_gateway, inline_gateway), ERAS):
+            _offered(through, world.key, "gateway-api__upstreams_list")
             listed = _call(through, world.key, "gateway-api__upstreams_list", {}, mode)
             assert not listed.is_error, listed.content[0].text
             slugs = {row["slug"] for row in listed.structured_content["result"]}
@@ -276,6 +291,7 @@ def test_each_person_calls_a_per_person_rest_service_with_their_own_token(gatewa
                 values=values,
             )
         for name in ("alice", "bob"):
+            _offered(gateway, people_keys[name][1], "inventory-pp__whoAmI")
             result = _call(gateway, people_keys[name][1], "inventory-pp__whoAmI", {})
             assert result.structured_content == {"caller": name}, result.content[0].text
     finally:

@@ -5,6 +5,7 @@ checked by the egress guard first), validated with openapi-spec-validator, and i
 `servers`. Every refusal is a DocumentRefused whose message tells an operator what to fix."""
 
 import json
+import os
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,6 +17,11 @@ from jsonschema_path import SchemaPath
 from openapi_spec_validator import OpenAPIV30SpecValidator, OpenAPIV31SpecValidator
 
 from registry.upstreams.egress import EgressRefused, url_problem
+
+# openapi-spec-validator picks jsonschema-rs when it is installed (a test dependency brings it), and its messages
+# differ: the gateway keeps to the pure-Python backend its own requirements install, so refusals read the same
+# wherever it runs. The library reads this setting from the environment at each validation.
+os.environ.setdefault("OPENAPI_SPEC_VALIDATOR_SCHEMA_VALIDATOR_BACKEND", "jsonschema")
 
 Fetch = Callable[[str], Awaitable[bytes]]
 VERSION = re.compile(r"3\.([01])\.\d+")
