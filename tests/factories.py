@@ -14,9 +14,12 @@ from policy.models import Agent, ServerGroup
 from policy.services import agent_create
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_save
+from registry.upstreams.spec import UpstreamSpec
 from tests import servers
 
 DEMO = [str(servers.ROOT / "examples/demo_upstream.py")]
+# How the pool reaches the demo server over stdio, for tests that drive the pool in this process.
+DEMO_SPEC = UpstreamSpec(id=1, revision=1, slug="demo", transport="stdio", timeout=5, command=sys.executable, args=DEMO)
 
 
 def stdio_upstream(slug: str, command: str, args: list[str], **fields: Any) -> Upstream:

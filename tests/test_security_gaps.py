@@ -4,7 +4,7 @@ cleaned like descriptions."""
 
 import json
 import re
-import sys
+from dataclasses import replace
 
 import anyio
 from django.conf import settings
@@ -14,7 +14,7 @@ from registry.models import Upstream
 from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.requests import UpstreamRequest
 from registry.upstreams.spec import UpstreamSpec
-from tests.servers import ROOT
+from tests.factories import DEMO_SPEC
 from tests.test_mcp_errors import LIST, bearer, post
 
 INITIALIZE = {
@@ -44,16 +44,7 @@ def test_a_stdio_upstream_inherits_none_of_the_gateways_environment(monkeypatch)
     process needs (PATH, HOME, ...), never the gateway's (SECRET_KEY, credential keys, DATABASE_URL). The demo
     server reads DEMO_* variables only, so a DEMO_ one stands in for the gateway's secrets here."""
     monkeypatch.setenv("DEMO_GATEWAY_SECRET", "the-gateways-own")
-    spec = UpstreamSpec(
-        id=1,
-        revision=1,
-        slug="demo",
-        transport="stdio",
-        timeout=5,
-        command=sys.executable,
-        args=[str(ROOT / "examples/demo_upstream.py")],
-        env={"DEMO_OWN": "the-upstreams-own"},
-    )
+    spec = replace(DEMO_SPEC, env={"DEMO_OWN": "the-upstreams-own"})
 
     async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
         return spec

@@ -13,18 +13,9 @@ from django.test import override_settings
 from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.requests import UpstreamRequest
 from registry.upstreams.spec import UpstreamSpec
+from tests.factories import DEMO_SPEC
 from tests.helpers import until
-from tests.servers import ROOT, demo_started
-
-DEMO = UpstreamSpec(
-    id=1,
-    revision=1,
-    slug="demo",
-    transport="stdio",
-    timeout=5,
-    command=sys.executable,
-    args=[str(ROOT / "examples/demo_upstream.py")],
-)
+from tests.servers import demo_started
 
 
 def with_pool(spec: UpstreamSpec, body: Callable[[UpstreamPool], Awaitable[Any]]) -> Any:
@@ -75,7 +66,7 @@ def test_an_idle_session_is_closed_and_the_next_call_reopens_it():
         await until(lambda: not _alive(first))
         return first, kept, await pid(pool)
 
-    first, kept, reopened = with_pool(DEMO, body)
+    first, kept, reopened = with_pool(DEMO_SPEC, body)
     assert kept == first, "a session in use must stay open"
     assert reopened != first and not _alive(first)
 
@@ -111,7 +102,7 @@ def test_a_server_killed_during_a_call_is_named_in_the_operators_cause():
             os.kill(pid, signal.SIGKILL)
         return outcome
 
-    outcome = with_pool(DEMO, body)
+    outcome = with_pool(DEMO_SPEC, body)
     assert outcome["code"] == "UPSTREAM_UNAVAILABLE"
     assert outcome["cause"] == "the connection closed during a call: the server was killed by SIGKILL"
 
@@ -124,7 +115,7 @@ def test_a_change_subscription_lost_after_it_began_leaves_the_connection_standin
         pass
 
     async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
-        return DEMO
+        return DEMO_SPEC
 
     def heard(text: str) -> bool:
         return any(text in record.getMessage() for record in caplog.records)
