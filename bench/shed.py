@@ -1,23 +1,42 @@
-"""Load shedding (issue 24, item 4): one web process at ten times its configured capacity.
+"""Load shedding (issue 24, item 4): one web process at ten times its configured capacity, behind each door.
 
 One inline gateway under uvicorn (the production server), PostgreSQL audit and Redis, its capacity set to
 `--capacity` POSTs in flight (GATEWAY_MAX_IN_FLIGHT); the demo stdio upstream. `--sessions` measured SDK
 client sessions call `demo__echo` back to back, first alone (the unloaded p99), then while a flood of ten times
-the capacity runs in another process (so that the flood's own CPU is not the measuring loop's), one kind at a
-time:
+the capacity runs in another process, one kind at a time:
 
+- capacity: capacity - sessions - 1 clients calling as `calls` does: the load the door admits, no more (what
+          admitted calls keep at capacity, without an excess to shed: the reference for the kinds below);
 - calls:  10 x capacity raw HTTP clients, each POSTing `tools/call demo__sleep` (0.2 s) back to back, retrying
-          at once when refused: more concurrent calls than the process admits;
+          after Retry-After (at once with --hostile) when refused: more concurrent calls than the process admits;
 - bodies: 10 x capacity clients POSTing 2 MiB bodies (twice GATEWAY_MAX_BODY_BYTES);
 - headers: 10 x capacity clients sending 100 KiB of headers;
 - slow:   10 x capacity clients that send their headers and then a byte of body every 0.5 s.
 
-Reported per kind: how the flood's requests were answered (status counts) and how fast a refusal came (p50,
-p99), the measured sessions' admitted calls (p99 against the unloaded p99) and how many of theirs were shed.
-Bars (issue 24): refusals within 50 ms as 429/503 with Retry-After; admitted p99 <= 1.2x unloaded; nothing falls
-over (the gateway answers after every kind).
+A probe in the measuring process sends one call every 50 ms, to see the door as a client outside the flood does.
 
-    bench/run shed --capacity 16 --seconds 10      # figures: bench/results/shed.json, the gateway's log beside it
+Each design is a door and a placement, and every design runs each phase in turn (unloaded, then each kind), so
+that drifts in the shared machine's load fall on all of them alike. Doors (each its own gateway process):
+
+- app:      the gateway's own line alone (handoff/http.py: 503, Retry-After, SERVER_BUSY past the cap);
+- uvicorn:  the same, under `uvicorn --limit-concurrency` (`--uvicorn-limit`, 4 x capacity by default), which
+            answers 503 without waking the app once that many connections or tasks are open;
+- haproxy:  HAProxy in front (one server, maxconn = capacity for POSTs; GETs, which are streams, on a backend of
+            their own): past the capacity a POST is answered by HAProxy with the gateway's own 503 body and
+            Retry-After; bodies over GATEWAY_MAX_BODY_BYTES are refused 413 from their declared length, and a
+            request is buffered whole (bounded by GATEWAY_BODY_SECONDS) before it takes a place.
+
+Placements: `shared` (the flood on the gateway's cores at normal priority: the first measurement's set-up),
+`niced` (the flood at nice 19), `apart` (the gateway and its upstream pinned to CPU 0; the flood at nice 19,
+HAProxy and the measuring client on the others): `apart` stands for a flood that comes from other machines.
+
+Reported per design and kind: how the flood's requests were answered (status counts) and how fast a refusal came
+(p50, p99), the probe's, the measured sessions' admitted calls (p99 against the design's unloaded p99) and how many
+of theirs were shed, the CPU the door's processes (gateway, HAProxy) and the flood used. Bars (issue 24):
+refusals within 50 ms as 429/503 with Retry-After; admitted p99 <= 1.2x unloaded; nothing falls over (the
+gateway answers after every kind).
+
+    bench/run shed --capacity 16 --seconds 10      # figures: bench/results/shed.json, the processes' logs beside it
 """
 
 import argparse
@@ -29,6 +48,7 @@ import socket
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx2
@@ -36,13 +56,16 @@ import httpx2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from run import http_session, setup_database  # noqa: E402  (bench/run.py: the same data and environment)
+from run import http_session, sessions_cpu_seconds, setup_database  # noqa: E402  (bench/run.py: the same data)
 
 from tests import servers  # noqa: E402  (the process helpers the tests use)
 from tests.clients import STATELESS_META  # noqa: E402
 
-KINDS = ("calls", "bodies", "headers", "slow")
+KINDS = ("capacity", "calls", "bodies", "headers", "slow")
+DOORS = ("app", "uvicorn", "haproxy")
+PLACEMENTS = ("shared", "niced", "apart")
 ACCEPT = "application/json, text/event-stream"
+GATEWAY_CPU = {0}  # `apart`: the gateway's core; everything else runs on the others
 
 
 def _call_body(tool: str, arguments: dict) -> bytes:
@@ -62,28 +85,62 @@ def _call_headers(key: str, tool: str) -> dict[str, str]:
     }
 
 
-async def _flooder(kind: str, url: str, key: str, until: float, answers: list, hostile: bool) -> None:
-    """One flooding client: requests of its kind back to back until `until`; (status, seconds, retry-after)."""
-    if kind == "slow":
-        return await _slow(url, key, until, answers)
-    tool = "demo__sleep" if kind == "calls" else "demo__echo"
-    headers = _call_headers(key, tool)
-    body = _call_body(tool, {"seconds": 0.2} if kind == "calls" else {"text": "x"})
-    if kind == "bodies":
-        body = b" " * (2 * 1024 * 1024)
+def _request(kind: str, host: str, port: int, key: str) -> bytes:
+    """One flooding request of `kind`, encoded once: the flood spends its CPU sending, not building requests."""
+    tool = "demo__sleep" if kind in ("calls", "capacity") else "demo__echo"
+    headers = _call_headers(key, tool) | {"host": f"{host}:{port}"}
+    body = _call_body(tool, {"seconds": 0.2} if tool == "demo__sleep" else {"text": "x"})
+    if kind == "bodies":  # and the connection closed after it: the rest of such a body is not read
+        body, headers["connection"] = b" " * (2 * 1024 * 1024), "close"
     if kind == "headers":
         headers |= {f"x-filler-{n}": "y" * 1000 for n in range(100)}
-    async with httpx2.AsyncClient(timeout=30) as http:
-        while time.monotonic() < until:
-            started = time.monotonic()
-            try:
-                answer = await http.post(f"{url}/mcp", content=body, headers=headers)
-                retry = answer.headers.get("retry-after")
-                answers.append((answer.status_code, time.monotonic() - started, retry))
-                if retry and not hostile:  # a client that does as it is told
-                    await asyncio.sleep(float(retry))
-            except httpx2.HTTPError as exc:
-                answers.append((type(exc).__name__, time.monotonic() - started, None))
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return f"POST /mcp HTTP/1.1\r\n{head}content-length: {len(body)}\r\n\r\n".encode() + body
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
+    """An HTTP/1.1 answer's status and headers, its body read (by length or by chunks) and dropped."""
+    status_line, *lines = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
+    headers = dict(line.lower().split(b": ", 1) for line in lines if b": " in line)
+    if b"content-length" in headers:
+        await reader.readexactly(int(headers[b"content-length"]))
+    elif headers.get(b"transfer-encoding") == b"chunked":
+        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+            await reader.readexactly(size + 2)
+        await reader.readuntil(b"\r\n")
+    return int(status_line.split()[1]), headers
+
+
+async def _flooder(kind: str, url: str, key: str, until: float, answers: list, hostile: bool) -> None:
+    """One flooding client on a keep-alive connection of its own (a new one when the door closes it): requests of
+    its kind back to back until `until`; (status, seconds, retry-after) each. A raw client, so that the flood's CPU
+    goes to the door rather than to an HTTP library."""
+    if kind == "slow":
+        return await _slow(url, key, until, answers)
+    host, port = url.removeprefix("http://").split(":")
+    request = _request(kind, host, int(port), key)
+    writer = None
+    while time.monotonic() < until:
+        started = time.monotonic()
+        try:
+            if writer is None:
+                reader, writer = await asyncio.open_connection(host, int(port), limit=2**20)
+            writer.write(request)
+            status, headers = await _answer(reader)
+            retry = headers.get(b"retry-after")
+            answers.append((status, time.monotonic() - started, retry))
+            if headers.get(b"connection") == b"close":
+                writer.close()
+                writer = None
+            if retry and not hostile:  # a client that does as it is told
+                await asyncio.sleep(float(retry))
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+            answers.append((type(exc).__name__, time.monotonic() - started, None))
+            if writer is not None:
+                writer.close()
+            writer = None
+    if writer is not None:
+        writer.close()
 
 
 async def _slow(url: str, key: str, until: float, answers: list) -> None:
@@ -119,10 +176,39 @@ async def _slow(url: str, key: str, until: float, answers: list) -> None:
             answers.append((type(exc).__name__, time.monotonic() - started, None))
 
 
+def place(placement: str, niced: bool) -> None:
+    """This process (every thread of it) where `placement` puts the flood's side of the machine."""
+    everything = set(range(os.cpu_count() or 1))
+    cpus = everything - GATEWAY_CPU if placement == "apart" else everything
+    for task in Path("/proc/self/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+    if niced and placement != "shared":
+        os.nice(19)
+
+
+def pin(session_ids: set[int], cpus: set[int]) -> None:
+    """Every thread of every process in these process sessions (a server with its upstreams) onto `cpus`."""
+    for task in Path("/proc").glob("[0-9]*/task/[0-9]*"):
+        try:
+            session = int((task / "stat").read_text().rsplit(")", 1)[1].split()[3])
+            if session in session_ids:
+                os.sched_setaffinity(int(task.name), cpus)
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+
+
 def flood(
-    kind: str, url: str, key: str, clients: int, seconds: float, hostile: bool, out: "multiprocessing.Queue"
+    kind: str,
+    url: str,
+    key: str,
+    clients: int,
+    seconds: float,
+    hostile: bool,
+    placement: str,
+    out: "multiprocessing.Queue",
 ) -> None:
-    """In a process of its own: `clients` flooders of `kind` for `seconds`; their answers onto `out`."""
+    """In a process of its own: `clients` flooders of `kind` for `seconds`; their answers and CPU onto `out`."""
+    place(placement, niced=True)
     answers: list = []
     until = time.monotonic() + seconds
 
@@ -130,7 +216,8 @@ def flood(
         await asyncio.gather(*(_flooder(kind, url, key, until, answers, hostile) for _ in range(clients)))
 
     asyncio.run(main())
-    out.put(answers)
+    times = os.times()
+    out.put((answers, times.user + times.system))
 
 
 async def probe(url: str, key: str, seconds: float) -> list:
@@ -181,81 +268,195 @@ def summary(answers: list) -> dict:
         statuses[str(status)] = statuses.get(str(status), 0) + 1
     refused = [(s, t, r) for s, t, r in answers if s in (429, 503)]
     refusal_times = [t for _, t, _ in refused]
+    others = [t for s, t, _ in answers if s in (400, 408, 413, 431)]
     return {
         "statuses": statuses,
         "refusals": len(refused),
         "refusals_with_retry_after": sum(1 for _, _, r in refused if r),
         "refusal_p50_ms": statistics.median(refusal_times) * 1000 if refusal_times else None,
         "refusal_p99_ms": p99(refusal_times) * 1000 if len(refusal_times) > 1 else None,
-        "other_errors_p99_ms": p99([t for s, t, _ in answers if s in (413, 431, 400)]) * 1000
-        if sum(1 for s, _, _ in answers if s in (413, 431, 400)) > 1
-        else None,
+        "other_refusals_p50_ms": statistics.median(others) * 1000 if others else None,
+        "other_refusals_p99_ms": p99(others) * 1000 if len(others) > 1 else None,
     }
 
 
-def run_all(url: str, key: str, args: argparse.Namespace) -> dict:
-    results: dict = {}
-    unloaded, _ = asyncio.run(measured(url, key, args.sessions, args.seconds))
-    results["unloaded"] = {
-        "calls": len(unloaded),
-        "p50_ms": statistics.median(unloaded) * 1000,
-        "p99_ms": p99(unloaded) * 1000,
-    }
-    print(f"unloaded: {results['unloaded']}", file=sys.stderr)
-    for kind in args.kinds.split(","):
-        out: multiprocessing.Queue = multiprocessing.Queue()
-        flooding = multiprocessing.Process(
-            target=flood, args=(kind, url, key, args.capacity * 10, args.seconds + 1, args.hostile, out), daemon=True
+HAPROXY = """global
+  maxconn 8192
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  # A request is buffered whole before it takes a place, and must have arrived within GATEWAY_BODY_SECONDS.
+  option http-buffer-request
+  timeout http-request {body_seconds}s
+  # Past maxconn a request waits this long at most for a place, then gets the 503 below.
+  timeout queue 20ms
+  errorfile 503 {busy_file}
+frontend mcp
+  bind 127.0.0.1:{port}
+  http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt {max_body} }}
+  acl full srv_conn(calls/gateway) ge {capacity}
+  http-request return status 503 content-type application/json file {busy_body} hdr retry-after 1 if METH_POST full
+  use_backend calls if METH_POST
+  default_backend streams
+backend calls
+  server gateway {gateway} maxconn {capacity}
+backend streams
+  server gateway {gateway}
+"""
+
+
+@dataclass
+class Door:
+    name: str
+    url: str
+    running: list = field(default_factory=list)  # what was started for it, gateway first
+
+    def sessions(self) -> set[int]:
+        return {r.process.pid for r in self.running}
+
+
+def busy_body() -> str:
+    """The gateway's own answer past its cap, for a door in front of it to send alike."""
+    from handoff.http import BUSY_BODY  # needs Django's settings, set up by setup_database
+
+    return BUSY_BODY
+
+
+def start_haproxy(
+    gateway: servers.Running, args: argparse.Namespace, env: dict[str, str], logs: Path
+) -> servers.Running:
+    from django.conf import settings
+
+    body = busy_body()
+    (logs / "shed-busy.json").write_text(body)
+    head = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    (logs / "shed-busy.http").write_text(f"{head}content-length: {len(body)}\r\n\r\n{body}")
+    port = servers.free_port()
+    config = logs / "shed-haproxy.cfg"
+    config.write_text(
+        HAPROXY.format(
+            port=port,
+            gateway=gateway.url.removeprefix("http://"),
+            capacity=args.capacity,
+            max_body=settings.GATEWAY_MAX_BODY_BYTES,
+            body_seconds=int(settings.GATEWAY_BODY_SECONDS),
+            busy_file=logs / "shed-busy.http",
+            busy_body=logs / "shed-busy.json",
         )
-        flooding.start()
+    )
+    process = servers.start(["haproxy", "-db", "-f", str(config)], env, logs / "shed-haproxy.log")
+    servers.wait_for_port(port, process, logs / "shed-haproxy.log")
+    return servers.Running(process, logs / "shed-haproxy.log", f"http://127.0.0.1:{port}")
 
-        async def both() -> tuple:
-            return await asyncio.gather(measured(url, key, args.sessions, args.seconds), probe(url, key, args.seconds))
 
-        (admitted, shed), probed = asyncio.run(both())
-        answers = out.get(timeout=args.seconds + 60)
-        flooding.join(timeout=30)
-        after, _ = asyncio.run(measured(url, key, 1, 1.0))  # still serving once the flood is over
-        results[kind] = summary(answers) | {
-            "probe": summary(probed),
-            "admitted_calls": len(admitted),
-            "admitted_p99_ms": p99(admitted) * 1000,
-            "admitted_p99_over_unloaded": p99(admitted) / p99(unloaded),
-            "measured_shed": shed,
-            "served_after": len(after) > 0,
-        }
-        print(f"{kind}: {json.dumps(results[kind])}", file=sys.stderr)
+def start_doors(names: list[str], args: argparse.Namespace, logs: Path) -> dict[str, Door]:
+    env = dict(os.environ) | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_MAX_IN_FLIGHT": str(args.capacity)}
+    doors: dict[str, Door] = {}
+    for name in names:
+        server = servers.UVICORN + (["--limit-concurrency", str(args.uvicorn_limit)] if name == "uvicorn" else [])
+        gateway = servers.start_gateway_under(server, env, logs / f"shed-{name}.log")
+        doors[name] = Door(name, gateway.url, [gateway])
+        if name == "haproxy":
+            balancer = start_haproxy(gateway, args, env, logs)
+            doors[name] = Door(name, balancer.url, [gateway, balancer])
+    return doors
+
+
+def arrange(door: Door, placement: str) -> None:
+    """The door's processes and this one where `placement` puts them (the flood places itself)."""
+    everything = set(range(os.cpu_count() or 1))
+    gateway, *rest = door.running
+    pin({gateway.process.pid}, GATEWAY_CPU if placement == "apart" else everything)
+    pin({r.process.pid for r in rest}, everything - GATEWAY_CPU if placement == "apart" else everything)
+    place(placement, niced=False)
+
+
+def phase(door: Door, placement: str, kind: str, key: str, args: argparse.Namespace) -> dict:
+    arrange(door, placement)
+    url = door.url
+    if kind == "unloaded":
+        unloaded, _ = asyncio.run(measured(url, key, args.sessions, args.seconds))
+        return {"calls": len(unloaded), "p50_ms": statistics.median(unloaded) * 1000, "p99_ms": p99(unloaded) * 1000}
+    out: multiprocessing.Queue = multiprocessing.Queue()
+    # At capacity: the flood fills what the measured sessions and the probe leave of it.
+    clients = max(1, args.capacity - args.sessions - 1) if kind == "capacity" else args.capacity * 10
+    flood_args = (kind, url, key, clients, args.seconds + 1, args.hostile, placement, out)
+    flooding = multiprocessing.Process(target=flood, args=flood_args, daemon=True)
+    cpu = sessions_cpu_seconds(door.sessions())
+    flooding.start()
+
+    async def both() -> tuple:
+        return await asyncio.gather(measured(url, key, args.sessions, args.seconds), probe(url, key, args.seconds))
+
+    (admitted, shed), probed = asyncio.run(both())
+    answers, flood_cpu = out.get(timeout=args.seconds + 60)
+    flooding.join(timeout=30)
+    cpu = sessions_cpu_seconds(door.sessions()) - cpu
+    after, _ = asyncio.run(measured(url, key, 1, 1.0))  # still serving once the flood is over
+    return summary(answers) | {
+        "probe": summary(probed),
+        "admitted_calls": len(admitted),
+        "admitted_p99_ms": p99(admitted) * 1000,
+        "measured_shed": shed,
+        "served_after": len(after) > 0,
+        "door_cpu_s": cpu,
+        "flood_cpu_s": flood_cpu,
+    }
+
+
+def run_all(doors: dict[str, Door], key: str, args: argparse.Namespace) -> dict:
+    """Every design through each phase in turn: unloaded first, then one kind of flood at a time."""
+    designs = [(d, p) for d in doors for p in args.placements.split(",")]
+    results: dict = {f"{d}/{p}": {} for d, p in designs}
+    for kind in ("unloaded", *args.kinds.split(",")):
+        for door, placement in designs:
+            name = f"{door}/{placement}"
+            result = phase(doors[door], placement, kind, key, args)
+            if kind != "unloaded":
+                result["admitted_p99_over_unloaded"] = result["admitted_p99_ms"] / results[name]["unloaded"]["p99_ms"]
+            if kind not in ("unloaded", "capacity") and "capacity" in results[name]:
+                at_capacity = results[name]["capacity"]["admitted_p99_ms"]
+                result["admitted_p99_over_capacity"] = result["admitted_p99_ms"] / at_capacity
+            results[name][kind] = result
+            print(f"{name} {kind}: {json.dumps(result)}", file=sys.stderr, flush=True)
+    arrange(next(iter(doors.values())), "shared")
     return results
+
+
+def _ms(p50: float | None, p99_ms: float | None) -> str:
+    return f"{p50:.1f} / {p99_ms:.1f}" if p99_ms is not None else ""
+
+
+def _statuses(r: dict) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items(), key=lambda kv: -kv[1]))
 
 
 def table(results: dict) -> str:
     lines = [
-        f"Unloaded: {results['unloaded']['calls']} calls, p50 {results['unloaded']['p50_ms']:.2f} ms, "
-        f"p99 {results['unloaded']['p99_ms']:.2f} ms.",
-        "",
-        "| flood | its answers | its refusals p50 / p99 ms (with Retry-After) | a probe's answers | the probe's "
-        "refusals p50 / p99 ms | admitted p99 ms | / unloaded | measured calls shed | served after |",
-        "|---|---|---|---|---|---:|---:|---:|---|",
+        "| design | flood | its answers | its 429/503 p50 / p99 ms (with Retry-After) | its 4xx p50 / p99 ms "
+        "| the probe's answers | the probe's 503 p50 / p99 ms | unloaded p99 ms | admitted p99 ms | / unloaded "
+        "| / at capacity | measured shed | door CPU s | flood CPU s | served after |",
+        "|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for kind in KINDS:
-        if kind not in results:
-            continue
-        r = results[kind]
-        answers = ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items(), key=lambda kv: -kv[1]))
-        refusal = (
-            f"{r['refusal_p50_ms']:.1f} / {r['refusal_p99_ms']:.1f} "
-            f"({r['refusals_with_retry_after']} of {r['refusals']})"
-            if r["refusal_p99_ms"] is not None
-            else "none"
-        )
-        probe_answers = ", ".join(f"{k}: {v}" for k, v in sorted(r["probe"]["statuses"].items(), key=lambda kv: -kv[1]))
-        p = r["probe"]
-        probe_refusal = f"{p['refusal_p50_ms']:.1f} / {p['refusal_p99_ms']:.1f}" if p["refusal_p99_ms"] else "none"
-        lines.append(
-            f"| {kind} | {answers} | {refusal} | {probe_answers} | {probe_refusal} "
-            f"| {r['admitted_p99_ms']:.2f} | {r['admitted_p99_over_unloaded']:.2f} "
-            f"| {r['measured_shed']} | {'yes' if r['served_after'] else '**no**'} |"
-        )
+    for design, kinds in results.items():
+        unloaded = kinds["unloaded"]
+        for kind in KINDS:
+            if kind not in kinds:
+                continue
+            r, p = kinds[kind], kinds[kind]["probe"]
+            refusal = _ms(r["refusal_p50_ms"], r["refusal_p99_ms"])
+            refusal += f" ({r['refusals_with_retry_after']} of {r['refusals']})" if refusal else ""
+            over_capacity = f"{r['admitted_p99_over_capacity']:.2f}" if "admitted_p99_over_capacity" in r else ""
+            other = _ms(r["other_refusals_p50_ms"], r["other_refusals_p99_ms"])
+            lines.append(
+                f"| {design} | {kind} | {_statuses(r)} | {refusal} | {other} "
+                f"| {_statuses(p)} | {_ms(p['refusal_p50_ms'], p['refusal_p99_ms'])} | {unloaded['p99_ms']:.2f} "
+                f"| {r['admitted_p99_ms']:.2f} | {r['admitted_p99_over_unloaded']:.2f} | {over_capacity} "
+                f"| {r['measured_shed']} "
+                f"| {r['door_cpu_s']:.1f} | {r['flood_cpu_s']:.1f} | {'yes' if r['served_after'] else '**no**'} |"
+            )
     return "\n".join(lines)
 
 
@@ -265,18 +466,23 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=2, help="measured sessions")
     parser.add_argument("--seconds", type=float, default=10.0, help="each phase's length")
     parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--doors", default=",".join(DOORS))
+    parser.add_argument("--placements", default=",".join(PLACEMENTS))
+    parser.add_argument("--uvicorn-limit", type=int, help="uvicorn's --limit-concurrency (4 x capacity)")
     parser.add_argument("--hostile", action="store_true", help="the flood retries at once instead of after Retry-After")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/shed.json")
     args = parser.parse_args()
+    args.uvicorn_limit = args.uvicorn_limit or 4 * args.capacity
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
     key = setup_database()
-    env = dict(os.environ) | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_MAX_IN_FLIGHT": str(args.capacity)}
-    gateway = servers.start_gateway_under(servers.UVICORN, env, logs / "shed-gateway.log")
+    doors = start_doors(args.doors.split(","), args, logs)
     try:
-        results = run_all(gateway.url, key, args)
+        results = run_all(doors, key, args)
     finally:
-        gateway.stop()
+        for door in doors.values():
+            for running in reversed(door.running):
+                running.stop()
     args.out.write_text(json.dumps(results, indent=2))
     print(table(results))
 
