@@ -156,7 +156,9 @@ def start_targets(key: str, logs: Path, names: Collection[str]) -> tuple[dict, l
     started = []
     proxy_port = servers.free_port()
     proxy = servers.start(
-        [str(PROXY), "--port", str(proxy_port), "--host", "127.0.0.1", "--", *DEMO], env, logs / "proxy.log"
+        [str(PROXY), "--port", str(proxy_port), "--host", "127.0.0.1", "--log-level", "WARNING", "--", *DEMO],
+        env,
+        logs / "proxy.log",
     )
     servers.wait_for_port(proxy_port, proxy, logs / "proxy.log")
     started.append(servers.Running(proxy, logs / "proxy.log"))

@@ -1,0 +1,218 @@
+"""The floor under issue 22's bars: the least a call can cost through any gateway that keeps Switchboard's
+promises on this machine, against mcp-proxy measured in the same run.
+
+The promises' own round trips, made with the gateway's own code (audit/writer.py, policy/limits/stores.py) and
+nothing else, one call's worth at a time: admission (one Lua script in Redis, which in the cheapest design
+would also read the session's record and handoff state), the `approved` row committed before the upstream is
+touched, then the `completed` row committed together with the admission's release before the reply. mcp-proxy's
+p50 already holds the client, HTTP and the upstream's round trip, so a gateway that added nothing but its
+promises would answer in about mcp-proxy's p50 plus theirs. Under load the machine's CPU is the bound: such a
+gateway would spend at least mcp-proxy's machine CPU per call plus what the promises cost the machine (this
+process, PostgreSQL, Redis), so its calls/s could reach at most mcp-proxy's times the ratio of the two.
+The gateway itself (inline, uvicorn, strict and `local` audit) is measured beside them, to show how far above
+its floor it runs.
+
+    bench/run floor [--rounds 3] [--calls 1000] [--sessions 1,8,32]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from run import DEMO, OTHER_SERVERS, PROXY, http_session, machine_cpu_seconds, measure, setup_database  # noqa: E402
+
+from tests import servers  # noqa: E402  (the process helpers the tests use)
+
+GATEWAYS = ("inline-uvicorn", "inline-uvicorn-local")
+
+
+def promise_parts():
+    """The gateway's writers (strict and `local`) and Redis admission store, and one call's claim and audit
+    fields; on the running loop, whose connections the writers keep."""
+    from django.conf import settings
+
+    from audit.writer import AsyncAuditWriter
+    from policy.limits.admission import Admission, AgentLimits, UpstreamLimits
+    from policy.limits.stores import RedisLimitStore
+
+    writers = {}
+    for mode in ("strict", "local"):
+        settings.GATEWAY_AUDIT_COMMIT = mode  # read as a writer sets up this loop's connections
+        writers[mode] = AsyncAuditWriter()
+        writers[mode].pool()
+    unlimited = 10**9
+    agent = AgentLimits(unlimited, unlimited)
+    upstream = UpstreamLimits(1, "demo", None, "", unlimited, unlimited, 5, 30.0, 10.0)
+
+    def call(session: int) -> tuple[Admission, dict]:
+        request_id = uuid.uuid4()
+        fields = {
+            "request_id": request_id,
+            "trace_id": uuid.uuid4().hex,
+            "agent_id": 1,
+            "agent_name": "bench",
+            "session_id": f"floor-{session}",
+            "transport": "http",
+            "exposed_name": "demo__echo",
+            "arguments_sha256": "0" * 64,
+            "upstream": "demo",
+            "tool": "echo",
+        }
+        return Admission(str(request_id), f"floor-{session}", 1, agent, upstream), fields
+
+    return writers, RedisLimitStore(), call
+
+
+async def promises(parts, mode: str, sessions: int, calls: int, warmup: int) -> dict:
+    """`calls` calls' promises from `sessions` concurrent tasks: admit, approved row, completed row with release."""
+    writers, store, call = parts
+    writer = writers[mode]
+    latencies: list[float] = []
+
+    async def one(session: int, record: bool) -> None:
+        admission, fields = call(session)
+        started = time.perf_counter()
+        verdict = await store.admit(admission)
+        assert not verdict.code, verdict
+        await writer.record(kind="approved", detail={"deadline": time.time() + 60}, **fields)
+        completed = writer.record(kind="completed", duration_ms=0.5, response_bytes=64, outcome="ok", **fields)
+        await asyncio.gather(completed, store.release(admission, "ok", verdict.probing))
+        if record:
+            latencies.append(time.perf_counter() - started)
+
+    async def drive(session: int, count: int, record: bool) -> None:
+        for _ in range(count):
+            await one(session, record)
+
+    await asyncio.gather(*(drive(s, warmup, False) for s in range(sessions)))
+    machine, started = machine_cpu_seconds(), time.perf_counter()
+    await asyncio.gather(*(drive(s, calls // sessions, True) for s in range(sessions)))
+    wall, machine = time.perf_counter() - started, machine_cpu_seconds() - machine
+    return {
+        "sessions": sessions,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "calls_per_s": len(latencies) / wall,
+        "machine_cpu_ms": machine * 1000 / len(latencies),
+    }
+
+
+def floors(found: dict) -> dict:
+    """Within one round at one concurrency: the floor's ratios to mcp-proxy, and the gateway's."""
+    proxy = found["proxy"]
+    out = {}
+    for mode in ("strict", "local"):
+        own = found[f"promises-{mode}"]
+        p50 = (proxy["p50_ms"] + own["p50_ms"]) / proxy["p50_ms"]
+        # One call at a time waits on latency; many at once, on the machine's CPU.
+        rate = (
+            1 / p50
+            if proxy["sessions"] == 1
+            else proxy["machine_cpu_ms"] / (proxy["machine_cpu_ms"] + own["machine_cpu_ms"])
+        )
+        out[f"floor-{mode}"] = {"p50_ratio": p50, "calls_ratio": rate}
+    for name in GATEWAYS:
+        gateway = found[name]
+        out[name] = {
+            "p50_ratio": gateway["p50_ms"] / proxy["p50_ms"],
+            "calls_ratio": gateway["calls_per_s"] / proxy["calls_per_s"],
+        }
+    return out
+
+
+def table(rounds: list[dict], sessions: list[int]) -> str:
+    def cell(values: list[float], digits: int = 2) -> str:
+        return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}–{max(values):.{digits}f}]"
+
+    lines = [
+        "| sessions | what | p50 ms | calls/s | machine CPU ms/call | p50 / proxy | calls/s / proxy |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for s in sessions:
+        at = [r[str(s)] for r in rounds]
+        for name in ("proxy", "promises-strict", "promises-local", *GATEWAYS):
+            measured = [a["measured"][name] for a in at]
+            ratios = [a["ratios"].get(name) for a in at]
+            p50 = cell([m["p50_ms"] for m in measured])
+            rate = cell([m["calls_per_s"] for m in measured], 0)
+            cpu = cell([m["machine_cpu_ms"] for m in measured])
+            p50_ratio = cell([r["p50_ratio"] for r in ratios]) if ratios[0] else ""
+            calls_ratio = cell([r["calls_ratio"] for r in ratios]) if ratios[0] else ""
+            lines.append(f"| {s} | {name} | {p50} | {rate} | {cpu} | {p50_ratio} | {calls_ratio} |")
+        for mode in ("strict", "local"):
+            ratios = [a["ratios"][f"floor-{mode}"] for a in at]
+            p50_ratio, calls_ratio = (cell([r[k] for r in ratios]) for k in ("p50_ratio", "calls_ratio"))
+            lines.append(f"| {s} | **floor, {mode} audit** | | | | {p50_ratio} | {calls_ratio} |")
+    return "\n".join(lines)
+
+
+async def one_round(parts, targets: dict, sessions: list[int], args: argparse.Namespace, turn: int) -> dict:
+    found: dict = {}
+    names = ["proxy", "promises-strict", "promises-local", *GATEWAYS]
+    names = names[turn % len(names) :] + names[: turn % len(names)]  # the order turns each round
+    for s in sessions:
+        measured = {}
+        for name in names:
+            if name.startswith("promises-"):
+                measured[name] = await promises(parts, name.removeprefix("promises-"), s, args.calls, args.warmup)
+            else:
+                open_session, tool = targets[name]
+                measured[name] = await measure(open_session, tool, s, args.calls, args.warmup)
+            print(f"round {turn + 1} {s:3} sessions {name:22} {json.dumps(measured[name])}", file=sys.stderr)
+        found[str(s)] = {"measured": measured, "ratios": floors(measured)}
+    return found
+
+
+async def run_rounds(targets: dict, args: argparse.Namespace) -> list[dict]:
+    parts = promise_parts()
+    sessions = [int(s) for s in args.sessions.split(",")]
+    rounds = [await one_round(parts, targets, sessions, args, turn) for turn in range(args.rounds)]
+    for writer in parts[0].values():
+        await writer.close()
+    return rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=1000, help="measured calls per target and concurrency")
+    parser.add_argument("--warmup", type=int, default=10, help="unmeasured calls per session first")
+    parser.add_argument("--sessions", default="1,8,32")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/floor.json")
+    args = parser.parse_args()
+    key = setup_database()
+    env, logs = dict(os.environ), args.out.parent
+    logs.mkdir(parents=True, exist_ok=True)
+    proxy_port = servers.free_port()
+    proxy_command = [str(PROXY), "--port", str(proxy_port), "--host", "127.0.0.1", "--log-level", "WARNING"]
+    started = [servers.start([*proxy_command, "--", *DEMO], env, logs / "floor-proxy.log")]
+    servers.wait_for_port(proxy_port, started[0], logs / "floor-proxy.log")
+    started = [servers.Running(started[0], logs / "floor-proxy.log")]
+    auth = {"Authorization": f"Bearer {key}"}
+    targets = {"proxy": (lambda: http_session(f"http://127.0.0.1:{proxy_port}/mcp", {}), "echo")}
+    try:
+        for name in GATEWAYS:
+            server, extra = OTHER_SERVERS[name]
+            gateway = servers.start_gateway_under(
+                server, env | {"GATEWAY_EXECUTOR": "inline"} | extra, logs / f"floor-{name}.log"
+            )
+            started.append(gateway)
+            targets[name] = (lambda url=gateway.url: http_session(f"{url}/mcp", auth), "demo__echo")
+        rounds = asyncio.run(run_rounds(targets, args))
+    finally:
+        for running in started:
+            running.stop()
+    args.out.write_text(json.dumps(rounds, indent=2))
+    print(table(rounds, [int(s) for s in args.sessions.split(",")]))
+
+
+if __name__ == "__main__":
+    main()
