@@ -26,6 +26,11 @@ NOT_ACCEPTABLE = "Not Acceptable: send 'Accept: application/json, text/event-str
 NOT_JSON = "Unsupported Media Type: send 'Content-Type: application/json'"
 NOT_A_MESSAGE = "Invalid Request: the message does not match any JSON-RPC 2.0 shape"
 METHODS = (b"allow", b"GET, POST, DELETE")
+# uvicorn (httptools) bounds no request's headers: past this they are refused first, before the key check, since
+# a flood of 100 KiB headers carrying a good key was served as calls (docs/reliability.md). A JWT is a few KiB;
+# HAProxy's default buffer holds 16 KiB of headers.
+MAX_HEADER_BYTES = 32 * 1024
+HEADERS_TOO_LARGE = f"Request Header Fields Too Large: send at most {MAX_HEADER_BYTES} bytes of headers"
 # Shed before the body is parsed: so its id is unknown, and the answer is always the same.
 BUSY = "Server busy: this gateway process serves as many requests as it may (GATEWAY_MAX_IN_FLIGHT). Retry in 1 s."
 BUSY_BODY = json.dumps(
@@ -64,6 +69,8 @@ class InFlight:
 
 
 async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
+    if sum(len(name) + len(value) for name, value in scope["headers"]) > MAX_HEADER_BYTES:
+        return await error_answer(send, 431, types.INVALID_REQUEST, HEADERS_TOO_LARGE)
     if not host_allowed(scope):
         return await error_answer(send, 400, types.INVALID_REQUEST, "Host not allowed")
     if not origin_allowed(scope):

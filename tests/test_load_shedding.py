@@ -1,8 +1,8 @@
 """Load shed at the door: past GATEWAY_MAX_IN_FLIGHT POSTs in a web process, a new one is refused at once with
 503, Retry-After and SERVER_BUSY (before its body is parsed), the calls in flight finish, and the process serves
 again as soon as they have; a client that sends its body slowly holds no place, and is answered 408 after
-GATEWAY_BODY_SECONDS. How fast refusals come and what admitted calls keep under 10x overload is
-measured in bench/shed.py (docs/reliability.md)."""
+GATEWAY_BODY_SECONDS; headers over 32 KiB are refused 431, before the key check. How fast refusals come and what
+admitted calls keep under 10x overload is measured in bench/shed.py (docs/reliability.md)."""
 
 import asyncio
 import json
@@ -109,3 +109,29 @@ def test_slow_bodies_hold_no_place_and_are_answered_408(narrow_gateway, world):
     if b"transfer-encoding: chunked" in head.lower():  # one chunk: its size, a line break, the chunk
         body = body.split(b"\r\n")[1]
     assert json.loads(body)["error"] == {"code": -32600, "message": "Request body not received within 1 s"}
+
+
+def test_headers_over_the_bound_are_refused_431_before_the_key_check(narrow_gateway, world):
+    filler = {f"x-filler-{n}": "y" * 1000 for n in range(40)}  # 40 KiB: uvicorn itself would take them
+
+    async def scenario():
+        async with httpx2.AsyncClient() as http:
+            keyless = await http.post(
+                f"{narrow_gateway.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=filler
+            )
+            with_key = await http.post(
+                f"{narrow_gateway.url}/mcp",
+                json={"jsonrpc": "2.0", "id": 2, "method": "ping"},
+                headers=filler | {"authorization": f"Bearer {world.key}", "accept": ACCEPT},
+            )
+        return keyless, with_key
+
+    keyless, with_key = anyio.run(scenario)
+    message = "Request Header Fields Too Large: send at most 32768 bytes of headers"
+    for answer in (keyless, with_key):
+        assert answer.status_code == 431
+        assert json.loads(answer.content) == {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": -32600, "message": message},
+        }
