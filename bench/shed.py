@@ -181,7 +181,10 @@ def place(placement: str, niced: bool) -> None:
     everything = set(range(os.cpu_count() or 1))
     cpus = everything - GATEWAY_CPU if placement == "apart" else everything
     for task in Path("/proc/self/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except ProcessLookupError:  # a helper thread that has ended meanwhile
+            continue
     if niced and placement != "shared":
         os.nice(19)
 
@@ -421,6 +424,7 @@ def run_all(doors: dict[str, Door], key: str, args: argparse.Namespace) -> dict:
                 result["admitted_p99_over_capacity"] = result["admitted_p99_ms"] / at_capacity
             results[name][kind] = result
             print(f"{name} {kind}: {json.dumps(result)}", file=sys.stderr, flush=True)
+            args.out.write_text(json.dumps(results, indent=2))  # so far: a run cut short keeps what it measured
     arrange(next(iter(doors.values())), "shared")
     return results
 
