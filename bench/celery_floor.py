@@ -1,0 +1,151 @@
+"""Where a Celery call's time goes beyond an inline one, at one call at a time (issue 22's Celery bar).
+
+All in this process on uvloop, with the gateway's own code, against a real worker and the demo upstream over
+stdio, in rounds that alternate the worker's pool (`threads`, as deployed, and `solo`, which runs a task in the
+thread that took it off the broker):
+
+- inline:    the inline executor's `request` (the pool's thread and the stdio round trip);
+- celery:    the Celery executor's `request` for the same call (published, run by the worker, replied);
+- refused:   the same task message with a broken MAC, which the worker refuses and answers at once: what the
+             broker and the worker's dispatch cost with no call in them (both ways through Redis, the worker
+             taking the message, checking its MAC, replying);
+- publish:   the publish alone (`task_publish`: the message built and pushed);
+- envelope:  building and sealing the message alone (no I/O).
+
+    bench/run celery_floor [--rounds 3] [--calls 1000]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from run import ARGUMENTS, setup_database  # noqa: E402  (bench/run.py: the same data and environment)
+
+from tests import servers  # noqa: E402  (the process helpers the tests use)
+
+POOLS = ("threads", "solo")
+
+
+def start_worker(pool: str, env: dict[str, str], log: Path) -> servers.Running:
+    """A worker as tests/servers.py starts one, with the pool named."""
+    command = [*servers.CELERY, "worker", "-Q", "upstream", "-P", pool, "--loglevel=INFO", "--without-gossip"]
+    command += ["--without-mingle", *(["-c", "16"] if pool == "threads" else [])]
+    process = servers.start(command, env | {"GATEWAY_EXECUTOR": "celery"}, log)
+    deadline = time.monotonic() + servers.START_TIMEOUT
+    while b"ready." not in log.read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"Celery worker did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+    return servers.Running(process, log)
+
+
+async def p50_ms(action: Callable[[], Awaitable[object]], calls: int) -> float:
+    for _ in range(min(calls, 50)):
+        await action()
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        await action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def actions(upstream_id: int, revision: int) -> dict[str, Callable[[], Awaitable[object]]]:
+    from celery import current_app
+    from django.conf import settings
+
+    from gateway_project.lib import task_mac
+    from gateway_project.lib.redis_clients import async_redis
+    from registry.executor import CeleryExecutor, InlineExecutor, reply_key, reply_opened
+    from registry.publish import task_envelope, task_publish
+    from registry.upstreams.requests import UpstreamRequest
+
+    request = UpstreamRequest.tool_call(upstream_id, revision, "echo", ARGUMENTS, timeout=30)
+    inline, celery = InlineExecutor(), CeleryExecutor()
+    current_app.loader.import_default_modules()  # the tasks autodiscovery registers (the web process: at start)
+    task = current_app.tasks["registry.request"]
+    kwargs = {"request": asdict(request), "call": "bench"}
+
+    async def ok(executor) -> None:
+        outcome = await executor.request(request)
+        assert outcome["ok"], outcome
+
+    async def refused() -> None:
+        key = reply_key()
+        envelope = json.loads(task_envelope(task, kwargs=kwargs | {"reply_to": key}, queue="upstream", expires=30))
+        envelope["headers"][task_mac.HEADER] = {"nonce": "x", "exp": 0, "mac": "x"}
+        broker = async_redis(settings.CELERY_BROKER_URL)
+        await broker.lpush("upstream", json.dumps(envelope))
+        reply = await async_redis().blpop([key], timeout=10)
+        outcome = reply_opened(task.name, key, reply[1])
+        assert outcome.get("code") == "TASK_REFUSED", outcome
+
+    async def publish() -> None:
+        await task_publish(task.name, kwargs=kwargs | {"reply_to": reply_key()}, queue="bench-nobody", expires=30)
+
+    async def envelope() -> None:
+        task_envelope(task, kwargs=kwargs | {"reply_to": reply_key()}, queue="upstream", expires=30)
+
+    return {
+        "inline": lambda: ok(inline),
+        "celery": lambda: ok(celery),
+        "refused": refused,
+        "publish": publish,
+        "envelope": envelope,
+    }
+
+
+async def measure_round(found: dict, pool: str, calls: int) -> None:
+    from django.conf import settings
+
+    from gateway_project.lib.redis_clients import async_redis
+    from registry.models import Upstream
+
+    upstream = await Upstream.objects.aget(slug="demo")
+    for name, action in actions(upstream.id, upstream.revision).items():
+        found.setdefault(f"{name} ({pool})", []).append(await p50_ms(action, calls))
+    await async_redis(settings.CELERY_BROKER_URL).delete("bench-nobody")
+
+
+async def run_rounds(args: argparse.Namespace, env: dict[str, str], logs: Path) -> dict[str, list[float]]:
+    """One event loop for every round (this process's Redis clients belong to it); workers started aside."""
+    found: dict[str, list[float]] = {}
+    for turn in range(args.rounds):
+        for pool in POOLS if turn % 2 == 0 else POOLS[::-1]:
+            worker = await asyncio.to_thread(start_worker, pool, env, logs / f"celery-floor-{pool}.log")
+            try:
+                await measure_round(found, pool, args.calls)
+            finally:
+                await asyncio.to_thread(worker.stop)
+            print(f"round {turn + 1} {pool}: {json.dumps({k: v[-1] for k, v in found.items() if pool in k})}")
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/celery_floor.json")
+    args = parser.parse_args()
+    setup_database()
+    found = uvloop.run(run_rounds(args, dict(os.environ), args.out.parent))
+    args.out.write_text(json.dumps(found, indent=2))
+    print("| what | p50 ms, median of rounds [min–max] |\n|---|---:|")
+    for name, values in found.items():
+        print(f"| {name} | {statistics.median(values):.3f} [{min(values):.3f}–{max(values):.3f}] |")
+
+
+if __name__ == "__main__":
+    main()
