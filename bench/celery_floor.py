@@ -46,6 +46,7 @@ def start_worker(pool: str, env: dict[str, str], log: Path) -> servers.Running:
     deadline = time.monotonic() + servers.START_TIMEOUT
     while b"ready." not in log.read_bytes():
         if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
             raise RuntimeError(f"Celery worker did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.05)
     return servers.Running(process, log)
