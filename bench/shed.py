@@ -26,6 +26,8 @@ that drifts in the shared machine's load fall on all of them alike. Doors (each 
             Retry-After; bodies over GATEWAY_MAX_BODY_BYTES are refused 413 from their declared length, and a
             request is buffered whole (bounded by GATEWAY_BODY_SECONDS) before it takes a place.
 
+`--before REV` adds the door `before`: the app door running REV's code (git archive, uvicorn --app-dir).
+
 Placements: `shared` (the flood on the gateway's cores at normal priority: the first measurement's set-up),
 `niced` (the flood at nice 19), `apart` (the gateway and its upstream pinned to CPU 0; the flood at nice 19,
 HAProxy and the measuring client on the others): `apart` stands for a flood that comes from other machines.
@@ -44,8 +46,10 @@ import asyncio
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -354,11 +358,22 @@ def start_haproxy(
     return servers.Running(process, logs / "shed-haproxy.log", f"http://127.0.0.1:{port}")
 
 
+def checkout(revision: str, where: Path) -> Path:
+    """`revision`'s tracked files in `where` (git archive: nothing in the repository changes)."""
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", revision], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    return where
+
+
 def start_doors(names: list[str], args: argparse.Namespace, logs: Path) -> dict[str, Door]:
     env = dict(os.environ) | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_MAX_IN_FLIGHT": str(args.capacity)}
     doors: dict[str, Door] = {}
     for name in names:
         server = servers.UVICORN + (["--limit-concurrency", str(args.uvicorn_limit)] if name == "uvicorn" else [])
+        if name == "before":  # the app door on an earlier revision's code, to hold a change against it in one run
+            server = servers.UVICORN + ["--app-dir", str(checkout(args.before, logs / "shed-before"))]
         gateway = servers.start_gateway_under(server, env, logs / f"shed-{name}.log")
         doors[name] = Door(name, gateway.url, [gateway])
         if name == "haproxy":
@@ -472,6 +487,7 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--doors", default=",".join(DOORS))
     parser.add_argument("--placements", default=",".join(PLACEMENTS))
+    parser.add_argument("--before", help="a revision: add the door `before`, the app door on that revision's code")
     parser.add_argument("--uvicorn-limit", type=int, help="uvicorn's --limit-concurrency (4 x capacity)")
     parser.add_argument("--hostile", action="store_true", help="the flood retries at once instead of after Retry-After")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/shed.json")
@@ -480,7 +496,7 @@ def main() -> None:
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
     key = setup_database()
-    doors = start_doors(args.doors.split(","), args, logs)
+    doors = start_doors(args.doors.split(",") + (["before"] if args.before else []), args, logs)
     try:
         results = run_all(doors, key, args)
     finally:
