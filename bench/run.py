@@ -8,6 +8,7 @@
 - inline-uvicorn, inline-granian: the same under uvicorn (uvloop, httptools) and under granian instead of
            Daphne (tests/servers.py UVICORN, GRANIAN), started only when named in --targets;
 - inline-uvicorn-local: inline-uvicorn with GATEWAY_AUDIT_COMMIT=local (audit commits not flushed to disk);
+- celery-uvicorn: the Celery gateway under uvicorn, sharing `celery`'s worker (its server CPU is the gateway's alone);
 - pair:    two inline-uvicorn gateways behind HAProxy in round robin (server CPU: both gateways'), when named;
 - celery:  Switchboard with the Celery executor and a worker;
 
@@ -52,6 +53,7 @@ OTHER_SERVERS = {
     "inline-uvicorn": (servers.UVICORN, {}),
     "inline-granian": (servers.GRANIAN, {}),
     "inline-uvicorn-local": (servers.UVICORN, {"GATEWAY_AUDIT_COMMIT": "local"}),
+    "celery-uvicorn": (servers.UVICORN, {"GATEWAY_EXECUTOR": "celery"}),  # the same worker as `celery`
 }
 
 
