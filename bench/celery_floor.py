@@ -10,7 +10,9 @@ thread that took it off the broker):
              broker and the worker's dispatch cost with no call in them (both ways through Redis, the worker
              taking the message, checking its MAC, replying);
 - publish:   the publish alone (`task_publish`: the message built and pushed);
-- envelope:  building and sealing the message alone (no I/O).
+- envelope:  building and sealing the message alone (no I/O);
+
+each with its p50 and the worker process's CPU per call (its own, not its upstream's).
 
     bench/run celery_floor [--rounds 3] [--calls 1000]
 """
@@ -52,15 +54,25 @@ def start_worker(pool: str, env: dict[str, str], log: Path) -> servers.Running:
     return servers.Running(process, log)
 
 
-async def p50_ms(action: Callable[[], Awaitable[object]], calls: int) -> float:
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time of one process (the worker's own, not its upstreams')."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+async def timed(action: Callable[[], Awaitable[object]], calls: int, worker: int) -> tuple[float, float]:
+    """p50 ms, and the worker's CPU ms per call."""
     for _ in range(min(calls, 50)):
         await action()
-    times = []
+    times, cpu = [], cpu_seconds(worker)
     for _ in range(calls):
         started = time.perf_counter()
         await action()
         times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+    return statistics.median(times) * 1000, (cpu_seconds(worker) - cpu) * 1000 / calls
 
 
 def actions(upstream_id: int, revision: int) -> dict[str, Callable[[], Awaitable[object]]]:
@@ -108,7 +120,7 @@ def actions(upstream_id: int, revision: int) -> dict[str, Callable[[], Awaitable
     }
 
 
-async def measure_round(found: dict, pool: str, calls: int) -> None:
+async def measure_round(found: dict, pool: str, calls: int, worker: int) -> None:
     from django.conf import settings
 
     from gateway_project.lib.redis_clients import async_redis
@@ -116,18 +128,18 @@ async def measure_round(found: dict, pool: str, calls: int) -> None:
 
     upstream = await Upstream.objects.aget(slug="demo")
     for name, action in actions(upstream.id, upstream.revision).items():
-        found.setdefault(f"{name} ({pool})", []).append(await p50_ms(action, calls))
+        found.setdefault(f"{name} ({pool})", []).append(await timed(action, calls, worker))
     await async_redis(settings.CELERY_BROKER_URL).delete("bench-nobody")
 
 
-async def run_rounds(args: argparse.Namespace, env: dict[str, str], logs: Path) -> dict[str, list[float]]:
+async def run_rounds(args: argparse.Namespace, env: dict[str, str], logs: Path) -> dict[str, list]:
     """One event loop for every round (this process's Redis clients belong to it); workers started aside."""
-    found: dict[str, list[float]] = {}
+    found: dict[str, list] = {}
     for turn in range(args.rounds):
         for pool in POOLS if turn % 2 == 0 else POOLS[::-1]:
             worker = await asyncio.to_thread(start_worker, pool, env, logs / f"celery-floor-{pool}.log")
             try:
-                await measure_round(found, pool, args.calls)
+                await measure_round(found, pool, args.calls, worker.process.pid)
             finally:
                 await asyncio.to_thread(worker.stop)
             print(f"round {turn + 1} {pool}: {json.dumps({k: v[-1] for k, v in found.items() if pool in k})}")
@@ -143,9 +155,11 @@ def main() -> None:
     setup_database()
     found = uvloop.run(run_rounds(args, dict(os.environ), args.out.parent))
     args.out.write_text(json.dumps(found, indent=2))
-    print("| what | p50 ms, median of rounds [min–max] |\n|---|---:|")
-    for name, values in found.items():
-        print(f"| {name} | {statistics.median(values):.3f} [{min(values):.3f}–{max(values):.3f}] |")
+    print("| what | p50 ms | the worker's CPU ms/call |\n|---|---:|---:|")
+    for name, runs in found.items():
+        p50s, cpus = [r[0] for r in runs], [r[1] for r in runs]
+        p50 = f"{statistics.median(p50s):.3f} [{min(p50s):.3f}–{max(p50s):.3f}]"
+        print(f"| {name} | {p50} | {statistics.median(cpus):.2f} [{min(cpus):.2f}–{max(cpus):.2f}] |")
 
 
 if __name__ == "__main__":
