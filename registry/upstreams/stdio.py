@@ -102,6 +102,10 @@ async def stdio_transport(
                     data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
                     await process.stdin.send(data.encode())  # type: ignore[union-attr]
         except PIPE_ERRORS:
+            # The server is going: say how before the session sees the connection end (its cause reads that),
+            # which otherwise races the reader's own report.
+            if not stopping and await _exited(process, STATUS_WAIT):
+                ended(ending(process.returncode))
             await incoming.aclose()  # the session sees the connection end rather than wait for an answer
 
     async with anyio.create_task_group() as tg:
