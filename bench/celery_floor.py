@@ -33,46 +33,23 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from run import ARGUMENTS, setup_database  # noqa: E402  (bench/run.py: the same data and environment)
+from run import ARGUMENTS, process_cpu_seconds, setup_database  # noqa: E402  (bench/run.py: the same data and environment)
 
 from tests import servers  # noqa: E402  (the process helpers the tests use)
 
 POOLS = ("threads", "solo")
 
 
-def start_worker(pool: str, env: dict[str, str], log: Path) -> servers.Running:
-    """A worker as tests/servers.py starts one, with the pool named."""
-    command = [*servers.CELERY, "worker", "-Q", "upstream", "-P", pool, "--loglevel=INFO", "--without-gossip"]
-    command += ["--without-mingle", *(["-c", "16"] if pool == "threads" else [])]
-    process = servers.start(command, env | {"GATEWAY_EXECUTOR": "celery"}, log)
-    deadline = time.monotonic() + servers.START_TIMEOUT
-    while b"ready." not in log.read_bytes():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"Celery worker did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.05)
-    return servers.Running(process, log)
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """The CPU time of one process (the worker's own, not its upstreams')."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 async def timed(action: Callable[[], Awaitable[object]], calls: int, worker: int) -> tuple[float, float]:
     """p50 ms, and the worker's CPU ms per call."""
     for _ in range(min(calls, 50)):
         await action()
-    times, cpu = [], cpu_seconds(worker)
+    times, cpu = [], process_cpu_seconds(worker)
     for _ in range(calls):
         started = time.perf_counter()
         await action()
         times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000, (cpu_seconds(worker) - cpu) * 1000 / calls
+    return statistics.median(times) * 1000, (process_cpu_seconds(worker) - cpu) * 1000 / calls
 
 
 def actions(upstream_id: int, revision: int) -> dict[str, Callable[[], Awaitable[object]]]:
@@ -137,7 +114,9 @@ async def run_rounds(args: argparse.Namespace, env: dict[str, str], logs: Path) 
     found: dict[str, list] = {}
     for turn in range(args.rounds):
         for pool in POOLS if turn % 2 == 0 else POOLS[::-1]:
-            worker = await asyncio.to_thread(start_worker, pool, env, logs / f"celery-floor-{pool}.log")
+            worker = await asyncio.to_thread(
+                servers.start_worker, env | {"GATEWAY_EXECUTOR": "celery"}, logs / f"celery-floor-{pool}.log", pool
+            )
             try:
                 await measure_round(found, pool, args.calls, worker.process.pid)
             finally:

@@ -105,6 +105,12 @@ def machine_cpu_seconds() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time of one process alone (not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def sessions_cpu_seconds(session_ids: Collection[int]) -> float:
     """CPU time of the live processes in these process sessions (a server with its upstreams)."""
     total = 0

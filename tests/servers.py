@@ -153,24 +153,15 @@ def inline_gateway_with(env: dict[str, str], log: Path, port: int | None = None,
 CELERY = [sys.executable, "-m", "celery", "-A", "gateway_project"]
 
 
-def start_worker(env: dict[str, str], log: Path) -> Running:
-    command = [
-        *CELERY,
-        "worker",
-        "-Q",
-        "upstream,sandbox",
-        "-P",
-        "threads",
-        "-c",
-        "16",
-        "--loglevel=INFO",
-        "--without-gossip",
-        "--without-mingle",
-    ]
+def start_worker(env: dict[str, str], log: Path, pool: str = "threads") -> Running:
+    """A worker as deployed (`-P threads -c 16`), or with another pool (bench/celery_floor.py's `solo`)."""
+    command = [*CELERY, "worker", "-Q", "upstream,sandbox", "-P", pool, *(["-c", "16"] if pool == "threads" else [])]
+    command += ["--loglevel=INFO", "--without-gossip", "--without-mingle"]
     process = start(command, env, log)
     deadline = time.monotonic() + START_TIMEOUT
     while b"ready." not in log.read_bytes():
         if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()  # not left consuming the queue
             raise RuntimeError(f"Celery worker did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.05)
     return Running(process, log)
