@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP (admin, /mcp) and WebSocket (/mcp/ws) through Channels routing."""
 
+import gc
 import logging
 import os
 
@@ -42,3 +43,8 @@ if settings.GATEWAY_ANONYMOUS_AGENT:
         "Use it only where nobody else can reach this gateway.",
         settings.GATEWAY_ANONYMOUS_AGENT,
     )
+
+# What is loaded by now (Django, the apps, the SDK) lives as long as the process: out of the collector's sight, a
+# full collection scans only what requests made. Each one pauses every call in flight: 150-220 ms before, 14 ms
+# after, on the machine of docs/reliability.md's load shedding, and the largest part of admitted calls' p99.
+gc.freeze()
