@@ -280,6 +280,9 @@ GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 1_048_576)
 # POSTs to /mcp one web process serves at once (from when their body has arrived); past it a POST is refused at
 # once (503, Retry-After) instead of queued behind the others (handoff/http.py): shed before it is parsed.
 GATEWAY_MAX_IN_FLIGHT = env_int("GATEWAY_MAX_IN_FLIGHT", 256, minimum=1)
+# Past this moving average of how late the web process's event loop runs, a POST is refused like one past
+# GATEWAY_MAX_IN_FLIGHT (handoff/loop_lag.py): the work in flight, not their count. 0 turns it off.
+GATEWAY_MAX_LOOP_LAG_MS = env_float("GATEWAY_MAX_LOOP_LAG_MS", 0.0, minimum=0.0)
 # How long a POST's body may take to arrive; a client that sends it slower is answered 408 (and held no place).
 GATEWAY_BODY_SECONDS = env_float("GATEWAY_BODY_SECONDS", 10.0, minimum=0.1)
 # How deep JSON may nest, in agents' frames and upstreams' replies: checked before parsing (Python's parser

@@ -12,6 +12,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.requests import Request
 
+from handoff.loop_lag import LoopLag
 from handoff.mcp.audit_rows import refusal_record
 from handoff.mcp.caller import Caller, Refused, caller_from_scope, header, host_allowed, origin_allowed
 from handoff.mcp.frames import FrameError, frame_id, parse_frame
@@ -31,15 +32,17 @@ METHODS = (b"allow", b"GET, POST, DELETE")
 # HAProxy's default buffer holds 16 KiB of headers.
 MAX_HEADER_BYTES = 32 * 1024
 HEADERS_TOO_LARGE = f"Request Header Fields Too Large: send at most {MAX_HEADER_BYTES} bytes of headers"
-# Shed before the body is parsed: so its id is unknown, and the answer is always the same.
+# Shed before the body is parsed: so its id is unknown, and the answer is always the same for each line.
 BUSY = "Server busy: this gateway process serves as many requests as it may (GATEWAY_MAX_IN_FLIGHT). Retry in 1 s."
-BUSY_BODY = json.dumps(
-    {
-        "jsonrpc": "2.0",
-        "id": None,
-        "error": {"code": RETRY_LATER, "message": BUSY, "data": {"code": "SERVER_BUSY", "retryAfter": 1.0}},
-    }
-)
+LATE = "Server busy: this gateway process's event loop runs late (past GATEWAY_MAX_LOOP_LAG_MS). Retry in 1 s."
+
+
+def _busy_body(message: str) -> str:
+    error = {"code": RETRY_LATER, "message": message, "data": {"code": "SERVER_BUSY", "retryAfter": 1.0}}
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+
+
+BUSY_BODY, LATE_BODY = _busy_body(BUSY), _busy_body(LATE)
 
 
 class BodyTooLarge(Exception):
@@ -105,6 +108,8 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
         return await error_answer(send, 408, types.INVALID_REQUEST, f"Request body not received within {wait:g} s")
     if InFlight.count >= settings.GATEWAY_MAX_IN_FLIGHT:
         return await json_answer(send, 503, BUSY_BODY, [(b"retry-after", b"1")])
+    if LoopLag.too_late():
+        return await json_answer(send, 503, LATE_BODY, [(b"retry-after", b"1")])
     InFlight.count += 1
     try:
         try:

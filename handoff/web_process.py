@@ -12,6 +12,7 @@ from django.conf import settings
 
 from audit.tasks import embedded_audit_keeper
 from gateway_project.lib.process_task import ProcessTask
+from handoff.loop_lag import loop_lag_watch
 from handoff.mcp.list_changed import change_relay
 from handoff.protocol.tunnels import tunnels_close_held
 from handoff.tasks import sweep_and_tell
@@ -40,6 +41,8 @@ def background_start() -> None:
     """Requests do not wait for these: a change relay that cannot reach Redis must not fail a request
     that does not need it (the handoff moves, which do, wait for it: handoff/mcp/list_changed.py)."""
     change_relay.start()
+    if settings.GATEWAY_MAX_LOOP_LAG_MS > 0:
+        loop_lag_watch.start()
     if settings.GATEWAY_EXECUTOR == "inline":
         pool_on_this_loop()
         embedded_sweeper.start()

@@ -1,8 +1,9 @@
 """Load shed at the door: past GATEWAY_MAX_IN_FLIGHT POSTs in a web process, a new one is refused at once with
 503, Retry-After and SERVER_BUSY (before its body is parsed), the calls in flight finish, and the process serves
 again as soon as they have; a client that sends its body slowly holds no place, and is answered 408 after
-GATEWAY_BODY_SECONDS; headers over 32 KiB are refused 431, before the key check. How fast refusals come and what
-admitted calls keep under 10x overload is measured in bench/shed.py (docs/reliability.md)."""
+GATEWAY_BODY_SECONDS; headers over 32 KiB are refused 431, before the key check; with GATEWAY_MAX_LOOP_LAG_MS set,
+a POST while the process's event loop runs late is refused too, and served again once it does not. How fast
+refusals come and what admitted calls keep under 10x overload is measured in bench/shed.py (docs/reliability.md)."""
 
 import asyncio
 import json
@@ -13,7 +14,7 @@ import httpx2
 import pytest
 
 from tests import servers
-from tests.clients import sdk_client
+from tests.clients import STATELESS_META, sdk_client, stateless_call
 from tests.helpers import until
 
 pytestmark = pytest.mark.e2e
@@ -150,3 +151,66 @@ def test_headers_over_the_bound_are_refused_431_before_the_key_check(narrow_gate
             "id": None,
             "error": {"code": -32600, "message": message},
         }
+
+
+@pytest.fixture(scope="module")
+def lag_gateway(server_env, world, logs):
+    """The second line alone: no count that a few clients could reach, a loop lag that they can."""
+    lag = {"GATEWAY_EXECUTOR": "inline", "GATEWAY_MAX_LOOP_LAG_MS": "3"}
+    running = servers.start_gateway_under(servers.UVICORN, server_env | lag, logs / "gateway-lag.log")
+    yield running
+    running.stop()
+
+
+def test_a_post_while_the_loop_runs_late_is_refused_and_served_again_once_it_does_not(lag_gateway, world):
+    big = {"text": "x" * 256 * 1024}  # a quarter MiB each way: parsing, hashing and relaying it holds the loop
+    request = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "demo__echo", "arguments": {}}}
+    headers = {
+        "authorization": f"Bearer {world.key}",
+        "accept": ACCEPT,
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "demo__echo",
+    }
+
+    async def scenario():
+        stop = anyio.Event()
+        loaded = []
+
+        async def load() -> None:
+            while not stop.is_set():
+                loaded.append(await stateless_call(lag_gateway.url, world.key, "demo__echo", big))
+
+        async def refused():
+            request["params"]["_meta"] = STATELESS_META
+            async with httpx2.AsyncClient(timeout=30) as http:
+                answer = await http.post(f"{lag_gateway.url}/mcp", json=request, headers=headers)
+                return answer if answer.status_code == 503 else None
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(load)
+            answer = await until(refused, timeout=60)
+            stop.set()
+
+        async def served():
+            answer = await stateless_call(lag_gateway.url, world.key, "demo__echo", {"text": "again"})
+            return answer if "result" in answer else None
+
+        return answer, loaded, await until(served, timeout=10)
+
+    answer, loaded, after = anyio.run(scenario)
+    assert answer.headers["retry-after"] == "1"
+    assert json.loads(answer.content) == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": -32003,
+            "message": "Server busy: this gateway process's event loop runs late (past GATEWAY_MAX_LOOP_LAG_MS). "
+            "Retry in 1 s.",
+            "data": {"code": "SERVER_BUSY", "retryAfter": 1.0},
+        },
+    }
+    # The load's own calls were served or refused alike, and nothing else.
+    assert {("result" in each) or each["error"]["data"]["code"] for each in loaded} <= {True, "SERVER_BUSY"}
+    assert after["result"]["content"][0]["text"] == "again"
