@@ -2,8 +2,9 @@
 
 One inline gateway under uvicorn (the production server), PostgreSQL audit and Redis, its capacity set to
 `--capacity` POSTs in flight (GATEWAY_MAX_IN_FLIGHT); the demo stdio upstream. `--sessions` measured SDK
-client sessions call `demo__echo` back to back, first alone (the unloaded p99), then while a flood of ten times
-the capacity runs in another process, one kind at a time:
+client sessions call `demo__echo` at `--rate` calls a second each, on a schedule (0: back to back), first alone
+(the unloaded p99), then while a flood of ten times the capacity (`--flood` clients) runs in another process, one
+kind at a time; `--rounds` repeats every phase of every design, interleaved:
 
 - capacity: capacity - sessions - 1 clients calling as `calls` does: the load the door admits, no more (what
           admitted calls keep at capacity, without an excess to shed: the reference for the kinds below);
@@ -21,6 +22,8 @@ that drifts in the shared machine's load fall on all of them alike. Doors (each 
 - app:      the gateway's own line alone (handoff/http.py: 503, Retry-After, SERVER_BUSY past the cap);
 - uvicorn:  the same, under `uvicorn --limit-concurrency` (`--uvicorn-limit`, 4 x capacity by default), which
             answers 503 without waking the app once that many connections or tasks are open;
+- app-lag, haproxy-lag: app and haproxy with GATEWAY_MAX_LOOP_LAG_MS (`--lag-ms`): a POST is refused too while
+            the process's event loop runs later than that on average (handoff/loop_lag.py);
 - haproxy:  HAProxy in front (one server, maxconn = capacity for POSTs; GETs, which are streams, on a backend of
             their own): past the capacity a POST is answered by HAProxy with the gateway's own 503 body and
             Retry-After; bodies over GATEWAY_MAX_BODY_BYTES are refused 413 from their declared length, and a
@@ -39,6 +42,7 @@ refusals within 50 ms as 429/503 with Retry-After; admitted p99 <= 1.2x unloaded
 gateway answers after every kind).
 
     bench/run shed --capacity 16 --seconds 10      # figures: bench/results/shed.json, the processes' logs beside it
+    bench/run shed --doors app,app-lag --placements apart --kinds capacity,calls --seconds 15 --rounds 2
 """
 
 import argparse
@@ -66,7 +70,7 @@ from tests import servers  # noqa: E402  (the process helpers the tests use)
 from tests.clients import STATELESS_META  # noqa: E402
 
 KINDS = ("capacity", "calls", "bodies", "headers", "slow")
-DOORS = ("app", "uvicorn", "haproxy")
+DOORS = ("app", "uvicorn", "haproxy", "app-lag", "haproxy-lag")
 PLACEMENTS = ("shared", "niced", "apart")
 ACCEPT = "application/json, text/event-stream"
 GATEWAY_CPU = {0}  # `apart`: the gateway's core; everything else runs on the others
@@ -242,21 +246,31 @@ async def probe(url: str, key: str, seconds: float) -> list:
     return answers
 
 
-async def measured(url: str, key: str, sessions: int, seconds: float) -> tuple[list[float], int]:
-    """`sessions` SDK sessions calling demo__echo for `seconds`: admitted calls' times, and how many were shed."""
+async def measured(url: str, key: str, sessions: int, seconds: float, rate: float) -> tuple[list[float], int]:
+    """`sessions` SDK sessions calling demo__echo for `seconds`: admitted calls' times, and how many were shed.
+
+    At `rate` calls a second each, on a schedule (open loop): a call's time runs from when it was due, so that a
+    call held up delays the ones behind it in the figures too (no coordinated omission). With rate 0 they call
+    back to back, which is itself a load: two such sessions keep the gateway's core busy alone, so their
+    "unloaded" p99 is a saturated process's."""
     times, shed = [], 0
     until = time.monotonic() + seconds
+    interval = 1 / rate if rate else 0.0
 
     async def one() -> None:
         nonlocal shed
         while time.monotonic() < until:
             try:
                 async with http_session(f"{url}/mcp", {"Authorization": f"Bearer {key}"}) as client:
-                    while time.monotonic() < until:
-                        started = time.monotonic()
+                    await client.call_tool("demo__echo", {"text": "first"})  # untimed: the client lists the tools
+                    due = time.monotonic()
+                    while due < until:
+                        await asyncio.sleep(max(0.0, due - time.monotonic()))
+                        started = due if interval else time.monotonic()
                         result = await client.call_tool("demo__echo", {"text": "measured"})
                         assert not result.is_error, result
                         times.append(time.monotonic() - started)
+                        due = due + interval if interval else time.monotonic()
             except Exception:  # shed (503) while opening the session or on a call: counted, and opened again
                 shed += 1
                 await asyncio.sleep(0.05)  # pacing before the next try, as Retry-After would ask (and more)
@@ -332,7 +346,7 @@ def busy_body() -> str:
 
 
 def start_haproxy(
-    gateway: servers.Running, args: argparse.Namespace, env: dict[str, str], logs: Path
+    name: str, gateway: servers.Running, args: argparse.Namespace, env: dict[str, str], logs: Path
 ) -> servers.Running:
     from django.conf import settings
 
@@ -341,7 +355,7 @@ def start_haproxy(
     head = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
     (logs / "shed-busy.http").write_text(f"{head}content-length: {len(body)}\r\n\r\n{body}")
     port = servers.free_port()
-    config = logs / "shed-haproxy.cfg"
+    config, log = logs / f"shed-{name}.cfg", logs / f"shed-{name}-balancer.log"
     config.write_text(
         HAPROXY.format(
             port=port,
@@ -353,9 +367,9 @@ def start_haproxy(
             busy_body=logs / "shed-busy.json",
         )
     )
-    process = servers.start(["haproxy", "-db", "-f", str(config)], env, logs / "shed-haproxy.log")
-    servers.wait_for_port(port, process, logs / "shed-haproxy.log")
-    return servers.Running(process, logs / "shed-haproxy.log", f"http://127.0.0.1:{port}")
+    process = servers.start(["haproxy", "-db", "-f", str(config)], env, log)
+    servers.wait_for_port(port, process, log)
+    return servers.Running(process, log, f"http://127.0.0.1:{port}")
 
 
 def checkout(revision: str, where: Path) -> Path:
@@ -368,16 +382,18 @@ def checkout(revision: str, where: Path) -> Path:
 
 
 def start_doors(names: list[str], args: argparse.Namespace, logs: Path) -> dict[str, Door]:
-    env = dict(os.environ) | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_MAX_IN_FLIGHT": str(args.capacity)}
+    base = dict(os.environ) | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_MAX_IN_FLIGHT": str(args.capacity)}
     doors: dict[str, Door] = {}
     for name in names:
+        lag = name.endswith("lag")  # the door and GATEWAY_MAX_LOOP_LAG_MS
+        env = base | {"GATEWAY_MAX_LOOP_LAG_MS": str(args.lag_ms if lag else 0)}
         server = servers.UVICORN + (["--limit-concurrency", str(args.uvicorn_limit)] if name == "uvicorn" else [])
         if name == "before":  # the app door on an earlier revision's code, to hold a change against it in one run
             server = servers.UVICORN + ["--app-dir", str(checkout(args.before, logs / "shed-before"))]
         gateway = servers.start_gateway_under(server, env, logs / f"shed-{name}.log")
         doors[name] = Door(name, gateway.url, [gateway])
-        if name == "haproxy":
-            balancer = start_haproxy(gateway, args, env, logs)
+        if name.startswith("haproxy"):
+            balancer = start_haproxy(name, gateway, args, env, logs)
             doors[name] = Door(name, balancer.url, [gateway, balancer])
     return doors
 
@@ -395,24 +411,25 @@ def phase(door: Door, placement: str, kind: str, key: str, args: argparse.Namesp
     arrange(door, placement)
     url = door.url
     if kind == "unloaded":
-        unloaded, _ = asyncio.run(measured(url, key, args.sessions, args.seconds))
+        unloaded, _ = asyncio.run(measured(url, key, args.sessions, args.seconds, args.rate))
         return {"calls": len(unloaded), "p50_ms": statistics.median(unloaded) * 1000, "p99_ms": p99(unloaded) * 1000}
     out: multiprocessing.Queue = multiprocessing.Queue()
     # At capacity: the flood fills what the measured sessions and the probe leave of it.
-    clients = max(1, args.capacity - args.sessions - 1) if kind == "capacity" else args.capacity * 10
+    clients = max(1, args.capacity - args.sessions - 1) if kind == "capacity" else args.flood or args.capacity * 10
     flood_args = (kind, url, key, clients, args.seconds + 1, args.hostile, placement, out)
     flooding = multiprocessing.Process(target=flood, args=flood_args, daemon=True)
     cpu = sessions_cpu_seconds(door.sessions())
     flooding.start()
 
     async def both() -> tuple:
-        return await asyncio.gather(measured(url, key, args.sessions, args.seconds), probe(url, key, args.seconds))
+        measuring = measured(url, key, args.sessions, args.seconds, args.rate)
+        return await asyncio.gather(measuring, probe(url, key, args.seconds))
 
     (admitted, shed), probed = asyncio.run(both())
     answers, flood_cpu = out.get(timeout=args.seconds + 60)
     flooding.join(timeout=30)
     cpu = sessions_cpu_seconds(door.sessions()) - cpu
-    after, _ = asyncio.run(measured(url, key, 1, 1.0))  # still serving once the flood is over
+    after, _ = asyncio.run(measured(url, key, 1, 1.0, 0))  # still serving once the flood is over
     return summary(answers) | {
         "probe": summary(probed),
         "admitted_calls": len(admitted),
@@ -425,21 +442,24 @@ def phase(door: Door, placement: str, kind: str, key: str, args: argparse.Namesp
 
 
 def run_all(doors: dict[str, Door], key: str, args: argparse.Namespace) -> dict:
-    """Every design through each phase in turn: unloaded first, then one kind of flood at a time."""
+    """Every design through each phase in turn (unloaded first, then one kind of flood at a time), `--rounds`
+    times over: each round's ratios are against that round's own unloaded and at-capacity p99s."""
     designs = [(d, p) for d in doors for p in args.placements.split(",")]
     results: dict = {f"{d}/{p}": {} for d, p in designs}
-    for kind in ("unloaded", *args.kinds.split(",")):
-        for door, placement in designs:
-            name = f"{door}/{placement}"
-            result = phase(doors[door], placement, kind, key, args)
-            if kind != "unloaded":
-                result["admitted_p99_over_unloaded"] = result["admitted_p99_ms"] / results[name]["unloaded"]["p99_ms"]
-            if kind not in ("unloaded", "capacity") and "capacity" in results[name]:
-                at_capacity = results[name]["capacity"]["admitted_p99_ms"]
-                result["admitted_p99_over_capacity"] = result["admitted_p99_ms"] / at_capacity
-            results[name][kind] = result
-            print(f"{name} {kind}: {json.dumps(result)}", file=sys.stderr, flush=True)
-            args.out.write_text(json.dumps(results, indent=2))  # so far: a run cut short keeps what it measured
+    for _ in range(args.rounds):
+        for kind in ("unloaded", *args.kinds.split(",")):
+            for door, placement in designs:
+                name = f"{door}/{placement}"
+                result = phase(doors[door], placement, kind, key, args)
+                if kind != "unloaded":
+                    unloaded = results[name]["unloaded"][-1]["p99_ms"]
+                    result["admitted_p99_over_unloaded"] = result["admitted_p99_ms"] / unloaded
+                if kind not in ("unloaded", "capacity") and "capacity" in results[name]:
+                    at_capacity = results[name]["capacity"][-1]["admitted_p99_ms"]
+                    result["admitted_p99_over_capacity"] = result["admitted_p99_ms"] / at_capacity
+                results[name].setdefault(kind, []).append(result)
+                print(f"{name} {kind}: {json.dumps(result)}", file=sys.stderr, flush=True)
+                args.out.write_text(json.dumps(results, indent=2))  # so far: a run cut short keeps what it measured
     arrange(next(iter(doors.values())), "shared")
     return results
 
@@ -454,28 +474,46 @@ def _statuses(r: dict) -> str:
 
 def table(results: dict) -> str:
     lines = [
-        "| design | flood | its answers | its 429/503 p50 / p99 ms (with Retry-After) | its 4xx p50 / p99 ms "
+        "| design | flood | round | its answers | its 429/503 p50 / p99 ms (with Retry-After) | its 4xx p50 / p99 ms "
         "| the probe's answers | the probe's 503 p50 / p99 ms | unloaded p99 ms | admitted p99 ms | / unloaded "
         "| / at capacity | measured shed | door CPU s | flood CPU s | served after |",
-        "|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for design, kinds in results.items():
-        unloaded = kinds["unloaded"]
         for kind in KINDS:
-            if kind not in kinds:
+            for n, r in enumerate(kinds.get(kind, []), 1):
+                p, unloaded = r["probe"], kinds["unloaded"][n - 1]
+                refusal = _ms(r["refusal_p50_ms"], r["refusal_p99_ms"])
+                refusal += f" ({r['refusals_with_retry_after']} of {r['refusals']})" if refusal else ""
+                over_capacity = f"{r['admitted_p99_over_capacity']:.2f}" if "admitted_p99_over_capacity" in r else ""
+                other = _ms(r["other_refusals_p50_ms"], r["other_refusals_p99_ms"])
+                lines.append(
+                    f"| {design} | {kind} | {n} | {_statuses(r)} | {refusal} | {other} "
+                    f"| {_statuses(p)} | {_ms(p['refusal_p50_ms'], p['refusal_p99_ms'])} | {unloaded['p99_ms']:.2f} "
+                    f"| {r['admitted_p99_ms']:.2f} | {r['admitted_p99_over_unloaded']:.2f} | {over_capacity} "
+                    f"| {r['measured_shed']} "
+                    f"| {r['door_cpu_s']:.1f} | {r['flood_cpu_s']:.1f} | {'yes' if r['served_after'] else '**no**'} |"
+                )
+    return "\n".join(lines)
+
+
+def bars(results: dict) -> str:
+    """The bars round by round, with the median: admitted p99 over unloaded, and the probe's refusals' p99."""
+    lines = [
+        "| design | flood | admitted p99 / unloaded, each round | median | the probe's refusal p99 ms, each round |",
+        "|---|---|---|---:|---|",
+    ]
+    for design, kinds in results.items():
+        for kind in KINDS:
+            rounds = kinds.get(kind, [])
+            if not rounds:
                 continue
-            r, p = kinds[kind], kinds[kind]["probe"]
-            refusal = _ms(r["refusal_p50_ms"], r["refusal_p99_ms"])
-            refusal += f" ({r['refusals_with_retry_after']} of {r['refusals']})" if refusal else ""
-            over_capacity = f"{r['admitted_p99_over_capacity']:.2f}" if "admitted_p99_over_capacity" in r else ""
-            other = _ms(r["other_refusals_p50_ms"], r["other_refusals_p99_ms"])
-            lines.append(
-                f"| {design} | {kind} | {_statuses(r)} | {refusal} | {other} "
-                f"| {_statuses(p)} | {_ms(p['refusal_p50_ms'], p['refusal_p99_ms'])} | {unloaded['p99_ms']:.2f} "
-                f"| {r['admitted_p99_ms']:.2f} | {r['admitted_p99_over_unloaded']:.2f} | {over_capacity} "
-                f"| {r['measured_shed']} "
-                f"| {r['door_cpu_s']:.1f} | {r['flood_cpu_s']:.1f} | {'yes' if r['served_after'] else '**no**'} |"
+            ratios = [r["admitted_p99_over_unloaded"] for r in rounds]
+            refusals = ", ".join(
+                "-" if r["probe"]["refusal_p99_ms"] is None else f"{r['probe']['refusal_p99_ms']:.0f}" for r in rounds
             )
+            each = ", ".join(f"{x:.2f}" for x in ratios)
+            lines.append(f"| {design} | {kind} | {each} | {statistics.median(ratios):.2f} | {refusals} |")
     return "\n".join(lines)
 
 
@@ -488,8 +526,16 @@ def main() -> None:
     parser.add_argument("--doors", default=",".join(DOORS))
     parser.add_argument("--placements", default=",".join(PLACEMENTS))
     parser.add_argument("--before", help="a revision: add the door `before`, the app door on that revision's code")
+    parser.add_argument("--flood", type=int, help="the flood's clients (10 x capacity)")
+    parser.add_argument("--lag-ms", type=float, default=5.0, help="GATEWAY_MAX_LOOP_LAG_MS of the *-lag doors")
     parser.add_argument("--uvicorn-limit", type=int, help="uvicorn's --limit-concurrency (4 x capacity)")
     parser.add_argument("--hostile", action="store_true", help="the flood retries at once instead of after Retry-After")
+    parser.add_argument(
+        "--rate", type=float, default=10.0, help="each measured session's calls a second; 0: back to back"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="every phase of every design this many times, interleaved"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/shed.json")
     args = parser.parse_args()
     args.uvicorn_limit = args.uvicorn_limit or 4 * args.capacity
@@ -505,6 +551,8 @@ def main() -> None:
                 running.stop()
     args.out.write_text(json.dumps(results, indent=2))
     print(table(results))
+    print()
+    print(bars(results))
 
 
 if __name__ == "__main__":
