@@ -508,12 +508,14 @@ def bars(results: dict) -> str:
             rounds = kinds.get(kind, [])
             if not rounds:
                 continue
-            ratios = [r["admitted_p99_over_unloaded"] for r in rounds]
+            ratios = [r["admitted_p99_over_unloaded"] for r in rounds]  # nan: fewer than 2 measured calls admitted
+            admitted = [x for x in ratios if x == x]
             refusals = ", ".join(
                 "-" if r["probe"]["refusal_p99_ms"] is None else f"{r['probe']['refusal_p99_ms']:.0f}" for r in rounds
             )
-            each = ", ".join(f"{x:.2f}" for x in ratios)
-            lines.append(f"| {design} | {kind} | {each} | {statistics.median(ratios):.2f} | {refusals} |")
+            each = ", ".join(f"{x:.2f}" if x == x else "under 2 admitted" for x in ratios)
+            median = f"{statistics.median(admitted):.2f}" if admitted else "-"
+            lines.append(f"| {design} | {kind} | {each} | {median} | {refusals} |")
     return "\n".join(lines)
 
 
