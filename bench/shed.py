@@ -2,9 +2,9 @@
 
 One inline gateway under uvicorn (the production server), PostgreSQL audit and Redis, its capacity set to
 `--capacity` POSTs in flight (GATEWAY_MAX_IN_FLIGHT); the demo stdio upstream. `--sessions` measured SDK
-client sessions call `demo__echo` at `--rate` calls a second each, on a schedule (0: back to back), first alone
-(the unloaded p99), then while a flood of ten times the capacity (`--flood` clients) runs in another process, one
-kind at a time; `--rounds` repeats every phase of every design, interleaved:
+client sessions, each in a process of its own, call `demo__echo` at `--rate` calls a second each, on a schedule
+(0: back to back), first alone (the unloaded p99), then while a flood of ten times the capacity (`--flood`
+clients) runs in another process, one kind at a time; `--rounds` repeats every phase of every design, interleaved:
 
 - capacity: capacity - sessions - 1 clients calling as `calls` does: the load the door admits, no more (what
           admitted calls keep at capacity, without an excess to shed: the reference for the kinds below);
@@ -56,8 +56,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx2
 
@@ -279,6 +281,29 @@ async def measured(url: str, key: str, sessions: int, seconds: float, rate: floa
     return times, shed
 
 
+def _measuring(url: str, key: str, seconds: float, rate: float, out: "multiprocessing.Queue") -> None:
+    out.put(asyncio.run(measured(url, key, 1, seconds, rate)))
+
+
+def measured_apart(
+    url: str, key: str, args: argparse.Namespace, alongside: Callable[[], Awaitable] | None = None
+) -> tuple[list[float], int, Any]:
+    """`measured`, each session in a process of its own (where this one is placed), so that one session's client
+    work (a new session after a refusal) is not in another's times; `alongside` runs here meanwhile."""
+    out: multiprocessing.Queue = multiprocessing.Queue()
+    sessions = [
+        multiprocessing.Process(target=_measuring, args=(url, key, args.seconds, args.rate, out), daemon=True)
+        for _ in range(args.sessions)
+    ]
+    for session in sessions:
+        session.start()
+    beside = asyncio.run(alongside()) if alongside else None
+    each = [out.get(timeout=args.seconds + 60) for _ in sessions]
+    for session in sessions:
+        session.join(timeout=30)
+    return [t for times, _ in each for t in times], sum(shed for _, shed in each), beside
+
+
 def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else float("nan")
 
@@ -411,7 +436,7 @@ def phase(door: Door, placement: str, kind: str, key: str, args: argparse.Namesp
     arrange(door, placement)
     url = door.url
     if kind == "unloaded":
-        unloaded, _ = asyncio.run(measured(url, key, args.sessions, args.seconds, args.rate))
+        unloaded, _, _ = measured_apart(url, key, args)
         return {"calls": len(unloaded), "p50_ms": statistics.median(unloaded) * 1000, "p99_ms": p99(unloaded) * 1000}
     out: multiprocessing.Queue = multiprocessing.Queue()
     # At capacity: the flood fills what the measured sessions and the probe leave of it.
@@ -420,12 +445,7 @@ def phase(door: Door, placement: str, kind: str, key: str, args: argparse.Namesp
     flooding = multiprocessing.Process(target=flood, args=flood_args, daemon=True)
     cpu = sessions_cpu_seconds(door.sessions())
     flooding.start()
-
-    async def both() -> tuple:
-        measuring = measured(url, key, args.sessions, args.seconds, args.rate)
-        return await asyncio.gather(measuring, probe(url, key, args.seconds))
-
-    (admitted, shed), probed = asyncio.run(both())
+    admitted, shed, probed = measured_apart(url, key, args, lambda: probe(url, key, args.seconds))
     answers, flood_cpu = out.get(timeout=args.seconds + 60)
     flooding.join(timeout=30)
     cpu = sessions_cpu_seconds(door.sessions()) - cpu
