@@ -14,7 +14,7 @@ import httpx2
 import pytest
 
 from tests import servers
-from tests.clients import STATELESS_META, sdk_client, stateless_call
+from tests.clients import INITIALIZE, STATELESS_META, sdk_client, stateless_call
 from tests.helpers import until
 
 pytestmark = pytest.mark.e2e
@@ -214,3 +214,37 @@ def test_a_post_while_the_loop_runs_late_is_refused_and_served_again_once_it_doe
     # The load's own calls were served or refused alike, and nothing else.
     assert {("result" in each) or each["error"]["data"]["code"] for each in loaded} <= {True, "SERVER_BUSY"}
     assert after["result"]["content"][0]["text"] == "again"
+
+
+@pytest.fixture(scope="module")
+def one_session_gateway(server_env, world, logs):
+    """Without Redis, where every 2025-11-25 session lives in the web process, room for one."""
+    env = {k: v for k, v in server_env.items() if k != "REDIS_URL"}
+    env |= {"GATEWAY_EXECUTOR": "inline", "GATEWAY_MAX_LEGACY_SESSIONS": "1"}
+    running = servers.start_gateway_under(servers.UVICORN, env, logs / "gateway-one-session.log")
+    yield running
+    running.stop()
+
+
+def test_a_session_past_the_cap_is_refused_503_and_the_open_one_is_served(one_session_gateway, world):
+    headers = {"authorization": f"Bearer {world.key}", "accept": ACCEPT}
+
+    async def scenario():
+        async with sdk_client(one_session_gateway.url, world.key, "legacy") as client:
+            async with httpx2.AsyncClient() as http:
+                refused = await http.post(f"{one_session_gateway.url}/mcp", json=INITIALIZE, headers=headers)
+            served = await client.call_tool("demo__echo", {"text": "still here"})
+        return refused, served
+
+    refused, served = anyio.run(scenario)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+    assert json.loads(refused.content) == {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "error": {
+            "code": -32003,
+            "message": "Server busy: this gateway process holds as many sessions as it may "
+            "(GATEWAY_MAX_LEGACY_SESSIONS). Retry in 5 s.",
+        },
+    }
+    assert served.content[0].text == "still here"

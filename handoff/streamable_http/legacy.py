@@ -41,6 +41,9 @@ SESSIONS.labels("http").set_function(lambda: len(sessions))
 # How often idle sessions are looked for: a fraction of the idle time, at most a minute.
 REAP_SECONDS = min(60.0, max(0.5, settings.GATEWAY_SESSION_IDLE_SECONDS / 4))
 RESUMABLE = "2025-11-25"  # older clients cannot read a priming event (an id with no data)
+SESSIONS_FULL = (
+    "Server busy: this gateway process holds as many sessions as it may (GATEWAY_MAX_LEGACY_SESSIONS). Retry in 5 s."
+)
 # The same answer for an id that never existed, one that ended, and another principal's: nothing tells whose.
 NOT_FOUND = "Session not found: it ended, expired or never existed; send initialize to open a new one"
 # Requests after which the session's record is written again: they change what it holds (the handshake's
@@ -138,10 +141,9 @@ async def _serve(scope: dict, receive: Any, send: Any, caller: Caller, message: 
 
 async def _open(receive: Any, send: Any, caller: Caller, message: types.JSONRPCRequest) -> None:
     session = await sessions.open(caller)
-    if session is None:
-        return await error_answer(
-            send, 503, types.INTERNAL_ERROR, "Too many open sessions: try again later", [(b"retry-after", b"5")]
-        )
+    if session is None:  # without Redis, every session lives in this process
+        retry = [(b"retry-after", b"5")]
+        return await error_answer(send, 503, RETRY_LATER, SESSIONS_FULL, retry, request_id=message.id)
 
     async def opened() -> None:
         if session.mcp.connection.initialize_accepted:
