@@ -170,7 +170,11 @@ async def stateless_call(base_url: str, key: str, name: str, arguments: dict) ->
         "mcp-name": name,
     }
     async with httpx2.AsyncClient(timeout=TIMEOUT) as http:
-        response = await http.post(f"{base_url}/mcp", json=body, headers=headers)
+        return reply_of(await http.post(f"{base_url}/mcp", json=body, headers=headers))
+
+
+def reply_of(response: httpx2.Response) -> dict:
+    """A POST's JSON-RPC answer, sent as JSON or as a stream (whose last event carries it)."""
     if response.headers["content-type"].startswith("text/event-stream"):
         return json.loads([line for line in response.text.splitlines() if line.startswith("data:")][-1][5:])
     return response.json()

@@ -221,6 +221,9 @@ def test_calls_during_a_database_blink_get_a_result_or_the_gateways_own_error(se
     settings = connection.settings_dict
     proxy = TcpProxy((settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432)))
     env = _through(proxy, server_env) | QUICK_SWEEP | {"GATEWAY_SNAPSHOT_CHECK_SECONDS": "0.2"}
+    # The stdio server must start within it: a second was too short on a machine three times slower than usual,
+    # where every call then failed to connect and the breaker was open when the blink ended.
+    env["GATEWAY_CONNECT_TIMEOUT"] = "10"
     try:
         with agent("blinker", calls_per_minute=100_000) as (_, key), demo_upstream("blink", timeout=1.0):
             mark = audit_mark()
