@@ -45,6 +45,6 @@ if settings.GATEWAY_ANONYMOUS_AGENT:
     )
 
 # What is loaded by now (Django, the apps, the SDK) lives as long as the process: out of the collector's sight, a
-# full collection scans only what requests made. Each one pauses every call in flight: 150-220 ms before, 14 ms
+# full collection scans only what requests made. Each one pauses every call in flight: 150-220 ms before, 10-14 ms
 # after, on the machine of docs/reliability.md's load shedding, and the largest part of admitted calls' p99.
 gc.freeze()
