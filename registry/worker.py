@@ -3,13 +3,17 @@
 so that callers learn within seconds, not at their timeout, that it died. Workers run `-P threads`: one
 process, one pool, one queue."""
 
+import logging
 import threading
 import time
 import uuid
 
+import redis
 from django.conf import settings
 
 from gateway_project.lib.redis_clients import async_redis, sync_redis
+
+logger = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
 ALIVE_TTL_SECONDS = 3
@@ -61,8 +65,18 @@ def worker_consume_own_queue(nodename: str, consumer_app) -> None:
 
 def heartbeat_start() -> None:
     def beat() -> None:
+        missed = False
         while not _beating.wait(HEARTBEAT_SECONDS):
-            _beat_once(sync_redis())
+            try:
+                _beat_once(sync_redis())
+            except redis.RedisError as exc:  # Redis is away: beat again once it is back, or tunnels read as gone
+                if not missed:
+                    logger.warning("heartbeat: Redis unavailable (%s); beating again once it is back", exc)
+                missed = True
+            else:
+                if missed:
+                    logger.info("heartbeat: Redis is back")
+                missed = False
 
     _beat_once(sync_redis())
     threading.Thread(target=beat, name="tunnel-heartbeat", daemon=True).start()
