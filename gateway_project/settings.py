@@ -315,6 +315,8 @@ GATEWAY_INTERNAL_AUTH_SERVERS = env_list("GATEWAY_INTERNAL_AUTH_SERVERS", "")
 # How long a person has to finish connecting an upstream's OAuth sign-in.
 GATEWAY_CONNECT_SECONDS = env_int("GATEWAY_CONNECT_SECONDS", 600, minimum=60, maximum=3600)
 GATEWAY_MAX_LEGACY_SESSIONS = env_int("GATEWAY_MAX_LEGACY_SESSIONS", 10_000)
+# 2025-11-25 sessions one agent (and person) may open within GATEWAY_SESSION_IDLE_SECONDS, in any process.
+GATEWAY_MAX_SESSIONS_PER_AGENT = env_int("GATEWAY_MAX_SESSIONS_PER_AGENT", 1000, minimum=1)
 GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0)
 # On SIGTERM a web process answers /readyz with 503 and lets requests in flight finish, for at most this long.
 GATEWAY_DRAIN_SECONDS = env_float("GATEWAY_DRAIN_SECONDS", 20.0)

@@ -14,8 +14,9 @@ import httpx2
 import pytest
 
 from tests import servers
-from tests.clients import INITIALIZE, STATELESS_META, sdk_client, stateless_call
-from tests.helpers import until
+from tests.clients import INITIALIZE, STATELESS_META, call, sdk_client, stateless_call, tool_names
+from tests.factories import agent
+from tests.helpers import audit_mark, audit_since, eventually, run, until
 
 pytestmark = pytest.mark.e2e
 
@@ -248,3 +249,64 @@ def test_a_session_past_the_cap_is_refused_503_and_the_open_one_is_served(one_se
         },
     }
     assert served.content[0].text == "still here"
+
+
+@pytest.fixture(params=["redis", "local"])
+def two_per_agent_gateway(request, server_env, logs):
+    """Room for two sessions per agent, with them in Redis (any process counts them) or in the process."""
+    env = server_env | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_MAX_SESSIONS_PER_AGENT": "2"}
+    if request.param == "local":
+        env = {k: v for k, v in env.items() if k != "REDIS_URL"}
+    elif "REDIS_URL" not in env:
+        pytest.skip("REDIS_URL is not set")
+    running = servers.start_gateway_under(servers.UVICORN, env, logs / f"gateway-two-per-agent-{request.param}.log")
+    yield running
+    running.stop()
+
+
+def test_an_agent_past_its_sessions_is_refused_429_and_others_and_its_open_ones_are_served(
+    two_per_agent_gateway, world
+):
+    gateway = two_per_agent_gateway.url
+
+    async def initialize(key: str) -> httpx2.Response:
+        async with httpx2.AsyncClient() as http:
+            headers = {"authorization": f"Bearer {key}", "accept": ACCEPT}
+            return await http.post(f"{gateway}/mcp", json=INITIALIZE, headers=headers)
+
+    with agent("two-sessions") as (capped, key):
+        mark = audit_mark()
+        eventually(lambda: run(lambda: tool_names(gateway, key)))  # the gateway knows the new key
+
+        async def scenario():
+            async with sdk_client(gateway, key, "legacy") as first:
+                async with sdk_client(gateway, key, "legacy") as second:
+                    refused = await initialize(key)
+                    other = await call(gateway, world.key, "demo__echo", {"text": "another agent"})
+                    still = [len((await each.list_tools()).tools) for each in (first, second)]
+                # `second` ended with DELETE: its place is free again
+                again = await initialize(key)
+                await first.list_tools()
+            return refused, other, still, again
+
+        refused, other, still, again = anyio.run(scenario)
+        denied = [
+            (row.agent_id, row.outcome, row.detail)
+            for row in audit_since(mark)
+            if row.error_code == "AGENT_SESSION_LIMIT"
+        ]
+        assert denied == [(capped.id, "denied", {"method": "initialize"})]
+    retry = int(refused.headers["retry-after"])
+    assert refused.status_code == 429 and 1790 <= retry <= 1800
+    assert json.loads(refused.content) == {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "error": {
+            "code": -32003,
+            "message": "Too many sessions: this agent opened 2 in the last 1800 s (GATEWAY_MAX_SESSIONS_PER_AGENT). "
+            f"Close one with DELETE /mcp, or retry in {retry} s.",
+            "data": {"code": "AGENT_SESSION_LIMIT", "retryAfter": float(retry)},
+        },
+    }
+    assert other.content[0].text == "another agent" and all(still)
+    assert again.status_code == 200 and again.headers["mcp-session-id"]

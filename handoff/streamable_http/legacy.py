@@ -28,22 +28,22 @@ from handoff.probes import drain
 from handoff.protocol.moves import end_handoff
 from handoff.streamable_http import exchange
 from handoff.streamable_http.redis_sessions import RedisSessions
-from handoff.streamable_http.sessions import HttpSession, LocalSessions
+from handoff.streamable_http.sessions import HttpSession, LocalSessions, SessionsFull
 from handoff.streamable_http.wire import SSE, empty_answer, error_answer, json_answer, sse_frame, until_gone
 from policy.decisions import RETRY_LATER
 
 logger = logging.getLogger(__name__)
 Store = RedisSessions if settings.REDIS_URL else LocalSessions
 sessions = Store(
-    settings.GATEWAY_MAX_LEGACY_SESSIONS, settings.GATEWAY_SESSION_IDLE_SECONDS, settings.GATEWAY_SSE_REPLAY_EVENTS
+    settings.GATEWAY_MAX_LEGACY_SESSIONS,
+    settings.GATEWAY_MAX_SESSIONS_PER_AGENT,
+    settings.GATEWAY_SESSION_IDLE_SECONDS,
+    settings.GATEWAY_SSE_REPLAY_EVENTS,
 )
 SESSIONS.labels("http").set_function(lambda: len(sessions))
 # How often idle sessions are looked for: a fraction of the idle time, at most a minute.
 REAP_SECONDS = min(60.0, max(0.5, settings.GATEWAY_SESSION_IDLE_SECONDS / 4))
 RESUMABLE = "2025-11-25"  # older clients cannot read a priming event (an id with no data)
-SESSIONS_FULL = (
-    "Server busy: this gateway process holds as many sessions as it may (GATEWAY_MAX_LEGACY_SESSIONS). Retry in 5 s."
-)
 # The same answer for an id that never existed, one that ended, and another principal's: nothing tells whose.
 NOT_FOUND = "Session not found: it ended, expired or never existed; send initialize to open a new one"
 # Requests after which the session's record is written again: they change what it holds (the handshake's
@@ -98,15 +98,14 @@ async def serve(scope: dict, receive: Any, send: Any, caller: Caller, message: t
         session_id = header(scope, b"mcp-session-id") or ""
         method = getattr(message, "method", "") or scope["method"]
         await unserved_record(replace(caller, session_id=session_id), STATE_UNAVAILABLE, UNAVAILABLE, method=method)
-        data = {"code": STATE_UNAVAILABLE, "retryAfter": 1.0}
-        body = json.dumps(
-            {
-                "jsonrpc": "2.0",
-                "id": getattr(message, "id", None),
-                "error": {"code": RETRY_LATER, "message": UNAVAILABLE, "data": data},
-            }
-        )
-        await json_answer(send, 503, body, [(b"retry-after", b"1")])
+        await _retry_later(send, 503, getattr(message, "id", None), STATE_UNAVAILABLE, UNAVAILABLE, 1)
+
+
+async def _retry_later(send: Any, status: int, request_id: Any, code: str, message: str, seconds: int) -> None:
+    """A request not served now that may be later: -32003 with its `code`, and when, in the body and header."""
+    error = {"code": RETRY_LATER, "message": message, "data": {"code": code, "retryAfter": float(seconds)}}
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error})
+    await json_answer(send, status, body, [(b"retry-after", str(seconds).encode())])
 
 
 async def _serve(scope: dict, receive: Any, send: Any, caller: Caller, message: types.JSONRPCMessage | None) -> None:
@@ -131,7 +130,7 @@ async def _serve(scope: dict, receive: Any, send: Any, caller: Caller, message: 
         elif scope["method"] == "GET":
             await _get(scope, receive, send, session)
         else:
-            await sessions.pop(session.id)
+            await sessions.pop(session)
             await _end(session, "deleted by the client")
             await empty_answer(send, 200, [(b"mcp-session-id", session.id.encode())])
     finally:
@@ -140,10 +139,14 @@ async def _serve(scope: dict, receive: Any, send: Any, caller: Caller, message: 
 
 
 async def _open(receive: Any, send: Any, caller: Caller, message: types.JSONRPCRequest) -> None:
-    session = await sessions.open(caller)
-    if session is None:  # without Redis, every session lives in this process
-        retry = [(b"retry-after", b"5")]
-        return await error_answer(send, 503, RETRY_LATER, SESSIONS_FULL, retry, request_id=message.id)
+    try:
+        session = await sessions.open(caller)
+    except SessionsFull as full:
+        if not full.code:  # the process is full: nothing of the caller's to say
+            retry = [(b"retry-after", str(full.retry_after).encode())]
+            return await error_answer(send, full.status, RETRY_LATER, full.message, retry, request_id=message.id)
+        await unserved_record(caller, full.code, full.message, method="initialize")
+        return await _retry_later(send, full.status, message.id, full.code, full.message, full.retry_after)
 
     async def opened() -> None:
         if session.mcp.connection.initialize_accepted:
@@ -158,7 +161,7 @@ async def _open(receive: Any, send: Any, caller: Caller, message: types.JSONRPCR
         session.busy -= 1
         session.touch()
     if not session.version:  # refused, failed or cancelled: nothing was established
-        await sessions.pop(session.id)
+        await sessions.pop(session)
         await session.close()
 
 
