@@ -12,7 +12,10 @@ clients) runs in another process, one kind at a time; `--rounds` repeats every p
           after Retry-After (at once with --hostile) when refused: more concurrent calls than the process admits;
 - bodies: 10 x capacity clients POSTing 2 MiB bodies (twice GATEWAY_MAX_BODY_BYTES);
 - headers: 10 x capacity clients sending 100 KiB of headers;
-- slow:   10 x capacity clients that send their headers and then a byte of body every 0.5 s.
+- slow:   10 x capacity clients that send their headers and then a byte of body every 0.5 s;
+- sessions: 10 x capacity clients of another agent sending 2025-11-25 `initialize` back to back and never closing
+          a session, against GATEWAY_MAX_SESSIONS_PER_AGENT (1000): past it they are refused 429 with Retry-After
+          until the oldest stops counting. Also reported: the session records the flood left in Redis.
 
 A probe in the measuring process sends one call every 50 ms, to see the door as a client outside the flood does.
 
@@ -69,9 +72,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from run import http_session, sessions_cpu_seconds, setup_database  # noqa: E402  (bench/run.py: the same data)
 
 from tests import servers  # noqa: E402  (the process helpers the tests use)
-from tests.clients import STATELESS_META  # noqa: E402
+from tests.clients import INITIALIZE, STATELESS_META  # noqa: E402
 
-KINDS = ("capacity", "calls", "bodies", "headers", "slow")
+KINDS = ("capacity", "calls", "bodies", "headers", "slow", "sessions")
 DOORS = ("app", "uvicorn", "haproxy", "app-lag", "haproxy-lag")
 PLACEMENTS = ("shared", "niced", "apart")
 ACCEPT = "application/json, text/event-stream"
@@ -100,6 +103,9 @@ def _request(kind: str, host: str, port: int, key: str) -> bytes:
     tool = "demo__sleep" if kind in ("calls", "capacity") else "demo__echo"
     headers = _call_headers(key, tool) | {"host": f"{host}:{port}"}
     body = _call_body(tool, {"seconds": 0.2} if tool == "demo__sleep" else {"text": "x"})
+    if kind == "sessions":  # a new 2025-11-25 session each time, never closed
+        headers = {"host": f"{host}:{port}", "authorization": f"Bearer {key}", "accept": ACCEPT}
+        headers["content-type"], body = "application/json", json.dumps(INITIALIZE).encode()
     if kind == "bodies":  # and the connection closed after it: the rest of such a body is not read
         body, headers["connection"] = b" " * (2 * 1024 * 1024), "close"
     if kind == "headers":
@@ -142,8 +148,8 @@ async def _flooder(kind: str, url: str, key: str, until: float, answers: list, h
             if headers.get(b"connection") == b"close":
                 writer.close()
                 writer = None
-            if retry and not hostile:  # a client that does as it is told
-                await asyncio.sleep(float(retry))
+            if retry and not hostile:  # a client that does as it is told (and stops with the phase)
+                await asyncio.sleep(min(float(retry), until - time.monotonic()))
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             answers.append((type(exc).__name__, time.monotonic() - started, None))
             if writer is not None:
@@ -441,7 +447,11 @@ def phase(door: Door, placement: str, kind: str, key: str, args: argparse.Namesp
     out: multiprocessing.Queue = multiprocessing.Queue()
     # At capacity: the flood fills what the measured sessions and the probe leave of it.
     clients = max(1, args.capacity - args.sessions - 1) if kind == "capacity" else args.flood or args.capacity * 10
-    flood_args = (kind, url, key, clients, args.seconds + 1, args.hostile, placement, out)
+    flooder_key = args.flood_key if kind == "sessions" else key
+    if kind == "sessions":
+        _sessions_count_reset(args.flood_agent)  # each sessions phase floods from none, whatever went before
+    records = _session_records()
+    flood_args = (kind, url, flooder_key, clients, args.seconds + 1, args.hostile, placement, out)
     flooding = multiprocessing.Process(target=flood, args=flood_args, daemon=True)
     cpu = sessions_cpu_seconds(door.sessions())
     flooding.start()
@@ -450,7 +460,7 @@ def phase(door: Door, placement: str, kind: str, key: str, args: argparse.Namesp
     flooding.join(timeout=30)
     cpu = sessions_cpu_seconds(door.sessions()) - cpu
     after, _ = asyncio.run(measured(url, key, 1, 1.0, 0))  # still serving once the flood is over
-    return summary(answers) | {
+    figures = {
         "probe": summary(probed),
         "admitted_calls": len(admitted),
         "admitted_p99_ms": p99(admitted) * 1000,
@@ -459,6 +469,29 @@ def phase(door: Door, placement: str, kind: str, key: str, args: argparse.Namesp
         "door_cpu_s": cpu,
         "flood_cpu_s": flood_cpu,
     }
+    left = {"sessions_left_in_redis": _session_records() - records} if kind == "sessions" else {}
+    return summary(answers) | left | figures
+
+
+def _redis_keys(pattern: str) -> list[bytes]:
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    return list(client.scan_iter(f"{settings.GATEWAY_REDIS_PREFIX}{pattern}", count=1000))
+
+
+def _session_records() -> int:
+    """The 2025-11-25 session records in Redis, whoever opened them."""
+    return len(_redis_keys("mcp-session:*"))
+
+
+def _sessions_count_reset(agent: int) -> None:
+    """`agent`'s count of opened sessions (handoff/streamable_http/redis_sessions.py) starts again."""
+    import redis
+
+    if keys := _redis_keys(f"mcp-opened:{agent}:*"):
+        redis.Redis.from_url(os.environ["REDIS_URL"]).delete(*keys)
 
 
 def run_all(doors: dict[str, Door], key: str, args: argparse.Namespace) -> dict:
@@ -507,8 +540,9 @@ def table(results: dict) -> str:
                 refusal += f" ({r['refusals_with_retry_after']} of {r['refusals']})" if refusal else ""
                 over_capacity = f"{r['admitted_p99_over_capacity']:.2f}" if "admitted_p99_over_capacity" in r else ""
                 other = _ms(r["other_refusals_p50_ms"], r["other_refusals_p99_ms"])
+                left = f" ({r['sessions_left_in_redis']} sessions left in Redis)" if kind == "sessions" else ""
                 lines.append(
-                    f"| {design} | {kind} | {n} | {_statuses(r)} | {refusal} | {other} "
+                    f"| {design} | {kind} | {n} | {_statuses(r)}{left} | {refusal} | {other} "
                     f"| {_statuses(p)} | {_ms(p['refusal_p50_ms'], p['refusal_p99_ms'])} | {unloaded['p99_ms']:.2f} "
                     f"| {r['admitted_p99_ms']:.2f} | {r['admitted_p99_over_unloaded']:.2f} | {over_capacity} "
                     f"| {r['measured_shed']} "
@@ -564,6 +598,12 @@ def main() -> None:
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
     key = setup_database()
+    from policy.models import Agent
+    from policy.services import agent_create
+
+    Agent.objects.filter(name="bench-flood").delete()
+    flooder = agent_create(name="bench-flood")  # another agent: the measured sessions' own count stays clear
+    args.flood_key, args.flood_agent = flooder.key, flooder.agent.pk
     doors = start_doors(args.doors.split(",") + (["before"] if args.before else []), args, logs)
     try:
         results = run_all(doors, key, args)
