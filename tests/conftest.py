@@ -170,9 +170,10 @@ def inline_gateway(server_env, world, logs) -> Iterator[servers.Running]:
 
 @pytest.fixture(scope="session")
 def short_window_gateway(server_env, world, logs) -> Iterator[servers.Running]:
-    """An embedded-default gateway whose stateless keys' windows last 2 s (GATEWAY_STATELESS_WINDOW_SECONDS)."""
+    """An embedded-default gateway whose stateless keys' windows last 5 s (GATEWAY_STATELESS_WINDOW_SECONDS): long
+    enough for the tests' few calls to fall inside one on a slow machine (at 2 s, 4 calls did not, on 2026-11-26)."""
     with servers.inline_gateway_with(
-        server_env, logs / "gateway-short-window.log", GATEWAY_STATELESS_WINDOW_SECONDS="2"
+        server_env, logs / "gateway-short-window.log", GATEWAY_STATELESS_WINDOW_SECONDS="5"
     ) as running:
         yield running
 

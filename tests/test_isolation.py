@@ -66,7 +66,7 @@ def test_stateless_requests_bind_the_lock_to_their_api_key(inline_gateway, world
 
 
 def test_a_busy_stateless_key_leaves_its_strict_group_when_its_window_ends(short_window_gateway, world):
-    """The lock lasts a fixed window (2 s here) from the key's first call into the group: a call into that group
+    """The lock lasts a fixed window (5 s here) from the key's first call into the group: a call into that group
     made meanwhile does not extend it (the wait it is told shrinks), so a key in steady use is not held there for
     ever. (Busy calls stop after one: a call into either group after the window ends starts a new one.)"""
     url = short_window_gateway.url
@@ -77,7 +77,7 @@ def test_a_busy_stateless_key_leaves_its_strict_group_when_its_window_ends(short
         refused = await call(url, key, "mailer__echo", {"text": "out"}, mode="2026-07-28")
         busy = await call(url, key, "secrets__echo", {"text": "busy"}, mode="2026-07-28")
         again = await call(url, key, "mailer__echo", {"text": "out"}, mode="2026-07-28")
-        with anyio.fail_after(6):
+        with anyio.fail_after(12):
             while isinstance(
                 crossed := await call(url, key, "mailer__echo", {"text": "out"}, mode="2026-07-28"), MCPError
             ):
@@ -88,7 +88,7 @@ def test_a_busy_stateless_key_leaves_its_strict_group_when_its_window_ends(short
         eventually(lambda: "mailer__echo" in run(lambda: tool_names(url, key, "2026-07-28")))
         refused, busy, again, crossed = run(busy_until_crossed)
     assert (refused.code, refused.data["code"]) == (-32001, "POLICY_GROUP_ISOLATION")
-    assert 0 < refused.data["retryAfter"] <= 2
+    assert 0 < refused.data["retryAfter"] <= 5
     assert busy == "busy"
     assert (again.code, again.data["code"]) == (-32001, "POLICY_GROUP_ISOLATION")
     assert again.data["retryAfter"] < refused.data["retryAfter"], "the busy call did not extend the window"
