@@ -15,6 +15,7 @@ write the table but has no key cannot make a row or a checkpoint that verifies.
 import hashlib
 import hmac
 import json
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -56,6 +57,11 @@ SIGNED_FIELDS = (
 # other: the payloads differ in length).
 PERSON_FIELDS = ("person_issuer", "person_subject", "person_name", "client_id")
 ROW_FIELDS = (*SIGNED_FIELDS, *PERSON_FIELDS)
+# Without Celery, the web process seals in a thread of its own (audit/tasks.py): its work holds the GIL that the
+# serving loop's thread wants back after each socket wait. Reading the rows a few hundred at a time, and handing
+# the GIL over every few rows, keeps those waits short (bench/seal_stall.py).
+SEAL_CHUNK = 250
+YIELD_ROWS = 16
 PRUNED = "audit_pruned"  # the action of the retention row that marks rows as deleted on purpose
 
 
@@ -122,12 +128,12 @@ def _checkpoint_payload(checkpoint: AuditCheckpoint) -> bytes:
     )
 
 
-def _rows(first: int, last: int | None) -> Iterator[dict[str, Any]]:
+def _rows(first: int, last: int | None, **stream: int) -> Iterator[dict[str, Any]]:
     """Rows with first <= id <= last (no bound: to the end), in id order."""
     rows = AuditEvent.objects.filter(id__gte=first)
     if last is not None:
         rows = rows.filter(id__lte=last)
-    return audit_stream(rows=rows, fields=["mac", *ROW_FIELDS], oldest_first=True)
+    return audit_stream(rows=rows, fields=["mac", *ROW_FIELDS], oldest_first=True, **stream)
 
 
 class _RangeDigest:
@@ -156,8 +162,10 @@ def checkpoint_create(*, now: datetime | None = None) -> AuditCheckpoint | None:
         return None
     last = min(settled.id, first + settings.GATEWAY_AUDIT_CHECKPOINT_MAX_ROWS - 1)
     digest = _RangeDigest()
-    for row in _rows(first, last):
+    for row in _rows(first, last, chunk=SEAL_CHUNK):
         digest.add(row)
+        if YIELD_ROWS and digest.count % YIELD_ROWS == 0:
+            time.sleep(0)  # releases the GIL
     checkpoint = AuditCheckpoint(
         first_event_id=first,
         last_event_id=last,

@@ -115,19 +115,19 @@ def request_story(*, request_id: uuid.UUID) -> list[AuditEvent]:
 
 
 def audit_stream(
-    *, rows: QuerySet[AuditEvent], fields: list[str], oldest_first: bool = False
+    *, rows: QuerySet[AuditEvent], fields: list[str], oldest_first: bool = False, chunk: int = _CHUNK
 ) -> Iterator[dict[str, Any]]:
-    """Every matching row's id and `fields`, newest (or oldest) first, a keyset chunk at a time, for as many
-    rows as there are."""
+    """Every matching row's id and `fields`, newest (or oldest) first, a keyset chunk of `chunk` rows at a time,
+    for as many rows as there are."""
     ordered, bound = rows.order_by("id" if oldest_first else "-id"), None
     beyond = "id__gt" if oldest_first else "id__lt"
     while True:
         page = ordered if bound is None else ordered.filter(**{beyond: bound})
-        chunk = list(page.values("id", *fields)[:_CHUNK])
-        yield from chunk
-        if len(chunk) < _CHUNK:
+        found = list(page.values("id", *fields)[:chunk])
+        yield from found
+        if len(found) < chunk:
             return
-        bound = chunk[-1]["id"]
+        bound = found[-1]["id"]
 
 
 def is_auditor(request: HttpRequest) -> bool:
