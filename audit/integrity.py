@@ -15,7 +15,6 @@ write the table but has no key cannot make a row or a checkpoint that verifies.
 import hashlib
 import hmac
 import json
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -57,11 +56,10 @@ SIGNED_FIELDS = (
 # other: the payloads differ in length).
 PERSON_FIELDS = ("person_issuer", "person_subject", "person_name", "client_id")
 ROW_FIELDS = (*SIGNED_FIELDS, *PERSON_FIELDS)
-# Without Celery, the web process seals in a thread of its own (audit/tasks.py): its work holds the GIL that the
-# serving loop's thread wants back after each socket wait. Reading the rows a few hundred at a time, and handing
-# the GIL over every few rows, keeps those waits short (bench/seal_stall.py).
+# Without Celery, the web process seals in a thread of its own (audit/tasks.py), and turning a fetched chunk into
+# rows holds the GIL that the serving loop's thread wants back: 5,000 rows at a time held it up to 150 ms, a few
+# hundred keep it to milliseconds (bench/seal_stall.py).
 SEAL_CHUNK = 250
-YIELD_ROWS = 16
 PRUNED = "audit_pruned"  # the action of the retention row that marks rows as deleted on purpose
 
 
@@ -164,8 +162,6 @@ def checkpoint_create(*, now: datetime | None = None) -> AuditCheckpoint | None:
     digest = _RangeDigest()
     for row in _rows(first, last, chunk=SEAL_CHUNK):
         digest.add(row)
-        if YIELD_ROWS and digest.count % YIELD_ROWS == 0:
-            time.sleep(0)  # releases the GIL
     checkpoint = AuditCheckpoint(
         first_event_id=first,
         last_event_id=last,

@@ -7,10 +7,9 @@ One process, pinned to one core as the gateway is in bench/shed.py's `apart` pla
 client on loopback make round trips back to back while the seal of `--rows` audit rows runs (in a transaction
 rolled back, so that every round seals the same rows), one variant at a time, interleaved over `--rounds`:
 
+- before:   the seal as it was, its rows read 5,000 at a time;
 - none:     no seal (the round trips alone, for as long as the previous seal took);
-- before:   the seal as it was: rows read 5,000 at a time, the GIL handed over only at the switch interval;
-- chunked:  rows read SEAL_CHUNK at a time, the GIL handed over every YIELD_ROWS rows (audit/integrity.py);
-- switched: chunked, with the interpreter's switch interval at 0.5 ms instead of 5.
+- chunked:  its rows read SEAL_CHUNK (audit/integrity.py) at a time.
 
 Reported: the round trips' p50, p99 and longest, and the seal's own length.
 
@@ -33,8 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
 
-# (rows read at a time, rows between handing the GIL over, the switch interval in seconds)
-VARIANTS = {"before": (5000, 0, 0.005), "none": None, "chunked": (None, None, 0.005), "switched": (None, None, 0.0005)}
+VARIANTS = {"before": 5000, "none": None, "chunked": 0}  # rows read at a time (0: SEAL_CHUNK)
 
 
 class Rollback(Exception):
@@ -125,10 +123,8 @@ async def variant(name: str, last_seal: float) -> dict:
         return {"seal_s": None, "times": times}
     from audit import integrity
 
-    chunk, yield_rows, switch = VARIANTS[name]
-    kept = integrity.SEAL_CHUNK, integrity.YIELD_ROWS, sys.getswitchinterval()
-    integrity.SEAL_CHUNK, integrity.YIELD_ROWS = chunk or kept[0], kept[1] if yield_rows is None else yield_rows
-    sys.setswitchinterval(switch)
+    kept = integrity.SEAL_CHUNK
+    integrity.SEAL_CHUNK = VARIANTS[name] or kept
     done = threading.Event()
 
     def sealing() -> float:
@@ -142,8 +138,7 @@ async def variant(name: str, last_seal: float) -> dict:
         times = await round_trips(done, None)
         return {"seal_s": await sealed, "times": times}
     finally:
-        integrity.SEAL_CHUNK, integrity.YIELD_ROWS = kept[:2]
-        sys.setswitchinterval(kept[2])
+        integrity.SEAL_CHUNK = kept
 
 
 def main() -> None:
