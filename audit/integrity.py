@@ -27,7 +27,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.models import AuditCheckpoint, AuditEvent
-from audit.selectors import audit_stream
+from audit.selectors import STREAM_CHUNK, audit_stream
 from gateway_project.lib.signing import KeyRing
 
 # What a row's MAC covers (version 1). A column added later joins a new version, never this list.
@@ -126,12 +126,12 @@ def _checkpoint_payload(checkpoint: AuditCheckpoint) -> bytes:
     )
 
 
-def _rows(first: int, last: int | None, **stream: int) -> Iterator[dict[str, Any]]:
-    """Rows with first <= id <= last (no bound: to the end), in id order."""
+def _rows(first: int, last: int | None, chunk: int = STREAM_CHUNK) -> Iterator[dict[str, Any]]:
+    """Rows with first <= id <= last (no bound: to the end), in id order, read `chunk` at a time."""
     rows = AuditEvent.objects.filter(id__gte=first)
     if last is not None:
         rows = rows.filter(id__lte=last)
-    return audit_stream(rows=rows, fields=["mac", *ROW_FIELDS], oldest_first=True, **stream)
+    return audit_stream(rows=rows, fields=["mac", *ROW_FIELDS], oldest_first=True, chunk=chunk)
 
 
 class _RangeDigest:

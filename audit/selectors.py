@@ -18,7 +18,7 @@ from audit.models import AuditEvent
 
 AUDITOR_GROUP = "Auditor"  # made by a migration; its members alone see argument payloads
 PAGE_SIZE = 50
-_CHUNK = 5_000
+STREAM_CHUNK = 5_000
 
 
 class AuditFilter(forms.Form):
@@ -115,7 +115,7 @@ def request_story(*, request_id: uuid.UUID) -> list[AuditEvent]:
 
 
 def audit_stream(
-    *, rows: QuerySet[AuditEvent], fields: list[str], oldest_first: bool = False, chunk: int = _CHUNK
+    *, rows: QuerySet[AuditEvent], fields: list[str], oldest_first: bool = False, chunk: int = STREAM_CHUNK
 ) -> Iterator[dict[str, Any]]:
     """Every matching row's id and `fields`, newest (or oldest) first, a keyset chunk of `chunk` rows at a time,
     for as many rows as there are."""
