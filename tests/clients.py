@@ -88,11 +88,17 @@ class WebSocketSession:
         await self.ws.send(
             json.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params or {}})
         )
-        return await self.receive()
+        return await self._reply()
 
     async def send_raw(self, frame: str) -> dict:
         await self.ws.send(frame)
-        return await self.receive()
+        return await self._reply()
+
+    async def _reply(self) -> dict:
+        """The next frame with an id: a notification sent meanwhile (a tool list that changed) is not a reply."""
+        while "id" not in (frame := await self.receive()):
+            pass
+        return frame
 
     async def receive(self) -> dict:
         with anyio.fail_after(TIMEOUT):

@@ -41,6 +41,9 @@ def test_a_post_past_the_in_flight_cap_is_refused_at_once_and_the_held_calls_fin
 
         async def hold(mark: str) -> None:
             async with sdk_client(narrow_gateway.url, world.key, "2026-07-28") as client:
+                # Listed first: the SDK checks a result against the tool's output schema, and would list the tools
+                # right after the call, while both places may still be held.
+                await client.list_tools()
                 results.append(await client.call_tool("demo__sleep", {"seconds": 3, "mark": mark}))
 
         async with anyio.create_task_group() as tg:
