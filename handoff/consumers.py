@@ -14,17 +14,22 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from mcp import types
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from gateway_project.lib.task_failures import failure_logger
-from handoff.mcp.audit_rows import refusal_record, session_record
+from handoff.mcp.audit_rows import refusal_record, session_record, unserved_record
 from handoff.mcp.caller import Caller, Refused, caller_from_scope, host_allowed, origin_allowed, signed_out
-from handoff.mcp.frames import FrameError, encode_message, frame_id, parse_frame
+from handoff.mcp.frames import FrameError, encode_message, frame_id, parse_frame, retry_later
 from handoff.mcp.handle import McpSession, handle
 from handoff.protocol.moves import end_handoff
+from handoff.session_limit import STATE_UNAVAILABLE, UNAVAILABLE, SessionsFull, session_limit
 from handoff.snapshot import ConfigurationUnavailable, snapshot
 from handoff.web_process import background_start
 
-SIGNED_OUT_CLOSE = 4401  # an application close code (Daphne passes 1000 and 3000-4999): 4000 + HTTP 401
+# Application close codes (Daphne passes 1000 and 3000-4999): 4000 + the HTTP status a request would get.
+SIGNED_OUT_CLOSE = 4401
+SESSION_LIMIT_CLOSE = 4429
+STATE_UNAVAILABLE_CLOSE = 4503
 logger = logging.getLogger(__name__)
 
 
@@ -46,13 +51,23 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
             try:
                 caller = await caller_from_scope(self.scope, "ws")
             except ConfigurationUnavailable as exc:
-                return await self._refuse_for_now(exc)
+                error = {"code": exc.error.code, "message": exc.error.message, "data": exc.error.data}
+                return await self._refuse(json.dumps({"jsonrpc": "2.0", "id": None, "error": error}))
             except Refused as refused:
                 await refusal_record("ws", refused)
         if caller is None:
             await self.close()  # before accept: the handshake is answered 403
             return
         self.caller = replace(caller, session_id=f"ws-{uuid.uuid4().hex}")
+        try:
+            await session_limit.admit(self.caller)
+        except SessionsFull as full:
+            await unserved_record(self.caller, full.code, full.message)
+            return await self._refuse(retry_later(full.code, full.message, full.retry_after), SESSION_LIMIT_CLOSE)
+        except RedisError as exc:
+            logger.error("WebSocket session not counted, Redis unavailable: %s", exc)
+            await unserved_record(self.caller, STATE_UNAVAILABLE, UNAVAILABLE)
+            return await self._refuse(retry_later(STATE_UNAVAILABLE, UNAVAILABLE, 1), STATE_UNAVAILABLE_CLOSE)
         background_start()
         await self.accept()
         await session_record(self.caller, "opened")
@@ -62,13 +77,13 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         self._watching = asyncio.create_task(self._close_when_idle())
         self._watching.add_done_callback(_log_failure)
 
-    async def _refuse_for_now(self, exc: ConfigurationUnavailable) -> None:
-        """No configuration to check the key against yet (the database is down in a new process): the
-        handshake is accepted only to say so, since a refused one reads as 403 (and an exception as 500)."""
+    async def _refuse(self, body: str, code: int = 1000) -> None:
+        """A socket not served for now (no configuration to check the key against in a new process while the
+        database is down, too many sessions, Redis down): the handshake is accepted only to say why, since a
+        refused one reads as 403 (and an exception as 500)."""
         await self.accept()
-        error = {"code": exc.error.code, "message": exc.error.message, "data": exc.error.data}
-        await self.send(text_data=json.dumps({"jsonrpc": "2.0", "id": None, "error": error}))
-        await self.close()
+        await self.send(text_data=body)
+        await self.close(code=code)
 
     async def _close_when_idle(self) -> None:
         """A socket with no request pending and no frame either way for GATEWAY_SESSION_IDLE_SECONDS is
@@ -134,5 +149,9 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.session.close()
         await end_handoff(self.caller)
+        try:
+            await session_limit.release(self.caller)
+        except RedisError as exc:  # its place frees itself once the idle time has passed
+            logger.warning("WebSocket session %s not uncounted, Redis unavailable: %s", self.caller.session_id, exc)
         reason = self._signed_out or f"socket closed ({code})"
         await session_record(self.caller, "closed", reason=reason)

@@ -2,7 +2,6 @@
 transport (handoff/streamable_http/), which the `MCP-Protocol-Version` header routes to its era."""
 
 import asyncio
-import json
 from typing import Any
 
 from django.conf import settings
@@ -15,12 +14,11 @@ from starlette.requests import Request
 from handoff.loop_lag import LoopLag
 from handoff.mcp.audit_rows import refusal_record
 from handoff.mcp.caller import Caller, Refused, caller_from_scope, header, host_allowed, origin_allowed
-from handoff.mcp.frames import FrameError, frame_id, parse_frame
+from handoff.mcp.frames import FrameError, frame_id, parse_frame, retry_later
 from handoff.snapshot import ConfigurationUnavailable
 from handoff.streamable_http import legacy, modern
 from handoff.streamable_http.wire import error_answer, json_answer
 from handoff.web_process import background_start
-from policy.decisions import RETRY_LATER
 
 # What a POST must accept, in both eras: an answer may be JSON or a stream.
 NOT_ACCEPTABLE = "Not Acceptable: send 'Accept: application/json, text/event-stream'"
@@ -37,12 +35,7 @@ BUSY = "Server busy: this gateway process serves as many requests as it may (GAT
 LATE = "Server busy: this gateway process's event loop runs late (past GATEWAY_MAX_LOOP_LAG_MS). Retry in 1 s."
 
 
-def _busy_body(message: str) -> str:
-    error = {"code": RETRY_LATER, "message": message, "data": {"code": "SERVER_BUSY", "retryAfter": 1.0}}
-    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error})
-
-
-BUSY_BODY, LATE_BODY = _busy_body(BUSY), _busy_body(LATE)
+BUSY_BODY, LATE_BODY = retry_later("SERVER_BUSY", BUSY, 1), retry_later("SERVER_BUSY", LATE, 1)
 
 
 class BodyTooLarge(Exception):

@@ -124,6 +124,17 @@ async def ws_session(
         yield session
 
 
+async def refused_socket(base_url: str, key: str) -> tuple[dict, int | None]:
+    """What a /mcp/ws handshake accepted only to say why it is not served gets: that frame, and the close code."""
+    url = base_url.replace("http://", "ws://") + "/mcp/ws"
+    headers = {"Authorization": f"Bearer {key}"}
+    async with websockets.connect(url, additional_headers=headers, open_timeout=TIMEOUT) as ws:
+        with anyio.fail_after(TIMEOUT):
+            frame = json.loads(await ws.recv())
+            await ws.wait_closed()
+        return frame, ws.close_code
+
+
 async def call(base_url: str, key: str, name: str, arguments: dict | None = None, mode: str = "legacy") -> Any:
     """The result of one call in a session of its own, or the MCPError it was refused with."""
     async with sdk_client(base_url, key, mode) as client:

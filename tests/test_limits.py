@@ -7,7 +7,7 @@ import httpx2
 from mcp.shared.exceptions import MCPError
 
 from tests import servers
-from tests.clients import call, sdk_client, tool_names
+from tests.clients import call, refused_socket, sdk_client, tool_names
 from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -141,6 +141,7 @@ def test_without_its_shared_state_the_gateway_refuses_calls_rather_than_run_them
         mark = audit_mark()
         opening = [httpx2.post(f"{gateway.url}/mcp", json=init, headers=headers, timeout=30) for _ in range(2)]
         refused = run(lambda: call(gateway.url, world.key, "demo__echo", {"text": "x"}, "2026-07-28"))
+        socket, code = run(lambda: refused_socket(gateway.url, world.key))
     finally:
         gateway.stop()
     for answer in opening:
@@ -159,6 +160,8 @@ def test_without_its_shared_state_the_gateway_refuses_calls_rather_than_run_them
     assert str(refused) == (
         "The gateway cannot read this session's state right now, so 'demo__echo' was not run. Retry after 1 second."
     )
+    assert code == 4503 and socket == {"jsonrpc": "2.0", "id": None, "error": opening[0].json()["error"]}
     rows = audit_since(mark)
-    assert [(r.kind, r.error_code) for r in rows] == [("denied", "SESSION_STATE_UNAVAILABLE")] * 3
+    assert [(r.kind, r.error_code) for r in rows] == [("denied", "SESSION_STATE_UNAVAILABLE")] * 4
     assert [r.detail.get("method") for r in rows[:2]] == ["initialize", "initialize"]
+    assert rows[3].transport == "ws"

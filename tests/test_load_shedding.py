@@ -13,10 +13,20 @@ import anyio
 import httpx2
 import pytest
 
+from audit.models import AuditEvent
 from tests import servers
-from tests.clients import INITIALIZE, STATELESS_META, call, sdk_client, stateless_call, tool_names
+from tests.clients import (
+    INITIALIZE,
+    STATELESS_META,
+    call,
+    refused_socket,
+    sdk_client,
+    stateless_call,
+    tool_names,
+    ws_session,
+)
 from tests.factories import agent
-from tests.helpers import audit_mark, audit_since, eventually, run, until
+from tests.helpers import audit_mark, audit_since, eventually, orm, run, until
 
 pytestmark = pytest.mark.e2e
 
@@ -307,9 +317,57 @@ def test_an_agent_past_its_sessions_is_refused_429_and_others_and_its_open_ones_
         "error": {
             "code": -32003,
             "message": "Too many sessions: this agent opened 2 in the last 1800 s (GATEWAY_MAX_SESSIONS_PER_AGENT). "
-            f"Close one with DELETE /mcp, or retry in {retry} s.",
+            f"Close one (DELETE /mcp, or close its WebSocket), or retry in {retry} s.",
             "data": {"code": "AGENT_SESSION_LIMIT", "retryAfter": float(retry)},
         },
     }
     assert other.content[0].text == "another agent" and all(still)
     assert again.status_code == 200 and again.headers["mcp-session-id"]
+
+
+def test_websocket_sessions_count_against_the_same_bound_and_one_past_it_is_told_why(two_per_agent_gateway, world):
+    gateway = two_per_agent_gateway.url
+
+    with agent("two-sockets") as (capped, key):
+        mark = audit_mark()
+        eventually(lambda: run(lambda: tool_names(gateway, key)))  # the gateway knows the new key
+
+        def closed_sockets() -> list[AuditEvent]:
+            rows = audit_since(mark, sessions=True)
+            return [
+                r
+                for r in rows
+                if r.kind == "session" and r.transport == "ws" and r.detail["action"] == "session_closed"
+            ]
+
+        async def scenario():
+            async with sdk_client(gateway, key, "legacy") as held:  # an HTTP session counts against the same bound
+                async with ws_session(gateway, key) as first:
+                    refused = await refused_socket(gateway, key)
+                    listed = await first.request("tools/list")
+                    other = await call(gateway, world.key, "demo__echo", {"text": "another agent"})
+                await until(lambda: orm(closed_sockets))  # the socket's end is recorded once its place is free
+                async with ws_session(gateway, key) as again:
+                    relisted = await again.request("tools/list")
+                await held.list_tools()
+            return refused, listed, other, relisted
+
+        (frame, code), listed, other, relisted = anyio.run(scenario)
+        denied = [
+            (r.agent_id, r.transport, r.outcome) for r in audit_since(mark) if r.error_code == "AGENT_SESSION_LIMIT"
+        ]
+        assert denied == [(capped.id, "ws", "denied")]
+    retry = int(frame["error"]["data"]["retryAfter"])
+    assert code == 4429 and 1790 <= retry <= 1800
+    assert frame == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": -32003,
+            "message": "Too many sessions: this agent opened 2 in the last 1800 s (GATEWAY_MAX_SESSIONS_PER_AGENT). "
+            f"Close one (DELETE /mcp, or close its WebSocket), or retry in {retry} s.",
+            "data": {"code": "AGENT_SESSION_LIMIT", "retryAfter": float(retry)},
+        },
+    }
+    assert listed["result"]["tools"] and relisted["result"]["tools"]
+    assert other.content[0].text == "another agent"

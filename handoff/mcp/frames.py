@@ -11,6 +11,7 @@ from mcp import types
 from pydantic_core import PydanticSerializationError
 
 from gateway_project.lib.json_depth import nested_deeper_than
+from policy.decisions import RETRY_LATER
 
 logger = logging.getLogger(__name__)
 UNENCODABLE = (
@@ -28,6 +29,12 @@ class FrameError(Exception):
         return json.dumps(
             {"jsonrpc": "2.0", "id": self.request_id, "error": {"code": self.code, "message": self.message}}
         )
+
+
+def retry_later(code: str, message: str, seconds: float, request_id: Any = None) -> str:
+    """The error body of a request not served now that may be later: -32003, its `code`, and when."""
+    error = {"code": RETRY_LATER, "message": message, "data": {"code": code, "retryAfter": float(seconds)}}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error})
 
 
 def frame_id(payload: dict[str, Any]) -> str | int | None:

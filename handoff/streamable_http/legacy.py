@@ -21,14 +21,15 @@ from audit.telemetry import SESSIONS
 from gateway_project.lib.process_task import ProcessTask
 from handoff.mcp.audit_rows import session_record, unserved_record
 from handoff.mcp.caller import Caller, header
-from handoff.mcp.frames import encode_message
+from handoff.mcp.frames import encode_message, retry_later
 from handoff.mcp.handle import handle
 from handoff.mcp.list_changed import relay_everywhere, relay_handlers
 from handoff.probes import drain
 from handoff.protocol.moves import end_handoff
+from handoff.session_limit import STATE_UNAVAILABLE, UNAVAILABLE, SessionsFull, session_limit
 from handoff.streamable_http import exchange
 from handoff.streamable_http.redis_sessions import RedisSessions
-from handoff.streamable_http.sessions import HttpSession, LocalSessions, SessionsFull
+from handoff.streamable_http.sessions import HttpSession, LocalSessions
 from handoff.streamable_http.wire import SSE, empty_answer, error_answer, json_answer, sse_frame, until_gone
 from policy.decisions import RETRY_LATER
 
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 Store = RedisSessions if settings.REDIS_URL else LocalSessions
 sessions = Store(
     settings.GATEWAY_MAX_LEGACY_SESSIONS,
-    settings.GATEWAY_MAX_SESSIONS_PER_AGENT,
+    session_limit,
     settings.GATEWAY_SESSION_IDLE_SECONDS,
     settings.GATEWAY_SSE_REPLAY_EVENTS,
 )
@@ -73,12 +74,6 @@ def _always_ok(code: int | None) -> int:
     return 200  # the era answers a JSON-RPC error with 200, as any reply
 
 
-STATE_UNAVAILABLE = "SESSION_STATE_UNAVAILABLE"
-UNAVAILABLE = (
-    "The gateway cannot read this session's state right now, so the request was not served. Retry after 1 second."
-)
-
-
 async def serve(scope: dict, receive: Any, send: Any, caller: Caller, message: types.JSONRPCMessage | None) -> None:
     """One HTTP request of a 2025-11-25 client; `message` is a POST's, parsed and checked. Without the session
     store (Redis down) it is refused, said in the audit trail, and the process serves on."""
@@ -103,8 +98,7 @@ async def serve(scope: dict, receive: Any, send: Any, caller: Caller, message: t
 
 async def _retry_later(send: Any, status: int, request_id: Any, code: str, message: str, seconds: int) -> None:
     """A request not served now that may be later: -32003 with its `code`, and when, in the body and header."""
-    error = {"code": RETRY_LATER, "message": message, "data": {"code": code, "retryAfter": float(seconds)}}
-    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error})
+    body = retry_later(code, message, seconds, request_id)
     await json_answer(send, status, body, [(b"retry-after", str(seconds).encode())])
 
 

@@ -26,10 +26,10 @@ from django.core import signing
 from gateway_project.lib.redis_clients import async_redis
 from handoff.mcp.agent_relay import session_level, session_level_restore
 from handoff.mcp.caller import Caller
-from handoff.streamable_http.sessions import HttpSession, Readable, principal_full
+from handoff.session_limit import RedisSessionLimit
+from handoff.streamable_http.sessions import HttpSession, Readable
 from handoff.streamable_http.streams import EventStream
 from handoff.streamable_http.wire import PING, sse_frame
-from policy.identity import person_digest
 
 logger = logging.getLogger(__name__)
 SALT = "switchboard.mcp-session"
@@ -43,17 +43,6 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 return n
 """
-# Opening a session for a principal (sessions.py): those opened before the window leave its count; the
-# oldest's opening time comes back when the count is full, else the new one is counted.
-OPEN = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1] - ARGV[2])
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
-  return redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
-end
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-return false
-"""
 # The end of a session noticed by the first process to see its record gone: only that one records it.
 CLAIM_END = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -64,12 +53,6 @@ return 0
 
 def _key(*parts: str) -> str:
     return settings.GATEWAY_REDIS_PREFIX + ":".join(parts)
-
-
-def _opened_key(caller: Caller) -> str:
-    """Where a principal's sessions are counted; a person by digest, so that Redis holds no one's name."""
-    person = person_digest(caller.person_issuer, caller.person_subject) if caller.person_subject else ""
-    return _key("mcp-opened", str(caller.agent_id), person)
 
 
 class RedisStream:
@@ -159,9 +142,9 @@ class RedisStreams:
 
 
 class RedisSessions:
-    def __init__(self, capacity: int, per_principal: int, idle_seconds: float, replay_events: int) -> None:
+    def __init__(self, capacity: int, limit: RedisSessionLimit, idle_seconds: float, replay_events: int) -> None:
         self._cache: OrderedDict[str, tuple[HttpSession, bytes]] = OrderedDict()  # the session, its record as read
-        self._capacity, self._per_principal = capacity, per_principal
+        self._capacity, self._limit = capacity, limit
         self._ttl = max(1, math.ceil(idle_seconds))
         self._idle = idle_seconds
         self._bound = replay_events
@@ -179,13 +162,10 @@ class RedisSessions:
             self._cache.popitem(last=False)  # its record stays: taken up again if it comes back here
 
     async def open(self, caller: Caller) -> HttpSession:
-        """A new session for `caller`; SessionsFull when its principal opened as many as it may (sessions.py)."""
-        session_id, now = secrets.token_hex(16), time.time()
-        limit, key = self._per_principal, _opened_key(caller)
-        oldest = await async_redis().eval(OPEN, 1, key, now, self._idle, limit, session_id, self._ttl)
-        if oldest is not None:
-            raise principal_full(limit, float(oldest), self._idle)
-        session = self._new(replace(caller, session_id=session_id, token=""))
+        """A new session for `caller`; SessionsFull when its principal opened as many as it may."""
+        owner = replace(caller, session_id=secrets.token_hex(16), token="")
+        await self._limit.admit(owner)
+        session = self._new(owner)
         self._keep(session, b"")  # its record is written once the handshake settles (`save`)
         return session
 
@@ -238,8 +218,8 @@ class RedisSessions:
         async with async_redis().pipeline(transaction=False) as pipe:
             pipe.delete(_key("mcp-session", session.id))
             pipe.set(_key("mcp-ended", session.id), 1, ex=ENDED_SECONDS)
-            pipe.zrem(_opened_key(session.owner), session.id)
             await pipe.execute()
+        await self._limit.release(session.owner)
         self._cache.pop(session.id, None)
 
     async def expired(self) -> AsyncIterator[HttpSession]:

@@ -2,17 +2,11 @@
 (each request's answered as SSE, and the session's own for what is sent outside any request, which a GET
 reads), and whether it is in use. Two stores behind one interface: `LocalSessions` keeps them in this
 process (the embedded default); `RedisSessions` (redis_sessions.py) in Redis, for any web process to serve.
-
-Both bound the sessions one principal (an agent, and the person when a token names one) opens: at most
-GATEWAY_MAX_SESSIONS_PER_AGENT opened within the last GATEWAY_SESSION_IDLE_SECONDS and not closed, so that one
-caller's flood of `initialize` neither fills a process nor grows Redis without end. Counted from the opening,
-not the last use, so that no request pays for the count."""
+Both count the sessions each principal opens against its bound (handoff/session_limit.py)."""
 
 import itertools
-import math
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -22,30 +16,12 @@ from mcp import types
 from handoff.mcp.caller import Caller
 from handoff.mcp.frames import encode_message
 from handoff.mcp.handle import McpSession
+from handoff.session_limit import LocalSessionLimit, SessionsFull
 from handoff.streamable_http.streams import EventStream, ReplayBuffer
 
 PROCESS_FULL = (
     "Server busy: this gateway process holds as many sessions as it may (GATEWAY_MAX_LEGACY_SESSIONS). Retry in 5 s."
 )
-
-
-class SessionsFull(Exception):
-    """No session opened: the process holds as many as it may (503), or the principal opened as many as one
-    may (429, with the seconds until its oldest counted session stops counting)."""
-
-    def __init__(self, status: int, message: str, retry_after: int, code: str = "") -> None:
-        super().__init__(message)
-        self.status, self.message, self.retry_after, self.code = status, message, retry_after, code
-
-
-def principal_full(limit: int, oldest: float, idle: float) -> SessionsFull:
-    """The refusal for a principal whose `limit` sessions are counted, the oldest opened at `oldest` (epoch s)."""
-    retry = max(1, math.ceil(oldest + idle - time.time()))
-    message = (
-        f"Too many sessions: this agent opened {limit} in the last {idle:g} s (GATEWAY_MAX_SESSIONS_PER_AGENT). "
-        f"Close one with DELETE /mcp, or retry in {retry} s."
-    )
-    return SessionsFull(429, message, retry, "AGENT_SESSION_LIMIT")
 
 
 class Readable(Protocol):
@@ -131,10 +107,9 @@ class LocalStreams:
 
 
 class LocalSessions:
-    def __init__(self, capacity: int, per_principal: int, idle_seconds: float, replay_events: int) -> None:
+    def __init__(self, capacity: int, limit: LocalSessionLimit, idle_seconds: float, replay_events: int) -> None:
         self._sessions: dict[str, HttpSession] = {}
-        self._opened: dict[tuple, OrderedDict[str, float]] = {}  # per principal: its session ids by opening time
-        self._capacity, self._per_principal = capacity, per_principal
+        self._capacity, self._limit = capacity, limit
         self._idle = idle_seconds
         self._replay = ReplayBuffer(replay_events)
 
@@ -142,26 +117,15 @@ class LocalSessions:
         return len(self._sessions)
 
     async def open(self, caller: Caller) -> HttpSession:
-        """A new session for `caller`; SessionsFull past either bound."""
+        """A new session for `caller`; SessionsFull when the process holds as many as it may, or the principal
+        opened as many as it may."""
         if len(self._sessions) >= self._capacity:
             raise SessionsFull(503, PROCESS_FULL, 5)
-        now = time.time()
-        opened = self._opened.setdefault(caller.principal, OrderedDict())
-        while opened and next(iter(opened.values())) <= now - self._idle:
-            opened.popitem(last=False)
-        if len(opened) >= self._per_principal:
-            raise principal_full(self._per_principal, next(iter(opened.values())), self._idle)
-        session_id = uuid.uuid4().hex
-        session = HttpSession(replace(caller, session_id=session_id), LocalStreams(session_id, self._replay))
+        owner = replace(caller, session_id=uuid.uuid4().hex)
+        await self._limit.admit(owner)
+        session = HttpSession(owner, LocalStreams(owner.session_id, self._replay))
         self._sessions[session.id] = session
-        opened[session_id] = now
         return session
-
-    def _forget(self, session: HttpSession) -> None:
-        opened = self._opened.get(session.owner.principal, {})
-        opened.pop(session.id, None)
-        if not opened:
-            self._opened.pop(session.owner.principal, None)
 
     async def save(self, session: HttpSession) -> None:
         """Nothing to do: the session is the object itself."""
@@ -177,12 +141,12 @@ class LocalSessions:
 
     async def pop(self, session: HttpSession) -> None:
         if self._sessions.pop(session.id, None) is not None:
-            self._forget(session)
+            await self._limit.release(session.owner)
 
     async def expired(self) -> AsyncIterator[HttpSession]:
         """The sessions unused for GATEWAY_SESSION_IDLE_SECONDS, forgotten as they are returned."""
         now = time.monotonic()
         for session in [s for s in self._sessions.values() if not s.busy and s.seen + self._idle < now]:
             del self._sessions[session.id]
-            self._forget(session)
+            await self._limit.release(session.owner)
             yield session
