@@ -8,9 +8,8 @@ import os
 import time
 from pathlib import Path
 
-from tests.clients import INITIALIZE, STATELESS_META
+from tests.clients import ACCEPT, INITIALIZE, STATELESS_META, slow_post
 
-ACCEPT = "application/json, text/event-stream"
 GATEWAY_CPU = {0}  # `apart`: the gateway's core; everything else runs on the others
 
 
@@ -94,17 +93,10 @@ async def _flooder(kind: str, url: str, key: str, until: float, answers: list, h
 
 async def _slow(url: str, key: str, until: float, answers: list) -> None:
     """Headers, then a byte of a 64-byte body every half second: a client that holds its request open."""
-    host, port = url.removeprefix("http://").split(":")
     while time.monotonic() < until:
         started = time.monotonic()
         try:
-            reader, writer = await asyncio.open_connection(host, int(port))
-            head = (
-                f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\nAccept: {ACCEPT}\r\n"
-                "Content-Type: application/json\r\nContent-Length: 64\r\n\r\n"
-            )
-            writer.write(head.encode())
-            await writer.drain()
+            reader, writer = await slow_post(url, key)
             status = None
             for _ in range(64):
                 if time.monotonic() >= until:

@@ -1,5 +1,6 @@
 """MCP clients for the tests: the official SDK client, and raw HTTP/WebSocket for the error paths."""
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 TIMEOUT = 5.0
+ACCEPT = "application/json, text/event-stream"  # what a POST must accept, in both eras
 INITIALIZE = {
     "jsonrpc": "2.0",
     "id": 0,
@@ -135,6 +137,20 @@ async def refused_socket(base_url: str, key: str) -> tuple[dict, int | None]:
         return frame, ws.close_code
 
 
+async def slow_post(base_url: str, key: str, body: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A POST whose headers promise 64 bytes of body, of which `body` is sent: the rest is the caller's to trickle
+    (or not)."""
+    host, port = base_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = (
+        f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\nAccept: {ACCEPT}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 64\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    await writer.drain()
+    return reader, writer
+
+
 async def call(base_url: str, key: str, name: str, arguments: dict | None = None, mode: str = "legacy") -> Any:
     """The result of one call in a session of its own, or the MCPError it was refused with."""
     async with sdk_client(base_url, key, mode) as client:
@@ -181,7 +197,7 @@ async def stateless_call(base_url: str, key: str, name: str, arguments: dict) ->
     }
     headers = {
         "authorization": f"Bearer {key}",
-        "accept": "application/json, text/event-stream",
+        "accept": ACCEPT,
         "mcp-protocol-version": "2026-07-28",
         "mcp-method": "tools/call",
         "mcp-name": name,

@@ -5,7 +5,6 @@ GATEWAY_BODY_SECONDS; headers over 32 KiB are refused 431, before the key check;
 a POST while the process's event loop runs late is refused too, and served again once it does not. How fast
 refusals come and what admitted calls keep under 10x overload is measured in bench/shed.py (docs/reliability.md)."""
 
-import asyncio
 import json
 import uuid
 
@@ -16,11 +15,13 @@ import pytest
 from audit.models import AuditEvent
 from tests import servers
 from tests.clients import (
+    ACCEPT,
     INITIALIZE,
     STATELESS_META,
     call,
     refused_socket,
     sdk_client,
+    slow_post,
     stateless_call,
     tool_names,
     ws_session,
@@ -29,8 +30,6 @@ from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually, orm, run, until
 
 pytestmark = pytest.mark.e2e
-
-ACCEPT = "application/json, text/event-stream"
 
 
 @pytest.fixture(scope="module")
@@ -92,19 +91,6 @@ def test_a_post_past_the_in_flight_cap_is_refused_at_once_and_the_held_calls_fin
     assert anyio.run(afterwards).content[0].text == "served again"
 
 
-async def _slow_post(url: str, key: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A POST whose headers promise 64 bytes of body, of which one is sent."""
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    head = (
-        f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\nAccept: {ACCEPT}\r\n"
-        "Content-Type: application/json\r\nContent-Length: 64\r\n\r\n{"
-    )
-    writer.write(head.encode())
-    await writer.drain()
-    return reader, writer
-
-
 def _whole(answer: bytes) -> bool:
     """Whether an HTTP/1.1 answer has arrived whole: its head, and its body by chunks or Content-Length."""
     head, found, body = answer.partition(b"\r\n\r\n")
@@ -120,7 +106,7 @@ def _whole(answer: bytes) -> bool:
 
 def test_slow_bodies_hold_no_place_and_are_answered_408(narrow_gateway, world):
     async def scenario():
-        slow = [await _slow_post(narrow_gateway.url, world.key) for _ in range(3)]  # more than the two places
+        slow = [await slow_post(narrow_gateway.url, world.key, b"{") for _ in range(3)]  # more than the two places
         async with sdk_client(narrow_gateway.url, world.key, "2026-07-28") as client:
             served = await client.call_tool("demo__echo", {"text": "past the slow ones"})
         reader, writer = slow[0]
