@@ -182,6 +182,6 @@ def session_records() -> int:
 
 
 def sessions_count_reset(agent: int) -> None:
-    """`agent`'s count of opened sessions (handoff/streamable_http/redis_sessions.py) starts again."""
+    """`agent`'s count of opened sessions (handoff/session_limit.py) starts again."""
     if keys := _redis_keys(f"mcp-opened:{agent}:*"):
         _redis().delete(*keys)
