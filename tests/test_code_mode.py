@@ -222,7 +222,8 @@ def capped(server_env, world, logs) -> Iterator[servers.Running]:
     """A gateway with small sandbox caps, keeping argument payloads (so the code's text is audited)."""
     caps = {
         "GATEWAY_SANDBOX_MAX_CALLS": "3",
-        "GATEWAY_SANDBOX_TIMEOUT": "2",
+        # Room for the call-limit case's four calls on a slow machine (they took over 2 s once in CI).
+        "GATEWAY_SANDBOX_TIMEOUT": "6",
         "GATEWAY_SANDBOX_HEAP_MB": "32",
         "GATEWAY_SANDBOX_MAX_OUTPUT_BYTES": "2000",
         "GATEWAY_SANDBOX_MAX_CODE_BYTES": "1000",
@@ -237,7 +238,7 @@ def capped(server_env, world, logs) -> Iterator[servers.Running]:
     [
         ("for (let i = 0; i < 5; i++) await tools.demo.add({ a: i, b: 1 });", "SANDBOX_CALL_LIMIT",
          "The code made more than 3 tool calls; split the work across executions."),
-        ("while (true) {}", "SANDBOX_TIMEOUT", "The code ran longer than 2 s; do less in one execution."),
+        ("while (true) {}", "SANDBOX_TIMEOUT", "The code ran longer than 6 s; do less in one execution."),
         ("const a = []; while (true) a.push('x'.repeat(1000) + a.length);", "SANDBOX_MEMORY_LIMIT",
          "The code used more than 32 MB of heap; hold less at once."),
         ("const a = []; for (let i = 0; i < 50; i++) a.push(new Uint8Array(100_000_000).fill(1));", "CODE_ERROR",
