@@ -73,8 +73,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 from run import http_session, sessions_cpu_seconds, setup_database  # noqa: E402  (bench/run.py: the same data)
 from shed_flood import (  # noqa: E402
     GATEWAY_CPU,
-    call_body,
-    call_headers,
     flood,
     pin,
     place,
@@ -83,6 +81,7 @@ from shed_flood import (  # noqa: E402
 )
 
 from tests import servers  # noqa: E402  (the process helpers the tests use)
+from tests.clients import stateless_body, stateless_headers  # noqa: E402
 
 KINDS = ("capacity", "calls", "bodies", "headers", "slow", "sessions")
 DOORS = ("app", "uvicorn", "haproxy", "app-lag", "haproxy-lag")
@@ -94,7 +93,7 @@ async def probe(url: str, key: str, seconds: float) -> list:
     of the flood sees the door: (status, seconds, retry-after) each."""
     answers: list = []
     until = time.monotonic() + seconds
-    body, headers = call_body("demo__echo", {"text": "probe"}), call_headers(key, "demo__echo")
+    body, headers = stateless_body("demo__echo", {"text": "probe"}), stateless_headers(key, "demo__echo")
     async with httpx2.AsyncClient(timeout=30) as http:
         while time.monotonic() < until:
             started = time.monotonic()

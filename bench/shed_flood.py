@@ -8,33 +8,16 @@ import os
 import time
 from pathlib import Path
 
-from tests.clients import ACCEPT, INITIALIZE, STATELESS_META, slow_post
+from tests.clients import INITIALIZE, slow_post, stateless_body, stateless_headers
 
 GATEWAY_CPU = {0}  # `apart`: the gateway's core; everything else runs on the others
-
-
-def call_body(tool: str, arguments: dict) -> bytes:
-    """A 2026-07-28 tools/call: one request, no session (tests/clients.py stateless_call)."""
-    params = {"name": tool, "arguments": arguments, "_meta": STATELESS_META}
-    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).encode()
-
-
-def call_headers(key: str, tool: str) -> dict[str, str]:
-    return {
-        "authorization": f"Bearer {key}",
-        "accept": ACCEPT,
-        "content-type": "application/json",
-        "mcp-protocol-version": "2026-07-28",
-        "mcp-method": "tools/call",
-        "mcp-name": tool,
-    }
 
 
 def _request(kind: str, host: str, port: int, key: str) -> bytes:
     """One flooding request of `kind`, encoded once: the flood spends its CPU sending, not building requests."""
     tool = "demo__sleep" if kind in ("calls", "capacity") else "demo__echo"
-    headers = call_headers(key, tool) | {"host": f"{host}:{port}"}
-    body = call_body(tool, {"seconds": 0.2} if tool == "demo__sleep" else {"text": "x"})
+    headers = stateless_headers(key, tool) | {"host": f"{host}:{port}"}
+    body = stateless_body(tool, {"seconds": 0.2} if tool == "demo__sleep" else {"text": "x"})
     if kind == "sessions":  # a new 2025-11-25 session each time, never closed: no 2026-07-28 headers
         headers = {name: headers[name] for name in ("host", "authorization", "accept", "content-type")}
         body = json.dumps(INITIALIZE).encode()

@@ -186,24 +186,30 @@ STATELESS_META = {
 }
 
 
-async def stateless_call(base_url: str, key: str, name: str, arguments: dict) -> dict:
-    """One 2026-07-28 tools/call as a single HTTP request, without the SDK client (which may send more
-    requests of its own around it); its JSON-RPC answer."""
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {"name": name, "arguments": arguments, "_meta": STATELESS_META},
-    }
-    headers = {
+def stateless_body(name: str, arguments: dict) -> bytes:
+    """A 2026-07-28 tools/call: one request, no session."""
+    params = {"name": name, "arguments": arguments, "_meta": STATELESS_META}
+    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).encode()
+
+
+def stateless_headers(key: str, name: str) -> dict[str, str]:
+    """The headers such a request carries: the era's, and the method and tool named for routing."""
+    return {
         "authorization": f"Bearer {key}",
         "accept": ACCEPT,
+        "content-type": "application/json",
         "mcp-protocol-version": "2026-07-28",
         "mcp-method": "tools/call",
         "mcp-name": name,
     }
+
+
+async def stateless_call(base_url: str, key: str, name: str, arguments: dict) -> dict:
+    """One 2026-07-28 tools/call as a single HTTP request, without the SDK client (which may send more
+    requests of its own around it); its JSON-RPC answer."""
+    body, headers = stateless_body(name, arguments), stateless_headers(key, name)
     async with httpx2.AsyncClient(timeout=TIMEOUT) as http:
-        return reply_of(await http.post(f"{base_url}/mcp", json=body, headers=headers))
+        return reply_of(await http.post(f"{base_url}/mcp", content=body, headers=headers))
 
 
 def reply_of(response: httpx2.Response) -> dict:
