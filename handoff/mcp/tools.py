@@ -60,6 +60,7 @@ from handoff.protocol.moves import (
     tunnel_gone,
 )
 from handoff.protocol.tunnels import SessionStateUnavailable, SessionTunnel, index_session, session_index, tunnel_touch
+from handoff.session_limit import STATE_UNAVAILABLE
 from handoff.snapshot import Route, Snapshot, snapshot
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial, ToolRefused
 from policy.limits.stores import limit_store
@@ -145,7 +146,7 @@ async def _route(
 
 def _state_unavailable(name: str) -> Denial:
     return Denial(
-        "SESSION_STATE_UNAVAILABLE",
+        STATE_UNAVAILABLE,
         f"The gateway cannot read this session's state right now, so {name!r} was not run. Retry after 1 second.",
         RETRY_LATER,
         1.0,
