@@ -13,6 +13,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit import integrity
@@ -103,7 +104,10 @@ def test_a_range_read_a_few_rows_at_a_time_seals_as_one_read_at_once(db, monkeyp
     verification do not depend on where the chunks break."""
     some_rows(23)
     monkeypatch.setattr(integrity, "SEAL_CHUNK", 5)
-    chunked = seal_all()
+    with CaptureQueriesContext(connection) as queries:
+        chunked = seal_all()
+    reads = [q for q in queries if q["sql"].startswith("SELECT") and 'FROM "audit_auditevent"' in q["sql"]]
+    assert len(reads) > chunked.event_count // 5, "the seal read more than 5 rows at a time"
     whole = integrity._RangeDigest()
     for row in integrity._rows(chunked.first_event_id, chunked.last_event_id, chunk=10_000):
         whole.add(row)
