@@ -202,6 +202,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "gateway_project.context_processors.version",
             ],
         },
     },

@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from gateway_project import __version__
 from gateway_project.lib.database import BoundedRead, database_async
 from gateway_project.lib.redis_clients import async_redis
 from registry.worker import workers_alive
@@ -109,7 +110,7 @@ redis_check = BoundedRead(lambda: async_redis().ping(), CHECK_SECONDS)
 
 async def readiness() -> tuple[int, dict[str, Any]]:
     checks = {"database": await _state(database_check)}
-    body: dict[str, Any] = {"checks": checks}
+    body: dict[str, Any] = {"checks": checks, "version": __version__}
     if settings.REDIS_URL:
         checks["redis"] = await _state(redis_check)
     if settings.GATEWAY_EXECUTOR == "celery" and checks.get("redis") == "ok":

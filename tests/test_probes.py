@@ -8,6 +8,7 @@ import signal
 import anyio
 import httpx2
 
+from gateway_project import __version__
 from tests import servers
 from tests.clients import stateless_call
 from tests.helpers import audit_mark, audit_since, eventually, orm, run
@@ -28,7 +29,10 @@ def both_probes(gateway) -> tuple[tuple[int, dict], tuple[int, dict]]:
 
 def test_a_serving_gateway_is_alive_and_ready_without_credentials(inline_gateway):
     assert probe(inline_gateway, "/healthz") == (200, {"status": "ok"})
-    assert probe(inline_gateway, "/readyz") == (200, {"checks": {"database": "ok", "redis": "ok"}, "status": "ready"})
+    assert probe(inline_gateway, "/readyz") == (
+        200,
+        {"checks": {"database": "ok", "redis": "ok"}, "version": __version__, "status": "ready"},
+    )
 
 
 def test_readiness_reports_live_celery_workers_and_stays_ready_without_them(celery_gateway, workerless_gateway):
@@ -38,7 +42,12 @@ def test_readiness_reports_live_celery_workers_and_stays_ready_without_them(cele
     # No worker listens on this gateway's broker: calls fail as EXECUTOR_UNAVAILABLE, the process stays in rotation.
     assert probe(workerless_gateway, "/readyz") == (
         200,
-        {"checks": {"database": "ok", "redis": "ok"}, "workers": {"alive": 0}, "status": "ready"},
+        {
+            "checks": {"database": "ok", "redis": "ok"},
+            "version": __version__,
+            "workers": {"alive": 0},
+            "status": "ready",
+        },
     )
 
 
@@ -54,7 +63,11 @@ def test_a_gateway_whose_stores_are_unreachable_is_alive_but_not_ready(server_en
     unavailable = "no answer within 2 s"  # the pool waits for a connection longer than a probe
     assert ready == (
         503,
-        {"checks": {"database": unavailable, "redis": "unavailable (ConnectionError)"}, "status": "unready"},
+        {
+            "checks": {"database": unavailable, "redis": "unavailable (ConnectionError)"},
+            "version": __version__,
+            "status": "unready",
+        },
     )
     assert str(nowhere) not in str(ready), "no address in the answer"
 
@@ -82,7 +95,10 @@ def test_on_sigterm_a_gateway_turns_unready_finishes_its_call_in_flight_and_exit
             return states, outcome[0]
 
         (ready, alive), outcome = run(call_through_a_drain)
-        assert ready == (503, {"checks": {"database": "ok", "redis": "ok"}, "status": "draining"})
+        assert ready == (
+            503,
+            {"checks": {"database": "ok", "redis": "ok"}, "version": __version__, "status": "draining"},
+        )
         assert alive == (200, {"status": "draining"})
         assert outcome["result"]["isError"] is False, "the call in flight finished"
         exited = eventually(lambda: gateway.process.poll() is not None or None, timeout=10)

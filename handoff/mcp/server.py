@@ -11,6 +11,7 @@ from mcp.server.caching import CacheHint
 from mcp.server.models import InitializationOptions
 from mcp.shared.exceptions import MCPDeprecationWarning
 
+from gateway_project import __version__
 from handoff.mcp import passthrough
 from handoff.mcp.agent_relay import set_logging_level
 from handoff.mcp.list_changed import RememberSessions
@@ -63,7 +64,7 @@ def build_server() -> Server:
 def _gateway_server() -> GatewayServer:
     return GatewayServer(
         settings.GATEWAY_NAME,
-        version="0.1.0",
+        version=__version__,
         instructions=INSTRUCTIONS.format(sep=settings.GATEWAY_TOOL_SEPARATOR),
         cache_hints={
             method: PRIVATE for method in ("tools/list", "resources/list", "resources/templates/list", "prompts/list")
