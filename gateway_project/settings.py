@@ -549,8 +549,6 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
-# The console's charts: Chart.js as npm installed it (scripts/bootstrap), served like the admin's own files.
-STATICFILES_DIRS = [("vendor/chart.js", BASE_DIR / "node_modules" / "chart.js" / "dist")]
 
 # text: one line per record for a terminal; json: one object per line for a log platform (time, level,
 # logger, message, and request_id, trace_id, agent, upstream, tool where a call is being served).
