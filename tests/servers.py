@@ -44,8 +44,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(port: int, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
+def wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = START_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"process exited with {process.returncode}:\n{log.read_text()[-3000:]}")
@@ -53,7 +53,7 @@ def wait_for_port(port: int, process: subprocess.Popen, log: Path) -> None:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.05)
-    raise RuntimeError(f"nothing listened on {port} within {START_TIMEOUT}s:\n{log.read_text()[-3000:]}")
+    raise RuntimeError(f"nothing listened on {port} within {timeout}s:\n{log.read_text()[-3000:]}")
 
 
 @dataclass

@@ -1,11 +1,14 @@
 """scripts/demo's start (handoff/management/commands/serve_demo.py): a new SQLite file is a copy of the schema
 template of its migration set, made by that set's first migrate, and migrated again when the set changes; the
 template holds no key, agent or user; setup_demo run again changes nothing and prints the same key; the one
-process answers a call at once and, restarted, with the same key."""
+process answers a call at once and, restarted, with the same key; the README's client (examples/client.py), run
+as the README says, calls the demo's time tool with the demo's key."""
 
 import asyncio
+import json
 import os
 import re
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from tests.clients import call
 pytestmark = pytest.mark.e2e  # it runs manage.py processes, and serve_demo serves with its upstreams
 MANAGE = [sys.executable, str(servers.ROOT / "manage.py")]
 KEY = re.compile(r"\b(sb_[A-Za-z0-9_-]+)")
+CLIENT_SECTION = re.compile(r"^## Connecting a client\n(.*?)^## ", re.MULTILINE | re.DOTALL)
 COLD_APP = """from django.db import models
 
 
@@ -119,7 +123,9 @@ def test_setup_demo_again_keeps_its_key_syncs_nothing_and_the_template_holds_no_
 def _serve(var: Path, port: int, log: Path) -> tuple[servers.Running, str]:
     process = servers.start([*MANAGE, "serve_demo", "--port", str(port)], _env(var), log)
     running = servers.Running(process, log, f"http://127.0.0.1:{port}")
-    servers.wait_for_port(port, process, log)
+    # A first start migrates, syncs both upstreams and starts the specialist before it listens: 30-40 s were seen
+    # on a loaded machine.
+    servers.wait_for_port(port, process, log, timeout=120)
     # The key is printed (and flushed) before Daphne starts, so it is in the log once the port accepts.
     return running, KEY.search(log.read_text()).group(1)
 
@@ -136,3 +142,43 @@ def test_serve_demo_answers_in_one_process_and_a_restart_prints_the_same_key(tmp
         assert key == (var / "demo_key").read_text()
     assert len(re.findall("Admin console login", (tmp_path / "start.log").read_text())) == 1
     assert "Admin console login" not in (tmp_path / "restart.log").read_text()
+
+
+def _readme_client_commands() -> list[list[str]]:
+    """The commands the README's "Connecting a client" gives to run its client, as a newcomer pastes them."""
+    section = CLIENT_SECTION.search((servers.ROOT / "README.md").read_text()).group(1)
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line, comments=True) for line in block.splitlines()]
+
+
+def _client(command: list[str], var: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k != "SWITCHBOARD_KEY"} | {"SWITCHBOARD_VAR_DIR": str(var)}
+    return subprocess.run(command, env=environment | env, cwd=servers.ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_the_readmes_client_calls_the_demos_time_tool_with_the_demos_key_and_says_why_when_it_cannot(tmp_path):
+    [command, elsewhere] = _readme_client_commands()
+    assert command == [".venv/bin/python", "examples/client.py"] and elsewhere[:2] == command
+    var, port = tmp_path / "var", servers.free_port()
+    # The demo's own port is 8000, which the tests may not take: the README's other line names a gateway's URL.
+    url = f"http://127.0.0.1:{port}/mcp"
+    assert _client([*command, url], var).stderr == (
+        f"No API key: set SWITCHBOARD_KEY, or run scripts/demo once (it writes {var / 'demo_key'}).\n"
+    )
+    assert _client([*command, url], var, SWITCHBOARD_KEY="sb_x").stderr == (
+        f"Nothing answers at {url}: start the gateway first (scripts/demo).\n"
+    )
+    running, _ = _serve(var, port, tmp_path / "demo.log")
+    try:
+        told = _client([*command, url], var)
+        wrong = _client([*command, url], var, SWITCHBOARD_KEY="sb_not-a-key")
+    finally:
+        running.stop()
+    assert (told.returncode, told.stderr) == (0, "")
+    assert json.loads(told.stdout)["timezone"] == "Europe/Paris"
+    assert (wrong.returncode, wrong.stdout, wrong.stderr) == (
+        1,
+        "",
+        "The gateway refused: Missing or invalid credentials: sign in with OAuth, or send "
+        "'Authorization: Bearer <agent key>'\n",
+    )
