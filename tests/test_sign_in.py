@@ -11,9 +11,10 @@ from datetime import timedelta
 
 import httpx2
 import pytest
-from django.contrib.auth import get_user_model
+from axes.models import AccessAttempt
+from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
-from django.test import Client
+from django.test import Client, RequestFactory
 
 from tests import servers
 from tests.helpers import audit_mark, audit_since, eventually
@@ -105,6 +106,17 @@ def test_an_operator_unlocks_an_account_with_axes_reset_username(operator):
     call_command("axes_reset_username", operator, stdout=out)
     assert out.getvalue() == "1 attempts removed.\n"
     assert sign_in(Client(), "/accounts/login/", operator, PASSWORD).status_code == 302
+
+
+def test_failures_without_a_username_such_as_the_idps_callback_are_not_counted(db):
+    """The IdP's callback authenticates with a code, no username: counted, five of them would lock everyone at
+    that address (a whole office behind one proxy) out of signing in with the IdP."""
+    address = "192.0.2.7"
+    for _ in range(6):
+        request = RequestFactory().get("/oidc/callback/", REMOTE_ADDR=address)
+        assert authenticate(request, nonce="n", code_verifier="v") is None
+        assert not request.axes_locked_out
+    assert not AccessAttempt.objects.filter(ip_address=address).exists()
 
 
 def test_a_lock_holds_in_every_web_process(operator, inline_gateway):
