@@ -1,12 +1,11 @@
-"""The admin site of the console: the stock admin, with the dashboard as its front page and a sign-in
-that is throttled (audit/sign_in.py)."""
+"""The admin site of the console: the stock admin, with the dashboard as its front page and a sign-in that
+offers the IdP (its password form locks as every sign-in does: audit/sign_in.py)."""
 
 from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from audit.sign_in import ThrottledAuthenticationForm
 from gateway_project.dashboard import WINDOWS, gateway_state, window_stats
 
 
@@ -14,7 +13,6 @@ class ConsoleSite(admin.AdminSite):
     site_header = site_title = "Switchboard"
     index_title = "Gateway health"
     index_template = "admin/console_index.html"
-    login_form = ThrottledAuthenticationForm
     login_template = "admin/console_login.html"
 
     def login(self, request: HttpRequest, extra_context: dict | None = None):

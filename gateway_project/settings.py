@@ -3,6 +3,7 @@ inline executor. DATABASE_URL switches to PostgreSQL; REDIS_URL to Redis and the
 
 import math
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -172,6 +173,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "oauth2_provider",
     "mozilla_django_oidc",
+    "axes",
     "policy",
     "registry",
     "audit",
@@ -187,6 +189,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as axes requires: it turns a lock into its page
 ]
 
 ROOT_URLCONF = "gateway_project.urls"
@@ -254,15 +257,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-# Failed console sign-ins are counted here (audit/sign_in.py): in Redis, so that every web process sees them.
-CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "sign_in": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "sb:sign-in"}
-        if REDIS_URL
-        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "sign-in"}
-    ),
-}
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL or "memory://")
 CELERY_TASK_IGNORE_RESULT = True
@@ -484,10 +479,26 @@ GATEWAY_SANDBOX_MAX_RUNNING = env_int("GATEWAY_SANDBOX_MAX_RUNNING", 8)
 GATEWAY_SANDBOX_MAX_RUNNING_PER_AGENT = env_int("GATEWAY_SANDBOX_MAX_RUNNING_PER_AGENT", 4)
 # Networks HTTP upstreams may reach without being marked internal (CIDRs); public addresses always may.
 GATEWAY_EGRESS_ALLOWED_NETWORKS = env_list("GATEWAY_EGRESS_ALLOWED_NETWORKS", "")
-# Console sign-in: after this many failures for one username from one address, that pair is refused (even
-# with the right password) until the window, counted from the first failure, has passed.
-GATEWAY_SIGN_IN_MAX_FAILURES = env_int("GATEWAY_SIGN_IN_MAX_FAILURES", 5)
-GATEWAY_SIGN_IN_WINDOW_SECONDS = env_int("GATEWAY_SIGN_IN_WINDOW_SECONDS", 900)
+# Password sign-in on every page (django-axes, audit/sign_in.py): after this many failures for one username from
+# one address, each within the window of the one before, that pair is refused (even with the right password)
+# until the window has passed since the last, or `manage.py axes_reset_username` unlocks it.
+GATEWAY_SIGN_IN_MAX_FAILURES = env_int("GATEWAY_SIGN_IN_MAX_FAILURES", 5, minimum=1)
+GATEWAY_SIGN_IN_WINDOW_SECONDS = env_int("GATEWAY_SIGN_IN_WINDOW_SECONDS", 900, minimum=1)
+AXES_FAILURE_LIMIT = GATEWAY_SIGN_IN_MAX_FAILURES
+AXES_COOLOFF_TIME = timedelta(seconds=GATEWAY_SIGN_IN_WINDOW_SECONDS)
+# The pair, not the address alone, so that colleagues behind one proxy still sign in.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# Counted in the database, which every web process shares (with or without Redis); a success clears the count,
+# and an attempt refused while locked counts as no failure, so trying until admitted does not hold the lock.
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_RESET_ON_SUCCESS = True
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "audit.sign_in.sign_in_locked_response"
+AXES_WHITELIST_CALLABLE = "audit.sign_in.sign_in_not_a_password"
+# Locks are audited (audit/sign_in.py): no second log of every sign-in, and no axes pages in the console,
+# whose attempts list would show what strangers typed as a username.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_ENABLE_ADMIN = False
 
 # Console sign-in with the IdP of GATEWAY_OIDC_ISSUER (docs/identity.md): on when its client is set; roles
 # from the groups claim. Local passwords can be switched off (the built-in authorization server uses them too).
@@ -500,6 +511,7 @@ GATEWAY_CONSOLE_AUDITOR_GROUPS = env_list("GATEWAY_CONSOLE_AUDITOR_GROUPS", "swi
 GATEWAY_CONSOLE_READER_GROUPS = env_list("GATEWAY_CONSOLE_READER_GROUPS", "switchboard-readers")
 CONSOLE_SSO = bool(GATEWAY_OIDC_ISSUER and GATEWAY_CONSOLE_OIDC_CLIENT_ID)
 AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked pair before any backend checks a password
     *(["policy.console_sign_in.ConsoleBackend"] if CONSOLE_SSO else []),
     *(["django.contrib.auth.backends.ModelBackend"] if GATEWAY_CONSOLE_PASSWORDS else []),
 ]
@@ -575,6 +587,8 @@ LOGGING = {
         "httpx": {"level": "WARNING"},
         "httpx2": {"level": "WARNING"},
         "mcp": {"level": "WARNING"},
+        # Its INFO lines are a banner at every start and a line per sign-in; failures and locks are WARNING.
+        "axes": {"level": "WARNING"},
     },
 }
 # Celery workers log through the same handler and format instead of their own.
