@@ -21,8 +21,14 @@ def _bad(name: str, expected: str, value: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f"{name} must be {expected}, not {value!r}")
 
 
+# Every variable the helpers read: one set in the environment but never read (misspelled, or no longer a setting)
+# is named at start-up, with the closest of these (gateway_project/checks.py).
+ENV_VARIABLES_READ: set[str] = set()
+
+
 def env_str(name: str, default: str = "") -> str:
     """A value from NAME, or from the file named by NAME_FILE (for secrets mounted as files)."""
+    ENV_VARIABLES_READ.update((name, f"{name}_FILE"))
     path = os.environ.get(f"{name}_FILE")
     if path:
         try:
@@ -33,6 +39,7 @@ def env_str(name: str, default: str = "") -> str:
 
 
 def env_bool(name: str, default: bool = False) -> bool:
+    ENV_VARIABLES_READ.add(name)
     value = os.environ.get(name)
     if value is None:
         return default
@@ -49,6 +56,7 @@ def _in_range(name: str, number: float, value: str, minimum: float | None, maxim
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    ENV_VARIABLES_READ.add(name)
     value = os.environ.get(name, "").strip()
     if not value:
         return default
@@ -61,6 +69,7 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
 
 
 def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    ENV_VARIABLES_READ.add(name)
     value = os.environ.get(name, "").strip()
     if not value:
         return default
@@ -176,6 +185,7 @@ INSTALLED_APPS = [
     "registry",
     "audit",
     "handoff",
+    "gateway_project",  # its system checks (gateway_project/checks.py)
     *env_list("GATEWAY_EXTRA_APPS", ""),
 ]
 
@@ -369,9 +379,10 @@ LOGIN_URL = "/accounts/login/"
 
 
 def _auth_signing_key() -> str:
-    """The built-in server's RSA key for ID tokens (PEM): GATEWAY_AUTH_SIGNING_KEY, else one made once in var/."""
+    """The built-in server's RSA key for ID tokens (PEM): GATEWAY_AUTH_SIGNING_KEY, else one made once in var/
+    (none with the server off). Read either way, so that a key set for a server that is off is not called unknown."""
     explicit = env_str("GATEWAY_AUTH_SIGNING_KEY")
-    if explicit:
+    if explicit or not GATEWAY_AUTH_SERVER:
         return explicit
     key_file = VAR_DIR / "auth_signing_key.pem"
     if not key_file.exists():
@@ -413,7 +424,7 @@ OAUTH2_PROVIDER = {
     "CIMD_ENABLED": True,
     # OpenID Connect: ID tokens signed with this key; the issuer is the origin, as in the RFC 8414 document.
     "OIDC_ENABLED": True,
-    "OIDC_RSA_PRIVATE_KEY": _auth_signing_key() if GATEWAY_AUTH_SERVER else "",
+    "OIDC_RSA_PRIVATE_KEY": _auth_signing_key(),
 }
 GATEWAY_POLICY_DEFAULT = env_choice("GATEWAY_POLICY_DEFAULT", "allow", ("allow", "deny"))
 GATEWAY_AGENT_CALLS_PER_MINUTE = env_int("GATEWAY_AGENT_CALLS_PER_MINUTE", 600, minimum=1, maximum=1_000_000)

@@ -2,6 +2,7 @@
 process given a bad value stops with a message naming the variable and what it expects."""
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -9,6 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests import servers
+from tests.conftest import needs
+from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ROOT / "gateway_project" / "settings.py"
@@ -220,3 +225,82 @@ def test_good_values_start_the_process(tmp_path):
     )
     assert (started.returncode, started.stdout.strip()) == (0, "configured"), started.stderr
 
+
+HINT = "docs/settings.md lists every setting."
+
+
+def unknown(name: str, meant: str) -> str:
+    return f"{name} is set but is not a setting Switchboard reads, so it is ignored: did you mean {meant}?"
+
+
+# A web process imports the ASGI application, as Daphne and uvicorn do: they run no system checks of their own.
+WEB = ["-c", "import gateway_project.asgi"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "meant"),
+    [
+        ("GATEWAY_EXECUTER", "celery", "GATEWAY_EXECUTOR"),
+        ("GATEWAY_VAULT_TOKN", "hvs.a-secret-value", "GATEWAY_VAULT_TOKEN"),  # named, never its value
+        ("GATEWAY_SANDBOX_HEAP", "64", "GATEWAY_SANDBOX_HEAP_MB"),
+    ],
+)
+def test_manage_py_check_names_a_misspelled_variable_and_the_setting_it_meant(tmp_path, variable, value, meant):
+    checked = python(tmp_path, ["manage.py", "check"], {variable: value})
+    assert (checked.returncode, checked.stdout) == (0, "")  # a warning: the process goes on
+    assert checked.stderr == (
+        "System check identified some issues:\n\nWARNINGS:\n"
+        f"?: (switchboard.W001) {unknown(variable, meant)}\n\tHINT: {HINT}\n\n"
+        "System check identified 1 issue (0 silenced).\n"
+    )
+
+
+def test_the_web_process_logs_a_misspelled_variable_as_it_starts(tmp_path):
+    started = python(tmp_path, WEB, {"GATEWAY_EXECUTER": "celery", "GATEWAY_LOG_FORMAT": "json"})
+    assert started.returncode == 0, started.stderr
+    logged = [json.loads(line) for line in started.stderr.splitlines()]
+    assert [(line["level"], line["logger"], line["message"]) for line in logged] == [
+        (
+            "WARNING",
+            "gateway_project.checks",
+            f"{unknown('GATEWAY_EXECUTER', 'GATEWAY_EXECUTOR')} (switchboard.W001; {HINT})",
+        )
+    ]
+
+
+def test_a_variable_like_no_setting_is_named_without_a_guess(tmp_path):
+    checked = python(tmp_path, ["manage.py", "check"], {"GATEWAY_ZZZ": "1"})
+    assert "(switchboard.W001) GATEWAY_ZZZ is set but is not a setting Switchboard reads, so it is ignored.\n" in (
+        checked.stderr
+    )
+
+
+def test_a_correct_environment_gives_no_warning(tmp_path):
+    token = tmp_path / "vault_token"
+    token.write_text("hvs.token")
+    env = {
+        "GATEWAY_EXECUTOR": "inline",
+        "GATEWAY_VAULT_TOKEN_FILE": str(token),  # a text setting read from a file
+        "GATEWAY_MAX_BODY_BYTES": "2048",
+        "GATEWAY_AUDIT_PAYLOADS": "1",
+        "GATEWAY_AUTH_SERVER": "0",
+        "GATEWAY_AUTH_SIGNING_KEY": "read even with the server off",
+    }
+    checked = python(tmp_path, ["manage.py", "check"], env)
+    assert (checked.returncode, checked.stdout, checked.stderr) == (
+        0,
+        "System check identified no issues (0 silenced).\n",
+        "",
+    )
+    started = python(tmp_path, WEB, env)
+    assert (started.returncode, started.stderr) == (0, "")
+
+
+def test_a_celery_worker_logs_a_misspelled_variable_as_it_starts(server_env, logs):
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Redis, so no Celery worker")
+    env = server_env | {"GATEWAY_EXECUTOR": "celery", "GATEWAY_SANDBOX_HEAP": "64"}
+    worker = servers.start_worker(env, logs / "worker-misspelled-setting.log")
+    try:
+        eventually(lambda: unknown("GATEWAY_SANDBOX_HEAP", "GATEWAY_SANDBOX_HEAP_MB") in worker.log.read_text())
+    finally:
+        worker.stop()
