@@ -189,11 +189,7 @@ def celery_worker(server_env, logs) -> Iterator[servers.Running]:
 @pytest.fixture(scope="session")
 def celery_gateway(server_env, world, celery_worker, logs) -> Iterator[servers.Running]:
     """In Celery mode the web process seals credentials but never opens one: it holds the public key only."""
-    from registry.credentials import public_key_of
-
-    public = public_key_of(server_env["GATEWAY_CREDENTIAL_KEYS"].split(",")[0])
-    keys = {"GATEWAY_CREDENTIAL_KEYS": "", "GATEWAY_CREDENTIAL_PUBLIC_KEY": public}
-    running = servers.start_gateway(server_env | keys | {"GATEWAY_EXECUTOR": "celery"}, logs / "gateway-celery.log")
+    running = servers.start_gateway(servers.web_env(server_env, "celery"), logs / "gateway-celery.log")
     running.executor_pid = celery_worker.process.pid
     yield running
     running.stop()

@@ -98,6 +98,17 @@ def start_gateway(env: dict[str, str], log: Path, port: int | None = None) -> Ru
     return Running(process, log, f"http://127.0.0.1:{port}")
 
 
+def web_env(env: dict[str, str], executor: str) -> dict[str, str]:
+    """A web process's environment for `executor`: in Celery mode it seals credentials but never opens one (it
+    holds the public key only)."""
+    if executor != "celery":
+        return env | {"GATEWAY_EXECUTOR": executor}
+    from registry.credentials import public_key_of
+
+    public = public_key_of(env["GATEWAY_CREDENTIAL_KEYS"].split(",")[0])
+    return env | {"GATEWAY_EXECUTOR": "celery", "GATEWAY_CREDENTIAL_KEYS": "", "GATEWAY_CREDENTIAL_PUBLIC_KEY": public}
+
+
 # The other ASGI servers the gateway is tested under (tests/test_asgi_servers.py), each up to its host, port and app.
 # The router has no lifespan handler (web_process.py starts on the first request): neither server sends the event.
 # After the drain uvicorn waits for open connections to close: bounded, as in production (docs/internals.md).

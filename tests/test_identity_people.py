@@ -9,7 +9,6 @@ import httpx2
 import pytest
 
 from policy.models import AgentGroup, IdentityProvider, Person, Rule
-from registry.credentials import public_key_of
 from registry.models import Upstream
 from tests import servers
 from tests.clients import call, sdk_client, tool_names, ws_session
@@ -241,13 +240,7 @@ def test_a_persons_call_through_the_celery_executor_is_audited_as_them(
 ):
     """The worker runs the upstream call; who asked stays on the web side, in both rows."""
     idp, _inline = idp_gateway
-    public = public_key_of(server_env["GATEWAY_CREDENTIAL_KEYS"].split(",")[0])
-    env = server_env | {
-        "GATEWAY_EXECUTOR": "celery",
-        "GATEWAY_CREDENTIAL_KEYS": "",
-        "GATEWAY_CREDENTIAL_PUBLIC_KEY": public,
-    }
-    env |= {"GATEWAY_OIDC_ISSUER": idp.issuer, "GATEWAY_OIDC_AGENT": people}
+    env = servers.web_env(server_env, "celery") | {"GATEWAY_OIDC_ISSUER": idp.issuer, "GATEWAY_OIDC_AGENT": people}
     gateway = servers.start_gateway(env, logs / "gateway-oidc-celery.log")
     try:
         token = idp.forge(sub="celia", aud=f"{gateway.url}/mcp")

@@ -62,7 +62,8 @@ def test_a_stdio_upstream_inherits_none_of_the_gateways_environment(monkeypatch)
             finally:
                 tg.cancel_scope.cancel()
 
-    assert anyio.run(scenario) == ("the-upstreams-own", "")
+    # Its own value, echoed back, comes out blanked (registry/upstreams/scrub.py): it was that very value.
+    assert anyio.run(scenario) == ("[credential]", "")
 
 
 def test_an_upstreams_instructions_reach_agents_cleaned_and_capped(db):

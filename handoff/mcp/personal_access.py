@@ -1,10 +1,7 @@
 """A call to a per-person upstream at the gateway's door: the caller's credential, as a reference the executor
 resolves (registry/personal.py CredentialRef), or the refusal that tells the person to connect and where."""
 
-import time
-
 from channels.db import database_sync_to_async
-from django.conf import settings
 from mcp import UrlElicitationRequiredError, types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
@@ -14,7 +11,7 @@ from handoff.mcp.caller import Caller
 from handoff.mcp.input_required import state_sign
 from handoff.snapshot import Route
 from policy.decisions import Denial
-from policy.identity import CheckedTokens, person_digest
+from policy.identity import person_digest
 from registry.credentials import credential_seal
 from registry.models import Upstream
 from registry.personal import (
@@ -29,33 +26,9 @@ from registry.personal import (
     personal_state,
 )
 
+# Read on every call, in every process: a replace, a disconnect or a revoke holds for the very next call (a process
+# that remembered a usable credential, even for a second, kept serving the old one).
 _state = database_sync_to_async(personal_state, thread_sensitive=False)
-# Usable credentials found, remembered as long as a process may lag behind an admin's change (a revoke takes
-# effect as a key's does); anything else is read afresh, so that a person who just connected is served at once.
-_usable = CheckedTokens()
-
-
-def _usable_key(upstream_id: int, issuer: str, subject: str) -> str:
-    return f"{upstream_id}\n{issuer}\n{subject}"
-
-
-def connect_refusal_after(code: str, caller: Caller, route: Route, name: str) -> Denial:
-    """The executor found the credential this process thought usable gone or unusable: forget what was found, so
-    that the retry after connecting again reads it afresh, and tell the person."""
-    _usable.put(_usable_key(route.upstream_id, caller.person_issuer, caller.person_subject), None, 0.0)
-    return connect_refusal(code, caller, route, name)
-
-
-async def _usable_state(upstream_id: int, issuer: str, subject: str) -> tuple[int, str, int, str] | None:
-    key = _usable_key(upstream_id, issuer, subject)
-    known, state = _usable.get(key)
-    if known:
-        return state
-    state = await _state(upstream_id, issuer, subject)
-    if state is not None and not state[3]:
-        _usable.put(key, state, time.time() + settings.GATEWAY_SNAPSHOT_CHECK_SECONDS)
-    return state
-
 
 CONNECT_AGAIN = (CREDENTIAL_REQUIRED, CREDENTIAL_EXPIRED, CREDENTIAL_REVOKED)  # lift once the person connects
 CONNECTED = (Upstream.PersonConnect.TOKEN, Upstream.PersonConnect.OAUTH)  # kinds a person connects (not exchange)
@@ -90,7 +63,7 @@ async def credential_for(caller: Caller, route: Route, name: str) -> CredentialR
             return Denial(PERSON_REQUIRED, message)
         sealed = credential_seal(caller.token, name=INBOUND)
         return CredentialRef(person, route.per_person, inbound_fingerprint(caller.token), inbound=sealed)
-    state = await _usable_state(route.upstream_id, caller.person_issuer, caller.person_subject)
+    state = await _state(route.upstream_id, caller.person_issuer, caller.person_subject)
     if state is None:
         return connect_refusal(CREDENTIAL_REQUIRED, caller, route, name)
     credential_id, kind, version, problem = state

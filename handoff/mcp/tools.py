@@ -50,7 +50,7 @@ from handoff.mcp.input_required import (
     state_load,
 )
 from handoff.mcp.paging import list_page
-from handoff.mcp.personal_access import CONNECT_AGAIN, CONNECT_ROUND, CONNECTED, connect_ask, connect_refusal_after
+from handoff.mcp.personal_access import CONNECT_AGAIN, CONNECT_ROUND, CONNECTED, connect_ask, connect_refusal
 from handoff.protocol.moves import (
     HANDOFF_FAILED,
     connecting,
@@ -265,7 +265,7 @@ async def _call_tool(
             caller,
             params.name,
             decision.upstream,
-            connect_refusal_after(code, caller, route, params.name),
+            connect_refusal(code, caller, route, params.name),
             str(request_id),
         )
         if isinstance(asked, MCPError):

@@ -43,10 +43,13 @@ class CredentialUnusable(Exception):
         self.code, self.message = code, message
 
 
-def slotted(spec: UpstreamSpec, slot: str, token: str, expires_at: float, version: str) -> UpstreamSpec:
-    """`spec` with the person's token where the upstream takes it (registry.models.Upstream.person_slot)."""
+def slotted(
+    spec: UpstreamSpec, slot: str, token: str, expires_at: float, version: str, credential: int = 0
+) -> UpstreamSpec:
+    """`spec` with the person's token where the upstream takes it (registry.models.Upstream.person_slot), and which
+    stored credential (`credential`, at `version`) it is."""
     kind, _, name = slot.partition(":")
-    changes: dict = {"person_version": version, "expires_at": expires_at}
+    changes: dict = {"person_credential": credential, "person_version": version, "expires_at": expires_at}
     if kind == "bearer":
         changes["headers"] = spec.headers | {"Authorization": f"Bearer {token}"}
     elif kind == "header":
@@ -114,7 +117,8 @@ async def _stored(upstream: Upstream, spec: UpstreamSpec, credential: PersonalCr
     if oauth and expires_at and expires_at - REFRESH_MARGIN_SECONDS < time.time():
         credential, values = await _refreshed(upstream, credential, values)
         expires_at = _epoch(credential.expires_at)
-    return slotted(spec, upstream.person_slot, values["token"], expires_at, str(credential.version))
+    version = str(credential.version)
+    return slotted(spec, upstream.person_slot, values["token"], expires_at, version, credential.pk)
 
 
 async def _refreshed(

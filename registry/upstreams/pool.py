@@ -71,6 +71,9 @@ def _serves(connection: UpstreamConnection, revision: int, person: dict | None, 
         return False  # its credential runs out: a new connection refreshes it
     if person is None:
         return catalog or not spec.per_person
+    if spec.person_credential != person.get("id", 0):
+        return False  # another credential of theirs: they disconnected and connected again, the old one is gone
+    # The same credential: this version, or a newer one (the executor refreshed it after the call's was read).
     current, wanted = spec.person_version, str(person["version"])
     return current == wanted or (current.isdigit() and wanted.isdigit() and int(current) > int(wanted))
 

@@ -1,6 +1,7 @@
-"""An upstream's own credentials blanked out of what it says when it fails: upstreams echo the key they
-were given ("invalid key sk-..."), and neither the model nor the audit may read it. Pattern redaction
-(policy/redaction.py) cannot know a bare value; the executor, which opened the credentials, does."""
+"""An upstream's own credentials blanked out of everything it says: upstreams echo the key they were given
+("invalid key sk-...", "your key is ..."), in errors and in results, resources and prompts alike, and neither the
+model nor the audit may read it. Pattern redaction (policy/redaction.py) cannot know a bare value; the executor,
+which opened the credentials, does."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -11,10 +12,8 @@ CREDENTIAL = "[credential]"
 
 
 def scrubbed(outcome: "Outcome", secrets: tuple[str, ...]) -> "Outcome":
-    """A failure or error result with every credential value of the upstream's blanked out."""
-    result = outcome.get("result")
-    failed = not outcome["ok"] or (isinstance(result, dict) and result.get("isError"))
-    return blanked(outcome, secrets) if secrets and failed else outcome
+    """The outcome, successful or not, with every credential value of the upstream's blanked out."""
+    return blanked(outcome, secrets) if secrets else outcome
 
 
 def blanked(value: Any, secrets: tuple[str, ...]) -> Any:

@@ -41,7 +41,8 @@ class UpstreamSpec:
     legacy: bool = False  # the last sync found it speaking 2025-11-25 only
     grant: dict[str, Any] | None = None  # a handoff tunnel's delegation (registry/upstreams/delegation.py)
     per_person: bool = False  # each person connects with their own credential (registry/upstreams/person.py)
-    person_version: str = ""  # the version of the person's credential it holds
+    person_credential: int = 0  # the person's stored credential it holds (0: none, or an exchanged token)
+    person_version: str = ""  # that credential's version
     expires_at: float = 0.0  # when that credential runs out (epoch seconds; 0: not said)
     # Kind rest (registry/upstreams/rest.py): where its operations come from, and which become tools.
     openapi_url: str = ""

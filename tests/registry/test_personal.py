@@ -76,8 +76,9 @@ def test_the_executor_opens_the_persons_token_into_its_slot(upstream):
     credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
     ref = {"person": person_digest(ALICE["issuer"], ALICE["subject"]), "kind": "token", "version": "1"}
     spec = anyio.run(person_spec, upstream, ref | {"id": credential.pk})
-    assert spec.headers == {"Authorization": f"Bearer {TOKEN}"} and spec.person_version == "1"
-    assert TOKEN in spec.secrets  # so the upstream's errors are scrubbed of it
+    assert spec.headers == {"Authorization": f"Bearer {TOKEN}"}
+    assert (spec.person_credential, spec.person_version) == (credential.pk, "1")  # what a reused connection holds
+    assert TOKEN in spec.secrets  # so whatever the upstream says is scrubbed of it
     assert PersonalCredential.objects.get(pk=credential.pk).last_used_at is not None
     with pytest.raises(CredentialUnusable) as nobody:
         anyio.run(person_spec, upstream, None)

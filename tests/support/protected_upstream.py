@@ -12,7 +12,9 @@ spec's discovery. --seen PATH gets every Authorization header value it receives,
 stdio: `protected_upstream.py stdio --tokens ...` knows its person from the token in UPSTREAM_TOKEN, as a stdio server
 given a personal credential in its environment does; with --seen it writes `UPSTREAM_TOKEN=<value>` there at start.
 
-`whoami` answers JSON {"person": ..., "audience": ..., "pid": ...} (audience: the JWT's `aud`, else null).
+`whoami` answers JSON {"person": ..., "audience": ..., "pid": ...} (audience: the JWT's `aud`, else null); with
+`quote`, over HTTP, also {"said": "your key is <the bearer token>"}, as upstreams that echo a key do. So do, over
+HTTP, the resource key://mine and the prompt `key`.
 Options may come from the environment instead: UPSTREAM_AUTHORIZATION_SERVER, UPSTREAM_TOKENS, UPSTREAM_SEEN.
 """
 
@@ -42,8 +44,9 @@ ACCESS_TOKEN_TYPES = ("at+jwt", "application/at+jwt")  # RFC 9068 §4: a resourc
 WHOAMI = types.Tool(
     name="whoami",
     description="The person the caller's credential names, the token's audience, and this server's process id.",
-    input_schema={"type": "object", "properties": {}},
+    input_schema={"type": "object", "properties": {"quote": {"type": "boolean"}}},
 )
+KEY = "key://mine"  # a resource, and a prompt `key`, that quote the caller's own token
 
 
 def parse_tokens(spec: str) -> dict[str, str]:
@@ -163,7 +166,14 @@ async def call_tool_http(ctx, params: types.CallToolRequestParams) -> types.Call
     user = ctx.request.user
     assert isinstance(user, AuthenticatedUser)
     audience = (user.access_token.claims or {}).get("aud")
-    return answer({"person": user.access_token.subject, "audience": audience, "pid": os.getpid()})
+    said = {"said": _quoted(ctx)} if (params.arguments or {}).get("quote") else {}
+    return answer({"person": user.access_token.subject, "audience": audience, "pid": os.getpid()} | said)
+
+
+def _quoted(ctx) -> str:
+    user = ctx.request.user
+    assert isinstance(user, AuthenticatedUser)
+    return f"your key is {user.access_token.token}"
 
 
 HOLD = types.Tool(
@@ -203,12 +213,25 @@ NOTES = "notes://mine"  # a resource whose text names the person reading it
 
 
 async def list_resources(ctx, params) -> types.ListResourcesResult:
-    return types.ListResourcesResult(resources=[types.Resource(uri=NOTES, name=f"notes of {_person(ctx)}")])
+    notes = types.Resource(uri=NOTES, name=f"notes of {_person(ctx)}")
+    return types.ListResourcesResult(resources=[notes, types.Resource(uri=KEY, name="your key")])
 
 
 async def read_resource(ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-    text = f"the notes of {_person(ctx)}"
+    text = _quoted(ctx) if str(params.uri) == KEY else f"the notes of {_person(ctx)}"
     return types.ReadResourceResult(contents=[types.TextResourceContents(uri=str(params.uri), text=text)])
+
+
+KEY_PROMPT = types.Prompt(name="key", description="A prompt that quotes the caller's key.")
+
+
+async def list_prompts(ctx, params) -> types.ListPromptsResult:
+    return types.ListPromptsResult(prompts=[KEY_PROMPT])
+
+
+async def get_prompt(ctx, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+    said = types.PromptMessage(role="user", content=types.TextContent(type="text", text=_quoted(ctx)))
+    return types.GetPromptResult(messages=[said])
 
 
 def http_app(port: int, issuer: str, tokens: dict[str, str], seen: str | None) -> ASGIApp:
@@ -220,6 +243,8 @@ def http_app(port: int, issuer: str, tokens: dict[str, str], seen: str | None) -
         on_call_tool=call_tool_http,
         on_list_resources=list_resources,
         on_read_resource=read_resource,
+        on_list_prompts=list_prompts,
+        on_get_prompt=get_prompt,
     )
     auth = AuthSettings(
         issuer_url=issuer, resource_server_url=resource, required_scopes=[SCOPE], validate_token_resource=True
