@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 from django.contrib.admin import apps as admin_apps
-
+from django.contrib.staticfiles.apps import StaticFilesConfig
 
 class AuditConfig(AppConfig):
     default = True
@@ -17,3 +17,10 @@ class ConsoleAdminConfig(admin_apps.AdminConfig):
 
     default = False
     default_site = "gateway_project.admin_site.ConsoleSite"
+
+
+class ConsoleStaticFilesConfig(StaticFilesConfig):
+    """django.contrib.staticfiles, gathering only what the console serves: collectstatic hashes and compresses
+    every file it gathers, and the REST API renders JSON only, so DRF's browsable-API assets are never asked for."""
+
+    ignore_patterns = [*StaticFilesConfig.ignore_patterns, "rest_framework/*"]

@@ -12,7 +12,6 @@ django_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from audit.telemetry import http_metered  # noqa: E402
@@ -23,14 +22,14 @@ from handoff.probes import drain, healthz_app, readyz_app  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        # The admin's few static files are served by Django itself, so one process needs nothing in front.
+        # The console's static files are served by Django (WhiteNoise), so one process needs nothing in front.
         "http": http_metered(
             URLRouter(
                 [
                     path("mcp", drain.tracked(mcp_http_app)),
                     path("healthz", healthz_app),
                     path("readyz", readyz_app),
-                    re_path(r"", ASGIStaticFilesHandler(django_app)),
+                    re_path(r"", django_app),
                 ]
             )
         ),

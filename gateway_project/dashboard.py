@@ -1,6 +1,7 @@
 """What the console's front page shows: per-upstream calls, error rate and latency over a window, as totals
-and as a series of buckets for the charts, and the gateway's state right now (circuits, sessions, tunnels,
-tools waiting for approval, live workers). It reads across apps; it writes nothing."""
+(every enabled upstream's, an idle one's zero too) and as a series of buckets for the charts, and the gateway's
+state right now (circuits, sessions, tunnels, tools waiting for approval, live workers). It reads across apps;
+it writes nothing."""
 
 import logging
 import statistics
@@ -28,6 +29,7 @@ WINDOWS = {
     "hour": (timedelta(hours=1), timedelta(minutes=5), "%H:%M"),
     "day": (timedelta(days=1), timedelta(hours=1), "%d %b %H:00"),
 }
+REFRESH_SECONDS = 10  # how often the page fetches its figures again: a few cheap queries, the trail's index
 
 
 @dataclass
@@ -130,6 +132,8 @@ def window_stats(*, window: str, now: datetime | None = None) -> WindowStats:
             stats.totals[upstream] = measure
         else:
             stats.series.setdefault(upstream, {})[bucket] = measure
+    for slug in Upstream.objects.filter(enabled=True).values_list("slug", flat=True):
+        stats.totals.setdefault(slug, Latency())  # an idle upstream is listed too: it is there, with no calls
     stats.people = _busiest_people(origin)
     return stats
 

@@ -176,7 +176,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
-    "django.contrib.staticfiles",
+    "audit.apps.ConsoleStaticFilesConfig",  # django.contrib.staticfiles, gathering only what is served
     "channels",
     "rest_framework",
     "drf_spectacular",
@@ -193,6 +193,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, before anything that would touch a session
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -575,6 +576,12 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# Served by WhiteNoise from what `manage.py collectstatic` gathered: names carry a hash of the content, so they
+# are cached for ever (Cache-Control max-age a year, immutable), with gzip and Brotli copies made at collection.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 
 # text: one line per record for a terminal; json: one object per line for a log platform (time, level,
 # logger, message, and request_id, trace_id, agent, upstream, tool where a call is being served).

@@ -4,7 +4,9 @@ audited; handoff/mcp/call_path.py), made as the built-in agent `console` with th
 Why an agent of its own: the decision, the limits and the trail are per agent, and an operator is none. One
 `console` agent, made on first use, holds no key (no client can call as it) and is excluded from nothing:
 rules name it, its limits and its switch apply, and GATEWAY_POLICY_DEFAULT=deny refuses it until a rule
-allows it. Each operator's calls count as a session of their own (group isolation, call counts)."""
+allows it. So it stays in the rule pickers, labelled as built in, and its page says what it is
+(policy/builtin_agents.py). Each operator's calls count as a session of their own (group isolation, call
+counts)."""
 
 import uuid
 from collections.abc import Awaitable
@@ -21,11 +23,10 @@ from audit.writer import audit_writer
 from handoff.mcp.call_path import conclude, decide, deny, for_model, request_audit, route_execute, run_admitted
 from handoff.mcp.caller import Caller
 from handoff.snapshot import snapshot
+from policy.builtin_agents import CONSOLE_AGENT
 from policy.config_version import config_version
 from policy.models import Agent
 from registry.upstreams.connection import Outcome
-
-CONSOLE_AGENT = "console"
 
 
 @dataclass(frozen=True)

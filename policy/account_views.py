@@ -1,5 +1,6 @@
-"""My account: a signed-in person makes and revokes their own API keys. A personal key acts as the agent of
-the built-in authorization server's people (GATEWAY_AUTH_SERVER_AGENT) and its calls are audited as its owner."""
+"""My account: a signed-in person makes and revokes their own API keys, and sees and revokes the OAuth clients
+they allowed. A personal key acts as the agent of the built-in authorization server's people
+(GATEWAY_AUTH_SERVER_AGENT) and its calls are audited as its owner."""
 
 from datetime import timedelta
 
@@ -12,7 +13,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from policy.models import Agent, AgentKey
-from policy.services import agent_key_issue, agent_key_revoke
+from policy.selectors import oauth_clients_allowed
+from policy.services import agent_key_issue, agent_key_revoke, oauth_client_revoke
 
 LIFETIMES = [(7, "7 days"), (30, "30 days"), (90, "90 days"), (365, "a year")]
 
@@ -35,6 +37,10 @@ def my_account(request: HttpRequest) -> HttpResponse:
         if AgentKey.objects.filter(prefix=revoking, owner=request.user).exists():
             agent_key_revoke(prefix=revoking, actor=actor)
         return redirect("my-account")
+    if request.method == "POST" and (client_id := request.POST.get("revoke_client")):
+        if any(client.client_id == client_id for client in oauth_clients_allowed(user=request.user)):
+            oauth_client_revoke(user=request.user, client_id=client_id, actor=actor)
+        return redirect("my-account")
     if request.method == "POST" and agent is not None:
         form = PersonalKeyForm(request.POST)
         if form.is_valid():
@@ -43,5 +49,6 @@ def my_account(request: HttpRequest) -> HttpResponse:
             made = agent_key_issue(agent=agent, label=form.cleaned_data["label"], actor=actor, **terms).key
             form = PersonalKeyForm()
     keys = AgentKey.objects.filter(owner=request.user).order_by("-created_at")
-    context = {"agent": agent, "form": form, "keys": keys, "made": made, "now": timezone.now()}
+    clients = oauth_clients_allowed(user=request.user)
+    context = {"agent": agent, "form": form, "keys": keys, "made": made, "now": timezone.now(), "clients": clients}
     return render(request, "account/my_account.html", context)

@@ -5,6 +5,7 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
 from django.http import HttpRequest
 
+from policy.builtin_agents import agent_label, builtin_description
 from policy.models import AdminToken, Agent, AgentGroup, AgentKey, IdentityProvider, Person, Rule, ServerGroup
 from policy.services import (
     admin_token_revoke,
@@ -16,6 +17,22 @@ from policy.services import (
     relations_record,
     rule_save,
 )
+
+
+class AgentPickerMixin:
+    """Agent pickers that label the built-in agents (policy/builtin_agents.py), which a rule may name."""
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if db_field.related_model is Agent:
+            field.label_from_instance = agent_label
+        return field
+
+    def formfield_for_manytomany(self, db_field, request, **kwargs):
+        field = super().formfield_for_manytomany(db_field, request, **kwargs)
+        if db_field.related_model is Agent:
+            field.label_from_instance = agent_label
+        return field
 
 
 class AuditedDeleteMixin:
@@ -50,7 +67,7 @@ class AuditedSaveMixin(AuditedDeleteMixin):
 
 
 @admin.register(Rule)
-class RuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
+class RuleAdmin(AgentPickerMixin, AuditedDeleteMixin, admin.ModelAdmin):
     """Deny wins over allow; with no matching rule, GATEWAY_POLICY_DEFAULT decides (see docs/policy.md)."""
 
     list_display = (
@@ -74,7 +91,7 @@ class RuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
 
 
 @admin.register(AgentGroup)
-class AgentGroupAdmin(AuditedSaveMixin, admin.ModelAdmin):
+class AgentGroupAdmin(AgentPickerMixin, AuditedSaveMixin, admin.ModelAdmin):
     list_display = ("name", "idp_groups")
     filter_horizontal = ("agents",)
 
@@ -135,10 +152,15 @@ class AgentKeyInline(admin.TabularInline):
 
 @admin.register(Agent)
 class AgentAdmin(AuditedSaveMixin, admin.ModelAdmin):
-    list_display = ("name", "enabled", "calls_per_minute", "max_calls_per_session", "created_at")
+    list_display = ("name", "enabled", "calls_per_minute", "max_calls_per_session", "created_at", "built_in")
     list_filter = ("enabled", "agent_groups")
+    readonly_fields = ("built_in",)
     inlines = (AgentKeyInline,)
     actions = ("issue_key",)
+
+    @admin.display(description="Built in")
+    def built_in(self, agent: Agent) -> str:
+        return builtin_description(agent.name) or "—"
 
     def save_model(self, request, obj, form, change) -> None:
         super().save_model(request, obj, form, change)  # audited (AuditedSaveMixin)

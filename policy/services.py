@@ -4,9 +4,17 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Model
 from django.utils import timezone
+from oauth2_provider.models import (
+    get_access_token_model,
+    get_application_model,
+    get_grant_model,
+    get_id_token_model,
+    get_refresh_token_model,
+)
 
 from audit.changes import change_detail, object_state
 from audit.services import audit_record
@@ -153,3 +161,22 @@ def policy_object_delete(*, obj: Model, actor: str) -> None:
         detail |= change_detail(object_state(obj), None)
         obj.delete()
         audit_record(kind="admin_change", actor=actor, detail=detail)
+
+
+def oauth_client_revoke(*, user: AbstractBaseUser, client_id: str, actor: str) -> int:
+    """Take back what `user` allowed the client: every token and code it holds of theirs ends now (refresh
+    tokens are kept, revoked, so a reuse is recognised); the number of tokens that still worked. The version
+    moves so that every web process looks tokens up again (policy/authorization.py remembers them)."""
+    application = get_application_model().objects.get(client_id=client_id)
+    mine = {"user": user, "application": application}
+    now = timezone.now()
+    with transaction.atomic():
+        refreshed = get_refresh_token_model().objects.filter(**mine, revoked__isnull=True).update(revoked=now)
+        accessed = get_access_token_model().objects.filter(**mine, expires__gt=now).count()
+        get_access_token_model().objects.filter(**mine).delete()
+        get_id_token_model().objects.filter(**mine).delete()
+        get_grant_model().objects.filter(**mine).delete()
+        config_changed()
+        detail = {"action": "oauth_client_revoked", "client_id": client_id, "client": application.name}
+        audit_record(kind="admin_change", actor=actor, detail=detail | {"tokens": refreshed + accessed})
+    return refreshed + accessed

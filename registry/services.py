@@ -19,6 +19,7 @@ from registry.executor import get_executor
 from registry.models import Tool, Upstream, query_split
 from registry.naming import exposed_name, split_exposed_name
 from registry.upstreams.connection import DOCUMENT_REFUSED
+from registry.upstreams.health import command_missing
 from registry.upstreams.loop import pool_thread
 
 logger = logging.getLogger(__name__)
@@ -98,10 +99,16 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
 
 def upstream_register(*, upstream: Upstream, actor: str) -> SyncReport:
     """The first sync of a new upstream. A REST upstream whose OpenAPI document is refused (hostile, broken, or
-    pointing at a private address) is removed again: such a document registers nothing."""
+    pointing at a private address) is removed again: such a document registers nothing. A stdio upstream whose
+    command does not exist is switched off: trying again later would find it missing still."""
     report = upstream_catalog_sync(upstream=upstream)
     if report.code == DOCUMENT_REFUSED:
         upstream_delete(upstream=upstream, actor=actor)
+    elif not report.ok and command_missing(report.cause):
+        upstream_set_enabled(upstream=upstream, enabled=False, actor=actor)
+        report.error = f"{report.cause}. It was saved disabled: install the command or correct it, then enable it."
+        report.cause = ""
+        Upstream.objects.filter(pk=upstream.pk).update(last_sync_error=report.error)
     return report
 
 

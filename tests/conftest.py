@@ -63,8 +63,10 @@ def needs(condition: bool, reason: str) -> None:
 def db(django_db_setup, django_db_blocker, shared_state) -> Iterator[None]:
     """The test database, and a clean Redis beside it (shared_state) even where no process fixture runs (the
     fast tier): state an earlier run left in Redis would name rows the new database reuses."""
+    from django.core.management import call_command
     from django.db import connections
 
+    call_command("static_ready", verbosity=0)  # the console's pages name their static files by the manifest
     with django_db_blocker.unblock():
         yield
         # Connections of this process's other threads (client scenarios', sync_to_async's) would otherwise

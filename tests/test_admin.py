@@ -264,6 +264,29 @@ def _messages(response) -> list[str]:
     return [str(message) for message in response.context["messages"]]
 
 
+def test_an_upstream_added_with_a_missing_command_is_saved_disabled_and_the_command_named(admin_client, admin_executor):
+    """Trying later would find the command missing still: the page says what is wrong, and agents are not
+    offered an upstream that cannot start."""
+    missing = Upstream(slug="ghost-cmd", transport="stdio", command="/nonexistent/mcp-server-ghost")
+    mark = audit_mark()
+    form = _upstream_form(missing, env="{}", headers="{}")
+    added = admin_client.post("/admin/registry/upstream/add/", form, follow=True)
+    upstream = Upstream.objects.get(slug="ghost-cmd")
+    try:
+        said = (
+            "ghost-cmd: catalog sync failed: command not found: /nonexistent/mcp-server-ghost. "
+            "It was saved disabled: install the command or correct it, then enable it."
+        )
+        assert _messages(added)[-1] == said
+        assert "Try later" not in added.content.decode()
+        assert not upstream.enabled
+        assert upstream.last_sync_error == said.removeprefix("ghost-cmd: catalog sync failed: ")
+        actions = [(r.actor, r.detail["action"]) for r in audit_since(mark) if r.upstream == "ghost-cmd"]
+        assert actions == [("operator", "upstream_created"), ("operator", "upstream_disabled")]
+    finally:
+        upstream.delete()
+
+
 def test_adding_and_editing_an_upstream_in_the_admin_reports_the_sync_of_what_was_saved(admin_client, admin_executor):
     """The sync runs once the save is committed, so the executor (another connection, or another process) reads
     the row as saved: a new upstream is found, and an edit reports the edited command, not the previous one."""

@@ -11,7 +11,8 @@ from django.contrib.auth.models import Group
 from audit.models import AuditEvent
 from audit.selectors import AUDITOR_GROUP, AuditFilter, audit_page
 from audit.services import audit_record
-from gateway_project.dashboard import window_stats
+from gateway_project.dashboard import Latency, window_stats
+from registry.models import Upstream
 from tests.helpers import audit_mark
 
 
@@ -140,13 +141,31 @@ def test_staff_without_the_view_permission_sees_no_trail(db, payload_row):
     client.force_login(clerk)
     try:
         urls = ["/admin/audit/auditevent/", f"/admin/audit/auditevent/request/{payload_row.request_id}/",
-                f"/admin/audit/auditevent/{payload_row.id}/change/", "/admin/audit/auditevent/export.csv"]  # fmt: skip
+                f"/admin/audit/auditevent/{payload_row.id}/change/", "/admin/audit/auditevent/export.csv",
+                "/admin/dashboard/"]  # fmt: skip
         statuses = [client.get(url).status_code for url in urls]
         dashboard = client.get("/admin/").content.decode()
     finally:
         clerk.delete()
-    assert statuses == [403, 403, 403, 403]
+    assert statuses == [403, 403, 403, 403, 403]
     assert 'id="dashboard"' not in dashboard
+
+
+def test_the_dashboard_lists_every_enabled_upstream_an_idle_one_with_no_calls(admin_client):
+    idle = Upstream.objects.create(slug=f"idle-{uuid.uuid4().hex[:6]}", transport="stdio", command="idle-server")
+    off = Upstream.objects.create(slug=f"off-{uuid.uuid4().hex[:6]}", transport="stdio", command="x", enabled=False)
+    try:
+        assert window_stats(window="hour").totals[idle.slug] == Latency(calls=0, errors=0, p50=None, p95=None)
+        pages = [admin_client.get(url) for url in ("/admin/", "/admin/dashboard/?window=day")]
+    finally:
+        idle.delete()
+        off.delete()
+    for page in pages:
+        row = re.search(rf">{idle.slug}</a></td>\s*<td>(\d+)</td>", page.content.decode())
+        assert page.status_code == 200 and row and row.group(1) == "0"
+        assert off.slug not in page.content.decode()
+    fragment = pages[1].content.decode()
+    assert "<!DOCTYPE html>" not in fragment and 'id="dashboard-data"' in fragment and 'id="people-totals"' in fragment
 
 
 def test_the_dashboard_lists_the_busiest_people_with_their_errors(admin_client):

@@ -4,6 +4,7 @@ Chromium; every call is then audited as that person. The server's refusals are d
 
 import base64
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -326,6 +327,51 @@ def test_a_token_of_this_server_works_on_the_websocket_and_a_revoked_one_is_refu
     reply = eventually(refused, timeout=10)
     message = "The token is unknown, expired or revoked, or not for this gateway: sign in again"
     assert reply.json()["error"]["message"] == message
+
+
+def _allowed_client(gateway) -> tuple[str, dict]:
+    """A client registered and allowed by ada: its id and its tokens."""
+    client_id = _register(gateway).json()["client_id"]
+    verifier, challenge = _pkce()
+    with _signed_in(gateway) as http:
+        code = _code(_authorize(http, gateway, client_id, code_challenge=challenge, code_challenge_method="S256"))
+    exchange = {"grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK, "client_id": client_id}
+    return client_id, _token(gateway, **exchange, code_verifier=verifier).json()
+
+
+def _account_post(http: httpx2.Client, **form: str) -> httpx2.Response:
+    page = http.get("/account/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    return http.post("/account/", data={"csrfmiddlewaretoken": token} | form, headers={"referer": str(page.url)})
+
+
+def test_a_person_sees_the_clients_they_allowed_and_revokes_one_whose_token_then_fails(gateway, ada):
+    client_id, tokens = _allowed_client(gateway)
+    other_id, other_tokens = _allowed_client(gateway)
+    assert _initialize(gateway, tokens["access_token"]).status_code == 200
+    mark = audit_mark()
+    with _signed_in(gateway) as http:
+        listed = http.get("/account/").text
+        revoked = _account_post(http, revoke_client=client_id)
+        after = http.get("/account/").text
+        stranger = _account_post(http, revoke_client="not-a-client-of-ada")
+    row = re.search(rf'<tr id="client-{client_id}">(.*?)</tr>', listed, re.S)
+    assert row and "Raw" in row.group(1) and 'name="revoke_client"' in row.group(1)
+    assert revoked.status_code == 302 and stranger.status_code == 302
+    assert f'id="client-{client_id}"' not in after and f'id="client-{other_id}"' in after, "only the one revoked"
+    [audited] = [r for r in audit_since(mark) if r.kind == "admin_change"]
+    assert (audited.actor, audited.detail) == (
+        "ada",
+        {"action": "oauth_client_revoked", "client_id": client_id, "client": "Raw", "tokens": 2},
+    )
+    refused = eventually(lambda: (reply := _initialize(gateway, tokens["access_token"])).status_code == 401 and reply)
+    message = "The token is unknown, expired or revoked, or not for this gateway: sign in again"
+    assert refused.json()["error"]["message"] == message
+    refresh = {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"], "client_id": client_id}
+    reused = _token(gateway, **refresh)
+    assert (reused.status_code, reused.json()["error"]) == (400, "invalid_grant")
+    assert _initialize(gateway, other_tokens["access_token"]).status_code == 200, "the other client still works"
+    assert tokens["access_token"] not in json.dumps([r.detail for r in audit_since(mark)])
 
 
 def test_registration_is_open_but_a_flood_is_refused_by_every_web_process_alike(server_env, world, logs):

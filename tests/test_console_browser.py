@@ -17,6 +17,7 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from audit.models import AuditEvent
+from gateway_project.dashboard import REFRESH_SECONDS
 from handoff.console import CONSOLE_AGENT
 from policy.models import Agent
 from registry.models import Tool
@@ -93,6 +94,25 @@ def test_an_operator_logs_in_and_the_dashboard_charts_each_upstreams_calls(opera
     operator.click("#upstream-totals a:text('demo')")
     operator.wait_for_selector("#audit-rows")
     assert operator.input_value("#id_upstream") == "demo"
+
+
+def test_the_dashboard_lists_an_idle_upstream_and_refreshes_its_figures_without_a_reload(operator, console, world):
+    """Its clock run forward (Playwright's), so the refresh comes at once: the new call's count appears in the
+    page as it was, not a new one."""
+    with demo_upstream("quiet") as quiet:
+        operator.clock.install()
+        operator.goto(f"{console.url}/admin/")
+        row = operator.locator("#upstream-totals tr", has=operator.locator("a", has_text="quiet"))
+        assert row.locator("td").nth(1).inner_text() == "0", "enabled and idle: listed with no calls"
+        operator.evaluate("() => { window.sameDocument = true; }")
+        agent_run(lambda: call(console.url, world.key, "quiet__echo", {"text": "now"}))
+        operator.clock.run_for(REFRESH_SECONDS * 1000)
+        quiet_calls = """() => [...document.querySelectorAll("#upstream-totals tr")]
+            .filter(tr => tr.cells[0].innerText === "quiet").map(tr => tr.cells[1].innerText).join()"""
+        eventually(lambda: operator.evaluate(quiet_calls) == "1", timeout=TIMEOUT_MS / 1000)
+        assert operator.evaluate("() => window.sameDocument") is True, "the page was not reloaded"
+        assert quiet.slug in operator.evaluate("() => Chart.getChart('chart-calls').data.datasets.map(d => d.label)")
+        screenshot(operator, "dashboard-refreshed.png")
 
 
 def test_disabling_an_upstream_in_the_console_hides_it_from_an_agent(operator, console, world):

@@ -74,6 +74,30 @@ def test_a_tool_run_from_the_console_is_decided_admitted_and_audited_with_the_op
     assert (made.actor, made.agent_name, made.detail["action"]) == ("operator", CONSOLE_AGENT, "agent_created")
 
 
+def test_the_console_agent_is_labelled_built_in_and_explained_wherever_an_operator_meets_it(admin_client, demo):
+    """It stays pickable (a rule must name it under a deny-all stance), but never passes for an agent someone
+    made and forgot."""
+    echo = _tool(demo, "echo")
+    form = _page(admin_client.get(f"/admin/registry/tool/{echo.pk}/test/"))
+    assert 'id="tool-test-agent"' in form and "as the built-in agent <code>console</code>" in form
+    admin_client.post(f"/admin/registry/tool/{echo.pk}/test/", {"arguments": "{}", "confirmed": "Run it"})
+    console = Agent.objects.get(name=CONSOLE_AGENT)
+    plain = Agent.objects.create(name="plain-agent")
+    plain_pk = plain.pk
+    try:
+        pickers = [_page(admin_client.get(url)) for url in ("/admin/policy/rule/add/", "/admin/policy/agentgroup/add/")]
+        listed = _page(admin_client.get("/admin/policy/agent/"))
+        page = _page(admin_client.get(f"/admin/policy/agent/{console.pk}/change/"))
+    finally:
+        plain.delete()
+    for picker in pickers:
+        assert f'<option value="{console.pk}">console (built in: the console&#x27;s Test this tool)</option>' in picker
+        assert f'<option value="{plain_pk}">plain-agent</option>' in picker
+    explained = "Built in. Operators&#x27; calls from a tool&#x27;s Test this tool page run as this agent"
+    assert explained in listed and explained in page
+    assert "It holds no key; rules, limits and its switch apply to it as to any agent." in page
+
+
 def test_the_console_agent_is_decided_like_any_other(admin_client, demo):
     """Excluded from nothing: switched off, the console's calls are refused, and the refusal is audited."""
     echo = _tool(demo, "echo")

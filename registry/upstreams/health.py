@@ -19,6 +19,7 @@ STDERR_TAIL_BYTES = 2048
 STDERR_KEPT_BYTES = 1 << 20  # past this a long-lived server's stderr file is cut back to its tail
 CAUSE_CHARS = 1000
 OK, FAILING = "ok", "failing"  # Upstream.Health's values (the pool stays free of the ORM)
+COMMAND_NOT_FOUND = "command not found: "  # a cause that waiting will not cure (registry/services.py)
 
 
 def found(exc: BaseException, wanted: Callable[[BaseException], bool]) -> BaseException | None:
@@ -83,7 +84,7 @@ def _what_failed(exc: BaseException, spec: Any, witness: Witness) -> str:
     if refused := found(exc, lambda e: isinstance(e, EgressRefused)):
         return f"refused address: {refused}"
     if spec.transport == "stdio" and found(exc, lambda e: isinstance(e, FileNotFoundError)):
-        return f"command not found: {spec.command}"
+        return f"{COMMAND_NOT_FOUND}{spec.command}"
     if spec.transport == "stdio" and found(exc, lambda e: isinstance(e, PermissionError)):
         return f"command not executable: {spec.command}"
     if witness.http_status:
@@ -95,6 +96,11 @@ def _what_failed(exc: BaseException, spec: Any, witness: Witness) -> str:
     if spec.transport == "stdio":
         return f"the server {witness.ending or 'closed its output'} during start-up"
     return f"connect failed: {type(exc).__name__}"
+
+
+def command_missing(cause: str) -> bool:
+    """Whether a stdio server could not start because its command does not exist where upstreams run."""
+    return cause.startswith(COMMAND_NOT_FOUND)
 
 
 def connect_cause(exc: BaseException, spec: Any, witness: Witness) -> str:

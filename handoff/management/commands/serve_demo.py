@@ -1,6 +1,7 @@
 """`manage.py serve_demo`: what scripts/demo runs, in one process, so that Python and Django start once.
 
-The database is made current (handoff/management/commands/schema_ready.py), the demo set up
+The database is made current (handoff/management/commands/schema_ready.py), the static files collected
+(audit/management/commands/static_ready.py), the demo set up
 (setup_demo.py: a restart changes nothing and prints the same key), the example finance specialist started
 beside it, and Daphne serves the gateway from this very process. The upstream pool is a thread of this process
 that outlives the setup: the stdio servers the catalog syncs started are the ones the first calls use.
@@ -33,6 +34,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, port: int, **options) -> None:
         call_command("schema_ready", verbosity=0)
+        call_command("static_ready", verbosity=0)
         # A restart syncs no catalog before serving (setup_demo syncs those never synced). Syncing them meanwhile
         # starts the pool's sessions before the first call needs them, and picks up a tool changed while the
         # gateway was down.

@@ -1,0 +1,35 @@
+"""Reads for more than one model: the OAuth clients a person allowed (django-oauth-toolkit's tokens)."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
+from oauth2_provider.models import get_access_token_model, get_application_model, get_refresh_token_model
+
+
+@dataclass(frozen=True)
+class AllowedClient:
+    client_id: str
+    name: str
+    allowed_at: datetime  # its first token for this person: when they allowed it (rotations keep the chain)
+    latest_at: datetime  # its newest token: when it last signed in or refreshed
+
+
+def oauth_clients_allowed(*, user: AbstractBaseUser) -> list[AllowedClient]:
+    """The clients holding a token of `user` that still works (an access token not expired, a refresh token
+    not revoked), newest first."""
+    tokens = [
+        *get_access_token_model().objects.filter(user=user).values_list("application_id", "created", "expires"),
+        *get_refresh_token_model().objects.filter(user=user).values_list("application_id", "created", "revoked"),
+    ]
+    now, spans, live = timezone.now(), {}, set()
+    for application_id, created, ends in tokens:
+        first, last = spans.get(application_id, (created, created))
+        spans[application_id] = (min(first, created), max(last, created))
+        # An access token's `ends` is its expiry (always set), a refresh token's its revocation (None: live).
+        if ends is None or ends > now:
+            live.add(application_id)
+    names = get_application_model().objects.filter(pk__in=live).values_list("pk", "client_id", "name")
+    clients = [AllowedClient(client_id, name, *spans[pk]) for pk, client_id, name in names]
+    return sorted(clients, key=lambda client: client.latest_at, reverse=True)
