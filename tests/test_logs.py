@@ -8,13 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from mcp.shared.exceptions import MCPError
 
 from policy.models import Rule
 from registry.models import Upstream
 from tests import servers
-from tests.clients import call, tool_names
+from tests.clients import TIMEOUT, call, reply_of, stateless_body, stateless_headers, tool_names
 from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -123,3 +124,19 @@ def test_a_denial_by_a_rule_and_one_by_the_stance_are_logged_and_their_rows_name
             "INFO", "denied", "POLICY_DENIED", row.exposed_name
         )  # fmt: skip
         assert line["duration_ms"] >= 0
+
+
+def test_a_forged_request_state_is_logged_as_the_denial_its_audit_row_records(deny_all_json, world):
+    gateway, log = deny_all_json
+    body = json.loads(stateless_body("demo__echo", {"text": "x"}))
+    body["params"]["requestState"] = "forged"
+    mark = audit_mark()
+    headers = stateless_headers(world.key, "demo__echo")
+    reply = reply_of(httpx2.post(f"{gateway.url}/mcp", content=json.dumps(body), headers=headers, timeout=TIMEOUT))
+    [row] = audit_since(mark)
+    [line] = eventually(lambda: call_lines(log, row.request_id))
+    assert reply["error"]["message"] == row.error_detail
+    assert (row.kind, row.error_code) == ("denied", "INVALID_REQUEST_STATE")
+    assert (line["level"], line["outcome"], line["code"], line["tool"]) == (
+        "INFO", "denied", "INVALID_REQUEST_STATE", "demo__echo"
+    )  # fmt: skip

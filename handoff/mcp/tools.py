@@ -192,14 +192,18 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
 async def request_state_verified(
     caller: Caller, name: str, upstream: str, request_state: str, arguments: dict[str, Any], trace_id: str = ""
 ) -> dict[str, Any]:
-    """A retry's verified requestState; a forged, foreign or expired one is refused and audited."""
+    """A retry's verified requestState; a forged, foreign or expired one is refused, audited and logged."""
+    started = time.perf_counter()
     try:
         return state_load(caller, name, upstream, request_state)
     except InvalidRequestState as refused:
         DENIALS.labels("INVALID_REQUEST_STATE").inc()
-        audit = request_audit(caller, name, uuid.uuid4(), arguments, upstream, "", trace_id)
+        request_id = uuid.uuid4()
+        log_fields_add(request_id=str(request_id))
+        audit = request_audit(caller, name, request_id, arguments, upstream, "", trace_id)
         message = refused.error.message
         await record(kind="denied", outcome="denied", error_code="INVALID_REQUEST_STATE", error_detail=message, **audit)
+        call_logged(name, "denied", "INVALID_REQUEST_STATE", (time.perf_counter() - started) * 1000)
         raise
 
 
