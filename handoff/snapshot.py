@@ -24,7 +24,18 @@ from handoff.models import HandoffRoute
 from handoff.triage import TriageTool, triage_tools
 from policy.authorization import builtin_compile
 from policy.config_version import config_version
-from policy.decisions import RETRY_LATER, CompiledRule, Denial, Policy, Target, Who, policy_decide, who_of
+from policy.decisions import (
+    RETRY_LATER,
+    CompiledRule,
+    Denial,
+    Explanation,
+    Policy,
+    Target,
+    Who,
+    policy_decide,
+    policy_explain,
+    who_of,
+)
 from policy.identity import Provider, people_disabled, providers_compile
 from policy.keys import key_matches, key_split
 from policy.limits.admission import AgentLimits, UpstreamLimits
@@ -212,6 +223,16 @@ class Snapshot:
         found = Target(name, target.slug, target.reachable, True, target.id, target.group_id, tool)
         return self._decide(who_of(principal), found)
 
+    def explain(self, principal: int | Who, name: str) -> Explanation:
+        """The static decision on any exposed name (an upstream's tool or the gateway's own), with the rule or
+        stance it rests on: uncached, for an operator's question rather than a call."""
+        who = who_of(principal)
+        own = self.triage.get(name) or self.builtins.get(name)
+        entry = self.tools.get(name)
+        target = own.policy_target if own else entry.target if entry else self._unknown(name)
+        enabled = who.agent_id in self.agents
+        return policy_explain(policy=self.policy, agent_id=who, agent_enabled=enabled, target=target)
+
     def _decide(self, who: Who, target: Target) -> Denial | None:
         enabled = who.agent_id in self.agents
         return policy_decide(policy=self.policy, agent_id=who, agent_enabled=enabled, target=target)
@@ -286,6 +307,8 @@ def _policy() -> Policy:
                 tool_pattern=rule.tool_pattern,
                 groups=frozenset({rule.agent_group_id} if rule.agent_group_id else ()),
                 people=frozenset({(rule.person.issuer, rule.person.subject)} if rule.person else ()),
+                rule_id=rule.id,
+                note=rule.note,
             )
         )
     return Policy(rules=tuple(rules), default_allow=settings.GATEWAY_POLICY_DEFAULT == "allow")

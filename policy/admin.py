@@ -1,10 +1,15 @@
+from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import path
 
+from handoff.explain import ExplainRefused, call_explain
 from policy.builtin_agents import agent_label, builtin_description
 from policy.models import AdminToken, Agent, AgentGroup, AgentKey, IdentityProvider, Person, Rule, ServerGroup
 from policy.services import (
@@ -66,6 +71,14 @@ class AuditedSaveMixin(AuditedDeleteMixin):
         policy_object_save(obj=obj, actor=request.user.get_username(), created=not change)
 
 
+class ExplainForm(forms.Form):
+    agent = forms.ModelChoiceField(Agent.objects.all(), to_field_name="name")
+    tool = forms.CharField(max_length=300, help_text="As tools/list names it, e.g. demo__add")
+    person = forms.CharField(max_length=255, required=False, help_text="A person's subject, for a call made as them")
+    issuer = forms.CharField(max_length=255, required=False, help_text="Their issuer, when several share the subject")
+    groups = forms.CharField(max_length=512, required=False, help_text="Their groups at the IdP, space-separated")
+
+
 @admin.register(Rule)
 class RuleAdmin(AgentPickerMixin, AuditedDeleteMixin, admin.ModelAdmin):
     """Deny wins over allow; with no matching rule, GATEWAY_POLICY_DEFAULT decides (see docs/policy.md)."""
@@ -88,6 +101,34 @@ class RuleAdmin(AgentPickerMixin, AuditedDeleteMixin, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change) -> None:
         rule_save(rule=obj, actor=request.user.get_username(), created=not change)
+
+    def get_urls(self):
+        explain = path("explain/", self.admin_site.admin_view(self.explain_view), name="policy_rule_explain")
+        return [explain, *super().get_urls()]
+
+    def explain_view(self, request: HttpRequest) -> TemplateResponse:
+        """Can this caller call this tool, and why: the answer of handoff/explain.py, as the API gives it."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        form = ExplainForm(request.GET if "tool" in request.GET else None)
+        context = self.admin_site.each_context(request) | {"opts": self.opts, "title": "Can this caller call it?"}
+        status, explained = 200, None
+        if form.is_bound and form.is_valid():
+            asked = form.cleaned_data
+            try:
+                explained = call_explain(
+                    agent=asked["agent"].name,
+                    tool=asked["tool"],
+                    person=asked["person"],
+                    issuer=asked["issuer"],
+                    groups=tuple(asked["groups"].split()),
+                )
+            except ExplainRefused as refused:
+                form.add_error(None, str(refused))
+        if form.errors:
+            status = 400
+        page = context | {"form": form, "explained": explained, "stance": settings.GATEWAY_POLICY_DEFAULT}
+        return TemplateResponse(request, "admin/policy/rule/explain.html", page, status=status)
 
 
 @admin.register(AgentGroup)

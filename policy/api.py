@@ -4,11 +4,14 @@ import copy
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from handoff.explain import ExplainRefused, call_explain
 from policy.models import Agent, AgentGroup, Rule, ServerGroup
 from policy.services import (
     agent_create,
@@ -120,6 +123,46 @@ class IssuedKeySerializer(serializers.Serializer):
     label = serializers.CharField(max_length=64, required=False, allow_blank=True)
 
 
+class ExplainQuerySerializer(serializers.Serializer):
+    tool = serializers.CharField(max_length=300, help_text="The tool as tools/list names it, e.g. demo__add")
+    person = serializers.CharField(
+        max_length=255, required=False, default="", help_text="A person's subject, for a call made as them"
+    )
+    issuer = serializers.CharField(
+        max_length=255, required=False, default="", help_text="The person's issuer, when several share the subject"
+    )
+    group = serializers.ListField(
+        child=serializers.CharField(max_length=128),
+        required=False,
+        default=list,
+        help_text="The person's groups at their identity provider (repeat the parameter)",
+    )
+
+
+class PersonNamedSerializer(serializers.Serializer):
+    issuer = serializers.CharField()
+    subject = serializers.CharField()
+
+
+class GroundsSerializer(serializers.Serializer):
+    """What decided: a rule (`rule`, `note`, `effect`) or, with no rule matching, the `stance`."""
+
+    rule = serializers.IntegerField(required=False)
+    note = serializers.CharField(required=False)
+    effect = serializers.ChoiceField(["allow", "deny"], required=False)
+    stance = serializers.ChoiceField(["allow", "deny"], required=False)
+
+
+class ExplainedSerializer(serializers.Serializer):
+    agent = serializers.CharField()
+    person = PersonNamedSerializer(allow_null=True)
+    tool = serializers.CharField()
+    allowed = serializers.BooleanField()
+    code = serializers.CharField(help_text="The refusal's code (POLICY_DENIED, AGENT_DISABLED, ...); empty: allowed")
+    message = serializers.CharField(help_text="The refusal as the agent would read it; empty: allowed")
+    policy = GroundsSerializer(allow_null=True, help_text="Null when decided before the rules (agent disabled, ...)")
+
+
 class AgentViewSet(AuditedViewSet):
     """Agents. Creating one returns its first API key, once; `keys` issues more; `enabled` switches it."""
 
@@ -163,6 +206,28 @@ class AgentViewSet(AuditedViewSet):
             return Response({"detail": "This agent has no key with that prefix."}, status=404)
         agent_key_revoke(prefix=prefix, actor=request.user.get_username())
         return Response(status=204)
+
+    @extend_schema(parameters=[ExplainQuerySerializer], responses=ExplainedSerializer)
+    @action(detail=True, methods=["get"])
+    def explain(self, request: Request, name: str) -> Response:
+        """Whether this agent (and a person acting through it) may call a tool now, and the rule or the
+        stance that decides it: the decision a call would get, without its limits."""
+        if not request.user.has_perm("policy.view_rule"):  # the answer shows rules and their notes
+            raise PermissionDenied("Explaining a decision needs the permission to view rules.")
+        query = ExplainQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        asked = query.validated_data
+        try:
+            explained = call_explain(
+                agent=name,
+                tool=asked["tool"],
+                person=asked["person"],
+                issuer=asked["issuer"],
+                groups=tuple(asked["group"]),
+            )
+        except ExplainRefused as refused:
+            return Response({"detail": str(refused)}, status=404 if refused.not_found else 400)
+        return Response(explained.shown())
 
 
 class RuleSerializer(AuditedModelSerializer):

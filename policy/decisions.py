@@ -15,12 +15,30 @@ RETRY_LATER = -32003
 
 
 @dataclass(frozen=True)
+class Grounds:
+    """What the rules' answer rests on: the rule that decided (its id and note), or, with none matching,
+    the deployment's stance."""
+
+    allow: bool
+    rule_id: int | None = None
+    note: str = ""
+
+    def detail(self) -> dict[str, Any]:
+        """As an audit row's `detail.policy` and the explain check's answer show it."""
+        effect = "allow" if self.allow else "deny"
+        if self.rule_id is None:
+            return {"stance": effect}
+        return {"rule": self.rule_id, "note": self.note, "effect": effect}
+
+
+@dataclass(frozen=True)
 class Denial:
     code: str
     message: str
     jsonrpc_code: int = POLICY_DENIED
     retry_after: float | None = None  # seconds, for refusals that lift with time
     connect_url: str = ""  # for refusals that lift once the person connects an account there
+    grounds: Grounds | None = None  # a policy refusal's: for the audit and the operator, not the model
 
     def data(self) -> dict[str, Any]:
         data: dict[str, Any] = {"code": self.code}
@@ -76,13 +94,16 @@ class CompiledRule:
     pattern: re.Pattern[str]
     groups: frozenset[int] = frozenset()  # the agent group it names, which people may be counted in
     people: frozenset[tuple[str, str]] = frozenset()
+    rule_id: int | None = None  # the Rule it was compiled from, and its note: what a decision names
+    note: str = ""
 
     @classmethod
     def build(cls, *, allow: bool, agents: frozenset[int] | None, upstream_id: int | None,
               server_group_id: int | None, tool_pattern: str, groups: frozenset[int] = frozenset(),
-              people: frozenset[tuple[str, str]] = frozenset()) -> "CompiledRule":  # fmt: skip
+              people: frozenset[tuple[str, str]] = frozenset(), rule_id: int | None = None,
+              note: str = "") -> "CompiledRule":  # fmt: skip
         pattern = re.compile(fnmatch.translate(tool_pattern))
-        return cls(allow, agents, upstream_id, server_group_id, pattern, groups, people)
+        return cls(allow, agents, upstream_id, server_group_id, pattern, groups, people, rule_id, note)
 
     def names(self, who: Who) -> bool:
         return (
@@ -106,44 +127,57 @@ class Policy:
     rules: tuple[CompiledRule, ...] = ()
     default_allow: bool = True
 
-    def permits(self, principal: "int | Who", target: Target) -> bool:
-        """Deny wins; an allow lets through; with neither, the deployment's stance decides."""
+    def grounds(self, principal: "int | Who", target: Target) -> Grounds:
+        """Deny wins (the first matching deny); an allow lets through (the first matching allow); with
+        neither, the deployment's stance decides."""
         who = who_of(principal)
-        allowed = False
+        allowed: CompiledRule | None = None
         for rule in self.rules:
             if rule.matches(who, target):
                 if not rule.allow:
-                    return False
-                allowed = True
-        return allowed or self.default_allow
+                    return Grounds(False, rule.rule_id, rule.note)
+                allowed = allowed or rule
+        if allowed is not None:
+            return Grounds(True, allowed.rule_id, allowed.note)
+        return Grounds(self.default_allow)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """A decision and what it rests on: `grounds` is None when it was made before the rules were looked at
+    (the agent disabled, the tool unknown, its upstream disabled)."""
+
+    denial: Denial | None
+    grounds: Grounds | None = None
 
 
 def policy_decide(*, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target) -> Denial | None:
     """None when the call may go ahead, else the reason it may not, written for the model."""
+    return policy_explain(policy=policy, agent_id=agent_id, agent_enabled=agent_enabled, target=target).denial
+
+
+def policy_explain(*, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target) -> Explanation:
+    """The decision, with the rule or stance it rests on (what the explain check shows an operator)."""
     name = target.exposed_name
     if not agent_enabled:
-        return Denial("AGENT_DISABLED", "This agent has been disabled by an administrator.")
+        return Explanation(Denial("AGENT_DISABLED", "This agent has been disabled by an administrator."))
     if target.upstream_slug is None or not target.tool_known:
-        return Denial(
-            "TOOL_NOT_FOUND",
-            f"Unknown tool: {name!r}. Call tools/list for the tools this gateway offers.",
-            INVALID_PARAMS,
-        )
+        message = f"Unknown tool: {name!r}. Call tools/list for the tools this gateway offers."
+        return Explanation(Denial("TOOL_NOT_FOUND", message, INVALID_PARAMS))
     if not target.upstream_enabled:
-        return Denial(
-            "UPSTREAM_DISABLED",
+        message = (
             f"The tool {name!r} belongs to the service {target.upstream_slug!r}, "
-            "which an administrator has disabled. Do not retry; choose another tool.",
+            "which an administrator has disabled. Do not retry; choose another tool."
         )
-    if not policy.permits(agent_id, target):
-        return Denial(
-            "POLICY_DENIED",
-            f"The gateway's policy does not let this agent use {name!r}. Do not retry; choose another tool.",
-        )
+        return Explanation(Denial("UPSTREAM_DISABLED", message))
+    grounds = policy.grounds(agent_id, target)
+    if not grounds.allow:
+        message = f"The gateway's policy does not let this agent use {name!r}. Do not retry; choose another tool."
+        return Explanation(Denial("POLICY_DENIED", message, grounds=grounds), grounds)
     if not target.approved:
-        return Denial(
-            "TOOL_PENDING_APPROVAL",
+        message = (
             f"The tool {name!r} changed since an administrator approved it and is held until they review "
-            "the change. Choose another tool.",
+            "the change. Choose another tool."
         )
-    return None
+        return Explanation(Denial("TOOL_PENDING_APPROVAL", message), grounds)
+    return Explanation(None, grounds)

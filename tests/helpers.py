@@ -7,8 +7,11 @@ from typing import Any, TypeVar
 import anyio
 import httpx2
 from asgiref.sync import sync_to_async
+from jsonschema import Draft202012Validator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 from audit.models import AuditEvent
 from handoff.snapshot import snapshot
@@ -95,3 +98,10 @@ def metric_value(families: list[Metric], name: str, **labels: str) -> float:
 async def snapshot_current() -> None:
     """This process's snapshot, as a web process holds it, holding what the test just made."""
     await snapshot.at_least(await sync_to_async(config_version)())
+
+
+def schema_validator(schema: dict, path: str, method: str, status: str) -> Draft202012Validator:
+    """A validator of one response's body against the served OpenAPI 3.1 schema (its $refs resolved in it)."""
+    registry = Registry().with_resource("urn:api", Resource.from_contents(schema, default_specification=DRAFT202012))
+    pointer = f"/paths/{path.replace('/', '~1')}/{method}/responses/{status}/content/application~1json/schema"
+    return Draft202012Validator({"$ref": f"urn:api#{pointer}"}, registry=registry)

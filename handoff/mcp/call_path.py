@@ -178,14 +178,17 @@ async def route_execute(
 
 
 async def denial_record(denial: Denial, audit: dict[str, Any], arguments: dict[str, Any]) -> None:
+    """The denied row; a policy refusal's names the rule (id and note) or the stance it rests on."""
     DENIALS.labels(denial.code).inc()
-    await record(
-        kind="denied",
-        outcome="denied",
-        error_code=denial.code,
-        error_detail=denial.message,
-        **with_payload(audit, arguments),
-    )
+    fields = with_payload(audit, arguments)
+    if denial.grounds:
+        fields = fields | {"detail": fields.get("detail", {}) | {"policy": denial.grounds.detail()}}
+    await record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **fields)
+
+
+def denial_error(denial: Denial, audit: dict[str, Any]) -> MCPError:
+    """The JSON-RPC error an agent gets for a refusal."""
+    return MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(audit["request_id"])})
 
 
 async def deny(
@@ -193,9 +196,7 @@ async def deny(
 ) -> NoReturn:
     """Record the refusal, then raise it as the JSON-RPC error the agent gets (or as `error`)."""
     await denial_record(denial, audit, arguments)
-    raise error or MCPError(
-        denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(audit["request_id"])}
-    )
+    raise error or denial_error(denial, audit)
 
 
 async def timed(run: Callable[[], Awaitable[Outcome]], audit: dict[str, Any]) -> tuple[Outcome, float]:
@@ -242,24 +243,26 @@ async def conclude(
     result: dict[str, Any],
     duration_ms: float,
     *more: Awaitable[Any],
-) -> None:
+) -> tuple[str, str]:
     """The completion row and the admission's release (and `more` writes), at once and shielded from a
-    client that leaves now."""
+    client that leaves now; the outcome and code it recorded."""
     assert decision.admission is not None
     failed = not outcome["ok"] or bool(result.get("isError"))
     status = ("timeout" if outcome.get("code") == "UPSTREAM_TIMEOUT" else "error") if failed else "ok"
     call_observe(upstream=decision.upstream, outcome=status, duration_ms=duration_ms)
     if failed:
         span_failed(outcome.get("code", "tool_error"), error_text(result))
+    code = outcome.get("code", "TOOL_ERROR" if failed else "")
     completion = record(
         kind="completed",
         duration_ms=duration_ms,
         response_bytes=len(json.dumps(result)),
         outcome=status,
-        error_code=outcome.get("code", "TOOL_ERROR" if failed else ""),
+        error_code=code,
         error_detail=outcome.get("detail") or (error_text(outcome["result"]) if failed else ""),
         **audit,
     )
     release = limit_store().release(decision.admission, health_of(outcome.get("code")), decision.probing)
     with anyio.CancelScope(shield=True):
         await asyncio.gather(completion, release, *more)
+    return status, code

@@ -21,10 +21,10 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from audit.telemetry import DENIALS, current_trace_id
+from audit.telemetry import current_trace_id
 from handoff.mcp.agent_relay import AgentRelay
 from handoff.mcp.audit_rows import record
-from handoff.mcp.call_path import CANCELLED_DETAIL, Decision, admit, approval, request_audit
+from handoff.mcp.call_path import CANCELLED_DETAIL, Decision, admit, approval, deny, request_audit
 from handoff.mcp.caller import Caller, caller_of, request_span
 from handoff.mcp.input_required import passed_through, responses_of
 from handoff.mcp.list_changed import resource_subscription
@@ -198,9 +198,7 @@ async def _forward(
     denial = denial or (person if isinstance(person, Denial) else None)
     decision = None if denial else await admit(snap, caller, exposed, route, str(request_id))
     if denial := denial or (decision.denial if decision else None):
-        DENIALS.labels(denial.code).inc()
-        await record(kind="denied", outcome="denied", error_code=denial.code, error_detail=denial.message, **audit)
-        raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)})
+        await deny(denial, audit, params)
     assert decision is not None and decision.admission is not None
     try:
         await record(kind="approved", **approval(audit, params, target.timeout))  # before the upstream is touched

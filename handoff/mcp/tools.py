@@ -28,8 +28,8 @@ from handoff.mcp.call_path import (
     approval,
     conclude,
     decide,
+    denial_error,
     denial_record,
-    deny,
     error_text,
     for_model,
     key_denial,
@@ -192,14 +192,18 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
 async def request_state_verified(
     caller: Caller, name: str, upstream: str, request_state: str, arguments: dict[str, Any], trace_id: str = ""
 ) -> dict[str, Any]:
-    """A retry's verified requestState; a forged, foreign or expired one is refused and audited."""
+    """A retry's verified requestState; a forged, foreign or expired one is refused, audited and logged."""
+    started = time.perf_counter()
     try:
         return state_load(caller, name, upstream, request_state)
     except InvalidRequestState as refused:
         DENIALS.labels("INVALID_REQUEST_STATE").inc()
-        audit = request_audit(caller, name, uuid.uuid4(), arguments, upstream, "", trace_id)
+        request_id = uuid.uuid4()
+        log_fields_add(request_id=str(request_id))
+        audit = request_audit(caller, name, request_id, arguments, upstream, "", trace_id)
         message = refused.error.message
         await record(kind="denied", outcome="denied", error_code="INVALID_REQUEST_STATE", error_detail=message, **audit)
+        call_logged(name, "denied", "INVALID_REQUEST_STATE", (time.perf_counter() - started) * 1000)
         raise
 
 
@@ -210,6 +214,7 @@ async def _call_tool(
     relay: Relay,
     rounds: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    started = time.perf_counter()
     caller = caller_of(ctx)
     arguments = params.arguments or {}
     request_id = uuid.uuid4()
@@ -229,14 +234,15 @@ async def _call_tool(
     audit = request_audit(caller, params.name, request_id, arguments, decision.upstream, tool, trace_id)
     if tunnel is not None:
         audit["detail"] = {"domain": tunnel.domain, "tunnel_id": tunnel.tunnel_id, "token_id": tunnel.token_id}
-    if denial and denial.connect_url:
+    if denial:
+        await denial_record(denial, audit, arguments)
+        call_logged(params.name, "denied", denial.code, (time.perf_counter() - started) * 1000)
+        if not denial.connect_url:
+            raise denial_error(denial, audit)
         asked = connect_ask(ctx, caller, params.name, decision.upstream, denial, str(request_id))
         if isinstance(asked, MCPError):
-            await deny(denial, audit, arguments, asked)
-        await denial_record(denial, audit, arguments)
+            raise asked
         return finish(ctx, asked.model_dump(mode="json", by_alias=True, exclude_none=True))
-    if denial:
-        await deny(denial, audit, arguments)
     assert route is not None and admission is not None
 
     def run() -> Awaitable[Outcome]:
@@ -250,8 +256,7 @@ async def _call_tool(
         except UndeclaredAsk as undeclared:  # the model reads why the call ended
             result = {"content": [{"type": "text", "text": undeclared.error.message}], "isError": True}
     touched = [_touch(decision.tunnel.tunnel_id)] if decision.tunnel else []
-    await conclude(decision, audit, outcome, result, duration_ms, *touched)
-    logger.info("tools/call %s: %s in %.0f ms", params.name, outcome.get("code") or "ok", duration_ms)
+    call_logged(params.name, *await conclude(decision, audit, outcome, result, duration_ms, *touched), duration_ms)
     if decision.tunnel and outcome.get("code") == TUNNEL_GONE:
         await tunnel_gone(caller, decision.tunnel, TUNNEL_GONE)
         message = (
@@ -274,6 +279,13 @@ async def _call_tool(
     if outcome.get("rpc_code") == MISSING_CLIENT_CAPABILITY:  # the agent's client, not its model, must act
         raise MCPError(MISSING_CLIENT_CAPABILITY, redact(outcome["message"]), outcome.get("rpc_data"))
     return finish(ctx, result)
+
+
+def call_logged(name: str, outcome: str, code: str, duration_ms: float) -> None:
+    """One line for a tools/call, with the outcome and code its audit row holds, as fields of their own (the
+    JSON format writes them) and in the message (for the text one)."""
+    fields = {"outcome": outcome, "code": code, "duration_ms": round(duration_ms, 3)}
+    logger.info("tools/call %s: %s in %.0f ms", name, f"{outcome} {code}".strip(), duration_ms, extra=fields)
 
 
 async def _touch(tunnel_id: str) -> None:
@@ -325,19 +337,22 @@ async def _gateway_tool(
             duration_ms=duration_ms,
             **audit,
         )
-        raise MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": str(request_id)}) from None
+        call_logged(name, "error", denial.code, duration_ms)
+        raise denial_error(denial, audit) from None
     result = for_model(name, outcome)
     if not outcome["ok"]:
         span_failed(outcome["code"], error_text(result))
+    status, code = "ok" if outcome["ok"] else "error", outcome.get("code", "")
     await record(
         kind="completed",
-        outcome="ok" if outcome["ok"] else "error",
-        error_code=outcome.get("code", ""),
+        outcome=status,
+        error_code=code,
         error_detail=outcome.get("detail", ""),
         duration_ms=duration_ms,
         response_bytes=len(json.dumps(result)),
         **audit,
     )
+    call_logged(name, status, code, duration_ms)
     return result
 
 

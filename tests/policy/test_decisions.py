@@ -4,7 +4,17 @@ from dataclasses import replace
 
 import pytest
 
-from policy.decisions import INVALID_PARAMS, POLICY_DENIED, CompiledRule, Denial, Policy, Target, Who, policy_decide
+from policy.decisions import (
+    INVALID_PARAMS,
+    POLICY_DENIED,
+    CompiledRule,
+    Denial,
+    Policy,
+    Target,
+    Who,
+    policy_decide,
+    policy_explain,
+)
 
 ADD = Target("demo__add", "demo", True, True, upstream_id=1, server_group_id=7, tool="add")
 
@@ -95,3 +105,25 @@ def test_a_rule_naming_an_agent_group_applies_to_people_their_groups_count_in():
     assert code(policy, agent_id=Who(5, GRACE, frozenset({readers}))) is None
     assert code(policy, agent_id=Who(5, GRACE)) == "POLICY_DENIED"
     assert code(policy, agent_id=3) is None  # a member agent
+
+
+def test_a_decision_names_the_rule_that_made_it_or_else_the_stance():
+    allow_all = CompiledRule.build(
+        allow=True, agents=None, upstream_id=1, server_group_id=None, tool_pattern="*", rule_id=4, note="demo is open"
+    )
+    deny_add = CompiledRule.build(
+        allow=False, agents=None, upstream_id=1, server_group_id=None, tool_pattern="add", rule_id=9, note="no sums"
+    )
+    policy = Policy((allow_all, deny_add), default_allow=False)
+    denied = policy_explain(policy=policy, agent_id=1, agent_enabled=True, target=ADD)
+    echo = replace(ADD, exposed_name="demo__echo", tool="echo")
+    allowed = policy_explain(policy=policy, agent_id=1, agent_enabled=True, target=echo)
+    elsewhere = policy_explain(policy=policy, agent_id=1, agent_enabled=True, target=replace(echo, upstream_id=2))
+    disabled = policy_explain(policy=policy, agent_id=1, agent_enabled=False, target=ADD)
+    assert (denied.denial.code, denied.denial.grounds.detail()) == (
+        "POLICY_DENIED", {"rule": 9, "note": "no sums", "effect": "deny"}
+    )  # fmt: skip
+    assert (allowed.denial, allowed.grounds.detail()) == (None, {"rule": 4, "note": "demo is open", "effect": "allow"})
+    assert (elsewhere.denial.code, elsewhere.denial.grounds.detail()) == ("POLICY_DENIED", {"stance": "deny"})
+    assert (disabled.denial.code, disabled.grounds) == ("AGENT_DISABLED", None)
+    assert policy_decide(policy=policy, agent_id=1, agent_enabled=True, target=ADD) == denied.denial
