@@ -2,6 +2,7 @@ from django.apps import AppConfig
 from django.contrib.admin import apps as admin_apps
 from django.contrib.staticfiles.apps import StaticFilesConfig
 
+
 class AuditConfig(AppConfig):
     default = True
     name = "audit"
