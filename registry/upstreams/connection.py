@@ -94,19 +94,21 @@ class UpstreamConnection:
         spec: UpstreamSpec,
         capabilities: frozenset[str] = frozenset(),
         notice: Callable[[str], None] | None = None,
+        on_exit: Callable[["UpstreamConnection"], None] | None = None,
     ) -> None:
         self.spec = spec
         self.capabilities = capabilities
         # Told "tools", "prompts" or "resources" when the upstream says that list changed, UPDATED + uri when a
         # subscribed resource did.
         self.notice = notice
+        self.on_exit = on_exit  # told when its stdio server ends while it serves (the pool restarts it)
         self.client: Any = None
         self.alive = False
-        self.last_used = anyio.current_time()
+        self.started_at = self.last_used = anyio.current_time()
         self.in_flight = 0
         self.relay: Relay | None = None
         self.serial = anyio.Lock()
-        self.witness = Witness()
+        self.witness = Witness(self._ended)
         self._stop = anyio.Event()
 
     async def _log(self, params: types.LoggingMessageNotificationParams) -> None:
@@ -192,7 +194,8 @@ class UpstreamConnection:
         except MCPError as refused:  # an upstream without the feature: its changes go unheard
             logger.info("upstream %s: no change subscription (%s)", self.spec.slug, refused.error.message)
         except Exception:  # a lost stream: changes go unheard until the connection is reopened
-            logger.info("upstream %s: change subscription ended", self.spec.slug, exc_info=True)
+            if not self.witness.ending:  # else its server ended, which the pool reports in one line
+                logger.info("upstream %s: change subscription ended", self.spec.slug, exc_info=True)
         if not listening:  # the connection is used all the same, unlistened
             task_status.started()
 
@@ -205,6 +208,7 @@ class UpstreamConnection:
                     if self.notice and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS:
                         await tg.start(self._listen)
                     self.alive = started = True
+                    self.started_at = anyio.current_time()
                     task_status.started()
                     await self._stop.wait()
                     tg.cancel_scope.cancel()
@@ -224,6 +228,14 @@ class UpstreamConnection:
     def stop(self) -> None:
         self.alive = False
         self._stop.set()
+
+    def _ended(self) -> None:
+        """Its stdio server ended (or closed its output) on its own: the connection is dead from now on. Not
+        while it starts (the connect fails and says how) nor once stopped (the gateway ended it)."""
+        if self.alive:
+            self.stop()
+            if self.on_exit is not None:
+                self.on_exit(self)
 
 
 def _relaying(connection: UpstreamConnection, method: str) -> Callable[..., Awaitable[Any]]:
