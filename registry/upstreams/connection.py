@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 MISSING_CLIENT_CAPABILITY = -32021  # 2026-07-28: the request needs a capability the client did not declare
 TUNNEL_GONE = "HANDOFF_UPSTREAM_UNAVAILABLE"
 DOCUMENT_REFUSED = "REST_DOCUMENT_REFUSED"  # a REST upstream's OpenAPI document (registry/rest/document.py)
+DELEGATION_MISSING = "MISSING_DELEGATION_TOKEN"  # a guarded specialist's refusal of a request without one
 # Connection-level failures: the session is gone and must be reopened (a stdio server that died, say).
 CONNECTION_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
 EVERYTHING = frozenset(RELAYED_CAPABILITIES)
@@ -79,6 +80,8 @@ def _connect_failure(exc: BaseException) -> Outcome:
         return failure(DOCUMENT_REFUSED, f"The service's OpenAPI document was refused: {refused}")
     if (code := _delegation_refusal(exc)) == "EXPIRED_DELEGATION_TOKEN":
         return failure(code, "The specialist found the delegation expired or already used.", repr(exc))
+    if code == DELEGATION_MISSING:
+        return failure(code, "The specialist answers only requests a handoff delegated to it.", repr(exc))
     return failure("UPSTREAM_UNAVAILABLE", "The service could not be reached. Try later.", repr(exc))
 
 

@@ -24,6 +24,7 @@ from registry.personal import PERSON_REQUIRED
 from registry.upstreams.connection import (
     CONNECT_TIMEOUT,
     CONNECTION_ERRORS,
+    DELEGATION_MISSING,
     MISSING_CLIENT_CAPABILITY,
     TUNNEL_GONE,
     UPDATED,
@@ -435,6 +436,16 @@ class UpstreamPool:
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
         return await self._run(upstream_id, revision, catalog, catalog=True)
+
+    async def probe(self, upstream_id: int, revision: int, specialist: bool = False) -> Outcome:
+        """List the upstream's tools to learn its health. A specialist (a handoff-only upstream) serves only
+        requests a handoff delegated to it, which a probe is not: its guard's refusal for want of a delegation
+        is its answer."""
+        if not specialist:
+            return await self.list_tools(upstream_id, revision)
+        outcome = await self._attempt_request(upstream_id, revision, catalog, None, None, True)
+        await self._observed(upstream_id, {"ok": True} if outcome.get("code") == DELEGATION_MISSING else outcome)
+        return outcome
 
     # Handoff tunnels: a session of their own per agent session, opened with the delegation in `spec`,
     # never shared, never reopened behind the gateway's back (a new token means a new handoff).
