@@ -296,8 +296,10 @@ def test_the_beat_probe_finds_a_broken_upstream_and_its_recovery(celery_worker, 
     eventually(lambda: _health("switchable") == ("ok", ""), timeout=15)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def probing_gateway(server_env, world, logs) -> Iterator[servers.Running]:
+    """Stopped after its test: probing every upstream twice a second, it would store other tests' upstreams ok
+    (its own servers answer) while they look for a failure."""
     env = server_env | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_HEALTH_PROBE_SECONDS": "0.5"}
     running = servers.start_gateway(env, logs / "gateway-probing.log")
     yield running

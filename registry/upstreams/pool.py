@@ -60,7 +60,7 @@ ConnectionKey = tuple[int, frozenset[str], str]
 PERSON_PROCESSES_FULL = "PERSON_PROCESSES_FULL"
 NEVER_REACHED = "The call never reached the service, so it is safe to retry."
 MAY_HAVE_RUN = "The call may or may not have run: retry only if it is safe to repeat."
-Reopen = Callable[[], Awaitable["UpstreamConnection | Outcome"]]
+Reopen = Callable[[], Awaitable[UpstreamConnection | Outcome]]
 
 
 class ProcessesFull(Exception):
