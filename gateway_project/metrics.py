@@ -1,6 +1,6 @@
 """`GET /metrics`: Prometheus text of this web process (calls, errors, latencies by upstream, open sessions,
-HTTP requests: audit/telemetry.py) plus, read at scrape time, each upstream's circuit and whether it is up,
-the live handoff tunnels and (Celery executor) the live workers.
+HTTP requests: audit/telemetry.py) plus, read at scrape time, each upstream's circuit, its health and whether it
+is up, the live handoff tunnels and (Celery executor) the live workers.
 
 With GATEWAY_METRICS_TOKEN set, a scraper sends it as a bearer token; without it, only loopback may scrape,
 and not through a proxy."""
@@ -37,8 +37,13 @@ def _tunnels() -> GaugeMetricFamily:
 
 
 def _upstreams_up() -> GaugeMetricFamily:
-    help_text = "1 while an enabled upstream answers, 0 while it fails or was never reached"
+    help_text = "1 while an enabled upstream answers, 0 while it fails; none while it was never reached"
     return GaugeMetricFamily("switchboard_upstream_up", help_text, labels=["upstream"])
+
+
+def _upstream_health() -> GaugeMetricFamily:
+    help_text = "1 for the health each enabled upstream is in: ok, failing or unknown (never reached)"
+    return GaugeMetricFamily("switchboard_upstream_health", help_text, labels=["upstream", "state"])
 
 
 def _workers() -> GaugeMetricFamily:
@@ -49,18 +54,23 @@ def _workers() -> GaugeMetricFamily:
 class GatewayStateCollector(Collector):
     def describe(self) -> list[GaugeMetricFamily]:
         # what registering needs to know, without reading the database
-        return [_circuits(), _upstreams_up(), _tunnels(), _workers()]
+        return [_circuits(), _upstreams_up(), _upstream_health(), _tunnels(), _workers()]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        circuits, up = _circuits(), _upstreams_up()
+        circuits, up, health = _circuits(), _upstreams_up(), _upstream_health()
         store = limit_store()
         for upstream in Upstream.objects.filter(enabled=True):
             current = store.breaker(upstream.id).state
             for state in CIRCUIT_STATES:
                 circuits.add_metric([upstream.slug, state], 1.0 if state == current else 0.0)
-            up.add_metric([upstream.slug], 1.0 if upstream.health == Upstream.Health.OK else 0.0)
+            for state in Upstream.Health.values:
+                health.add_metric([upstream.slug, state], 1.0 if state == upstream.health else 0.0)
+            # Never reached is not down: no sample, so an alert on 0 fires only on a real failure.
+            if upstream.health != Upstream.Health.UNKNOWN:
+                up.add_metric([upstream.slug], 1.0 if upstream.health == Upstream.Health.OK else 0.0)
         yield circuits
         yield up
+        yield health
         tunnels = _tunnels()
         tunnels.add_metric([], Tunnel.objects.filter(state__in=Tunnel.LIVE).count())
         yield tunnels

@@ -136,10 +136,10 @@ async def upstream_health_store(upstream_id: int, health: str, cause: str) -> No
 def upstream_health_probe() -> int:
     """List every reachable upstream's tools, all at once, on this process's own pool (a worker's under Celery
     beat, the web process's in the embedded default), which stores the health it finds; the number probed.
-    Handoff-only upstreams refuse a connection without a delegation, so they are left out."""
-    upstreams = Upstream.objects.select_related("group").filter(enabled=True, handoff_only=False)
+    A handoff-only upstream (a specialist) refuses a connection without a delegation, which counts as its answer."""
+    upstreams = [u for u in Upstream.objects.select_related("group").filter(enabled=True) if u.is_reachable]
     runner = pool_thread()
-    probes = [runner.submit(runner.pool.list_tools(u.id, u.revision)) for u in upstreams if u.is_reachable]
+    probes = [runner.submit(runner.pool.probe(u.id, u.revision, specialist=u.handoff_only)) for u in upstreams]
     for probe in probes:
         probe.result()
     return len(probes)

@@ -6,26 +6,31 @@ keep the generic redacted message."""
 import contextlib
 import io
 import json
+import os
+import signal
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import anyio
 import pytest
 from django.core.management import CommandError, call_command
 from mcp.shared.exceptions import MCPError
 
 from registry.models import Upstream
-from registry.services import upstream_catalog_sync, upstream_save
+from registry.services import upstream_catalog_sync, upstream_health_probe, upstream_save
 from tests import servers
-from tests.clients import api, call, tool_names
-from tests.factories import DEMO
-from tests.helpers import eventually, run
+from tests.clients import api, call, sdk_client, tool_names
+from tests.factories import DEMO, demo_upstream, specialist_register
+from tests.helpers import audit_mark, audit_since, eventually, metric_value, run, scrape
 
 SECRET = "sk-live-SECRET123"
 # Its credential comes from its environment, as a real server's would (the page shows args in clear).
@@ -291,8 +296,10 @@ def test_the_beat_probe_finds_a_broken_upstream_and_its_recovery(celery_worker, 
     eventually(lambda: _health("switchable") == ("ok", ""), timeout=15)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def probing_gateway(server_env, world, logs) -> Iterator[servers.Running]:
+    """Stopped after its test: probing every upstream twice a second, it would store other tests' upstreams ok
+    (its own servers answer) while they look for a failure."""
     env = server_env | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_HEALTH_PROBE_SECONDS": "0.5"}
     running = servers.start_gateway(env, logs / "gateway-probing.log")
     yield running
@@ -306,3 +313,117 @@ def test_the_embedded_default_probes_in_the_background(probing_gateway, world, s
     eventually(lambda: _health("switchable")[0] == "failing", timeout=15)
     script.write_text(f"#!/bin/sh\nexec {sys.executable} {DEMO[0]}\n")
     eventually(lambda: _health("switchable") == ("ok", ""), timeout=15)
+
+
+def _pool_log(gateway, request) -> Path:
+    """The log of the process whose pool runs the gateway's calls: the gateway's, or its Celery worker's."""
+    return gateway.log if gateway.executor_pid == gateway.process.pid else request.getfixturevalue("celery_worker").log
+
+
+def _pid(gateway, key: str, tool: str) -> int:
+    """The process id of the upstream's server, waiting as long as a loaded machine takes to start one."""
+
+    async def asked() -> int:
+        async with sdk_client(gateway.url, key, "legacy", timeout=30) as client:
+            answer = await client.call_tool(tool, {})
+        assert not answer.is_error, answer
+        return int(answer.content[0].text)
+
+    return run(asked)
+
+
+def test_a_stdio_server_killed_between_calls_is_failing_at_once_with_how_it_ended_and_the_next_call_is_served(
+    gateway, world, admin_token, request
+):
+    with demo_upstream("lazarus"):
+        eventually(lambda: "lazarus__pid" in run(lambda: tool_names(gateway.url, world.key)), timeout=15)
+        killed = _pid(gateway, world.key, "lazarus__pid")
+        os.kill(killed, signal.SIGKILL)
+
+        def failing_everywhere() -> dict | None:
+            """The REST API and the metric, read together: the server is started again a second later."""
+            body = api(gateway, "GET", "upstreams/lazarus", admin_token).json()
+            down = metric_value(scrape(gateway), "switchboard_upstream_up", upstream="lazarus") == 0.0
+            return body if body["health"] == "failing" and down else None
+
+        body = eventually(failing_everywhere, timeout=15)
+        assert (body["health_cause"], body["reachable"]) == ("the server was killed by SIGKILL", False)
+        served = _pid(gateway, world.key, "lazarus__pid")
+        eventually(lambda: _health("lazarus") == ("ok", ""), timeout=30)
+    assert served != killed
+    log = _pool_log(gateway, request).read_text()
+    assert "upstream lazarus: its server was killed by SIGKILL; starting it again in 1 s" in log
+    assert "upstream lazarus: change subscription ended" not in log
+
+
+def test_a_stdio_server_killed_during_a_call_says_so_in_the_calls_error(gateway, world):
+    mark = f"icarus-{uuid.uuid4().hex[:12]}"
+    # The demo marks a call's start in its temporary folder: this test's.
+    with demo_upstream("icarus", env={"TMPDIR": tempfile.gettempdir()}):
+        eventually(lambda: "icarus__pid" in run(lambda: tool_names(gateway.url, world.key)), timeout=15)
+        killed = _pid(gateway, world.key, "icarus__pid")
+        begun = audit_mark()
+
+        async def killed_during_a_call():
+            async with sdk_client(gateway.url, world.key, "legacy", timeout=30) as client:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(anyio.to_thread.run_sync, _kill_once_started, mark, killed)
+                    return await client.call_tool("icarus__sleep", {"seconds": 20, "mark": mark})
+
+        answer = run(killed_during_a_call)
+        [completed] = [r for r in audit_since(begun) if r.kind == "completed" and r.exposed_name == "icarus__sleep"]
+    assert answer.is_error and answer.content[0].text == (
+        "icarus__sleep: The service's process was killed by SIGKILL during the call; it is being restarted. "
+        "The call may or may not have run: retry only if it is safe to repeat."
+    )
+    assert (completed.outcome, completed.error_code) == ("error", "UPSTREAM_UNAVAILABLE")
+
+
+def _kill_once_started(mark: str, pid: int) -> None:
+    eventually(lambda: servers.demo_started(mark), timeout=15)
+    os.kill(pid, signal.SIGKILL)
+
+
+def _up(slug: str, gateway) -> list[float]:
+    """Its `switchboard_upstream_up` samples: none while it was never reached."""
+    samples = [sample for family in scrape(gateway) for sample in family.samples]
+    return [s.value for s in samples if s.name == "switchboard_upstream_up" and s.labels == {"upstream": slug}]
+
+
+def _probed(executor: str, request) -> None:
+    """One round of the health probe: in this process (as the embedded default's web process runs it), or by
+    the beat task on a Celery worker."""
+    if executor == "inline":
+        upstream_health_probe()
+        return
+    from registry.tasks import probe_upstreams_task
+
+    request.getfixturevalue("celery_worker")
+    probe_upstreams_task.apply_async(queue="upstream")
+
+
+@pytest.mark.parametrize("executor", ["inline", "celery"])
+def test_a_handoff_specialist_is_ok_after_its_probe_and_counts_as_up(specialists, inline_gateway, executor, request):
+    """A guarded specialist refuses a probe, which has no delegation: that refusal is its answer. Before its
+    first probe it is unknown, which is no `switchboard_upstream_up` sample (the shipped alert fires on 0)."""
+    with specialist_register(f"ledger-{executor}", specialists.finance.url):
+        slug = f"ledger-{executor}"
+        assert _up(slug, inline_gateway) == []
+        unknown = metric_value(scrape(inline_gateway), "switchboard_upstream_health", upstream=slug, state="unknown")
+        assert unknown == 1.0
+        _probed(executor, request)
+        eventually(lambda: _health(slug) == ("ok", ""), timeout=30)
+        assert _up(slug, inline_gateway) == [1.0]
+
+
+@pytest.mark.parametrize("executor", ["inline", "celery"])
+def test_an_unreachable_handoff_specialist_is_down_after_its_probe(inline_gateway, admin_token, executor, request):
+    url = f"http://127.0.0.1:{_closed_port()}/mcp"
+    with specialist_register(f"absent-{executor}", url):
+        slug = f"absent-{executor}"
+        _probed(executor, request)
+        eventually(lambda: _health(slug)[0] == "failing", timeout=30)
+        assert _health(slug) == ("failing", f"could not connect to {url}: All connection attempts failed")
+        assert _up(slug, inline_gateway) == [0.0]
+        failing = metric_value(scrape(inline_gateway), "switchboard_upstream_health", upstream=slug, state="failing")
+        assert failing == 1.0

@@ -90,7 +90,10 @@ def test_upstream_crash_mid_call_gives_an_error_result_and_the_next_call_works(g
 
     before, crashed, after = run(scenario)
     assert crashed.is_error
-    assert crashed.content[0].text.startswith("demo__crash: The service closed its connection during the call")
+    assert crashed.content[0].text == (
+        "demo__crash: The service's process exited with status 3 during the call; it is being restarted. "
+        "The call may or may not have run: retry only if it is safe to repeat."
+    )
     assert before != after, "the stdio server should have been restarted"
     crash_rows = [e for e in audit_since(mark) if e.kind == "completed" and e.tool == "crash"]
     assert len(crash_rows) == 1

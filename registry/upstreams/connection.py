@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 MISSING_CLIENT_CAPABILITY = -32021  # 2026-07-28: the request needs a capability the client did not declare
 TUNNEL_GONE = "HANDOFF_UPSTREAM_UNAVAILABLE"
 DOCUMENT_REFUSED = "REST_DOCUMENT_REFUSED"  # a REST upstream's OpenAPI document (registry/rest/document.py)
+DELEGATION_MISSING = "MISSING_DELEGATION_TOKEN"  # a guarded specialist's refusal of a request without one
 # Connection-level failures: the session is gone and must be reopened (a stdio server that died, say).
 CONNECTION_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
 EVERYTHING = frozenset(RELAYED_CAPABILITIES)
@@ -79,6 +80,8 @@ def _connect_failure(exc: BaseException) -> Outcome:
         return failure(DOCUMENT_REFUSED, f"The service's OpenAPI document was refused: {refused}")
     if (code := _delegation_refusal(exc)) == "EXPIRED_DELEGATION_TOKEN":
         return failure(code, "The specialist found the delegation expired or already used.", repr(exc))
+    if code == DELEGATION_MISSING:
+        return failure(code, "The specialist answers only requests a handoff delegated to it.", repr(exc))
     return failure("UPSTREAM_UNAVAILABLE", "The service could not be reached. Try later.", repr(exc))
 
 
@@ -94,19 +97,21 @@ class UpstreamConnection:
         spec: UpstreamSpec,
         capabilities: frozenset[str] = frozenset(),
         notice: Callable[[str], None] | None = None,
+        on_exit: Callable[["UpstreamConnection"], None] | None = None,
     ) -> None:
         self.spec = spec
         self.capabilities = capabilities
         # Told "tools", "prompts" or "resources" when the upstream says that list changed, UPDATED + uri when a
         # subscribed resource did.
         self.notice = notice
+        self.on_exit = on_exit  # told when its stdio server ends while it serves (the pool restarts it)
         self.client: Any = None
         self.alive = False
-        self.last_used = anyio.current_time()
+        self.started_at = self.last_used = anyio.current_time()
         self.in_flight = 0
         self.relay: Relay | None = None
         self.serial = anyio.Lock()
-        self.witness = Witness()
+        self.witness = Witness(self._ended)
         self._stop = anyio.Event()
 
     async def _log(self, params: types.LoggingMessageNotificationParams) -> None:
@@ -192,7 +197,8 @@ class UpstreamConnection:
         except MCPError as refused:  # an upstream without the feature: its changes go unheard
             logger.info("upstream %s: no change subscription (%s)", self.spec.slug, refused.error.message)
         except Exception:  # a lost stream: changes go unheard until the connection is reopened
-            logger.info("upstream %s: change subscription ended", self.spec.slug, exc_info=True)
+            if not self.witness.ending:  # else its server ended, which the pool reports in one line
+                logger.info("upstream %s: change subscription ended", self.spec.slug, exc_info=True)
         if not listening:  # the connection is used all the same, unlistened
             task_status.started()
 
@@ -205,6 +211,7 @@ class UpstreamConnection:
                     if self.notice and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS:
                         await tg.start(self._listen)
                     self.alive = started = True
+                    self.started_at = anyio.current_time()
                     task_status.started()
                     await self._stop.wait()
                     tg.cancel_scope.cancel()
@@ -224,6 +231,14 @@ class UpstreamConnection:
     def stop(self) -> None:
         self.alive = False
         self._stop.set()
+
+    def _ended(self) -> None:
+        """Its stdio server ended (or closed its output) on its own: the connection is dead from now on. Not
+        while it starts (the connect fails and says how) nor once stopped (the gateway ended it)."""
+        if self.alive:
+            self.stop()
+            if self.on_exit is not None:
+                self.on_exit(self)
 
 
 def _relaying(connection: UpstreamConnection, method: str) -> Callable[..., Awaitable[Any]]:

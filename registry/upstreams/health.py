@@ -35,13 +35,16 @@ class Witness:
     """What one connection saw that its exceptions do not say: a stdio server's last stderr lines (written
     to a file of ours) and how its process ended, and the last HTTP error status."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_end: Callable[[], None] | None = None) -> None:
         self._stderr: IO[bytes] | None = None
         self.http_status: int | None = None
         self.ending = ""  # "exited with status 3": set when a stdio server's output ends before we stop it
+        self._on_end = on_end  # told at once that the server ended (its connection, dead from then on)
 
     def ended(self, ending: str) -> None:
         self.ending = ending
+        if self._on_end is not None:
+            self._on_end()
 
     def errlog(self) -> IO[bytes]:
         if self._stderr is None:

@@ -24,6 +24,7 @@ from registry.personal import PERSON_REQUIRED
 from registry.upstreams.connection import (
     CONNECT_TIMEOUT,
     CONNECTION_ERRORS,
+    DELEGATION_MISSING,
     MISSING_CLIENT_CAPABILITY,
     TUNNEL_GONE,
     UPDATED,
@@ -49,6 +50,7 @@ from registry.upstreams.requests import (
 from registry.upstreams.rest import CallFailed
 from registry.upstreams.scrub import scrubbed
 from registry.upstreams.spec import UpstreamSpec
+from registry.upstreams.stdio import Delivery, sending
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,9 @@ logger = logging.getLogger(__name__)
 # per-person upstream's, "" for the shared one (a per-person upstream's serves only its catalog).
 ConnectionKey = tuple[int, frozenset[str], str]
 PERSON_PROCESSES_FULL = "PERSON_PROCESSES_FULL"
+NEVER_REACHED = "The call never reached the service, so it is safe to retry."
+MAY_HAVE_RUN = "The call may or may not have run: retry only if it is safe to repeat."
+Reopen = Callable[[], Awaitable[UpstreamConnection | Outcome]]
 
 
 class ProcessesFull(Exception):
@@ -78,6 +83,23 @@ def _serves(connection: UpstreamConnection, revision: int, person: dict | None, 
     return current == wanted or (current.isdigit() and wanted.isdigit() and int(current) > int(wanted))
 
 
+def _lost(connection: UpstreamConnection, sent: Delivery, what: str, detail: str) -> Outcome:
+    """A request whose connection ended under it (`what` happened), which is stopped: the next request gets a
+    new one. A request a stdio server's transport never wrote never reached it (`unsent`)."""
+    connection.stop()
+    ending = connection.witness.ending
+    if connection.spec.transport == "stdio" and not sent.written:
+        ended = ending or "had stopped taking requests"
+        message = f"The service's process {ended} before the call reached it. {NEVER_REACHED}"
+        cause = connection.cause("a call found the server gone")
+        return failure("UPSTREAM_UNAVAILABLE", message, detail) | {"cause": cause, "unsent": True}
+    if ending:
+        message = f"The service's process {ending} during the call; it is being restarted. {MAY_HAVE_RUN}"
+    else:
+        message = f"The service's connection was lost during the call; it will be opened again. {MAY_HAVE_RUN}"
+    return failure("UPSTREAM_UNAVAILABLE", message, detail) | {"cause": connection.cause(f"{what} during a call")}
+
+
 class UpstreamPool:
     """Shared sessions, one per upstream and declared capability set, reopened when the upstream's revision
     changes or it dies."""
@@ -95,6 +117,7 @@ class UpstreamPool:
         self._changing: dict[tuple[int, str], bool] = {}  # a change being handled -> another came meanwhile
         self._watches: dict[tuple[int, str], anyio.CancelScope] = {}  # resources subscribed at 2026-07-28 upstreams
         self._connections: dict[ConnectionKey, UpstreamConnection] = {}
+        self._restart_waits: dict[ConnectionKey, float] = {}  # how long the last restart of each waited
         self._tunnels: dict[str, UpstreamConnection] = {}
         self._locks: dict[ConnectionKey, anyio.Lock] = {}
         self._task_group: TaskGroup | None = None
@@ -122,6 +145,7 @@ class UpstreamPool:
             if not connection.in_flight and now - connection.last_used >= idle_seconds:
                 connection.stop()
                 del self._connections[key]
+                self._restart_waits.pop(key, None)
         # The gateway sweeps tunnels at their idle timeout; one it lost track of (its opener left while it
         # connected) is closed here at twice that, whatever the records say.
         for tunnel_id, connection in list(self._tunnels.items()):
@@ -155,7 +179,8 @@ class UpstreamPool:
                 self._make_room(upstream_id)
             # The shared connection hears the upstream's changes for all (the others would repeat them).
             notice = partial(self._changed, upstream_id) if self._on_change and not capabilities else None
-            connection = UpstreamConnection(spec, capabilities, notice)
+            reopen = partial(self._open, upstream_id, revision, capabilities, person, catalog)
+            connection = UpstreamConnection(spec, capabilities, notice, partial(self._exited, key, reopen))
             assert self._task_group is not None, "the pool is not serving"
             with anyio.fail_after(settings.GATEWAY_CONNECT_TIMEOUT):
                 await self._task_group.start(connection.run)
@@ -172,6 +197,43 @@ class UpstreamPool:
         if not idle:
             raise ProcessesFull(upstream_id)
         self._connections.pop(idle[0][1]).stop()
+
+    def _exited(self, key: ConnectionKey, reopen: Reopen, connection: UpstreamConnection) -> None:
+        """Its stdio server ended on its own: the upstream is failing from now on, with how the server ended,
+        and the server is started again after a wait (a call that comes first starts it itself)."""
+        if self._connections.get(key) is connection:
+            del self._connections[key]
+        wait = self._restart_wait(key, anyio.current_time() - connection.started_at)
+        ending, cause = connection.witness.ending, connection.cause(f"the server {connection.witness.ending}")
+        logger.warning("upstream %s: its server %s; starting it again in %g s", connection.spec.slug, ending, wait)
+        assert self._task_group is not None
+        self._task_group.start_soon(self._restart, key, reopen, cause, wait, connection.last_used)
+
+    def _restart_wait(self, key: ConnectionKey, lived: float) -> float:
+        """Wait as an open circuit does: GATEWAY_BREAKER_FIRST_OPEN_SECONDS after a server that had served a
+        while, twice the last wait after one that ended soon after it started (or did not start), never more
+        than GATEWAY_BREAKER_RECOVERY_SECONDS."""
+        first, most = settings.GATEWAY_BREAKER_FIRST_OPEN_SECONDS, settings.GATEWAY_BREAKER_RECOVERY_SECONDS
+        last = self._restart_waits.get(key)
+        self._restart_waits[key] = wait = first if last is None or lived >= most else min(2 * last, most)
+        return wait
+
+    async def _restart(self, key: ConnectionKey, reopen: Reopen, cause: str, wait: float, last_used: float) -> None:
+        await self._observed(key[0], {"ok": False, "cause": cause})
+        while True:
+            await anyio.sleep(wait)
+            current, unused = self._connections.get(key), anyio.current_time() - last_used
+            if (current and current.alive) or unused >= settings.GATEWAY_UPSTREAM_IDLE_SECONDS:
+                return  # a call started it meanwhile, or it went unused for long: the next call starts it
+            opened = await reopen()
+            if isinstance(opened, UpstreamConnection):
+                opened.last_used = last_used  # idle since the last call, not since the restart
+                await self._observed(key[0], {"ok": True})
+                return
+            await self._observed(key[0], opened)
+            if "cause" not in opened:
+                return  # not the server's doing (a person's credential gone, say): the next call tries again
+            wait = self._restart_wait(key, 0.0)
 
     def _changed(self, upstream_id: int, kind: str) -> None:
         """Handle a change in the background (never in the client's notification handler, which would
@@ -249,7 +311,8 @@ class UpstreamPool:
                         if isinstance(event, ResourceUpdated) and connection.notice:
                             connection.notice(f"{UPDATED}{event.uri}")
             except Exception:  # the connection ended: the subscription with it (agents subscribe again)
-                logger.info("upstream %s: subscription to %s ended", connection.spec.slug, uri, exc_info=True)
+                if not connection.witness.ending:  # else its server ended, which _exited reports in one line
+                    logger.info("upstream %s: subscription to %s ended", connection.spec.slug, uri, exc_info=True)
         self._watches.pop((connection.spec.id, uri), None)
 
     async def _run(
@@ -296,10 +359,28 @@ class UpstreamPool:
         catalog: bool,
     ) -> Outcome:
         capabilities = relay.capabilities if relay else frozenset()
-        connection = await self._open(upstream_id, revision, capabilities, person, catalog)
+        opening = partial(self._open, upstream_id, revision, capabilities, person, catalog)
+        outcome = await self._on(await opening(), action, relay)
+        if not outcome.get("unsent"):
+            return outcome
+        # Its server had ended before the request was written, unnoticed until then: nothing ran, so a new
+        # server gets it, once.
+        logger.info("upstream %s: a request found its server gone; sending it once more", upstream_id)
+        return await self._on(await opening(), action, relay, retry=True)
+
+    async def _on(
+        self,
+        connection: UpstreamConnection | Outcome,
+        action: Callable[[Any], Awaitable[Any]],
+        relay: Relay | None,
+        retry: bool = False,
+    ) -> Outcome:
+        """The request on `connection`, or the Outcome that says why there is none."""
         if not isinstance(connection, UpstreamConnection):
-            return connection
-        if not capabilities:
+            # A retry that cannot connect did not reach the service either.
+            never = {"unsent": True, "message": f"{connection['message']} {NEVER_REACHED}"}
+            return connection | never if retry else connection
+        if relay is None or not relay.capabilities:
             return scrubbed(await self._request(connection, action), connection.spec.secrets)
         async with connection.serial:
             connection.relay = relay
@@ -309,8 +390,9 @@ class UpstreamPool:
                 connection.relay = None
 
     async def _request(self, connection: UpstreamConnection, action: Callable[[Any], Awaitable[Any]]) -> Outcome:
-        spec = connection.spec
+        spec, sent = connection.spec, Delivery()
         connection.in_flight += 1
+        token = sending.set(sent)
         try:
             with anyio.fail_after(spec.timeout):
                 return {"ok": True, "result": await action(connection.client)}
@@ -320,15 +402,7 @@ class UpstreamPool:
             if reply_too_deep(exc):  # registry/upstreams/reply_depth.py stood in for the reply
                 return failure("UPSTREAM_INVALID_RESPONSE", exc.message)
             if exc.code == types.CONNECTION_CLOSED:
-                cause = connection.cause("the connection closed during a call")
-                connection.stop()
-                closed = failure(
-                    "UPSTREAM_UNAVAILABLE",
-                    "The service closed its connection during the call; it will be restarted. "
-                    "Retry only if the call is safe to repeat.",
-                    repr(exc),
-                )
-                return closed | {"cause": cause}
+                return _lost(connection, sent, "the connection closed", repr(exc))
             refused = failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
             refused["rpc_code"] = exc.code  # passed-through requests answer with the upstream's own code
             if exc.code == MISSING_CLIENT_CAPABILITY and isinstance(exc.error.data, dict):
@@ -345,16 +419,9 @@ class UpstreamPool:
             # own output schema (ClientSession.validate_tool_result), ValidationError for malformed results.
             return failure("UPSTREAM_INVALID_RESPONSE", "The service sent a malformed response.", str(exc))
         except CONNECTION_ERRORS as exc:
-            cause = connection.cause(f"the connection broke during a call ({type(exc).__name__})")
-            connection.stop()
-            broke = failure(
-                "UPSTREAM_UNAVAILABLE",
-                "The service's connection broke during the call; it will be restarted. "
-                "Retry only if the call is safe to repeat.",
-                repr(exc),
-            )
-            return broke | {"cause": cause}
+            return _lost(connection, sent, f"the connection broke ({type(exc).__name__})", repr(exc))
         finally:
+            sending.reset(token)
             connection.in_flight -= 1
             connection.last_used = anyio.current_time()
 
@@ -372,6 +439,16 @@ class UpstreamPool:
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
         return await self._run(upstream_id, revision, catalog, catalog=True)
+
+    async def probe(self, upstream_id: int, revision: int, specialist: bool = False) -> Outcome:
+        """List the upstream's tools to learn its health. A specialist (a handoff-only upstream) serves only
+        requests a handoff delegated to it, which a probe is not: its guard's refusal for want of a delegation
+        is its answer."""
+        if not specialist:
+            return await self.list_tools(upstream_id, revision)
+        outcome = await self._attempt_request(upstream_id, revision, catalog, None, None, True)
+        await self._observed(upstream_id, {"ok": True} if outcome.get("code") == DELEGATION_MISSING else outcome)
+        return outcome
 
     # Handoff tunnels: a session of their own per agent session, opened with the delegation in `spec`,
     # never shared, never reopened behind the gateway's back (a new token means a new handoff).

@@ -1,7 +1,8 @@
 """The stdio transport: a server as our child process, newline-delimited JSON-RPC on its pipes.
 
 The SDK's `stdio_client` keeps its process to itself, so a server that dies could not say how; this one
-tells the connection's witness the exit status (or the signal) the moment the server's output ends. It
+tells the connection's witness the exit status (or the signal) the moment the server's output ends, and
+marks each request it writes (`Delivery`): one it never wrote is known never to have reached the server. It
 follows the same shutdown (MCP lifecycle: close stdin, wait, then end the process tree), every wait bounded
 and shielded, so a cancelled caller neither leaks a live server nor hangs on one."""
 
@@ -9,10 +10,13 @@ import logging
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import IO
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import IO, Any
 
 import anyio
 from anyio.abc import Process
+from anyio.streams.memory import MemoryObjectSendStream
 from anyio.streams.text import TextReceiveStream
 from mcp import StdioServerParameters, types
 from mcp.client.stdio import get_default_environment
@@ -25,6 +29,40 @@ EXIT_GRACE = 2.0  # for the server to exit on its own once its stdin closes, and
 STATUS_WAIT = 0.5  # for the exit of a server whose output just ended to be seen
 POLL = 0.01
 PIPE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
+
+
+@dataclass
+class Delivery:
+    """Whether a request reached the server's input. The pool sets one in `sending` around each request; the
+    transport marks it once the request is written. A request never written never reached the server."""
+
+    written: bool = False
+
+
+sending: ContextVar[Delivery | None] = ContextVar("sending", default=None)
+
+
+class _Tagged:
+    """The session's write stream: each message travels to the writer with the Delivery of the task that sent
+    it (a memory stream does not carry its sender's context)."""
+
+    def __init__(self, inner: MemoryObjectSendStream[tuple[Delivery | None, SessionMessage]]) -> None:
+        self._inner = inner
+
+    async def send(self, message: SessionMessage) -> None:
+        await self._inner.send((sending.get(), message))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> "_Tagged":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
 
 
 def ending(returncode: int | None) -> str:
@@ -80,7 +118,8 @@ async def stdio_transport(
     )
     # No await from here until the task group is entered: a cancellation then would leak the process.
     incoming, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_stream, outgoing = anyio.create_memory_object_stream[SessionMessage](0)
+    tagged, outgoing = anyio.create_memory_object_stream[tuple[Delivery | None, SessionMessage]](0)
+    write_stream = _Tagged(tagged)
     stopping = False
 
     async def read() -> None:
@@ -98,9 +137,11 @@ async def stdio_transport(
     async def write() -> None:
         try:
             async with outgoing:
-                async for message in outgoing:
+                async for delivery, message in outgoing:
                     data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
                     await process.stdin.send(data.encode())  # type: ignore[union-attr]
+                    if delivery is not None:
+                        delivery.written = True
         except PIPE_ERRORS:
             # The server is going: say how before the session sees the connection end (its cause reads that),
             # which otherwise races the reader's own report.
