@@ -150,6 +150,8 @@ def test_the_settings_read_the_environment_only_through_the_helpers():
 
 def python(tmp_path: Path, arguments: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     """The gateway's Python with these arguments, in an environment of its own (no services) plus `env`."""
+    # As a deployment's, after collectstatic: WhiteNoise warns of a web process with no static files to serve.
+    (tmp_path / "static").mkdir(exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "DATABASE_", "REDIS_", "SQLITE_"))}
     return subprocess.run(
         [sys.executable, *arguments],
