@@ -26,6 +26,7 @@ from django.core import signing
 from gateway_project.lib.redis_clients import async_redis
 from handoff.mcp.agent_relay import session_level, session_level_restore
 from handoff.mcp.caller import Caller
+from handoff.mcp.list_changed import session_forget
 from handoff.session_limit import RedisSessionLimit
 from handoff.streamable_http.sessions import HttpSession, Readable
 from handoff.streamable_http.streams import EventStream
@@ -159,7 +160,8 @@ class RedisSessions:
         self._cache[session.id] = (session, record)
         self._cache.move_to_end(session.id)
         while len(self._cache) > self._capacity:
-            self._cache.popitem(last=False)  # its record stays: taken up again if it comes back here
+            _, (evicted, _) = self._cache.popitem(last=False)  # its record stays: taken up if it comes back here
+            session_forget(evicted.owner)
 
     async def open(self, caller: Caller) -> HttpSession:
         """A new session for `caller`; SessionsFull when its principal opened as many as it may."""
@@ -221,6 +223,7 @@ class RedisSessions:
             await pipe.execute()
         await self._limit.release(session.owner)
         self._cache.pop(session.id, None)
+        session_forget(session.owner)
 
     async def expired(self) -> AsyncIterator[HttpSession]:
         """The sessions held here that ended for want of use; those another process still serves are only
@@ -232,6 +235,7 @@ class RedisSessions:
                 await redis.expire(_key("mcp-session", session_id), self._ttl)
             elif session.seen + self._idle < now:
                 del self._cache[session_id]
+                session_forget(session.owner)
                 ended = _key("mcp-ended", session_id)
                 if await redis.eval(CLAIM_END, 2, _key("mcp-session", session_id), ended, ENDED_SECONDS):
                     yield session
