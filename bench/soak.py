@@ -429,7 +429,8 @@ def report(args: argparse.Namespace, result: dict, run_of: dict) -> int:
     if keys is not None:
         print(
             f"Redis keys: {keys['before']} before the load, {keys['at_end']} at its end, {keys['after']} "
-            f"{keys['waited_seconds']:.0f} s later: {'holds' if keys['ok'] else 'FAILS'} {keys['left_by_kind'] or ''}"
+            f"{keys['waited_seconds']:.0f} s later: {('holds' if keys['ok'] else 'FAILS') if judged else 'not judged'} "
+            f"{keys['left_by_kind'] or ''}"
         )
     if not judged:
         print(f"\n(not judged: the bars apply to runs of {MIN_JUDGED_MINUTES:.0f} minutes or more)")

@@ -55,6 +55,8 @@ class Tally:
 
     def fail(self, kind: str, error: BaseException) -> None:
         self.failed[kind] += 1
+        while isinstance(error, BaseExceptionGroup) and error.exceptions:  # the SDK's task groups wrap the cause
+            error = error.exceptions[0]
         if len(self.errors) < 20:
             self.errors.append(f"{kind}: {type(error).__name__}: {error}"[:500])
 

@@ -102,9 +102,9 @@ def test_a_half_minute_soak_makes_every_kind_of_operation_with_every_kind_of_cli
     # A database of the slice's own beside the test database: the full soak's (switchboard_soak) may be running.
     own = urlsplit(database)._replace(path=f"{urlsplit(database).path}_soak_slice").geturl()
     out = tmp_path / "soak.json"
-    # The inline executor under uvicorn, sessions renewed every 5 operations: what the earlier soak left out.
+    # The inline executor, sessions renewed every 5 operations, every kind of client: what the earlier soak left out.
     command = [sys.executable, str(ROOT / "bench/soak.py"), "--minutes", "0.5", "--every", "2", "--session-ops", "5"]
-    command += ["--modes", "inline", "--servers", "uvicorn", "--database-url", own]
+    command += ["--modes", "inline", "--servers", "daphne", "--database-url", own]
     command += ["--out", str(out), "--png", str(tmp_path / "soak.png")]
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     finished = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=150)
@@ -114,7 +114,7 @@ def test_a_half_minute_soak_makes_every_kind_of_operation_with_every_kind_of_cli
     assert document["failed"] == {} and document["errors"] == []
     assert {"echo", "sleep", "time", "list", "handoff", "execute"} <= set(document["done"])
     assert {"legacy sessions", "stateless sessions", "ws sessions"} <= set(document["done"])
-    assert (document["run"]["mode"], document["run"]["server"]) == ("inline", "uvicorn")
+    assert (document["run"]["mode"], document["run"]["server"]) == ("inline", "daphne")
     assert len(document["samples"]) >= 10
     labels = {p["label"] for sample in document["samples"] for p in sample["processes"].values()}
     assert {"gateway", "gateway/demo_upstream.py", "gateway/mcp-server-time", "specialist", "redis"} <= labels
