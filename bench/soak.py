@@ -140,9 +140,14 @@ def gateway_start(server: str, env: dict[str, str], log: Path, trace: Path | Non
     else:
         arguments = [*servers.UVICORN[3:], "--host", "127.0.0.1", "--port", str(port), app]
     command = traced_command(server, arguments) if trace else [sys.executable, "-m", server, *arguments]
-    process = servers.start(command, env | ({"TRACE_OUT": str(trace)} if trace else {}), log)
-    servers.wait_for_port(port, process, log)
-    return servers.Running(process, log, f"http://127.0.0.1:{port}")
+    running = servers.Running(servers.start(command, env | ({"TRACE_OUT": str(trace)} if trace else {}), log), log)
+    try:
+        servers.wait_for_port(port, running.process, log)
+    except RuntimeError:
+        running.stop()  # not left serving after the soak gave up on it
+        raise
+    running.url = f"http://127.0.0.1:{port}"
+    return running
 
 
 def processes_start(mode: str, server: str, env: dict[str, str], logs: Path, trace: Path | None) -> dict:
