@@ -19,11 +19,8 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
 import time
-import tracemalloc
-from collections import defaultdict
 from pathlib import Path
 
 import httpx2
@@ -33,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.run import setup_database  # noqa: E402  (bench/run.py puts the repository on sys.path)
+from bench.traced import growth, growth_table, traced_command, traced_snapshot  # noqa: E402
 from tests import servers  # noqa: E402
 
 MIB = 1024 * 1024
@@ -140,62 +138,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# Daphne with tracemalloc on; each SIGUSR1 dumps a snapshot to $TRACE_OUT.<n> (n = 1, 2, ...).
-TRACED_DAPHNE = """
-import os, signal, sys, tracemalloc
-import gateway_project.asgi  # imported before tracing starts: tracing every import takes minutes
-from daphne.cli import CommandLineInterface
-tracemalloc.start(12)
-dumps = 0
-def dump(signum, frame):
-    global dumps
-    dumps += 1
-    tracemalloc.take_snapshot().dump(f"{os.environ['TRACE_OUT']}.{dumps}.part")
-    os.rename(f"{os.environ['TRACE_OUT']}.{dumps}.part", f"{os.environ['TRACE_OUT']}.{dumps}")
-signal.signal(signal.SIGUSR1, dump)
-CommandLineInterface.entrypoint()
-"""
-
-
-def traced_snapshot(pid: int, path: Path) -> tracemalloc.Snapshot:
-    os.kill(pid, signal.SIGUSR1)
-    deadline = time.monotonic() + SETTLE_BOUND
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no snapshot at {path} within {SETTLE_BOUND}s")
-        time.sleep(0.1)  # a poll interval, bounded by the deadline
-    return tracemalloc.Snapshot.load(str(path))
-
-
-def owner(trace: tracemalloc.StatisticDiff) -> tuple[str, str]:
-    """The innermost frame outside the standard library: its package (or repository module), and its line."""
-    for frame in reversed(trace.traceback):  # tracemalloc lists the oldest call first
-        name = frame.filename
-        if "site-packages/" in name:
-            where = name.split("site-packages/", 1)[1]
-            return where.split("/", 1)[0], f"{where}:{frame.lineno}"
-        if name.startswith(str(ROOT)) and "/.venv/" not in name:
-            where = str(Path(name).relative_to(ROOT))
-            return where, f"{where}:{frame.lineno}"
-    name = f"stdlib {Path(trace.traceback[-1].filename).name}"
-    return name, f"{name}:{trace.traceback[-1].lineno}"
-
-
 def attribute(key: str, sessions: int, concurrency: int, env: dict[str, str], work: Path) -> None:
     """Python heap growth per session under tracemalloc, by the package whose code allocated it."""
     port, out = servers.free_port(), work / "trace"
     for stale in work.glob("trace.*"):  # a snapshot of an earlier run would be taken for this one's
         stale.unlink()
-    command = [
-        sys.executable,
-        "-c",
-        TRACED_DAPHNE,
-        "-b",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "gateway_project.asgi:application",
-    ]
+    command = traced_command("daphne", ["-b", "127.0.0.1", "-p", str(port), "gateway_project.asgi:application"])
     process = servers.start(command, env | {"TRACE_OUT": str(out)}, work / "idle_sessions_traced.log")
     gateway = servers.Running(process, work / "idle_sessions_traced.log", f"http://127.0.0.1:{port}")
     try:
@@ -206,22 +154,14 @@ def attribute(key: str, sessions: int, concurrency: int, env: dict[str, str], wo
         after = traced_snapshot(process.pid, Path(f"{out}.2"))
     finally:
         gateway.stop()
-    per_owner: dict[str, int] = defaultdict(int)
-    per_line: dict[str, int] = defaultdict(int)
-    for diff in after.compare_to(before, "traceback"):
-        package, line = owner(diff)
-        per_owner[package] += diff.size_diff
-        per_line[line] += diff.size_diff
+    per_owner, per_line = growth(before, after)
     total = sum(per_owner.values())
     print(
         f"\nPython heap growth under tracemalloc for {sessions} sessions: {total / MIB:.1f} MiB "
         f"({total / sessions / 1024:.1f} KiB per session), by the code that allocated it:\n"
     )
     for title, sizes in (("package", per_owner), ("line", per_line)):
-        print(f"| allocated by ({title}) | MiB | KiB / session |\n|---|---:|---:|")
-        for name, size in sorted(sizes.items(), key=lambda item: -item[1])[:12]:
-            print(f"| {name} | {size / MIB:.1f} | {size / sessions / 1024:.1f} |")
-        print()
+        print(growth_table(sizes, title, sessions, "session") + "\n")
 
 
 def main() -> None:

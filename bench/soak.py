@@ -1,19 +1,29 @@
-"""Soak (docs/reliability.md, "Soak"): a gateway under Daphne with the Celery executor and a worker, the demo
-stdio upstream, the example handoff specialist and code mode, driven at a steady rate for `--minutes` by a few
-SDK client sessions of both eras (2025-11-25 and 2026-07-28) with a mix of tools/call, tools/list, handoff
-round trips and code-mode executions. Every `--every` seconds it samples the RSS and open file descriptors of
-every process the soak started (the gateway, the worker and its children: the stdio upstream and each Deno
-sandbox, the specialist, Redis) and Redis's `used_memory`. It writes the samples as JSON, plots them, and
-judges the last two thirds of the run: each process's RSS grows under 5 % and under 0.2 MiB/min (a linear
-fit), open file descriptors and Redis memory stay within ±10 % of their level at the window's start. It exits
-non-zero when a call failed or a bar does not hold.
+"""Soak (docs/reliability.md, "Soak"): a gateway in one of the modes a deployment runs, driven at a steady rate
+for `--minutes` by clients of every kind it serves, each starting a new session (or socket) every few dozen
+operations, while every process's memory is sampled.
 
-It runs on a PostgreSQL database of its own (created when missing) and a Redis server of its own, started
-here on a free port: `used_memory` is the whole server's, so a shared one would count the tests' and the
-other benchmarks' keys too.
+Modes (`--modes`): `embedded` (the default deployment: SQLite, no Redis, the inline executor), `inline`
+(PostgreSQL and Redis, the inline executor: the web process runs the upstream pool), `celery` (PostgreSQL and
+Redis, a Celery worker runs the pool); each under Daphne or uvicorn (`--servers`). Upstreams: the demo stdio
+server, `mcp-server-time`, the example handoff specialist; code mode on. Clients (`--clients`): SDK clients in
+2025-11-25 sessions (`legacy`), SDK clients in the stateless 2026-07-28 era (`stateless`) and JSON-RPC clients on
+/mcp/ws (`ws`), each an agent of its own, cycling bench/soak_clients.py's MIX (an echo of a random text, a 50 ms
+sleep, the time, tools/list, code-mode executions, a handoff round trip).
 
-    bench/run soak                      # 30 minutes on switchboard_soak (see bench/run)
-    bench/run soak --minutes 5 --every 5
+Every `--every` seconds it samples the RSS and open file descriptors of every process the soak started (the
+gateway, the worker and their children: the stdio upstreams and each Deno sandbox, the specialist, Redis) and
+Redis's `used_memory`, and judges the last two thirds of the run (bench/soak_judge.py). With Redis, it also
+counts Redis's keys before the load and after it, until the sessions' idle window (`--idle-seconds`) has passed:
+the keys of ended sessions must be gone by then. It exits non-zero when an operation failed or a bar does not hold.
+`--trace` runs the web process under tracemalloc and says what its Python heap grew by between the first
+snapshot after warm-up and the last (bench/traced.py).
+
+More than one mode or server: each combination runs in turn, in a process of its own, writing
+bench/results/soak-<mode>-<server>.json and docs/img/soak-<mode>-<server>.png.
+
+    bench/run soak                      # every mode under both servers, 30 minutes each (see bench/run)
+    bench/run soak --modes inline --servers daphne --minutes 10 --trace
+    bench/run soak --clients ws:3 --modes inline --servers daphne --minutes 5
 """
 
 import argparse
@@ -21,52 +31,38 @@ import asyncio
 import itertools
 import json
 import os
-import statistics
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx2
-import numpy as np
 import psycopg
 import redis
-from matplotlib.figure import Figure
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.soak_clients import DOMAIN, KINDS, Pace, Tally, client_drive, ready_wait  # noqa: E402
+from bench.soak_judge import MIB, judge, plot, table  # noqa: E402
+from bench.traced import growth, growth_table, traced_command, traced_snapshot  # noqa: E402
 from tests import servers  # noqa: E402  (the process helpers the tests use)
 
 DEMO = [sys.executable, str(ROOT / "examples/demo_upstream.py")]
+CLOCK = [str(Path(sys.executable).parent / "mcp-server-time"), "--local-timezone", "UTC"]
 AGENT_PREFIX = "soak-"
-DOMAIN = "finance"
-TRIAGE = f"switchboard__handoff_to_{DOMAIN}"
-RETURN = "switchboard__return_to_triage"
-MODES = ["legacy", "2026-07-28"]
-CODE = """const sum = await tools.demo.add({ a: 40, b: 2 });
-const echoed = await tools.demo.echo({ text: "soak" });
-return { sum, echoed };"""
-# One client's operations, in this order, over and over: 25 operations of which one handoff round trip
-# (three calls) and two code-mode executions (a search, then an execution that makes two calls).
-MIX = ["call", "list", "call", "call", "execute", "call", "list", "call", "call", "call", "handoff", "call", "list"]
-MIX += ["call", "call", "call", "execute", "call", "list", "call", "call", "call", "list", "call", "call"]
-# The bars, over the last two thirds of the run; shorter runs are sampled and plotted but not judged.
-RSS_GROWTH_PERCENT = 5.0
-RSS_MIB_PER_MINUTE = 0.2
-DRIFT_PERCENT = 10.0
-# A level is the median of a minute's samples, not one sample: a gateway's descriptors at an instant count the
-# connections open at that instant.
-LEVEL_SECONDS = 60.0
+MODES = ["embedded", "inline", "celery"]
+SERVERS = ["daphne", "uvicorn"]
 MIN_JUDGED_MINUTES = 10.0
-MIB = 1024 * 1024
+WARM_UP_SECONDS = 120.0  # the first snapshot under --trace: the process has made every kind of object by then
+# After the load, Redis's keys are counted until the idle window and two sweeps of the reaper have passed.
+REAP_SECONDS = 60.0
+RATE_WINDOW_SECONDS = 61.0  # the rate limits' windows (policy/limits/stores.py) outlive their last call by this
+# A key's kind: its name with each id (hex, digits, a session's) made a star, so the count by kind says what is left.
+ID = re.compile(rb"[0-9a-f]{8,}|ws-[0-9a-f]+|\d+")
 
 
 # Setting up: the database, Redis, the data, the processes.
@@ -90,7 +86,7 @@ def redis_start(logs: Path) -> tuple[servers.Running, str]:
 
 
 def data_setup(clients: int) -> list[str]:
-    """A migrated database with the demo upstream and one agent per client session; returns their keys.
+    """A migrated database with the demo and time upstreams and one agent per client; returns their keys.
     The trail is emptied first: the soak's own database, and its size is not what is measured."""
     import django
     from django.core.management import call_command
@@ -105,13 +101,16 @@ def data_setup(clients: int) -> list[str]:
 
     call_command("migrate", verbosity=0)
     Agent.objects.filter(name__startswith=AGENT_PREFIX).delete()
-    Upstream.objects.filter(slug__in=["demo", DOMAIN]).delete()
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE audit_auditevent, audit_auditcheckpoint")
+    Upstream.objects.filter(slug__in=["demo", "time", DOMAIN]).delete()
+    if connection.vendor == "postgresql":  # an embedded run starts from a fresh SQLite file
+        with connection.cursor() as cursor:
+            cursor.execute("TRUNCATE audit_auditevent, audit_auditcheckpoint")
     unlimited = 10**9  # limits on, as in production, set high enough never to trip
-    upstream = Upstream(slug="demo", transport="stdio", command=DEMO[0], args=DEMO[1:], calls_per_minute=unlimited)
-    upstream_save(upstream=upstream, created=True)
-    assert upstream_catalog_sync(upstream=upstream).ok
+    for slug, command in (("demo", DEMO), ("time", CLOCK)):
+        upstream = Upstream(slug=slug, transport="stdio", command=command[0], args=command[1:])
+        upstream.calls_per_minute = unlimited
+        upstream_save(upstream=upstream, created=True)
+        assert upstream_catalog_sync(upstream=upstream).ok, slug
     keys = []
     for n in range(clients):
         issued = agent_create(name=f"{AGENT_PREFIX}{n}")
@@ -132,11 +131,30 @@ def specialist_setup(url: str) -> None:
     HandoffRoute.objects.create(domain=DOMAIN, description="Questions for the finance specialist.", target=upstream)
 
 
-def processes_start(env: dict[str, str], logs: Path) -> dict[str, servers.Running]:
-    worker = servers.start_worker(env, logs / "soak-worker.log")
-    gateway = servers.start_gateway(env, logs / "soak-gateway.log")
+def gateway_start(server: str, env: dict[str, str], log: Path, trace: Path | None) -> servers.Running:
+    """The web process under `server`, as deployed (tests/servers.py's commands), or under tracemalloc."""
+    port = servers.free_port()
+    app = "gateway_project.asgi:application"
+    if server == "daphne":
+        arguments = ["-b", "127.0.0.1", "-p", str(port), app]
+    else:
+        arguments = [*servers.UVICORN[3:], "--host", "127.0.0.1", "--port", str(port), app]
+    command = traced_command(server, arguments) if trace else [sys.executable, "-m", server, *arguments]
+    running = servers.Running(servers.start(command, env | ({"TRACE_OUT": str(trace)} if trace else {}), log), log)
+    try:
+        servers.wait_for_port(port, running.process, log)
+    except RuntimeError:
+        running.stop()  # not left serving after the soak gave up on it
+        raise
+    running.url = f"http://127.0.0.1:{port}"
+    return running
+
+
+def processes_start(mode: str, server: str, env: dict[str, str], logs: Path, trace: Path | None) -> dict:
+    started = {"worker": servers.start_worker(env, logs / "soak-worker.log")} if mode == "celery" else {}
+    gateway = gateway_start(server, env, logs / "soak-gateway.log", trace)
     specialist = servers.start_specialist(DOMAIN, env, gateway.url, logs / "soak-specialist.log")
-    return {"gateway": gateway, "worker": worker, "specialist": specialist}
+    return started | {"gateway": gateway, "specialist": specialist}
 
 
 # Sampling: each server started here and its descendants (a worker's stdio upstream, each Deno sandbox), walked
@@ -146,6 +164,8 @@ def processes_start(env: dict[str, str], logs: Path) -> dict[str, servers.Runnin
 def command_name(pid: int) -> str:
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     script = next((a for a in argv[1:] if a.endswith(b".py")), None)
+    if script is None and Path(argv[0].decode(errors="replace")).name.startswith("python") and len(argv) > 1:
+        script = argv[1]  # a console script (mcp-server-time) run by the interpreter
     return Path((script or argv[0]).decode(errors="replace")).name
 
 
@@ -182,336 +202,245 @@ def process_measure(pid: int) -> tuple[int, int] | None:
     return (int(rss), fds) if rss is not None else None
 
 
-def sample_take(roots: dict[str, int], store: redis.Redis, started: float, done: int) -> dict:
+def sample_take(roots: dict[str, int], store: redis.Redis | None, started: float, done: int) -> dict:
     measured = {}
     for pid, label in processes_find(roots).items():
         if (measure := process_measure(pid)) is not None:
             measured[str(pid)] = {"label": label, "rss_kib": measure[0], "fds": measure[1]}
-    memory = store.info("memory")["used_memory"]
+    memory = store.info("memory")["used_memory"] if store is not None else None
     return {"t": time.monotonic() - started, "operations": done, "processes": measured, "redis_used_memory": memory}
 
 
-# The load: `clients` sessions, each running MIX at its share of `rate`, reconnecting every `session_ops`.
+def key_kind(key: bytes) -> str:
+    """A key's name with its ids starred: `sb:mcp-ended:*`."""
+    return ID.sub(b"*", key).decode(errors="replace")
 
 
-class Refused(Exception):
-    """An operation's answer was not the one expected."""
+def keys_count(store: redis.Redis) -> Counter:
+    """Redis's keys by kind."""
+    return Counter(key_kind(key) for key in store.scan_iter(count=1000))
 
 
-@dataclass
-class Tally:
-    done: Counter = field(default_factory=Counter)
-    failed: Counter = field(default_factory=Counter)
-    errors: list[str] = field(default_factory=list)
-
-    def fail(self, kind: str, error: BaseException) -> None:
-        self.failed[kind] += 1
-        if len(self.errors) < 20:
-            self.errors.append(f"{kind}: {type(error).__name__}: {error}"[:500])
-
-
-def text_of(result) -> str:
-    if result.is_error:
-        raise Refused(f"error result: {result.content}")
-    return "".join(getattr(part, "text", "") for part in result.content)
-
-
-async def op_call(client: Client, n: int) -> None:
-    if n % 2:
-        expect(text_of(await client.call_tool("demo__echo", {"text": f"soak {n}"})), f"soak {n}")
-    else:
-        expect(text_of(await client.call_tool("demo__add", {"a": n, "b": 1})), str(n + 1))
+async def keys_settle(store: redis.Redis, before: Counter, idle: float, wait: bool) -> dict:
+    """Redis's keys after the load, polled (if `wait`) until their count is back to `before`'s or the idle window,
+    two of the reaper's sweeps and the rate windows have passed: what is left then (by kind, above its count
+    before) outlived its session."""
+    at_end = keys_count(store)
+    bound = max(idle + 2 * min(REAP_SECONDS, max(0.5, idle / 4)), RATE_WINDOW_SECONDS) + 30 if wait else 0
+    deadline = time.monotonic() + bound
+    while (after := keys_count(store)).total() > before.total() and time.monotonic() < deadline:
+        await asyncio.sleep(2)
+    left = {kind: n - before[kind] for kind, n in after.items() if n > before[kind]}
+    waited = time.monotonic() - deadline + bound
+    return {
+        "before": before.total(),
+        "at_end": at_end.total(),
+        "after": after.total(),
+        "waited_seconds": round(waited, 1),
+        "left_by_kind": left,
+        "ok": after.total() <= before.total(),
+    }
 
 
-async def op_list(client: Client, n: int) -> None:
-    names = {tool.name for tool in (await client.list_tools(cache_mode="bypass")).tools}
-    if not {"demo__echo", TRIAGE, "switchboard__execute"} <= names:
-        raise Refused(f"tools/list lacks a tool: {sorted(names)}")
+# The run.
 
 
-async def op_handoff(client: Client, n: int) -> None:
-    handed = text_of(await client.call_tool(TRIAGE, {"reason": "a soak question", "context": {"n": n}}))
-    expect(handed, "Handed off to the finance specialist.")
-    expect(text_of(await client.call_tool(f"{DOMAIN}__ask", {"question": f"q{n}"})), f"'q{n}'")
-    expect(text_of(await client.call_tool(RETURN, {"note": f"n{n}"})), f"summary: n{n}")
+def clients_parse(text: str) -> list[str]:
+    """`legacy:2,stateless:2,ws:1` as one kind per client."""
+    kinds = []
+    for part in text.split(","):
+        kind, _, count = part.partition(":")
+        if kind not in KINDS:
+            raise argparse.ArgumentTypeError(f"{kind!r} is not a kind of client ({', '.join(KINDS)})")
+        kinds += [kind] * int(count or 1)
+    return kinds
 
 
-async def op_execute(client: Client, n: int) -> None:
-    found = text_of(await client.call_tool("switchboard__search_tools", {"query": "add two numbers", "k": 3}))
-    expect(found, "tools.demo.add")
-    expect(text_of(await client.call_tool("switchboard__execute", {"code": CODE})), '"sum": 42')
-
-
-def expect(text: str, part: str) -> None:
-    if part not in text:
-        raise Refused(f"expected {part!r} in {text[:300]!r}")
-
-
-OPERATIONS: dict[str, Callable[[Client, int], Awaitable[None]]] = {
-    "call": op_call,
-    "list": op_list,
-    "handoff": op_handoff,
-    "execute": op_execute,
-}
-
-
-@asynccontextmanager
-async def client_session(url: str, key: str, mode: str) -> AsyncIterator[Client]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
-        async with Client(streamable_http_client(f"{url}/mcp", http_client=http), mode=mode) as client:
-            yield client
-
-
-async def client_drive(
-    url: str, key: str, mode: str, interval: float, deadline: float, session_ops: int, tally: Tally, offset: int
-) -> None:
-    """MIX from `offset`, one operation every `interval` seconds (late ones are not made up in a burst)."""
-    mix = itertools.islice(itertools.cycle(MIX), offset, None)
-    counter = itertools.count()
-    next_at = time.monotonic()
-    while time.monotonic() < deadline:
-        kind = "connect"
-        try:
-            async with client_session(url, key, mode) as client:
-                for _ in range(session_ops):
-                    next_at = max(next_at + interval, time.monotonic() - interval)
-                    await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-                    if time.monotonic() >= deadline:
-                        return
-                    kind = next(mix)
-                    await OPERATIONS[kind](client, next(counter))
-                    tally.done[kind] += 1
-                kind = "disconnect"
-        except Exception as error:  # every failure is counted and reported; the client opens a new session
-            tally.fail(kind, error)
-
-
-async def ready_wait(url: str, key: str) -> None:
-    """Until the gateway lists the triage tool (its snapshot has the route), within a bound."""
-    deadline = time.monotonic() + 30
-    while True:
-        async with client_session(url, key, "legacy") as client:
-            names = {tool.name for tool in (await client.list_tools(cache_mode="bypass")).tools}
-        if TRIAGE in names or time.monotonic() > deadline:
-            return
-        await asyncio.sleep(0.2)
-
-
-async def soak(args: argparse.Namespace, url: str, keys: list[str], roots: dict[str, int], store: redis.Redis) -> dict:
+async def soak(args: argparse.Namespace, url: str, keys: list[str], roots: dict[str, int], store) -> dict:
     await ready_wait(url, keys[0])
+    keys_before = keys_count(store) if store is not None else None
     tally, samples = Tally(), []
     started = time.monotonic()
-    deadline = started + args.minutes * 60
-    interval = len(keys) / args.rate
+    pace = Pace(interval=len(keys) / args.rate, deadline=started + args.minutes * 60, session_ops=args.session_ops)
     drives = [
-        client_drive(url, key, MODES[n % 2], interval, deadline, args.session_ops, tally, n * 7)
-        for n, key in enumerate(keys)
+        client_drive(url, key, kind, pace, tally, n * 7)
+        for n, (key, kind) in enumerate(zip(keys, args.clients, strict=True))
     ]
     clients = asyncio.gather(*drives)
+    snapshots, next_snapshot = [], started + WARM_UP_SECONDS
     while not clients.done():
         samples.append(sample_take(roots, store, started, sum(tally.done.values())))
         print(f"{samples[-1]['t'] / 60:5.1f} min  {dict(tally.done)}  failed {dict(tally.failed)}", file=sys.stderr)
+        if args.trace and time.monotonic() >= next_snapshot:
+            snapshots.append(await asyncio.to_thread(trace_take, args, roots["gateway"], len(snapshots) + 1))
+            next_snapshot += args.trace_every
         await asyncio.wait([clients], timeout=args.every)
     await clients
     samples.append(sample_take(roots, store, started, sum(tally.done.values())))
-    return {"samples": samples, "done": dict(tally.done), "failed": dict(tally.failed), "errors": tally.errors}
+    if args.trace:
+        snapshots.append(await asyncio.to_thread(trace_take, args, roots["gateway"], len(snapshots) + 1))
+    result = {"samples": samples, "done": dict(tally.done), "failed": dict(tally.failed), "errors": tally.errors}
+    if keys_before is not None:
+        judged = args.minutes >= MIN_JUDGED_MINUTES  # a short run does not wait for the keys either
+        result["redis_keys"] = await keys_settle(store, keys_before, args.idle_seconds, judged)
+    if len(snapshots) >= 2:
+        result["trace"] = trace_report(snapshots[0], snapshots[-1])
+    return result
 
 
-# Judging.
+def trace_take(args: argparse.Namespace, pid: int, number: int) -> tuple[float, Path]:
+    path = Path(f"{args.out.parent / 'soak-trace'}.{number}")
+    traced_snapshot(pid, path, bound=300)  # a snapshot of a big heap with deep tracebacks takes a while
+    return time.monotonic(), path
 
 
-@dataclass
-class Row:
-    label: str
-    pid: str
-    rss_start_mib: float  # the linear fit at the window's start and end
-    rss_end_mib: float
-    growth_percent: float
-    mib_per_minute: float
-    fds_start: float  # the levels of the window's first and last minutes
-    fds_end: float
-    fds_min: int
-    fds_max: int
-    fds_ok: bool
-    rss_ok: bool
+def trace_report(first: tuple[float, Path], last: tuple[float, Path]) -> dict:
+    import tracemalloc
+
+    minutes = (last[0] - first[0]) / 60
+    per_owner, per_line = growth(tracemalloc.Snapshot.load(str(first[1])), tracemalloc.Snapshot.load(str(last[1])))
+    top = dict(sorted(per_line.items(), key=lambda item: -item[1])[:40])
+    print(f"\nPython heap growth under tracemalloc over {minutes:.1f} min: {sum(per_owner.values()) / MIB:.2f} MiB\n")
+    for title, sizes in (("package", per_owner), ("line", per_line)):
+        print(growth_table(sizes, title, max(1, round(minutes)), "minute", top=20) + "\n")
+    return {"minutes": minutes, "by_package": dict(per_owner), "by_line": top}
 
 
-def levels(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """The median of the first minute's values and of the last minute's."""
-    first, last = points[0][0], points[-1][0]
-    start = statistics.median([value for t, value in points if t < first + LEVEL_SECONDS])
-    return start, statistics.median([value for t, value in points if t > last - LEVEL_SECONDS])
-
-
-def drift_holds(start: float, end: float) -> bool:
-    return abs(end - start) <= start * DRIFT_PERCENT / 100
-
-
-def process_judge(label: str, pid: str, points: list[tuple[float, int, int]]) -> Row:
-    minutes = np.array([t / 60 for t, _, _ in points])
-    rss = np.array([kib / 1024 for _, kib, _ in points])
-    slope, intercept = np.polyfit(minutes, rss, 1)
-    first, last = intercept + slope * minutes[0], intercept + slope * minutes[-1]
-    growth = (last - first) / first * 100
-    fds = [(t, float(n)) for t, _, n in points]
-    fds_start, fds_end = levels(fds)
-    return Row(
-        label=label,
-        pid=pid,
-        rss_start_mib=float(first),
-        rss_end_mib=float(last),
-        growth_percent=float(growth),
-        mib_per_minute=float(slope),
-        fds_start=fds_start,
-        fds_end=fds_end,
-        fds_min=int(min(n for _, n in fds)),
-        fds_max=int(max(n for _, n in fds)),
-        fds_ok=drift_holds(fds_start, fds_end),
-        rss_ok=bool(growth < RSS_GROWTH_PERCENT and slope < RSS_MIB_PER_MINUTE),
-    )
-
-
-def judge(samples: list[dict], start: float) -> dict:
-    """The bars over the samples from `start` (seconds) on, for each process alive through that whole window
-    (a Deno sandbox lives for one execution: counted, not judged) and for Redis's used_memory."""
-    window = [s for s in samples if s["t"] >= start]
-    series: dict[str, list[tuple[float, int, int]]] = {}
-    labels: dict[str, str] = {}
-    for sample in window:
-        for pid, p in sample["processes"].items():
-            series.setdefault(pid, []).append((sample["t"], p["rss_kib"], p["fds"]))
-            labels[pid] = p["label"]
-    lasting = [pid for pid, points in series.items() if len(points) == len(window)]
-    rows = [process_judge(labels[pid], pid, series[pid]) for pid in lasting]
-    memory = [(s["t"], float(s["redis_used_memory"])) for s in window]
-    values = [value for _, value in memory]
-    redis_start, redis_end = levels(memory)
-    redis_row = {"start": redis_start, "end": redis_end, "min": min(values), "max": max(values)}
-    redis_row["ok"] = drift_holds(redis_start, redis_end)
-    transient = Counter(labels[pid] for pid in series if pid not in lasting)
-    ok = all(row.rss_ok and row.fds_ok for row in rows) and redis_row["ok"]
-    rows_out = [asdict(row) for row in sorted(rows, key=lambda r: r.label)]
-    return {"rows": rows_out, "redis": redis_row, "transient": dict(transient), "ok": ok, "from_seconds": start}
-
-
-def table(verdict: dict) -> str:
-    lines = [
-        "| process | RSS start MiB | RSS end MiB | growth % | MiB/min | fds start | fds end | fds min–max "
-        "| RSS | fds |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for r in verdict["rows"]:
-        lines.append(
-            f"| {r['label']} | {r['rss_start_mib']:.1f} | {r['rss_end_mib']:.1f} | {r['growth_percent']:+.2f} | "
-            f"{r['mib_per_minute']:+.3f} | {r['fds_start']:.0f} | {r['fds_end']:.0f} | {r['fds_min']}–{r['fds_max']} | "
-            f"{'holds' if r['rss_ok'] else 'FAILS'} | {'holds' if r['fds_ok'] else 'FAILS'} |"
-        )
-    memory = verdict["redis"]
-    lines.append(
-        f"\nRedis used_memory: {memory['start'] / MIB:.2f} MiB in the window's first minute, "
-        f"{memory['end'] / MIB:.2f} MiB in its last ({memory['min'] / MIB:.2f}–{memory['max'] / MIB:.2f} MiB over it): "
-        f"{'holds' if memory['ok'] else 'FAILS'}"
-    )
-    if verdict["transient"]:
-        lines.append(f"Short-lived processes seen in the window (not judged): {verdict['transient']}")
-    return "\n".join(lines)
-
-
-def plot(samples: list[dict], start: float, path: Path) -> None:
-    """RSS and open fds of each process over time, and Redis's used_memory; the judged window shaded."""
-    series: dict[str, list[tuple[float, int, int]]] = {}
-    for sample in samples:
-        for pid, p in sample["processes"].items():
-            series.setdefault(f"{p['label']} ({pid})", []).append((sample["t"] / 60, p["rss_kib"], p["fds"]))
-    lasting = {name: points for name, points in series.items() if len(points) > 2}  # not each Deno sandbox
-    figure = Figure(figsize=(11, 10), layout="constrained")
-    rss, fds, memory = figure.subplots(3, 1, sharex=True)
-    for name, points in sorted(lasting.items()):
-        minutes = [t for t, _, _ in points]
-        rss.plot(minutes, [kib / 1024 for _, kib, _ in points], label=name)
-        fds.plot(minutes, [n for _, _, n in points], label=name)
-    memory.plot([s["t"] / 60 for s in samples], [s["redis_used_memory"] / MIB for s in samples], color="tab:red")
-    for axes, title in ((rss, "RSS (MiB)"), (fds, "open file descriptors"), (memory, "Redis used_memory (MiB)")):
-        axes.axvspan(start / 60, samples[-1]["t"] / 60, color="0.93", zorder=0)
-        axes.set_ylabel(title)
-        axes.grid(alpha=0.3)
-    rss.set_title("Soak: every process the soak started (shaded: the judged window)")
-    rss.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1))
-    memory.set_xlabel("minutes")
-    figure.savefig(path, dpi=90)
-
-
-def environment(database_url: str, redis_url: str) -> dict[str, str]:
-    """What every process of the soak reads: one database, one Redis, the Celery executor, the loopback
-    specialist allowed through the egress guard, one set of keys (those in var/, or the caller's)."""
-    env = dict(os.environ) | {"DATABASE_URL": database_url, "REDIS_URL": redis_url, "GATEWAY_EXECUTOR": "celery"}
+def environment(mode: str, database_url: str, redis_url: str, var_dir: str, idle: float) -> dict[str, str]:
+    """What every process of the soak reads: the mode's database, Redis and executor, the loopback specialist
+    allowed through the egress guard, one set of keys (those in the var dir), the sessions' idle window."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "GATEWAY_EXECUTOR")}
     env |= {"DJANGO_SETTINGS_MODULE": "gateway_project.settings", "GATEWAY_EGRESS_ALLOWED_NETWORKS": "127.0.0.1/32"}
+    # A stateless caller's call counter lasts its window: the same as a session's idle time here.
+    env |= {"GATEWAY_SESSION_IDLE_SECONDS": str(idle), "GATEWAY_STATELESS_WINDOW_SECONDS": str(round(idle))}
+    env["GATEWAY_EXECUTOR"] = "celery" if mode == "celery" else "inline"
+    if mode == "embedded":
+        env["SWITCHBOARD_VAR_DIR"] = var_dir
+    else:
+        env |= {"DATABASE_URL": database_url, "REDIS_URL": redis_url}
     env.setdefault("LOG_LEVEL", "WARNING")
     return env
+
+
+def run_one(args: argparse.Namespace, mode: str, server: str) -> int:
+    servers.START_TIMEOUT = 120.0  # on a loaded machine a gateway may take over 30 s to listen: wait, not fail
+    logs = args.out.parent
+    logs.mkdir(parents=True, exist_ok=True)
+    revision = revision_of_tree()  # before the run: what its processes loaded, whatever is committed meanwhile
+    for stale in logs.glob("soak-trace.*"):  # a snapshot of an earlier run would be taken for this one's
+        stale.unlink()
+    started: dict[str, servers.Running] = {}
+    redis_url, store = "", None
+    if mode != "embedded":
+        database_ensure(args.database_url)
+        started["redis"], redis_url = redis_start(logs)
+        store = redis.Redis.from_url(redis_url)
+    with tempfile.TemporaryDirectory(prefix="soak-var-", dir=logs) as var_dir:  # embedded: SQLite and keys
+        try:
+            env = environment(mode, args.database_url, redis_url, var_dir, args.idle_seconds)
+            os.environ.update(env | {"GATEWAY_EXECUTOR": "inline"})  # this process syncs the catalog itself
+            keys = data_setup(len(args.clients))
+            from django.conf import settings
+
+            env["GATEWAY_DELEGATION_KEYS"] = settings.GATEWAY_DELEGATION_KEYS  # the specialist's to verify with
+            started |= processes_start(mode, server, env, logs, logs / "soak-trace" if args.trace else None)
+            specialist_setup(started["specialist"].url)
+            roots = {role: running.process.pid for role, running in started.items()}
+            result = asyncio.run(soak(args, started["gateway"].url, keys, roots, store))
+        finally:
+            for running in reversed(started.values()):
+                running.stop()
+    return report(args, result, revision | {"mode": mode, "server": server})
+
+
+def run_each(args: argparse.Namespace, argv: list[str]) -> int:
+    """Each mode under each server in turn, each in a process of its own (Django is set up once per process)."""
+    failed = []
+    for mode, server in itertools.product(args.modes, args.servers):
+        out = args.out.with_name(f"soak-{mode}-{server}.json")
+        png = args.png.with_name(f"soak-{mode}-{server}.png")
+        command = [sys.executable, __file__, *argv, "--modes", mode, "--servers", server]
+        command += ["--out", str(out), "--png", str(png)]
+        print(f"\n## {mode} under {server}\n", flush=True)
+        if subprocess.run(command, cwd=ROOT).returncode != 0:
+            failed.append(f"{mode} under {server}")
+    print(f"\n{'every run held its bars' if not failed else 'FAILED: ' + ', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def without(argv: list[str], options: set[str]) -> list[str]:
+    """`argv` without the `options` given and their values (`--out x` or `--out=x`)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif arg.split("=", 1)[0] not in options:
+            kept.append(arg)
+    return kept
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--every", type=float, default=10.0, help="seconds between samples")
-    parser.add_argument("--clients", type=int, default=4, help="concurrent sessions, alternating the two eras")
-    parser.add_argument("--rate", type=float, default=16.0, help="operations per second, all clients together")
-    parser.add_argument("--session-ops", type=int, default=200, help="operations before a client reconnects")
+    parser.add_argument("--modes", type=lambda text: text.split(","), default=MODES, help=", ".join(MODES))
+    parser.add_argument("--servers", type=lambda text: text.split(","), default=SERVERS, help=", ".join(SERVERS))
+    parser.add_argument("--clients", type=clients_parse, default=clients_parse("legacy:2,stateless:2,ws:1"))
+    parser.add_argument("--rate", type=float, default=20.0, help="operations per second, all clients together")
+    parser.add_argument("--session-ops", type=int, default=40, help="operations before a client starts over")
+    parser.add_argument("--idle-seconds", type=float, default=120.0, help="GATEWAY_SESSION_IDLE_SECONDS")
+    parser.add_argument("--trace", action="store_true", help="the web process under tracemalloc")
+    parser.add_argument("--trace-every", type=float, default=120.0, help="seconds between snapshots")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""))
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/soak.json")
     parser.add_argument("--png", type=Path, default=ROOT / "docs/img/soak.png")
+    argv = sys.argv[1:]
     args = parser.parse_args()
-    if not args.database_url.startswith("postgres"):
+    unknown = set(args.modes) - set(MODES) | set(args.servers) - set(SERVERS)
+    if unknown:
+        parser.error(f"unknown mode or server: {', '.join(sorted(unknown))}")
+    if set(args.modes) != {"embedded"} and not args.database_url.startswith("postgres"):
         parser.error("--database-url (or DATABASE_URL) must name a PostgreSQL database of the soak's own")
-    logs = args.out.parent
-    logs.mkdir(parents=True, exist_ok=True)
-    revision = revision_of_tree()  # before the run: what its processes loaded, whatever is committed meanwhile
-    database_ensure(args.database_url)
-    store_server, redis_url = redis_start(logs)
-    started: dict[str, servers.Running] = {"redis": store_server}
-    try:
-        env = environment(args.database_url, redis_url)
-        os.environ.update(env | {"GATEWAY_EXECUTOR": "inline"})  # this process syncs the catalog itself
-        keys = data_setup(args.clients)
-        from django.conf import settings
-
-        env["GATEWAY_DELEGATION_KEYS"] = settings.GATEWAY_DELEGATION_KEYS  # the specialist's to verify with
-        started |= processes_start(env, logs)
-        specialist_setup(started["specialist"].url)
-        roots = {role: running.process.pid for role, running in started.items()}
-        store = redis.Redis.from_url(redis_url)
-        result = asyncio.run(soak(args, started["gateway"].url, keys, roots, store))
-    finally:
-        for running in reversed(started.values()):
-            running.stop()
-    return report(args, result, revision)
+    if len(args.modes) * len(args.servers) > 1:
+        return run_each(args, without(argv, {"--modes", "--servers", "--out", "--png"}))
+    return run_one(args, args.modes[0], args.servers[0])
 
 
-def revision_of_tree() -> str:
+def revision_of_tree() -> dict:
     """HEAD's short hash, with `+changes` when tracked files differ from it (other work in a shared tree)."""
     git = ["git", "-C", str(ROOT)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return head + ("+changes" if changed.stdout.strip() else "")
+    return {"revision": head + ("+changes" if changed.stdout.strip() else "")}
 
 
-def report(args: argparse.Namespace, result: dict, revision: str) -> int:
+def report(args: argparse.Namespace, result: dict, run_of: dict) -> int:
     samples = result["samples"]
     window_from = samples[-1]["t"] / 3
     verdict = judge(samples, window_from)
     judged = args.minutes >= MIN_JUDGED_MINUTES
     run = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-    document = {"run": run | {"revision": revision}, **result, "verdict": verdict, "judged": judged}
+    document = {"run": run | run_of, **result, "verdict": verdict, "judged": judged}
     args.out.write_text(json.dumps(document, indent=1))
     plot(samples, window_from, args.png)
-    print(f"operations done {result['done']}, failed {result['failed']}")
+    print(f"{run_of['mode']} under {run_of['server']}: operations done {result['done']}, failed {result['failed']}")
     for error in result["errors"]:
         print(f"  {error}")
     print(f"\nOver the last two thirds ({window_from / 60:.1f} to {samples[-1]['t'] / 60:.1f} min):\n")
     print(table(verdict))
+    keys = result.get("redis_keys")
+    if keys is not None:
+        print(
+            f"Redis keys: {keys['before']} before the load, {keys['at_end']} at its end, {keys['after']} "
+            f"{keys['waited_seconds']:.0f} s later: {('holds' if keys['ok'] else 'FAILS') if judged else 'not judged'} "
+            f"{keys['left_by_kind'] or ''}"
+        )
     if not judged:
         print(f"\n(not judged: the bars apply to runs of {MIN_JUDGED_MINUTES:.0f} minutes or more)")
-    return 1 if result["failed"] or (judged and not verdict["ok"]) else 0
+    held = verdict["ok"] and (keys is None or keys["ok"])
+    return 1 if result["failed"] or (judged and not held) else 0
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from handoff.mcp.audit_rows import refusal_record, session_record, unserved_reco
 from handoff.mcp.caller import Caller, Refused, caller_from_scope, host_allowed, origin_allowed, signed_out
 from handoff.mcp.frames import FrameError, encode_message, frame_id, parse_frame, retry_later
 from handoff.mcp.handle import McpSession, handle
+from handoff.mcp.list_changed import session_forget
 from handoff.protocol.moves import end_handoff
 from handoff.session_limit import STATE_UNAVAILABLE, UNAVAILABLE, SessionsFull, session_limit
 from handoff.snapshot import ConfigurationUnavailable, snapshot
@@ -148,6 +149,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.session.close()
+        session_forget(self.caller)  # what the MCP layer kept of the socket's session holds this consumer too
         await end_handoff(self.caller)
         try:
             await session_limit.release(self.caller)

@@ -3,7 +3,6 @@ own stream, and an upstream's request to the client goes to the agent only if it
 for it. Log messages reach only agents that asked for them: a 2025-11-25 session that set a level with
 `logging/setLevel`, a 2026-07-28 request that carries one in its `_meta`."""
 
-from collections import OrderedDict
 from typing import Any
 
 from mcp import types
@@ -13,14 +12,14 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from handoff.mcp.caller import Caller, caller_of
-from handoff.mcp.list_changed import per_session
+from handoff.mcp.list_changed import per_session, per_session_table
 from handoff.protocol.tunnels import index_session
 from registry.upstreams.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, may_ask, unsupported
 
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 # 2025-11-25 sessions that set a log level, and the level (the newest, bounded like the sessions).
-_session_levels: OrderedDict[str, str] = OrderedDict()
+_session_levels = per_session_table()
 
 
 def _session(ctx: ServerRequestContext) -> str:

@@ -29,7 +29,7 @@ from mcp.server.subscriptions import (
 from mcp.types import SubscriptionsListenRequestParams, SubscriptionsListenResult
 
 from gateway_project.lib.process_task import ProcessTask
-from handoff.mcp.caller import caller_of
+from handoff.mcp.caller import Caller, caller_of
 from handoff.protocol.tunnels import index_session
 from handoff.snapshot import snapshot
 from registry.naming import exposed_uri
@@ -73,8 +73,11 @@ bus = SessionBus()
 _listen = ListenHandler(bus)
 # Legacy and WebSocket sessions that handed off, so a change made elsewhere can reach their stream. The
 # SDK's ServerSession is a per-request view of the connection: it is held here (the newest, bounded), not
-# weakly, or it would be gone with the request that handed off.
+# weakly, or it would be gone with the request that handed off. It holds the whole session (its transport's
+# object too), so it leaves when the session does (`session_forget`), not only when newer ones push it out.
 _streams: OrderedDict[str, Any] = OrderedDict()
+# Every table of per-session state this process keeps: the streams, and the log levels (agent_relay.py).
+_tables: list[OrderedDict[str, Any]] = [_streams]
 
 
 async def subscriptions_listen(
@@ -105,6 +108,13 @@ def per_session(table: OrderedDict[str, Any], session: str, value: Any) -> None:
     table.move_to_end(session)
     while len(table) > settings.GATEWAY_MAX_LEGACY_SESSIONS:
         table.popitem(last=False)
+
+
+def per_session_table() -> OrderedDict[str, Any]:
+    """A new table of per-session state, whose entries `session_forget` drops with their session."""
+    table: OrderedDict[str, Any] = OrderedDict()
+    _tables.append(table)
+    return table
 
 
 def session_remember(session: str, server_session: Any) -> None:
@@ -152,6 +162,15 @@ def resource_subscription(session: str, uri: str, subscribed: bool) -> None:
         _subscribers[uri].discard(session)
         if not _subscribers[uri]:
             del _subscribers[uri]
+
+
+def session_forget(caller: Caller) -> None:
+    """The caller's session ended, or this process no longer holds it: nothing of it stays here."""
+    session = index_session(caller.agent_id, caller.session_key)
+    for table in _tables:
+        table.pop(session, None)
+    for uri in [uri for uri, sessions in _subscribers.items() if session in sessions]:
+        resource_subscription(session, uri, subscribed=False)
 
 
 async def resource_updated_here(uri: str) -> None:

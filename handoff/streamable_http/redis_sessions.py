@@ -26,6 +26,7 @@ from django.core import signing
 from gateway_project.lib.redis_clients import async_redis
 from handoff.mcp.agent_relay import session_level, session_level_restore
 from handoff.mcp.caller import Caller
+from handoff.mcp.list_changed import session_forget
 from handoff.session_limit import RedisSessionLimit
 from handoff.streamable_http.sessions import HttpSession, Readable
 from handoff.streamable_http.streams import EventStream
@@ -33,7 +34,10 @@ from handoff.streamable_http.wire import PING, sse_frame
 
 logger = logging.getLogger(__name__)
 SALT = "switchboard.mcp-session"
-ENDED_SECONDS = 3600  # how long an ended session's id is remembered, so that its end is recorded once
+# An ended session's id is remembered so that its end is recorded once: until every process that held it has
+# swept it (its idle time, then its reaper's next sweep, a minute at most), and no longer: a mark that outlived
+# that (an hour, before) would be a key per ended session left in Redis well after its session.
+SWEPT_WITHIN = 60
 # One number per event of a session's own stream, whichever process adds it: the stream's entry ids are
 # "<number>-1", so a reader resumes from a number and the replay bound trims by count.
 PUSH = """
@@ -146,6 +150,7 @@ class RedisSessions:
         self._cache: OrderedDict[str, tuple[HttpSession, bytes]] = OrderedDict()  # the session, its record as read
         self._capacity, self._limit = capacity, limit
         self._ttl = max(1, math.ceil(idle_seconds))
+        self._ended = self._ttl + SWEPT_WITHIN
         self._idle = idle_seconds
         self._bound = replay_events
 
@@ -159,7 +164,8 @@ class RedisSessions:
         self._cache[session.id] = (session, record)
         self._cache.move_to_end(session.id)
         while len(self._cache) > self._capacity:
-            self._cache.popitem(last=False)  # its record stays: taken up again if it comes back here
+            _, (evicted, _) = self._cache.popitem(last=False)  # its record stays: taken up if it comes back here
+            session_forget(evicted.owner)
 
     async def open(self, caller: Caller) -> HttpSession:
         """A new session for `caller`; SessionsFull when its principal opened as many as it may."""
@@ -217,10 +223,11 @@ class RedisSessions:
     async def pop(self, session: HttpSession) -> None:
         async with async_redis().pipeline(transaction=False) as pipe:
             pipe.delete(_key("mcp-session", session.id))
-            pipe.set(_key("mcp-ended", session.id), 1, ex=ENDED_SECONDS)
+            pipe.set(_key("mcp-ended", session.id), 1, ex=self._ended)
             await pipe.execute()
         await self._limit.release(session.owner)
         self._cache.pop(session.id, None)
+        session_forget(session.owner)
 
     async def expired(self) -> AsyncIterator[HttpSession]:
         """The sessions held here that ended for want of use; those another process still serves are only
@@ -232,6 +239,7 @@ class RedisSessions:
                 await redis.expire(_key("mcp-session", session_id), self._ttl)
             elif session.seen + self._idle < now:
                 del self._cache[session_id]
+                session_forget(session.owner)
                 ended = _key("mcp-ended", session_id)
-                if await redis.eval(CLAIM_END, 2, _key("mcp-session", session_id), ended, ENDED_SECONDS):
+                if await redis.eval(CLAIM_END, 2, _key("mcp-session", session_id), ended, self._ended):
                     yield session

@@ -2,7 +2,8 @@
 (each request's answered as SSE, and the session's own for what is sent outside any request, which a GET
 reads), and whether it is in use. Two stores behind one interface: `LocalSessions` keeps them in this
 process (the embedded default); `RedisSessions` (redis_sessions.py) in Redis, for any web process to serve.
-Both count the sessions each principal opens against its bound (handoff/session_limit.py)."""
+Both count the sessions each principal opens against its bound (handoff/session_limit.py), and a session they
+no longer hold leaves what the MCP layer kept of it (handoff/mcp/list_changed.py's `session_forget`)."""
 
 import itertools
 import time
@@ -16,6 +17,7 @@ from mcp import types
 from handoff.mcp.caller import Caller
 from handoff.mcp.frames import encode_message
 from handoff.mcp.handle import McpSession
+from handoff.mcp.list_changed import session_forget
 from handoff.session_limit import LocalSessionLimit, SessionsFull
 from handoff.streamable_http.streams import EventStream, ReplayBuffer
 
@@ -142,6 +144,7 @@ class LocalSessions:
     async def pop(self, session: HttpSession) -> None:
         if self._sessions.pop(session.id, None) is not None:
             await self._limit.release(session.owner)
+        session_forget(session.owner)
 
     async def expired(self) -> AsyncIterator[HttpSession]:
         """The sessions unused for GATEWAY_SESSION_IDLE_SECONDS, forgotten as they are returned."""
@@ -149,4 +152,5 @@ class LocalSessions:
         for session in [s for s in self._sessions.values() if not s.busy and s.seen + self._idle < now]:
             del self._sessions[session.id]
             await self._limit.release(session.owner)
+            session_forget(session.owner)
             yield session
