@@ -287,9 +287,10 @@ def test_no_personal_token_reaches_any_log_and_the_upstream_saw_only_its_own(tra
         assert not any(token in text for token in [*TOKENS.values(), NEW_TOKEN]), log.name
 
 
-def _holder(gateway, key: str) -> str | MCPError:
-    """Whose token the upstream received for one call of WHOAMI (in a session of its own), or the refusal."""
-    outcome = anyio.run(call, gateway.url, key, WHOAMI)
+def _holder(gateway, key: str, mode: str) -> str | MCPError:
+    """Whose token the upstream received for one call of WHOAMI (in a session of its own, or a 2026-07-28 request),
+    or the refusal."""
+    outcome = anyio.run(call, gateway.url, key, WHOAMI, None, mode)
     return outcome if isinstance(outcome, MCPError) else _whoami(outcome)
 
 
@@ -315,26 +316,28 @@ def twin(request, gateway, twins, server_env, logs) -> servers.Running:
     return twins[executor]
 
 
-def _bob_served(tracker: dict, gateway, twin) -> str:
+def _bob_served(tracker: dict, gateway, twin, mode: str) -> str:
     """Bob connected with his first token, and served with it through `twin`: its executor holds a connection that
     carries it."""
     _listed(twin, tracker["keys"]["bob"])
     _connect(tracker, "bob", gateway)
-    assert _holder(twin, tracker["keys"]["bob"]) == "bob"
+    assert _holder(twin, tracker["keys"]["bob"], mode) == "bob"
     return tracker["keys"]["bob"]
 
 
-def test_a_replaced_token_is_the_one_the_very_next_call_carries(tracker, gateway, twin):
-    bob = _bob_served(tracker, gateway, twin)
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_a_replaced_token_is_the_one_the_very_next_call_carries(tracker, gateway, twin, mode):
+    bob = _bob_served(tracker, gateway, twin, mode)
     assert _api_connect(gateway, bob, NEW_TOKEN).status_code == 200
-    assert _holder(twin, bob) == "bob-new"
+    assert _holder(twin, bob, mode) == "bob-new"
 
 
-def test_a_disconnect_refuses_the_very_next_call_with_the_link(tracker, gateway, twin):
-    bob = _bob_served(tracker, gateway, twin)
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_a_disconnect_refuses_the_very_next_call_with_the_link(tracker, gateway, twin, mode):
+    bob = _bob_served(tracker, gateway, twin, mode)
     assert api(gateway, "DELETE", f"my/connections/{SLUG}", bob).status_code == 204
 
-    refused = _holder(twin, bob)
+    refused = _holder(twin, bob, mode)
     assert isinstance(refused, MCPError), refused
     assert (refused.error.code, refused.error.data["code"]) == (-32001, "CREDENTIAL_REQUIRED")
     link = refused.error.data["connectUrl"]
@@ -343,14 +346,15 @@ def test_a_disconnect_refuses_the_very_next_call_with_the_link(tracker, gateway,
     )
 
 
-def test_a_revoke_refuses_the_very_next_call(tracker, gateway, twin, admin_token):
-    bob = _bob_served(tracker, gateway, twin)
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_a_revoke_refuses_the_very_next_call(tracker, gateway, twin, admin_token, mode):
+    bob = _bob_served(tracker, gateway, twin, mode)
     credential = PersonalCredential.objects.get(
         upstream=tracker["upstream"], person_issuer=gateway.url, person_name="Bob"
     )
     assert api(gateway, "POST", f"connections/{credential.pk}/revoke", admin_token).status_code == 200
 
-    refused = _holder(twin, bob)
+    refused = _holder(twin, bob, mode)
     assert isinstance(refused, MCPError), refused
     assert (refused.error.code, refused.error.data["code"]) == (-32001, "CREDENTIAL_REVOKED")
     link = refused.error.data["connectUrl"]
@@ -359,16 +363,17 @@ def test_a_revoke_refuses_the_very_next_call(tracker, gateway, twin, admin_token
     )
 
 
-def test_after_a_disconnect_the_new_token_is_used_and_the_deleted_one_never_again(tracker, gateway, twin):
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_after_a_disconnect_the_new_token_is_used_and_the_deleted_one_never_again(tracker, gateway, twin, mode):
     """The deleted credential had a higher version (2) than the new one (1): a version alone does not tell them."""
-    bob = _bob_served(tracker, gateway, twin)
+    bob = _bob_served(tracker, gateway, twin, mode)
     assert _api_connect(gateway, bob, NEW_TOKEN).status_code == 200
-    assert _holder(twin, bob) == "bob-new"
+    assert _holder(twin, bob, mode) == "bob-new"
     assert api(gateway, "DELETE", f"my/connections/{SLUG}", bob).status_code == 204
     seen_before = Path(tracker["seen"]).read_text()
     assert _api_connect(gateway, bob, TOKENS["bob"]).status_code == 200
 
-    assert [_holder(twin, bob) for _ in range(2)] == ["bob", "bob"]
+    assert [_holder(twin, bob, mode) for _ in range(2)] == ["bob", "bob"]
     assert NEW_TOKEN not in Path(tracker["seen"]).read_text()[len(seen_before) :]
 
 
