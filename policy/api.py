@@ -126,10 +126,18 @@ class IssuedKeySerializer(serializers.Serializer):
 class ExplainQuerySerializer(serializers.Serializer):
     tool = serializers.CharField(max_length=300, help_text="The tool as tools/list names it, e.g. demo__add")
     person = serializers.CharField(
-        max_length=255, required=False, default="", help_text="A person's subject, for a call made as them"
+        max_length=255,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="A person's subject, for a call made as them",
     )
     issuer = serializers.CharField(
-        max_length=255, required=False, default="", help_text="The person's issuer, when several share the subject"
+        max_length=255,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="The person's issuer, when several share the subject",
     )
     group = serializers.ListField(
         child=serializers.CharField(max_length=128),
