@@ -5,6 +5,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -13,7 +14,7 @@ from django.test import override_settings
 from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.requests import UpstreamRequest
 from registry.upstreams.spec import UpstreamSpec
-from tests.factories import DEMO_SPEC
+from tests.factories import DEMO, DEMO_SPEC
 from tests.helpers import until
 from tests.servers import demo_started
 
@@ -42,6 +43,12 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return not open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _reaped(pid: int) -> bool:
+    """Whether a killed process is wholly gone. Its main thread shows as a zombie while its other threads are
+    still ending, and until they have, its input is still open: a request written then may yet be read."""
+    return not os.path.exists(f"/proc/{pid}")
 
 
 async def _in_flight(pool: UpstreamPool) -> None:
@@ -181,3 +188,61 @@ def test_a_server_that_keeps_ending_soon_after_its_start_waits_twice_as_long_eac
     assert [r.getMessage() for r in caplog.records] == [
         f"upstream demo: its server exited with status 3; starting it again in {wait} s" for wait in (0.05, 0.1, 0.2)
     ]
+
+
+# The demo server behind a shell whose background child keeps the server's output open (as a wrapper's
+# helper may): when the server dies, its output does not end, so nothing is noticed until a request finds
+# its input closed.
+HELD = UpstreamSpec(
+    id=1,
+    revision=1,
+    slug="held",
+    transport="stdio",
+    timeout=5,
+    command="/bin/sh",
+    args=["-c", f"sleep 120 </dev/null & exec {sys.executable} {DEMO[0]}"],
+)
+
+
+def test_a_call_that_finds_its_server_gone_before_it_was_sent_is_sent_again_to_a_new_one():
+    async def body(pool: UpstreamPool, stored: list) -> tuple[int, dict]:
+        killed = await _pid(pool)
+        try:
+            os.kill(killed, signal.SIGKILL)
+            await until(lambda: _reaped(killed))
+            return killed, await pool.request(UpstreamRequest.tool_call(1, 1, "pid", {}))
+        finally:
+            os.killpg(killed, signal.SIGKILL)  # the helper that held its output
+
+    killed, outcome = _health_pool(HELD, body)
+    assert outcome["ok"] and int(outcome["result"]["content"][0]["text"]) != killed
+
+
+def test_a_call_that_never_reached_a_server_and_cannot_be_sent_again_says_it_is_safe_to_retry():
+    spec = HELD
+
+    async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
+        return spec
+
+    async def body() -> dict:
+        nonlocal spec
+        pool = UpstreamPool(load_spec)
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.serve)
+            killed = await _pid(pool)
+            try:
+                spec = replace(HELD, command="/nonexistent/mcp-server")  # its restart fails
+                os.kill(killed, signal.SIGKILL)
+                await until(lambda: _reaped(killed))
+                return await pool.request(UpstreamRequest.tool_call(1, 1, "pid", {}))
+            finally:
+                os.killpg(killed, signal.SIGKILL)
+                tg.cancel_scope.cancel()
+
+    outcome = anyio.run(body)
+    assert (outcome["code"], outcome["message"], outcome["unsent"]) == (
+        "UPSTREAM_UNAVAILABLE",
+        "The service could not be reached. Try later. The call never reached the service, so it is safe to retry.",
+        True,
+    )
+    assert outcome["cause"] == "command not found: /nonexistent/mcp-server"
