@@ -1,11 +1,16 @@
-"""The version is written once, `gateway_project.__version__`: the gateway's serverInfo in both eras, `/readyz` and
-the console's footer read it there, and CHANGELOG.md's latest release is that version."""
+"""The version is written once, `gateway_project.__version__`: the gateway's serverInfo in both eras, `/readyz`,
+the console's footer and the package's metadata read it there, and CHANGELOG.md's latest release is that
+version."""
 
 import re
+import subprocess
+import sys
+from email.parser import Parser
 
 import httpx2
 import pytest
 from django.test import Client
+from packaging.requirements import Requirement
 
 from gateway_project import __version__
 from tests.clients import sdk_client
@@ -36,3 +41,29 @@ def test_the_consoles_pages_and_its_sign_in_name_the_one_version_in_their_footer
 
 def test_the_changelogs_latest_release_is_the_one_version():
     assert RELEASE.search((ROOT / "CHANGELOG.md").read_text()).group(1) == __version__
+
+
+def test_the_packages_metadata_names_the_one_version(tmp_path):
+    # setuptools' own build hook, in a process of its own (it changes the working directory and argv).
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from setuptools import build_meta as b; "
+            "print(b.prepare_metadata_for_build_wheel(sys.argv[1]))",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    metadata = Parser().parsestr((tmp_path / built.stdout.split()[-1] / "METADATA").read_text())
+    assert (metadata["Name"], metadata["Version"], metadata["License"]) == (
+        "switchboard-gateway",
+        __version__,
+        "Apache-2.0",
+    )
+    required = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if not line.startswith("#")]
+    assert {str(Requirement(r)) for r in metadata.get_all("Requires-Dist")} == {str(Requirement(r)) for r in required}
