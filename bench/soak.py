@@ -338,6 +338,8 @@ def run_one(args: argparse.Namespace, mode: str, server: str) -> int:
     with tempfile.TemporaryDirectory(prefix="soak-var-", dir=logs) as var_dir:  # embedded: SQLite and keys
         try:
             env = environment(mode, args.database_url, redis_url, var_dir, args.idle_seconds)
+            for name in ("DATABASE_URL", "REDIS_URL"):  # embedded: this process's data goes to the gateway's SQLite
+                os.environ.pop(name, None)
             os.environ.update(env | {"GATEWAY_EXECUTOR": "inline"})  # this process syncs the catalog itself
             keys = data_setup(len(args.clients))
             from django.conf import settings
