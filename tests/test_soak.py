@@ -95,7 +95,8 @@ def test_clients_are_given_as_kinds_and_counts():
 
 
 @pytest.mark.e2e
-def test_a_half_minute_soak_makes_every_kind_of_operation_with_every_kind_of_client_without_a_failure(tmp_path):
+@pytest.mark.parametrize("server", ["daphne", "uvicorn"])
+def test_a_half_minute_soak_makes_every_kind_of_operation_with_every_kind_of_client_without_a_failure(server, tmp_path):
     database = os.environ.get("DATABASE_URL", "")
     needs(database.startswith("postgres"), "DATABASE_URL is not PostgreSQL: the soak runs on PostgreSQL only")
     needs(shutil.which("redis-server") is not None, "redis-server is not installed: the soak starts its own")
@@ -104,7 +105,7 @@ def test_a_half_minute_soak_makes_every_kind_of_operation_with_every_kind_of_cli
     out = tmp_path / "soak.json"
     # The inline executor, sessions renewed every 5 operations, every kind of client: what the earlier soak left out.
     command = [sys.executable, str(ROOT / "bench/soak.py"), "--minutes", "0.5", "--every", "2", "--session-ops", "5"]
-    command += ["--modes", "inline", "--servers", "daphne", "--database-url", own]
+    command += ["--modes", "inline", "--servers", server, "--database-url", own]
     command += ["--out", str(out), "--png", str(tmp_path / "soak.png")]
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     finished = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=150)
@@ -114,7 +115,7 @@ def test_a_half_minute_soak_makes_every_kind_of_operation_with_every_kind_of_cli
     assert document["failed"] == {} and document["errors"] == []
     assert {"echo", "sleep", "time", "list", "handoff", "execute"} <= set(document["done"])
     assert {"legacy sessions", "stateless sessions", "ws sessions"} <= set(document["done"])
-    assert (document["run"]["mode"], document["run"]["server"]) == ("inline", "daphne")
+    assert (document["run"]["mode"], document["run"]["server"]) == ("inline", server)
     assert len(document["samples"]) >= 10
     labels = {p["label"] for sample in document["samples"] for p in sample["processes"].values()}
     assert {"gateway", "gateway/demo_upstream.py", "gateway/mcp-server-time", "specialist", "redis"} <= labels
