@@ -8,8 +8,9 @@ import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from django.conf import settings
 from django.core import checks
+
+from gateway_project.environment import ENV_VARIABLES_READ
 
 logger = logging.getLogger(__name__)
 TAG = "switchboard"
@@ -38,7 +39,7 @@ def env_unknown_warnings(*, environ: Mapping[str, str], known: Collection[str]) 
 
 @checks.register(TAG)
 def env_unknown_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    return env_unknown_warnings(environ=os.environ, known=settings.ENV_VARIABLES_READ)
+    return env_unknown_warnings(environ=os.environ, known=ENV_VARIABLES_READ)
 
 
 def start_warnings_log() -> None:
