@@ -2,7 +2,7 @@
 closed all day). The gateway runs under bench/traced.py, which counts its live objects by type on a signal."""
 
 import asyncio
-import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -10,6 +10,7 @@ import pytest
 from bench.traced import census_take, traced_command
 from tests import servers
 from tests.clients import sdk_client, ws_session
+from tests.helpers import eventually
 
 SESSIONS = 25  # of each kind: a leak of one object each stands out from any cache's few
 WARM_UP = 3
@@ -54,15 +55,19 @@ class Census:
         return {name: counts.get(name, 0) for name in SESSION_TYPES}
 
     def settled(self, before: dict[str, int]) -> dict[str, int]:
-        """What grew since `before`, once nothing more does or the bound passes (a socket's disconnect runs
-        after its client has gone)."""
-        deadline = time.monotonic() + CENSUS_BOUND
-        while True:
+        """What grew since `before`, once nothing has or CENSUS_BOUND has passed (a socket's disconnect runs
+        after its client has gone): what is left then is for the test to report, kind by kind."""
+        grown: dict[str, int] = {}
+
+        def none_grown() -> bool:
             now = self.take()
-            grown = {name: now[name] - before[name] for name in SESSION_TYPES if now[name] > before[name]}
-            if not grown or time.monotonic() > deadline:
-                return grown
-            time.sleep(1)  # a poll interval, bounded by CENSUS_BOUND
+            grown.clear()
+            grown.update({name: now[name] - before[name] for name in SESSION_TYPES if now[name] > before[name]})
+            return not grown
+
+        with suppress(AssertionError):
+            eventually(none_grown, timeout=CENSUS_BOUND)
+        return grown
 
 
 @pytest.mark.parametrize("store", ["redis", "process"])

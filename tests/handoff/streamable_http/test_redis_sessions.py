@@ -1,7 +1,6 @@
 """2025-11-25 sessions in Redis: what an ended session leaves there lasts no longer than its sweep needs."""
 
 import asyncio
-import time
 
 import pytest
 from django.conf import settings
@@ -11,6 +10,7 @@ from handoff.mcp.caller import Caller
 from handoff.session_limit import RedisSessionLimit
 from handoff.streamable_http.redis_sessions import SWEPT_WITHIN, RedisSessions
 from tests.conftest import needs
+from tests.helpers import until
 
 IDLE = 1  # seconds: a record that expires while the test waits
 BOUND = 10.0
@@ -28,9 +28,11 @@ def ended_mark_ttl(how: str) -> int:
             await store.pop(session)
         else:
             record = f"{settings.GATEWAY_REDIS_PREFIX}mcp-session:{session.id}"
-            deadline = time.monotonic() + BOUND
-            while await async_redis().exists(record) and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)  # a poll interval, bounded by BOUND
+
+            async def gone() -> bool:
+                return not await async_redis().exists(record)
+
+            await until(gone, timeout=BOUND)  # it expires for want of use
             session.seen -= IDLE  # unused for longer than its idle time, as the reaper sees it
             assert [swept.id async for swept in store.expired()] == [session.id]
         return await async_redis().ttl(f"{settings.GATEWAY_REDIS_PREFIX}mcp-ended:{session.id}")
