@@ -123,22 +123,15 @@ class IssuedKeySerializer(serializers.Serializer):
     label = serializers.CharField(max_length=64, required=False, allow_blank=True)
 
 
+def _optional_text(help_text: str) -> serializers.CharField:
+    """A query parameter that may be left out or blank ('' then)."""
+    return serializers.CharField(max_length=255, required=False, allow_blank=True, default="", help_text=help_text)
+
+
 class ExplainQuerySerializer(serializers.Serializer):
     tool = serializers.CharField(max_length=300, help_text="The tool as tools/list names it, e.g. demo__add")
-    person = serializers.CharField(
-        max_length=255,
-        required=False,
-        allow_blank=True,
-        default="",
-        help_text="A person's subject, for a call made as them",
-    )
-    issuer = serializers.CharField(
-        max_length=255,
-        required=False,
-        allow_blank=True,
-        default="",
-        help_text="The person's issuer, when several share the subject",
-    )
+    person = _optional_text("A person's subject, for a call made as them")
+    issuer = _optional_text("The person's issuer, when several share the subject")
     group = serializers.ListField(
         child=serializers.CharField(max_length=128),
         required=False,
