@@ -5,7 +5,9 @@ as a false boolean and "5m" as 5.0, so it would need these wrappers all the same
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -43,37 +45,34 @@ def env_bool(name: str, default: bool = False) -> bool:
     raise _bad(name, "1, true, yes or on, or 0, false, no or off", value)
 
 
-def _in_range(name: str, number: float, value: str, minimum: float | None, maximum: float | None) -> None:
+def _finite(value: str) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(value)
+    return number
+
+
+def _number(name: str, default: Any, parse: Callable[[str], Any], expected: str, minimum: Any, maximum: Any) -> Any:
+    """NAME parsed by `parse` (ValueError: not `expected`) and within its bounds, or `default` when unset."""
+    ENV_VARIABLES_READ.add(name)
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = parse(value)
+    except ValueError:
+        raise _bad(name, expected, value) from None
     if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         raise _bad(name, f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}", value)
+    return number
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    ENV_VARIABLES_READ.add(name)
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise _bad(name, "an integer", value) from None
-    _in_range(name, number, value, minimum, maximum)
-    return number
+    return _number(name, default, int, "an integer", minimum, maximum)
 
 
 def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
-    ENV_VARIABLES_READ.add(name)
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number):
-        raise _bad(name, "a number", value)
-    _in_range(name, number, value, minimum, maximum)
-    return number
+    return _number(name, default, _finite, "a number", minimum, maximum)
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
