@@ -162,18 +162,11 @@ def lag_gateway(server_env, world, logs):
     running.stop()
 
 
-@pytest.fixture
-def lag_key(world):
-    """An agent of the test's own, above any rate limit: its load must meet only the loop's lag."""
-    with agent(f"lag-{uuid.uuid4().hex[:8]}", calls_per_minute=1_000_000) as (_, key):
-        yield key
-
-
-def test_a_post_while_the_loop_runs_late_is_refused_and_served_again_once_it_does_not(lag_gateway, lag_key):
+def test_a_post_while_the_loop_runs_late_is_refused_and_served_again_once_it_does_not(lag_gateway, world):
     big = {"text": "x" * 256 * 1024}  # a quarter MiB each way: parsing, hashing and relaying it holds the loop
     request = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "demo__echo", "arguments": {}}}
     headers = {
-        "authorization": f"Bearer {lag_key}",
+        "authorization": f"Bearer {world.key}",
         "accept": ACCEPT,
         "mcp-protocol-version": "2026-07-28",
         "mcp-method": "tools/call",
@@ -186,7 +179,7 @@ def test_a_post_while_the_loop_runs_late_is_refused_and_served_again_once_it_doe
 
         async def load() -> None:
             while not stop.is_set():
-                loaded.append(await stateless_call(lag_gateway.url, lag_key, "demo__echo", big))
+                loaded.append(await stateless_call(lag_gateway.url, world.key, "demo__echo", big))
 
         async def refused():
             request["params"]["_meta"] = STATELESS_META
@@ -201,7 +194,7 @@ def test_a_post_while_the_loop_runs_late_is_refused_and_served_again_once_it_doe
             stop.set()
 
         async def served():
-            answer = await stateless_call(lag_gateway.url, lag_key, "demo__echo", {"text": "again"})
+            answer = await stateless_call(lag_gateway.url, world.key, "demo__echo", {"text": "again"})
             return answer if "result" in answer else None
 
         return answer, loaded, await until(served, timeout=10)
