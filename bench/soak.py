@@ -191,22 +191,25 @@ def processes_find(roots: dict[str, int]) -> dict[int, str]:
     return found
 
 
-def process_measure(pid: int) -> tuple[int, int] | None:
-    """(VmRSS in KiB, open file descriptors), or None for a process that is gone."""
+def process_measure(pid: int) -> tuple[int, int, int] | None:
+    """(VmRSS in KiB, open file descriptors, threads), or None for a process that is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return None
-    rss = next((line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")), None)
-    return (int(rss), fds) if rss is not None else None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if "VmRSS" not in fields:  # a zombie
+        return None
+    return int(fields["VmRSS"].split()[0]), fds, int(fields["Threads"])
 
 
 def sample_take(roots: dict[str, int], store: redis.Redis | None, started: float, done: int) -> dict:
     measured = {}
     for pid, label in processes_find(roots).items():
         if (measure := process_measure(pid)) is not None:
-            measured[str(pid)] = {"label": label, "rss_kib": measure[0], "fds": measure[1]}
+            rss, fds, threads = measure
+            measured[str(pid)] = {"label": label, "rss_kib": rss, "fds": fds, "threads": threads}
     memory = store.info("memory")["used_memory"] if store is not None else None
     return {"t": time.monotonic() - started, "operations": done, "processes": measured, "redis_used_memory": memory}
 
