@@ -58,7 +58,11 @@ TOOLS = [
         description="Exit the server process mid-call (for trying restarts).",
         input_schema={"type": "object", "properties": {}},
     ),
-    types.Tool(name="pid", description="The server's process id.", input_schema={"type": "object", "properties": {}}),
+    types.Tool(
+        name="pid",
+        description="The server's process id, and its PID namespace (a sandboxed server's id is its namespace's).",
+        input_schema={"type": "object", "properties": {}},
+    ),
     types.Tool(
         name="raise",
         description="Raise an exception inside the server (a JSON-RPC error results).",
@@ -266,7 +270,7 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         case "crash":
             os._exit(3)
         case "pid":
-            return text(str(os.getpid()))
+            return text(f"{os.getpid()} {os.readlink('/proc/self/ns/pid')}")
         case "raise":
             raise RuntimeError("the demo server failed on purpose")
         case "bad_output":

@@ -7,6 +7,7 @@ from django.db import models
 
 from policy.models import ServerGroup, limit_field
 from registry.upstreams.egress import url_problem
+from registry.upstreams.sandbox import sandbox_problem
 
 # Slugs never contain "_" or ".", so every allowed separator splits an exposed name unambiguously.
 slug_validator = RegexValidator(
@@ -56,6 +57,12 @@ class Upstream(models.Model):
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True, help_text="Environment for a stdio server")
     cwd = models.CharField(max_length=512, blank=True)
+    sandbox = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='A stdio server\'s sandbox: {"network": "none" (only its own loopback) or "host" (unconfined '
+        'network), "paths": ["/srv/data", "/srv/out:rw"]} (read-only unless :rw); docs/security.md',
+    )
     url = models.URLField(max_length=1024, blank=True)
     headers = models.JSONField(default=dict, blank=True, help_text="HTTP headers sent to the upstream")
     query = models.JSONField(
@@ -184,6 +191,7 @@ class Upstream(models.Model):
         "args",
         "env",
         "cwd",
+        "sandbox",
         "url",
         "headers",
         "query",
@@ -231,6 +239,8 @@ class Upstream(models.Model):
                 raise ValidationError({field: "A JSON object of strings."})
         if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
             raise ValidationError({"args": "A JSON list of strings."})
+        if problem := sandbox_problem(self.sandbox):
+            raise ValidationError({"sandbox": problem})
         if self.per_person:
             self._person_clean()
 

@@ -144,16 +144,16 @@ def world(db, everything_http) -> World:
     from policy.services import agent_create, agent_set_enabled
     from registry.models import Upstream
     from registry.services import upstream_catalog_sync, upstream_save
-    from tests.factories import DEMO, stdio_upstream
+    from tests.factories import DEMO, demo_sandbox, stdio_upstream
 
     alice = agent_create(name="alice")
     mallory = agent_create(name="mallory")
     agent_set_enabled(agent=mallory.agent, enabled=False)
     made = [
         stdio_upstream("time", str(BIN / "mcp-server-time"), ["--local-timezone", "UTC"]),
-        stdio_upstream("demo", sys.executable, DEMO),
+        stdio_upstream("demo", sys.executable, DEMO, sandbox=demo_sandbox()),
         # Its timeouts are the point of the tests that use it: they must not open its circuit.
-        stdio_upstream("slow", sys.executable, DEMO, timeout=1.0, breaker_failures=1000),
+        stdio_upstream("slow", sys.executable, DEMO, timeout=1.0, breaker_failures=1000, sandbox=demo_sandbox()),
     ]
     every = Upstream(slug="every", transport="streamable_http", url=everything_http)
     upstream_save(upstream=every, created=True)

@@ -2,6 +2,7 @@
 removed again by its context manager."""
 
 import itertools
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -14,12 +15,33 @@ from policy.models import Agent, ServerGroup
 from policy.services import agent_create
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_save
+from registry.upstreams.sandbox import SandboxSettings
 from registry.upstreams.spec import UpstreamSpec
 from tests import servers
 
 DEMO = [str(servers.ROOT / "examples/demo_upstream.py")]
+# What a sandboxed demo server is given: the folders where it marks its `sleep` calls, for the tests to see.
+DEMO_MARKS = [f"{servers.STARTED_DIR}:rw", f"{servers.CANCELLED_DIR}:rw"]
 # How the pool reaches the demo server over stdio, for tests that drive the pool in this process.
-DEMO_SPEC = UpstreamSpec(id=1, revision=1, slug="demo", transport="stdio", timeout=5, command=sys.executable, args=DEMO)
+DEMO_SPEC = UpstreamSpec(
+    id=1,
+    revision=1,
+    slug="demo",
+    transport="stdio",
+    timeout=5,
+    command=sys.executable,
+    args=DEMO,
+    sandbox=SandboxSettings(paths=tuple(DEMO_MARKS)),
+)
+
+
+def demo_sandbox(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """A demo server's sandbox setting: its marks' folders, and the folders of the files its environment names
+    (DEMO_MANIFEST: a test may write the file later), opened to the unprivileged uid it runs as under root."""
+    folders = {os.path.dirname(value) for value in (env or {}).values() if value.startswith("/")}
+    for folder in folders:
+        os.chmod(folder, 0o755)  # pytest makes its folders 0700
+    return {"paths": [*DEMO_MARKS, *sorted(folders)]}
 
 
 def stdio_upstream(slug: str, command: str, args: list[str], **fields: Any) -> Upstream:
@@ -34,6 +56,7 @@ def stdio_upstream(slug: str, command: str, args: list[str], **fields: Any) -> U
 
 @contextmanager
 def demo_upstream(slug: str, **fields: Any) -> Iterator[Upstream]:
+    fields.setdefault("sandbox", demo_sandbox(fields.get("env")))
     upstream = stdio_upstream(slug, sys.executable, fields.pop("args", DEMO), **fields)
     try:
         yield upstream

@@ -31,6 +31,9 @@ CHROMIUM_ARGS = [
 # Where the demo server marks a call of its `sleep` tool that was cancelled (examples/demo_upstream.py).
 CANCELLED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-cancelled")
 STARTED_DIR = os.path.join(tempfile.gettempdir(), "switchboard-demo-started")
+for _marks in (CANCELLED_DIR, STARTED_DIR):  # given to each sandboxed demo server (tests/factories.py), whatever uid
+    os.makedirs(_marks, exist_ok=True)
+    os.chmod(_marks, 0o1777)
 
 
 def demo_started(mark: str) -> bool:

@@ -12,6 +12,7 @@ from typing import IO, Any
 import httpx2
 
 from registry.upstreams.egress import EgressRefused
+from registry.upstreams.sandbox import SandboxRefused
 from registry.upstreams.scrub import blanked
 
 STDERR_LINES = 5  # the last lines of a stdio server's stderr a cause quotes
@@ -86,6 +87,8 @@ class Witness:
 def _what_failed(exc: BaseException, spec: Any, witness: Witness) -> str:
     if refused := found(exc, lambda e: isinstance(e, EgressRefused)):
         return f"refused address: {refused}"
+    if refused := found(exc, lambda e: isinstance(e, SandboxRefused)):
+        return f"not started: {refused}"
     if spec.transport == "stdio" and found(exc, lambda e: isinstance(e, FileNotFoundError)):
         return f"{COMMAND_NOT_FOUND}{spec.command}"
     if spec.transport == "stdio" and found(exc, lambda e: isinstance(e, PermissionError)):

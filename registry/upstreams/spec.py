@@ -7,6 +7,7 @@ from functools import cached_property, partial
 from typing import Any
 
 import httpx2
+from django.conf import settings
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
@@ -18,6 +19,7 @@ from registry.upstreams.egress import guarded_client
 from registry.upstreams.health import Witness
 from registry.upstreams.reply_depth import DepthCheckedTransport
 from registry.upstreams.rest import RestClient
+from registry.upstreams.sandbox import SandboxSettings
 from registry.upstreams.stdio import stdio_transport
 
 MIN_SECRET_CHARS = 8  # shorter values ("true", "eu", "prod") would blank out ordinary words; keys are longer
@@ -50,6 +52,9 @@ class UpstreamSpec:
     rest_operations: list[dict[str, Any]] = field(default_factory=list)
     rest_select: dict[str, list[str]] = field(default_factory=dict)
     read_only: bool = False
+    sandbox: SandboxSettings = field(
+        default_factory=SandboxSettings
+    )  # a stdio server's (registry/upstreams/sandbox.py)
 
     @classmethod
     def from_model(cls, upstream: Any) -> "UpstreamSpec":
@@ -74,6 +79,7 @@ class UpstreamSpec:
             rest_operations=list(upstream.rest_operations),
             rest_select=dict(upstream.rest_select),
             read_only=upstream.read_only,
+            sandbox=SandboxSettings.from_json(upstream.sandbox),
         )
 
     @cached_property
@@ -107,7 +113,8 @@ class UpstreamSpec:
             env = {"PATH": os.environ.get("PATH", "")} | self.env
             witness.ending = ""  # of this process, not one an earlier attempt started
             params = StdioServerParameters(command=self.command, args=self.args, env=env, cwd=self.cwd or None)
-            target: Any = stdio_transport(params, witness.errlog(), witness.ended)
+            sandbox = self.sandbox if settings.GATEWAY_STDIO_SANDBOX == "bwrap" else None
+            target: Any = stdio_transport(params, witness.errlog(), witness.ended, sandbox)
         elif self.transport == "sse":
             factory = partial(self._http_client, event_hooks={"response": [witness.heard]})
             target = sse_client(self.url, headers=self.headers, timeout=self.timeout, httpx_client_factory=factory)

@@ -7,6 +7,8 @@ follows the same shutdown (MCP lifecycle: close stdin, wait, then end the proces
 and shielded, so a cancelled caller neither leaks a live server nor hangs on one."""
 
 import logging
+import os
+import shutil
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
@@ -22,6 +24,8 @@ from mcp import StdioServerParameters, types
 from mcp.client.stdio import get_default_environment
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
+
+from registry.upstreams.sandbox import HOME, SandboxSettings, bwrap_command
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +69,13 @@ class _Tagged:
         await self.aclose()
 
 
-def ending(returncode: int | None) -> str:
-    """How a server's process ended, in the operator's words."""
+def ending(returncode: int | None, confined: bool = False) -> str:
+    """How a server's process ended, in the operator's words. A sandbox's bwrap exits 128 + n for a server ended
+    by signal n, as a shell does."""
     if returncode is None:
         return "closed its output"
+    if confined and 128 < returncode < 128 + signal.NSIG:
+        returncode = 128 - returncode
     if returncode < 0:
         with suppress(ValueError):
             return f"was killed by {signal.Signals(-returncode).name}"
@@ -104,16 +111,34 @@ async def _stop(process: Process) -> None:
         await process.stdout.aclose()  # type: ignore[union-attr]
 
 
+def _launch(params: StdioServerParameters, sandbox: SandboxSettings | None) -> tuple[list[str], dict[str, str], Any]:
+    """The command line, environment and folder that start the server: confined unless `sandbox` is None."""
+    env = get_default_environment() | (params.env or {})
+    if sandbox is None:
+        return [params.command, *params.args], env, params.cwd
+    executable = shutil.which(params.command, path=env.get("PATH"))
+    if executable is None:
+        raise FileNotFoundError(params.command)
+    cwd = str(params.cwd) if params.cwd else None
+    command = bwrap_command(os.path.abspath(executable), list(params.args), cwd, sandbox)
+    return command, env | {"HOME": HOME}, "/"
+
+
 @asynccontextmanager
 async def stdio_transport(
-    params: StdioServerParameters, errlog: IO[bytes], ended: Callable[[str], None]
+    params: StdioServerParameters,
+    errlog: IO[bytes],
+    ended: Callable[[str], None],
+    sandbox: SandboxSettings | None = None,
 ) -> AsyncIterator[tuple]:
-    """The server's streams; `ended` hears how its process ended when its output ends first."""
+    """The server's streams, confined by `sandbox` (None: unconfined); `ended` hears how its process ended when
+    its output ends first."""
+    command, env, cwd = _launch(params, sandbox)
     process = await anyio.open_process(
-        [params.command, *params.args],
-        env=get_default_environment() | (params.env or {}),
+        command,
+        env=env,
         stderr=errlog,
-        cwd=params.cwd,
+        cwd=cwd,
         start_new_session=True,  # its own process group, ended as a tree
     )
     # No await from here until the task group is entered: a cancellation then would leak the process.
@@ -132,7 +157,7 @@ async def stdio_transport(
                         await incoming.send(_parse(line))
             if not stopping:
                 await _exited(process, STATUS_WAIT)
-                ended(ending(process.returncode))
+                ended(ending(process.returncode, sandbox is not None))
 
     async def write() -> None:
         try:
@@ -146,7 +171,7 @@ async def stdio_transport(
             # The server is going: say how before the session sees the connection end (its cause reads that),
             # which otherwise races the reader's own report.
             if not stopping and await _exited(process, STATUS_WAIT):
-                ended(ending(process.returncode))
+                ended(ending(process.returncode, sandbox is not None))
             await incoming.aclose()  # the session sees the connection end rather than wait for an answer
 
     async with anyio.create_task_group() as tg:

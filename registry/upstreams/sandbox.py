@@ -1,0 +1,177 @@
+"""A stdio server's sandbox: bubblewrap (`bwrap`) runs it in namespaces of its own, seeing only what it was given.
+
+Bound read-only: the system's directories, the few files of /etc that programs need, and of everything else only
+the command's own files (its executable, the prefix it runs from: a virtual environment, an interpreter's
+installation, a node_modules folder; arguments that name an existing file or folder) and the paths its upstream
+lists. Private: a home and /tmp (tmpfs, size-capped), processes (its own PID namespace), the network (`none`: only
+its own loopback) and IPC. Never bound: `/`, /run, /var, /home, /root, the host's /tmp, the gateway's `var/`,
+`.git` and secret files. As root, each server runs as an unprivileged uid (root inside a user namespace of its
+own is still uid 0 on the files it is given). Its environment travels in the process's environment, never on
+bwrap's command line, which every local user can read in `ps`."""
+
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+HOME = "/home/upstream"
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC = (
+    "ld.so.cache",
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "hosts",
+    "resolv.conf",
+    "ssl/certs",
+    "localtime",
+    "alternatives",  # Debian's /usr/bin/node and others are symlinks through it
+)
+NEVER = ("/", "/run", "/var", "/home", "/root", "/tmp", "/proc", "/sys", "/dev", "/etc")
+NETWORKS = ("none", "host")
+DEFAULT_NETWORK = "none"
+
+
+class SandboxRefused(Exception):
+    """The server was not started: its sandbox cannot be made, or its settings would open what must stay shut."""
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """An upstream's own: its network, and paths it is given beyond its command's (`/srv/data`, `/srv/out:rw`)."""
+
+    network: str = DEFAULT_NETWORK
+    paths: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any] | None) -> "SandboxSettings":
+        value = value or {}
+        return cls(network=value.get("network", DEFAULT_NETWORK), paths=tuple(value.get("paths", ())))
+
+
+def protected() -> tuple[Path, ...]:
+    """What no sandbox is given, nor any folder holding it: the gateway's keys and database, its history, and every
+    secret file a setting names (`SECRET_KEY_FILE`, `GATEWAY_CREDENTIAL_KEYS_FILE`...)."""
+    named = [value for name, value in os.environ.items() if name.endswith("_FILE") and value.startswith("/")]
+    database = settings.DATABASES["default"]
+    sqlite = [database["NAME"]] if database["ENGINE"].endswith("sqlite3") else []
+    paths = [settings.VAR_DIR, settings.BASE_DIR / ".git", *sqlite, *named]
+    return tuple(Path(os.path.realpath(p)) for p in paths)
+
+
+def path_problem(path: str) -> str | None:
+    """Why a path may not be given to a sandbox, in the operator's words; None when it may."""
+    if not path.startswith("/"):
+        return f"{path!r} is not an absolute path"
+    real = Path(os.path.realpath(path))
+    if str(real) in NEVER or path.rstrip("/") in NEVER:
+        return f"{path!r} would give the server the whole of {real}"
+    for kept in protected():
+        if real == kept or kept in real.parents or real in kept.parents:
+            return f"{path!r} holds or is inside the gateway's own {kept} (keys, database, history)"
+    return None
+
+
+def sandbox_problem(value: Any) -> str | None:
+    """Why an upstream's `sandbox` setting is refused; None when it is sound."""
+    if not isinstance(value, dict):
+        return 'A JSON object: {"network": "none", "paths": ["/srv/data", "/srv/out:rw"]}.'
+    if unknown := set(value) - {"network", "paths"}:
+        return f"Unknown sandbox setting {sorted(unknown)[0]!r}: network and paths are known."
+    if value.get("network", DEFAULT_NETWORK) not in NETWORKS:
+        return f"network must be one of {', '.join(NETWORKS)}, not {value.get('network')!r}."
+    paths = value.get("paths", [])
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        return "paths must be a JSON list of strings."
+    for entry in paths:
+        if problem := path_problem(entry.removesuffix(":rw")):
+            return f"paths: {problem}."
+    return None
+
+
+def _own_files(executable: str, argv: Iterable[str]) -> list[str]:
+    """The command's own files: where its executable lives (a virtual environment or an interpreter's prefix, a
+    node_modules folder, else the file itself) and each argument that names an existing file or folder."""
+    found = []
+    for path in (Path(executable), Path(os.path.realpath(executable))):
+        if "node_modules" in path.parts:
+            found.append(str(Path(*path.parts[: path.parts.index("node_modules") + 1])))
+        elif path.parent.name == "bin":
+            found.append(str(path.parent.parent))  # a venv (pyvenv.cfg) or an installation's prefix
+        else:
+            found.append(str(path))
+    found += [arg for arg in argv if arg.startswith("/") and os.path.exists(arg)]
+    return [p for p in found if p != "/" and not _system(p)]
+
+
+def _system(path: str) -> bool:
+    """Whether a path is in the system's directories, which every sandbox has."""
+    return any(path == s or path.startswith(s + "/") for s in SYSTEM)
+
+
+def _dirs(paths: Iterable[str]) -> list[str]:
+    """Each folder above the paths, top first: bwrap makes missing ones mode 0700 as root, closed to the server."""
+    made: list[str] = []
+    for path in paths:
+        for parent in reversed(Path(path).parents):
+            if str(parent) != "/" and str(parent) not in made:
+                made.append(str(parent))
+    return made
+
+
+def bwrap_command(executable: str, args: list[str], cwd: str | None, sandbox: SandboxSettings) -> list[str]:
+    """The bwrap command line that runs `executable args` confined. Refuses a path the sandbox may not be given."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxRefused(
+            "bubblewrap is not installed where upstreams run (Debian package `bubblewrap`); "
+            "GATEWAY_STDIO_SANDBOX=off runs stdio servers unconfined"
+        )
+    given = {}  # destination: writable
+    for entry in sandbox.paths:
+        path = entry.removesuffix(":rw")
+        if problem := path_problem(path):
+            raise SandboxRefused(problem)
+        given[path] = entry.endswith(":rw")
+    own = _own_files(executable, args) + ([cwd] if cwd else [])
+    for path in own:
+        if problem := path_problem(path):
+            raise SandboxRefused(f"the command's own {problem}")
+        given.setdefault(path, False)
+    root = os.geteuid() == 0
+    host = sandbox.network == "host"
+    # As root, no user namespace: bwrap's would map the server's uid to root's; setpriv drops to an unprivileged
+    # uid and every capability instead. Otherwise every namespace, the user's included (no capabilities at all).
+    if root:
+        namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        namespaces += [] if host else ["--unshare-net"]
+    else:
+        namespaces = ["--unshare-all", *(["--share-net"] if host else [])]
+    command = [bwrap, *namespaces, "--die-with-parent", "--new-session"]
+    for path in SYSTEM:
+        if os.path.islink(path):
+            command += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            command += ["--ro-bind", path, path]
+    for name in ETC:
+        if os.path.exists(f"/etc/{name}"):
+            command += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    command += ["--proc", "/proc", "--dev", "/dev"]
+    size = str(settings.GATEWAY_STDIO_SANDBOX_TMP_MB << 20)
+    command += ["--perms", "01777", "--size", size, "--tmpfs", "/tmp"]
+    command += ["--perms", "0777", "--size", size, "--tmpfs", HOME]
+    for folder in _dirs(given):
+        if folder not in given and not _system(folder):
+            command += ["--perms", "0755", "--dir", folder]
+    for path, writable in given.items():
+        command += ["--bind" if writable else "--ro-bind", path, path]
+    command += ["--chdir", cwd or HOME]
+    if root:
+        uid = str(settings.GATEWAY_STDIO_SANDBOX_UID)
+        command += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
+        command += ["--bounding-set=-all", "--no-new-privs", "--"]
+    return [*command, executable, *args]
