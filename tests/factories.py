@@ -36,12 +36,18 @@ DEMO_SPEC = UpstreamSpec(
 
 
 def demo_sandbox(env: dict[str, str] | None = None) -> dict[str, Any]:
-    """A demo server's sandbox setting: its marks' folders, and the folders of the files its environment names
-    (DEMO_MANIFEST: a test may write the file later), opened to the unprivileged uid it runs as under root."""
-    folders = {os.path.dirname(value) for value in (env or {}).values() if value.startswith("/")}
-    for folder in folders:
-        os.chmod(folder, 0o755)  # pytest makes its folders 0700
-    return {"paths": [*DEMO_MARKS, *sorted(folders)]}
+    """A demo server's sandbox setting: its marks' folders, and the folder of its DEMO_MANIFEST (a test may write
+    the file later), opened to the unprivileged uid it runs as under root (pytest makes its folders 0700)."""
+    if manifest := (env or {}).get("DEMO_MANIFEST"):
+        os.chmod(os.path.dirname(manifest), 0o755)
+        return {"paths": [*DEMO_MARKS, os.path.dirname(manifest)]}
+    return {"paths": DEMO_MARKS}
+
+
+def wrapped_sandbox() -> dict[str, Any]:
+    """The sandbox setting of a demo server started by a script of a test's (`exec python demo_upstream.py`): the
+    script is the command, so the interpreter and the server's file are given by hand."""
+    return {"paths": [*DEMO_MARKS, sys.prefix, sys.base_prefix, DEMO[0]]}
 
 
 def stdio_upstream(slug: str, command: str, args: list[str], **fields: Any) -> Upstream:

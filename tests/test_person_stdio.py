@@ -4,7 +4,6 @@ specific refusal when every one is busy."""
 
 import json
 import sys
-from pathlib import Path
 
 import anyio
 import pytest
@@ -25,11 +24,14 @@ SCRIPT = str(servers.ROOT / "tests/support/protected_upstream.py")
 
 
 @pytest.fixture(scope="module")
-def desk(server_env, logs) -> dict:
+def desk(server_env, logs, tmp_path_factory) -> dict:
     """The stdio upstream, per person (env:UPSTREAM_TOKEN), and a gateway that runs one process per upstream
-    for its people at most."""
+    for its people at most. Its sandbox is given a folder where the tests release its `hold` calls."""
     spec = ",".join(f"{person}:{token}" for person, token in TOKENS.items())
+    releases = tmp_path_factory.mktemp("releases")
+    releases.chmod(0o755)
     stdio = {"command": sys.executable, "args": [SCRIPT, "stdio", "--tokens", spec]}
+    stdio["sandbox"] = {"paths": [str(releases)]}
     upstream = person_upstream("desk", TOKENS["ana"], transport="stdio", person_slot="env:UPSTREAM_TOKEN", **stdio)
     agent = Agent.objects.get_or_create(name="people")[0]
     users = {name: get_user_model().objects.create_user(f"{name}-stdio", first_name=name.title()) for name in TOKENS}
@@ -48,7 +50,7 @@ def desk(server_env, logs) -> dict:
                     values={"token": TOKENS[name]},
                 )
             eventually(lambda: "desk__whoami" in anyio.run(tool_names, gw.url, keys["ana"]))
-            yield {"gateway": gw, "keys": keys}
+            yield {"gateway": gw, "keys": keys, "releases": releases}
     finally:
         upstream.delete()
         for user in users.values():
@@ -73,9 +75,9 @@ def test_each_person_gets_a_process_of_their_own_reading_their_token(desk):
     assert anyio.run(whoami, "ana")["pid"] != ana["pid"]
 
 
-def test_when_every_process_is_busy_a_new_person_is_refused(desk, tmp_path: Path):
+def test_when_every_process_is_busy_a_new_person_is_refused(desk):
     gateway, keys = desk["gateway"], desk["keys"]
-    release = tmp_path / "release"
+    release = desk["releases"] / "release"
     mark = audit_mark()
 
     async def scenario() -> tuple[dict, str]:

@@ -93,11 +93,24 @@ def sandbox_problem(value: Any) -> str | None:
     return None
 
 
+def _interpreter(executable: str) -> str | None:
+    """The interpreter a script names on its first line (`#!/srv/venv/bin/python`), if it names one by path."""
+    try:
+        with open(executable, "rb") as script:
+            first = script.readline(512)
+    except OSError:
+        return None
+    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+    return words[0] if words and words[0].startswith("/") else None
+
+
 def _own_files(executable: str, argv: Iterable[str]) -> list[str]:
-    """The command's own files: where its executable lives (a virtual environment or an interpreter's prefix, a
-    node_modules folder, else the file itself) and each argument that names an existing file or folder."""
+    """The command's own files: where its executable and a script's interpreter live (a virtual environment or an
+    installation's prefix, a node_modules folder, else the file itself) and each argument that names an existing
+    file or folder."""
     found = []
-    for path in (Path(executable), Path(os.path.realpath(executable))):
+    programs = [executable, *filter(None, [_interpreter(executable)])]
+    for path in (Path(p) for program in programs for p in (program, os.path.realpath(program))):
         if "node_modules" in path.parts:
             found.append(str(Path(*path.parts[: path.parts.index("node_modules") + 1])))
         elif path.parent.name == "bin":

@@ -29,9 +29,12 @@ FUZZ = settings.get_profile("fuzz")
 def fuzz_agent(db) -> Iterator[Caller]:
     """An agent that may call the demo upstream `fuzz` (run on this process's pool by the inline executor)."""
     # Its own limits well above what every property together sends, so a rate limit never reads as a finding.
-    with demo_upstream("fuzz", calls_per_minute=1_000_000), agent("fuzz-agent", calls_per_minute=1_000_000) as (
-        someone,
-        key,
+    with (
+        demo_upstream("fuzz", calls_per_minute=1_000_000),
+        agent("fuzz-agent", calls_per_minute=1_000_000) as (
+            someone,
+            key,
+        ),
     ):
         yield Caller(agent_id=someone.id, agent_name=someone.name, transport="test", key_prefix=key[3:15])
 

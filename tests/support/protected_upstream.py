@@ -12,9 +12,9 @@ spec's discovery. --seen PATH gets every Authorization header value it receives,
 stdio: `protected_upstream.py stdio --tokens ...` knows its person from the token in UPSTREAM_TOKEN, as a stdio server
 given a personal credential in its environment does; with --seen it writes `UPSTREAM_TOKEN=<value>` there at start.
 
-`whoami` answers JSON {"person": ..., "audience": ..., "pid": ...} (audience: the JWT's `aud`, else null); with
-`quote`, over HTTP, also {"said": "your key is <the bearer token>"}, as upstreams that echo a key do. So do, over
-HTTP, the resource key://mine and the prompt `key`.
+`whoami` answers JSON {"person": ..., "audience": ..., "pid": "<id> <PID namespace>"} (audience: the JWT's `aud`,
+else null); with `quote`, over HTTP, also {"said": "your key is <the bearer token>"}, as upstreams that echo a key
+do. So do, over HTTP, the resource key://mine and the prompt `key`.
 Options may come from the environment instead: UPSTREAM_AUTHORIZATION_SERVER, UPSTREAM_TOKENS, UPSTREAM_SEEN.
 """
 
@@ -47,6 +47,11 @@ WHOAMI = types.Tool(
     input_schema={"type": "object", "properties": {"quote": {"type": "boolean"}}},
 )
 KEY = "key://mine"  # a resource, and a prompt `key`, that quote the caller's own token
+
+
+def process() -> str:
+    """This process: its id and its PID namespace (a sandboxed server's id is its namespace's, the same in each)."""
+    return f"{os.getpid()} {os.readlink('/proc/self/ns/pid')}"
 
 
 def parse_tokens(spec: str) -> dict[str, str]:
@@ -167,7 +172,7 @@ async def call_tool_http(ctx, params: types.CallToolRequestParams) -> types.Call
     assert isinstance(user, AuthenticatedUser)
     audience = (user.access_token.claims or {}).get("aud")
     said = {"said": _quoted(ctx)} if (params.arguments or {}).get("quote") else {}
-    return answer({"person": user.access_token.subject, "audience": audience, "pid": os.getpid()} | said)
+    return answer({"person": user.access_token.subject, "audience": audience, "pid": process()} | said)
 
 
 def _quoted(ctx) -> str:
@@ -192,7 +197,7 @@ async def hold(until: str) -> types.CallToolResult:
     with anyio.move_on_after(HOLD_SECONDS):
         while not os.path.exists(until):
             await anyio.sleep(0.02)
-    return answer({"released": os.path.exists(until), "pid": os.getpid()})
+    return answer({"released": os.path.exists(until), "pid": process()})
 
 
 def stdio_call_tool(tokens: dict[str, str]):
@@ -203,8 +208,8 @@ def stdio_call_tool(tokens: dict[str, str]):
             raise ValueError(f"Unknown tool: {params.name}")
         person = static_person(tokens, os.environ.get("UPSTREAM_TOKEN", ""))
         if person is None:
-            return answer({"error": "UPSTREAM_TOKEN names nobody this server knows", "pid": os.getpid()}, True)
-        return answer({"person": person, "audience": None, "pid": os.getpid()})
+            return answer({"error": "UPSTREAM_TOKEN names nobody this server knows", "pid": process()}, True)
+        return answer({"person": person, "audience": None, "pid": process()})
 
     return call_tool
 
