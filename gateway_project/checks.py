@@ -1,6 +1,7 @@
 """Start-up checks of the environment that settings.py cannot make while it reads it: a GATEWAY_* variable that is
-set but that no setting reads is misspelled or no longer a setting, and would otherwise be ignored in silence.
-`manage.py check` (and migrate) report it; the web process and Celery log it as they start (they run no checks)."""
+set but that no setting reads is misspelled or no longer a setting, and would otherwise be ignored in silence; stdio
+servers run unconfined (GATEWAY_STDIO_SANDBOX=off). `manage.py check` (and migrate) report them; the web process
+and Celery log them as they start (they run no checks)."""
 
 import difflib
 import logging
@@ -8,6 +9,7 @@ import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from django.conf import settings
 from django.core import checks
 
 from gateway_project.environment import ENV_VARIABLES_READ
@@ -15,6 +17,7 @@ from gateway_project.environment import ENV_VARIABLES_READ
 logger = logging.getLogger(__name__)
 TAG = "switchboard"
 UNKNOWN_VARIABLE = "switchboard.W001"
+UNCONFINED = "switchboard.W002"
 PREFIX = "GATEWAY_"
 
 
@@ -40,6 +43,17 @@ def env_unknown_warnings(*, environ: Mapping[str, str], known: Collection[str]) 
 @checks.register(TAG)
 def env_unknown_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     return env_unknown_warnings(environ=os.environ, known=ENV_VARIABLES_READ)
+
+
+@checks.register(TAG)
+def sandbox_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    if settings.GATEWAY_STDIO_SANDBOX != "off":
+        return []
+    message = (
+        "GATEWAY_STDIO_SANDBOX=off: stdio servers run unconfined, as the gateway's own user, and can read its keys, "
+        "its environment and its database"
+    )
+    return [checks.Warning(message, hint="docs/security.md, 'Stdio servers'.", id=UNCONFINED)]
 
 
 def start_warnings_log() -> None:

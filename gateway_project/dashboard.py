@@ -165,6 +165,8 @@ class GatewayState:
     active_sessions: int
     pending_tools: int
     workers_alive: int | None  # None with the inline executor, which has no workers
+    sandbox_off: bool  # GATEWAY_STDIO_SANDBOX=off: every stdio server runs unconfined
+    host_network: list[str]  # stdio upstreams whose sandbox shares the host's network
 
 
 def _workers_alive() -> int | None:
@@ -195,4 +197,8 @@ def gateway_state(*, now: datetime | None = None) -> GatewayState:
         active_sessions=recent.exclude(session_id__in=closed).values("session_id").distinct().count(),
         pending_tools=Tool.objects.exclude(approved_sha256=F("definition_sha256")).count(),
         workers_alive=_workers_alive(),
+        sandbox_off=settings.GATEWAY_STDIO_SANDBOX == "off",
+        host_network=list(
+            Upstream.objects.filter(transport="stdio", sandbox__network="host").values_list("slug", flat=True)
+        ),
     )
