@@ -35,9 +35,9 @@ async def timed(call: Callable[[], Awaitable[object]], calls: int) -> tuple[floa
     return statistics.median(times) * 1000, (time.process_time() - cpu) * 1000 / calls
 
 
-async def bare(calls: int) -> tuple[float, float]:
+async def bare(calls: int, command: list[str] = DEMO) -> tuple[float, float]:
     process = await asyncio.create_subprocess_exec(
-        *DEMO, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=2**24
+        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=2**24
     )
     ids = iter(range(1, 10**9))
 

@@ -137,6 +137,7 @@ def _http_fields(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str,
         "args": [],
         "env": {},
         "cwd": "",
+        "sandbox": {},
     }
 
 
@@ -148,6 +149,7 @@ def _mcp_fields(entry: dict[str, Any], environ: Mapping[str, str]) -> dict[str, 
             "args": entry.get("args", []),
             "env": _resolved_map(entry.get("env", {}), "env", environ),
             "cwd": entry.get("cwd", ""),
+            "sandbox": entry.get("sandbox", {}),
             "url": "",
             "headers": {},
             "query": {},
@@ -388,6 +390,7 @@ def _entry_export(upstream: Upstream, name: str, taken: dict[str, str]) -> dict[
         entry: dict[str, Any] = {"command": upstream.command, "args": upstream.args}
         entry |= {"env": _placeholders(upstream, "ENV", upstream.env, taken)} if upstream.env else {}
         entry |= {"cwd": upstream.cwd} if upstream.cwd else {}
+        entry |= {"sandbox": upstream.sandbox} if upstream.sandbox else {}
     else:
         query = urlencode(_placeholders(upstream, "QUERY", upstream.query, taken), safe="${}")
         entry = _http_export(upstream)

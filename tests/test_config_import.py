@@ -268,10 +268,13 @@ def test_an_export_imports_back_into_the_same_upstreams_and_never_shows_a_secret
     cleanup, logs, tmp_path, capsys, monkeypatch
 ):
     demo_http = servers.start_demo_http(logs / "imp-demo-http.log")
+    sandbox = {"sandbox": {"network": "none", "paths": [f"{servers.STARTED_DIR}:rw"]}}
     config = {
         "mcpServers": {
             "imp-time": TIME,
-            "Imp Demo": DEMO_ENTRY | {"env": {"API_TOKEN": "env-s3cret"}, "cwd": str(tmp_path), "namespace": ""},
+            "Imp Demo": DEMO_ENTRY
+            | {"env": {"API_TOKEN": "env-s3cret"}, "cwd": str(tmp_path), "namespace": ""}
+            | sandbox,
             "Imp Docs": {
                 "url": f"{demo_http.url}?api_key=q-s3cret",
                 "headers": {"Authorization": "Bearer hdr-s3cret"},
@@ -298,7 +301,8 @@ def test_an_export_imports_back_into_the_same_upstreams_and_never_shows_a_secret
         mine = {name: entry for name, entry in entries.items() if name.lower().startswith("imp")}
         assert mine == {
             "Imp Demo": DEMO_ENTRY
-            | {"env": {"API_TOKEN": "${IMP_DEMO_ENV_API_TOKEN}"}, "cwd": str(tmp_path), "namespace": ""},
+            | {"env": {"API_TOKEN": "${IMP_DEMO_ENV_API_TOKEN}"}, "cwd": str(tmp_path), "namespace": ""}
+            | sandbox,
             "Imp Docs": {
                 "type": "http",
                 "url": f"{demo_http.url}?api_key=${{IMP_MANUAL_QUERY_API_KEY}}",
