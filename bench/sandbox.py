@@ -1,6 +1,6 @@
 """What the stdio sandbox costs (issue 34's bars): a bare JSON-lines round trip to examples/demo_upstream.py
 (bench/upstream_client.py's `bare`) confined by bubblewrap against unconfined, and a server's start (spawn to
-the answer to `initialize`), rounds interleaved; medians of the rounds with their range.
+the answer to `initialize`), rounds interleaved (each other round in the other order); medians of the rounds with their range.
 
     .venv/bin/python bench/sandbox.py [--rounds 3] [--calls 2000] [--starts 20]
 """
@@ -50,8 +50,9 @@ async def start(command: list[str]) -> float:
 async def main(args: argparse.Namespace) -> None:
     trips: dict[str, list[float]] = {name: [] for name in COMMANDS}
     starts: dict[str, list[float]] = {name: [] for name in COMMANDS}
-    for _ in range(args.rounds):
-        for name, command in COMMANDS.items():
+    for round_ in range(args.rounds):
+        order = list(COMMANDS.items())
+        for name, command in order if round_ % 2 == 0 else order[::-1]:  # neither always runs first
             trips[name].append((await bare(args.calls, command))[0])
             starts[name].append(statistics.median([await start(command) for _ in range(args.starts)]))
     print("| server | round trip p50 ms | ratio | start p50 ms | start added ms |\n|---|---:|---:|---:|---:|")
