@@ -1,6 +1,7 @@
 """What the stdio sandbox costs (issue 34's bars): a bare JSON-lines round trip to examples/demo_upstream.py
 (bench/upstream_client.py's `bare`) confined by bubblewrap against unconfined, and a server's start (spawn to
-the answer to `initialize`), rounds interleaved (each other round in the other order); medians of the rounds with their range.
+the answer to `initialize`), rounds interleaved (each other round in the other order); medians of the rounds
+with their range.
 
     .venv/bin/python bench/sandbox.py [--rounds 3] [--calls 2000] [--starts 20]
 """
