@@ -1,5 +1,6 @@
 """How to reach an upstream: plain data built from the model, credentials opened, read only by the executor."""
 
+import logging
 import os
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from registry.upstreams.rest import RestClient
 from registry.upstreams.sandbox import SandboxSettings
 from registry.upstreams.stdio import stdio_transport
 
+logger = logging.getLogger(__name__)
 MIN_SECRET_CHARS = 8  # shorter values ("true", "eu", "prod") would blank out ordinary words; keys are longer
 
 
@@ -114,6 +116,8 @@ class UpstreamSpec:
             witness.ending = ""  # of this process, not one an earlier attempt started
             params = StdioServerParameters(command=self.command, args=self.args, env=env, cwd=self.cwd or None)
             sandbox = self.sandbox if settings.GATEWAY_STDIO_SANDBOX == "bwrap" else None
+            if sandbox is not None and sandbox.network == "host":
+                logger.warning("upstream %s: its stdio server shares the host's network, unconfined", self.slug)
             target: Any = stdio_transport(params, witness.errlog(), witness.ended, sandbox)
         elif self.transport == "sse":
             factory = partial(self._http_client, event_hooks={"response": [witness.heard]})
