@@ -61,10 +61,10 @@ def targets(listening: str, *, ports: list[int], processes: list[int]) -> dict:
     }
 
 
-def probe_in_pool(found: dict) -> dict:
+def probe_in_pool(found: dict, sandbox: SandboxSettings | None = None) -> dict:
     spec = UpstreamSpec(
         id=1, revision=1, slug="hostile", transport="stdio", timeout=10, command=sys.executable,
-        args=[SCRIPT, json.dumps(found)],
+        args=[SCRIPT, json.dumps(found)], sandbox=sandbox or SandboxSettings(),
     )  # fmt: skip
 
     async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
@@ -102,6 +102,12 @@ def test_a_confined_server_learns_nothing_that_an_unconfined_one_reads(db, setti
     assert set(seen["read"]) >= {f for f in found["files"] if "secret_key" in f or "credential_key" in f}
     assert 5432 in seen["tcp"] and listening in seen["sockets"] and seen["other_processes"]
     assert seen["environ"][str(os.getpid())] == ["DATABASE_URL", "REDIS_URL"]
+
+
+def test_a_server_given_the_hosts_network_reaches_loopback_and_nothing_else_more(db, listening, caplog):
+    seen = probe_in_pool(targets(listening, ports=[], processes=[os.getpid()]), SandboxSettings(network="host"))
+    assert (seen["tcp"], seen["read"], seen["sockets"], seen["environ"]) == ([5432, 6379], [], [], {})
+    assert "upstream hostile: its stdio server shares the host's network, unconfined" in caplog.messages
 
 
 def test_through_the_gateway_in_each_executor_a_hostile_server_learns_nothing_and_the_others_serve_on(
