@@ -69,6 +69,14 @@ def parent_pid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def ancestors(pid: int) -> list[int]:
+    """A process's parent, its parent's parent, and so on up to init."""
+    found = []
+    while (pid := parent_pid(pid)) > 1:
+        found.append(pid)
+    return found
+
+
 async def orm(query: Callable[[], T]) -> T:
     """A database read from inside a client scenario, on a connection closed right after (a connection
     left open would keep the test database from being dropped)."""

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.clients import sdk_client, ws_session
-from tests.helpers import audit_mark, audit_since, parent_pid, run
+from tests.helpers import ancestors, audit_mark, audit_since, run, server_pid
 
 MODES = ["legacy", "2026-07-28"]
 EXPECTED_VERSION = {"legacy": "2025-11-25", "2026-07-28": "2026-07-28"}
@@ -41,11 +41,13 @@ def test_listed_tools_keep_the_upstream_descriptions_and_schemas(inline_gateway,
 def test_the_executor_that_runs_calls_is_the_configured_one(gateway, world):
     async def scenario():
         async with sdk_client(gateway.url, world.key, "legacy") as client:
-            return int((await client.call_tool("demo__pid", {})).content[0].text)
+            return server_pid((await client.call_tool("demo__pid", {})).content[0].text)
 
     upstream_pid = run(scenario)
-    # Inline: the gateway process spawned the stdio upstream. Celery: the worker did.
-    assert parent_pid(upstream_pid) == gateway.executor_pid
+    # Inline: the gateway process spawned the stdio upstream. Celery: the worker did (its sandbox's bwrap between).
+    above = ancestors(upstream_pid)
+    assert gateway.executor_pid in above
+    assert (gateway.process.pid in above) == (gateway.process.pid == gateway.executor_pid)
 
 
 def test_websocket_lists_and_calls_tools_of_two_upstreams(gateway, world):
