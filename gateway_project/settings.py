@@ -239,7 +239,7 @@ GATEWAY_UPSTREAM_IDLE_SECONDS = env_float("GATEWAY_UPSTREAM_IDLE_SECONDS", 600.0
 # Every stdio server runs in a bubblewrap sandbox (registry/upstreams/sandbox.py); `off` runs them unconfined,
 # warned at start-up. As root, each runs as this unprivileged uid; its /tmp and home are tmpfs of this size.
 GATEWAY_STDIO_SANDBOX = env_choice("GATEWAY_STDIO_SANDBOX", "bwrap", ("bwrap", "off"))
-GATEWAY_STDIO_SANDBOX_UID = env_int("GATEWAY_STDIO_SANDBOX_UID", 65534, minimum=1, maximum=2**32 - 2)
+GATEWAY_STDIO_SANDBOX_UID = env_int("GATEWAY_STDIO_SANDBOX_UID", 65534, minimum=1, maximum=4_294_967_294)
 GATEWAY_STDIO_SANDBOX_TMP_MB = env_int("GATEWAY_STDIO_SANDBOX_TMP_MB", 64, minimum=1, maximum=65_536)
 # Per-person upstreams (registry/personal.py): where people's credentials live, and how many stdio processes
 # one upstream may run for its people at once (the least recently used idle one makes room).
