@@ -28,6 +28,7 @@ ETC = (
     "hosts",
     "resolv.conf",
     "ssl/certs",
+    "ssl/openssl.cnf",
     "localtime",
     "alternatives",  # Debian's /usr/bin/node and others are symlinks through it
 )
@@ -104,20 +105,25 @@ def _interpreter(executable: str) -> str | None:
     return words[0] if words and words[0].startswith("/") else None
 
 
+def _package(path: Path) -> Path | None:
+    """The node_modules folder a path lies in: a package's script imports its siblings and its dependencies."""
+    return Path(*path.parts[: path.parts.index("node_modules") + 1]) if "node_modules" in path.parts else None
+
+
 def _own_files(executable: str, argv: Iterable[str]) -> list[str]:
     """The command's own files: where its executable and a script's interpreter live (a virtual environment or an
     installation's prefix, a node_modules folder, else the file itself) and each argument that names an existing
-    file or folder."""
+    file or folder (the node_modules folder of one inside a package)."""
     found = []
     programs = [executable, *filter(None, [_interpreter(executable)])]
     for path in (Path(p) for program in programs for p in (program, os.path.realpath(program))):
-        if "node_modules" in path.parts:
-            found.append(str(Path(*path.parts[: path.parts.index("node_modules") + 1])))
+        if package := _package(path):
+            found.append(str(package))
         elif path.parent.name == "bin":
             found.append(str(path.parent.parent))  # a venv (pyvenv.cfg) or an installation's prefix
         else:
             found.append(str(path))
-    found += [arg for arg in argv if arg.startswith("/") and os.path.exists(arg)]
+    found += [str(_package(Path(a)) or a) for a in argv if a.startswith("/") and os.path.exists(a)]
     return [p for p in found if p != "/" and not _system(p)]
 
 
@@ -126,14 +132,16 @@ def _system(path: str) -> bool:
     return any(path == s or path.startswith(s + "/") for s in SYSTEM)
 
 
-def _dirs(paths: Iterable[str]) -> list[str]:
-    """Each folder above the paths, top first: bwrap makes missing ones mode 0700 as root, closed to the server."""
+def _folders(paths: Iterable[str], given: set[str]) -> list[str]:
+    """bwrap's arguments that make each folder above the paths, top first, open to the server: bwrap would make a
+    missing one mode 0700 as root, closed to it."""
     made: list[str] = []
     for path in paths:
         for parent in reversed(Path(path).parents):
-            if str(parent) != "/" and str(parent) not in made:
-                made.append(str(parent))
-    return made
+            folder = str(parent)
+            if folder != "/" and folder not in made and folder not in given and not _system(folder):
+                made.append(folder)
+    return [arg for folder in made for arg in ("--perms", "0755", "--dir", folder)]
 
 
 def bwrap_command(executable: str, args: list[str], cwd: str | None, sandbox: SandboxSettings) -> list[str]:
@@ -170,16 +178,13 @@ def bwrap_command(executable: str, args: list[str], cwd: str | None, sandbox: Sa
             command += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             command += ["--ro-bind", path, path]
-    for name in ETC:
-        if os.path.exists(f"/etc/{name}"):
-            command += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    etc = [f"/etc/{name}" for name in ETC if os.path.exists(f"/etc/{name}")]
+    command += _folders(etc, set()) + [arg for path in etc for arg in ("--ro-bind", path, path)]
     command += ["--proc", "/proc", "--dev", "/dev"]
     size = str(settings.GATEWAY_STDIO_SANDBOX_TMP_MB << 20)
     command += ["--perms", "01777", "--size", size, "--tmpfs", "/tmp"]
     command += ["--perms", "0777", "--size", size, "--tmpfs", HOME]
-    for folder in _dirs(given):
-        if folder not in given and not _system(folder):
-            command += ["--perms", "0755", "--dir", folder]
+    command += _folders(list(given), set(given))  # after the tmpfs: a given path may lie under /tmp
     for path, writable in given.items():
         command += ["--bind" if writable else "--ro-bind", path, path]
     command += ["--chdir", cwd or HOME]
