@@ -33,6 +33,15 @@ VAR = django_settings.VAR_DIR
 
 
 @pytest.fixture
+def database() -> Iterator[Path]:
+    """A SQLite database in the gateway's var folder, as the embedded default keeps its own there."""
+    path = Path(django_settings.VAR_DIR) / "hostile-target.sqlite3"
+    path.write_bytes(b"SQLite format 3\0")
+    yield path
+    path.unlink()
+
+
+@pytest.fixture
 def listening() -> Iterator[str]:
     """A Unix socket on the host standing in for every local service's (Redis's, podman's): accepting."""
     folder = tempfile.mkdtemp(prefix="hostile-")
@@ -46,11 +55,9 @@ def listening() -> Iterator[str]:
 
 
 def targets(listening: str, *, ports: list[int], processes: list[int]) -> dict:
-    """What the hostile server tries: the gateway's key files (and a SQLite database of the embedded default's
-    name), PostgreSQL and Redis by TCP, their sockets, writes into the project and the gateway's var folder."""
+    """What the hostile server tries: the files of the gateway's var folder (its keys, a database), PostgreSQL
+    and Redis by TCP, their sockets, writes into the project and the var folder."""
     var = Path(django_settings.VAR_DIR)
-    database = var / "switchboard.sqlite3"
-    database.touch()
     files = [str(var / name) for name in sorted(os.listdir(var)) if (var / name).is_file()]
     return {
         "files": [*files, "/etc/shadow"],
@@ -90,7 +97,7 @@ def learnt_nothing(seen: dict) -> None:
     assert seen["uid"] == (django_settings.GATEWAY_STDIO_SANDBOX_UID if os.geteuid() == 0 else os.geteuid())
 
 
-def test_a_confined_server_learns_nothing_that_an_unconfined_one_reads(db, settings, listening):
+def test_a_confined_server_learns_nothing_that_an_unconfined_one_reads(db, settings, listening, database):
     found = targets(listening, ports=[], processes=[os.getpid()])  # this process's environment holds DATABASE_URL
     learnt_nothing(probe_in_pool(found))
     settings.GATEWAY_STDIO_SANDBOX = "off"
@@ -99,19 +106,19 @@ def test_a_confined_server_learns_nothing_that_an_unconfined_one_reads(db, setti
     finally:
         for path in found["write"]:
             Path(path).unlink(missing_ok=True)
-    assert set(seen["read"]) >= {f for f in found["files"] if "secret_key" in f or "credential_key" in f}
+    assert set(seen["read"]) >= {f for f in found["files"] if f.endswith(("secret_key", "credential_key", ".sqlite3"))}
     assert 5432 in seen["tcp"] and listening in seen["sockets"] and seen["other_processes"]
     assert seen["environ"][str(os.getpid())] == ["DATABASE_URL", "REDIS_URL"]
 
 
-def test_a_server_given_the_hosts_network_reaches_loopback_and_nothing_else_more(db, listening, caplog):
+def test_a_server_given_the_hosts_network_reaches_loopback_and_nothing_else_more(db, listening, database, caplog):
     seen = probe_in_pool(targets(listening, ports=[], processes=[os.getpid()]), SandboxSettings(network="host"))
     assert (seen["tcp"], seen["read"], seen["sockets"], seen["environ"]) == ([5432, 6379], [], [], {})
     assert "upstream hostile: its stdio server shares the host's network, unconfined" in caplog.messages
 
 
 def test_through_the_gateway_in_each_executor_a_hostile_server_learns_nothing_and_the_others_serve_on(
-    gateway, world, listening
+    gateway, world, listening, database
 ):
     port = int(gateway.url.rsplit(":", 1)[1].split("/")[0])
     found = targets(listening, ports=[port], processes=[gateway.process.pid, gateway.executor_pid])
