@@ -1,3 +1,4 @@
+import gc
 import inspect
 import os
 import time
@@ -17,6 +18,8 @@ from referencing.jsonschema import DRAFT202012
 from audit.models import AuditEvent
 from handoff.snapshot import snapshot
 from policy.config_version import config_version
+from registry.upstreams.pool import UpstreamPool
+from registry.upstreams.spec import UpstreamSpec
 
 T = TypeVar("T")
 
@@ -131,3 +134,34 @@ def server_pid(said: str) -> int:
         if ids[-1] == pid:
             return int(entry.name)
     raise LookupError(f"no process is {said}")
+
+
+def with_pool(spec: UpstreamSpec, body: Callable[[UpstreamPool], Awaitable[Any]], **options: Any) -> Any:
+    """Run `body` against a serving pool whose only upstream is `spec` (`options`: the pool's listeners), then stop
+    the pool."""
+
+    async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
+        return spec
+
+    async def scenario() -> Any:
+        pool = UpstreamPool(load_spec, **options)
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(pool.serve)
+                try:
+                    return await body(pool)
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            await transports_settle()
+
+    return anyio.run(scenario)
+
+
+async def transports_settle() -> None:
+    """Let the loop finish closing what a stopped pool left (a killed server's transport closes in callbacks the
+    loop has yet to run) and collect it while the loop runs: else its __del__ ran later, in another test, on a
+    closed loop (and inside ast.parse, CPython 3.11 then raised SystemError)."""
+    for _ in range(10):
+        await anyio.lowlevel.checkpoint()
+    gc.collect()

@@ -11,7 +11,6 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import pytest
 from django.conf import settings as django_settings
 from django.core.exceptions import ValidationError
@@ -25,7 +24,7 @@ from registry.upstreams.spec import UpstreamSpec
 from tests import servers
 from tests.clients import call
 from tests.factories import stdio_upstream
-from tests.helpers import run
+from tests.helpers import run, with_pool
 
 SCRIPT = str(servers.ROOT / "tests/support/hostile_server.py")
 PG_SOCKET = "/var/run/postgresql/.s.PGSQL.5432"
@@ -74,21 +73,12 @@ def probe_in_pool(found: dict, sandbox: SandboxSettings | None = None) -> dict:
         args=[SCRIPT, json.dumps(found)], sandbox=sandbox or SandboxSettings(),
     )  # fmt: skip
 
-    async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
-        return spec
+    async def probe(pool: UpstreamPool) -> dict:
+        return await pool.request(UpstreamRequest.tool_call(1, 1, "probe", {}))
 
-    async def scenario() -> dict:
-        pool = UpstreamPool(load_spec)
-        async with anyio.create_task_group() as tg:
-            await tg.start(pool.serve)
-            try:
-                outcome = await pool.request(UpstreamRequest.tool_call(1, 1, "probe", {}))
-            finally:
-                tg.cancel_scope.cancel()
-        assert outcome["ok"], outcome
-        return json.loads(outcome["result"]["content"][0]["text"])
-
-    return anyio.run(scenario)
+    outcome = with_pool(spec, probe)
+    assert outcome["ok"], outcome
+    return json.loads(outcome["result"]["content"][0]["text"])
 
 
 def learnt_nothing(seen: dict) -> None:

@@ -15,26 +15,8 @@ from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.requests import UpstreamRequest
 from registry.upstreams.spec import UpstreamSpec
 from tests.factories import DEMO, DEMO_SPEC
-from tests.helpers import server_pid, until
+from tests.helpers import server_pid, transports_settle, until, with_pool
 from tests.servers import demo_started
-
-
-def with_pool(spec: UpstreamSpec, body: Callable[[UpstreamPool], Awaitable[Any]]) -> Any:
-    """Run `body` against a serving pool whose only upstream is `spec`, then stop the pool."""
-
-    async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
-        return spec
-
-    async def scenario() -> Any:
-        pool = UpstreamPool(load_spec)
-        async with anyio.create_task_group() as tg:
-            await tg.start(pool.serve)
-            try:
-                return await body(pool)
-            finally:
-                tg.cancel_scope.cancel()
-
-    return anyio.run(scenario)
 
 
 def _alive(pid: int) -> bool:
@@ -138,19 +120,7 @@ def _health_pool(spec: UpstreamSpec, body: Callable[[UpstreamPool, list], Awaita
     async def changed(upstream_id: int, kind: str) -> None:
         pass
 
-    async def load_spec(upstream_id: int, person: dict | None = None, catalog: bool = False) -> UpstreamSpec:
-        return spec
-
-    async def scenario() -> Any:
-        pool = UpstreamPool(load_spec, on_change=changed, on_health=on_health)
-        async with anyio.create_task_group() as tg:
-            await tg.start(pool.serve)
-            try:
-                return await body(pool, stored)
-            finally:
-                tg.cancel_scope.cancel()
-
-    return anyio.run(scenario)
+    return with_pool(spec, lambda pool: body(pool, stored), on_change=changed, on_health=on_health)
 
 
 def test_a_server_killed_between_calls_is_failing_at_once_and_started_again_without_a_call(caplog):
@@ -232,17 +202,20 @@ def test_a_call_that_never_reached_a_server_and_cannot_be_sent_again_says_it_is_
     async def body() -> dict:
         nonlocal spec
         pool = UpstreamPool(load_spec)
-        async with anyio.create_task_group() as tg:
-            await tg.start(pool.serve)
-            killed = await _pid(pool)
-            try:
-                spec = replace(HELD, command="/nonexistent/mcp-server")  # its restart fails
-                os.kill(killed, signal.SIGKILL)
-                await until(lambda: _reaped(killed))
-                return await pool.request(UpstreamRequest.tool_call(1, 1, "pid", {}))
-            finally:
-                os.killpg(killed, signal.SIGKILL)
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(pool.serve)
+                killed = await _pid(pool)
+                try:
+                    spec = replace(HELD, command="/nonexistent/mcp-server")  # its restart fails
+                    os.kill(killed, signal.SIGKILL)
+                    await until(lambda: _reaped(killed))
+                    return await pool.request(UpstreamRequest.tool_call(1, 1, "pid", {}))
+                finally:
+                    os.killpg(killed, signal.SIGKILL)
+                    tg.cancel_scope.cancel()
+        finally:
+            await transports_settle()
 
     outcome = anyio.run(body)
     assert (outcome["code"], outcome["message"], outcome["unsent"]) == (
