@@ -19,15 +19,6 @@ def _consume_own_queue(sender: str, instance, **kwargs) -> None:
 
 
 @worker_ready.connect
-def _start_threads(sender, **kwargs) -> None:
-    """The `-P threads` pool at its full size (gateway_project/lib/threads.py)."""
-    from gateway_project.lib.threads import executor_fill
-
-    if (executor := getattr(sender.pool, "executor", None)) is not None:
-        executor_fill(executor, sender.pool.limit)
-
-
-@worker_ready.connect
 def _start_heartbeat(**kwargs) -> None:
     from registry.upstreams.loop import pool_thread
     from registry.upstreams.relay import cancel_listener

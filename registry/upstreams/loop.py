@@ -14,14 +14,12 @@ from typing import Any, TypeVar
 import anyio
 from channels.db import database_sync_to_async
 
-from gateway_project.lib.threads import executor_fill
 from registry.models import Upstream
 from registry.upstreams.person import person_spec
 from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.spec import UpstreamSpec
 
 T = TypeVar("T")
-EXECUTOR_THREADS = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor's size
 
 
 def _upstream(upstream_id: int) -> Upstream:
@@ -76,10 +74,6 @@ class PoolThread:
     def __init__(self) -> None:
         self.pool = UpstreamPool(load_spec, upstream_changed, health_store)
         self.loop = asyncio.new_event_loop()
-        # Its spec reads and health writes run in the loop's default executor, started at its full size.
-        executor = concurrent.futures.ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="upstream-db")
-        self.loop.set_default_executor(executor)
-        executor_fill(executor, EXECUTOR_THREADS)
         ready = threading.Event()
         self._thread = threading.Thread(target=self._main, args=(ready,), name="upstream-pool", daemon=True)
         self._thread.start()
