@@ -101,6 +101,26 @@ def test_a_confined_server_learns_nothing_that_an_unconfined_one_reads(db, setti
     assert seen["environ"][str(os.getpid())] == ["DATABASE_URL", "REDIS_URL"]
 
 
+def test_a_server_that_fills_its_tmp_meets_the_size_of_its_own_and_serves_on(db, settings):
+    settings.GATEWAY_STDIO_SANDBOX_TMP_MB = 8
+    nothing = {"files": [], "tcp": [], "sockets": [], "write": [], "processes": []}
+    spec = UpstreamSpec(
+        id=1, revision=1, slug="hostile", transport="stdio", timeout=10, command=sys.executable,
+        args=[SCRIPT, json.dumps(nothing)],
+    )  # fmt: skip
+
+    async def twice(pool: UpstreamPool) -> list[dict]:
+        calls = [
+            UpstreamRequest.tool_call(1, 1, "fill", {"most_mib": 64}),
+            UpstreamRequest.tool_call(1, 1, "probe", {}),
+        ]
+        return [json.loads((await pool.request(call))["result"]["content"][0]["text"]) for call in calls]
+
+    filled, probed = with_pool(spec, twice)
+    assert filled == {"written_mib": 8, "error": "No space left on device"}
+    learnt_nothing(probed)
+
+
 def test_a_server_given_the_hosts_network_reaches_loopback_and_nothing_else_more(db, listening, database, caplog):
     seen = probe_in_pool(targets(listening, ports=[], processes=[os.getpid()]), SandboxSettings(network="host"))
     assert (seen["tcp"], seen["read"], seen["sockets"], seen["environ"]) == ([5432, 6379], [], [], {})

@@ -1,7 +1,7 @@
 """A stdio MCP server that tries what a malicious package among the upstreams would: its tool `probe` answers JSON
-naming everything it could reach (tests/test_sandbox.py). Given, as JSON in its first argument: `files` to read,
-`tcp` ports on loopback and `sockets` (Unix) to connect to, `write` paths to create, and `processes`, the host's
-ids of processes whose environment it tries to read (the gateway, the worker)."""
+naming everything it could reach, and `fill` fills its /tmp (tests/test_sandbox.py). Given, as JSON in its first
+argument: `files` to read, `tcp` ports on loopback and `sockets` (Unix) to connect to, `write` paths to create, and
+`processes`, the host's ids of processes whose environment it tries to read (the gateway, the worker)."""
 
 import json
 import os
@@ -63,15 +63,35 @@ def probe() -> dict:
     }
 
 
+def fill(most_mib: int) -> dict:
+    """Writes /tmp/fill a MiB at a time, up to `most_mib` or the first error; then removes it."""
+    written, error = 0, ""
+    try:
+        with open("/tmp/fill", "wb") as file:
+            while written < most_mib:
+                file.write(b"x" * (1 << 20))
+                file.flush()
+                written += 1
+    except OSError as exc:
+        error = exc.strerror or str(exc)
+    finally:
+        os.unlink("/tmp/fill")
+    return {"written_mib": written, "error": error}
+
+
 async def list_tools(ctx, params) -> types.ListToolsResult:
-    schema = {"type": "object", "properties": {}}
-    return types.ListToolsResult(
-        tools=[types.Tool(name="probe", description="What it can reach.", input_schema=schema)]
-    )
+    empty = {"type": "object", "properties": {}}
+    most = {"type": "object", "properties": {"most_mib": {"type": "integer"}}}
+    tools = [
+        types.Tool(name="probe", description="What it can reach.", input_schema=empty),
+        types.Tool(name="fill", description="Fills /tmp, up to most_mib.", input_schema=most),
+    ]
+    return types.ListToolsResult(tools=tools)
 
 
 async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(probe()))])
+    said = fill(int((params.arguments or {})["most_mib"])) if params.name == "fill" else probe()
+    return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(said))])
 
 
 server = Server("hostile", version="1.0", on_list_tools=list_tools, on_call_tool=call_tool)
