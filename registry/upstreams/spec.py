@@ -54,9 +54,8 @@ class UpstreamSpec:
     rest_operations: list[dict[str, Any]] = field(default_factory=list)
     rest_select: dict[str, list[str]] = field(default_factory=dict)
     read_only: bool = False
-    sandbox: SandboxSettings = field(
-        default_factory=SandboxSettings
-    )  # a stdio server's (registry/upstreams/sandbox.py)
+    # A stdio server's confinement (registry/upstreams/sandbox.py).
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
 
     @classmethod
     def from_model(cls, upstream: Any) -> "UpstreamSpec":

@@ -133,7 +133,8 @@ async def stdio_transport(
 ) -> AsyncIterator[tuple]:
     """The server's streams, confined by `sandbox` (None: unconfined); `ended` hears how its process ended when
     its output ends first."""
-    command, env, cwd = _launch(params, sandbox)
+    # In a thread: it reads the file system (the command, its interpreter, the paths it is given).
+    command, env, cwd = await anyio.to_thread.run_sync(_launch, params, sandbox)
     process = await anyio.open_process(
         command,
         env=env,
