@@ -241,6 +241,13 @@ GATEWAY_UPSTREAM_IDLE_SECONDS = env_float("GATEWAY_UPSTREAM_IDLE_SECONDS", 600.0
 GATEWAY_STDIO_SANDBOX = env_choice("GATEWAY_STDIO_SANDBOX", "bwrap", ("bwrap", "off"))
 GATEWAY_STDIO_SANDBOX_UID = env_int("GATEWAY_STDIO_SANDBOX_UID", 65534, minimum=1, maximum=4_294_967_294)
 GATEWAY_STDIO_SANDBOX_TMP_MB = env_int("GATEWAY_STDIO_SANDBOX_TMP_MB", 64, minimum=1, maximum=65_536)
+# Each server's limits unless its upstream says (registry/upstreams/limits.py): memory, processes and CPU (cores)
+# through a cgroup of its own; open files and file size as rlimits.
+GATEWAY_STDIO_SANDBOX_MEMORY_MB = env_int("GATEWAY_STDIO_SANDBOX_MEMORY_MB", 1024, minimum=16, maximum=1 << 20)
+GATEWAY_STDIO_SANDBOX_PIDS = env_int("GATEWAY_STDIO_SANDBOX_PIDS", 256, minimum=8, maximum=1 << 22)
+GATEWAY_STDIO_SANDBOX_CPUS = env_float("GATEWAY_STDIO_SANDBOX_CPUS", 1.0, minimum=0.01, maximum=1024)
+GATEWAY_STDIO_SANDBOX_NOFILE = env_int("GATEWAY_STDIO_SANDBOX_NOFILE", 1024, minimum=16, maximum=1 << 20)
+GATEWAY_STDIO_SANDBOX_FSIZE_MB = env_int("GATEWAY_STDIO_SANDBOX_FSIZE_MB", 1024, minimum=1, maximum=1 << 30)
 # Per-person upstreams (registry/personal.py): where people's credentials live, and how many stdio processes
 # one upstream may run for its people at once (the least recently used idle one makes room).
 GATEWAY_SECRET_STORE = env_choice("GATEWAY_SECRET_STORE", "database", ("database", "vault"))

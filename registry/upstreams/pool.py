@@ -85,9 +85,11 @@ def _serves(connection: UpstreamConnection, revision: int, person: dict | None, 
 
 def _lost(connection: UpstreamConnection, sent: Delivery, what: str, detail: str) -> Outcome:
     """A request whose connection ended under it (`what` happened), which is stopped: the next request gets a
-    new one. A request a stdio server's transport never wrote never reached it (`unsent`)."""
+    new one. A request a stdio server's transport never wrote never reached it (`unsent`). The audit's detail
+    says how the server ended (a limit it was killed at, a signal, a status), which its exception does not."""
     connection.stop()
     ending = connection.witness.ending
+    detail = f"{detail}: the server {ending}" if ending else detail
     if connection.spec.transport == "stdio" and not sent.written:
         ended = ending or "had stopped taking requests"
         message = f"The service's process {ended} before the call reached it. {NEVER_REACHED}"

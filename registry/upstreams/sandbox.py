@@ -41,17 +41,34 @@ class SandboxRefused(Exception):
     """The server was not started: its sandbox cannot be made, or its settings would open what must stay shut."""
 
 
+# An upstream's limits, by their JSON names in its `sandbox` setting: the field, the bounds, the default's setting.
+LIMITS = {
+    "memoryMb": ("memory_mb", 16, 1 << 20, "GATEWAY_STDIO_SANDBOX_MEMORY_MB"),
+    "pids": ("pids", 8, 1 << 22, "GATEWAY_STDIO_SANDBOX_PIDS"),
+    "cpus": ("cpus", 0.01, 1024, "GATEWAY_STDIO_SANDBOX_CPUS"),
+}
+
+
+def _default(name: str) -> Any:
+    return field(default_factory=lambda: getattr(settings, LIMITS[name][3]))
+
+
 @dataclass(frozen=True)
 class SandboxSettings:
-    """An upstream's own: its network, and paths it is given beyond its command's (`/srv/data`, `/srv/out:rw`)."""
+    """An upstream's own: its network, paths it is given beyond its command's (`/srv/data`, `/srv/out:rw`), and
+    its limits (registry/upstreams/limits.py), the gateway's defaults unless it says."""
 
     network: str = DEFAULT_NETWORK
     paths: tuple[str, ...] = field(default_factory=tuple)
+    memory_mb: int = _default("memoryMb")
+    pids: int = _default("pids")
+    cpus: float = _default("cpus")
 
     @classmethod
     def from_json(cls, value: dict[str, Any] | None) -> "SandboxSettings":
         value = value or {}
-        return cls(network=value.get("network", DEFAULT_NETWORK), paths=tuple(value.get("paths", ())))
+        limits = {LIMITS[name][0]: value[name] for name in LIMITS if name in value}
+        return cls(network=value.get("network", DEFAULT_NETWORK), paths=tuple(value.get("paths", ())), **limits)
 
 
 def protected() -> tuple[Path, ...]:
@@ -80,11 +97,16 @@ def path_problem(path: str) -> str | None:
 def sandbox_problem(value: Any) -> str | None:
     """Why an upstream's `sandbox` setting is refused; None when it is sound."""
     if not isinstance(value, dict):
-        return 'A JSON object: {"network": "none", "paths": ["/srv/data", "/srv/out:rw"]}.'
-    if unknown := set(value) - {"network", "paths"}:
-        return f"Unknown sandbox setting {sorted(unknown)[0]!r}: network and paths are known."
+        return 'A JSON object: {"network": "none", "memoryMb": 512, "paths": ["/srv/data", "/srv/out:rw"]}.'
+    if unknown := set(value) - {"network", "paths", *LIMITS}:
+        return f"Unknown sandbox setting {sorted(unknown)[0]!r}: network, paths, {', '.join(LIMITS)} are known."
     if value.get("network", DEFAULT_NETWORK) not in NETWORKS:
         return f"network must be one of {', '.join(NETWORKS)}, not {value.get('network')!r}."
+    for name, (_, least, most, _) in LIMITS.items():
+        limit = value.get(name, least)
+        kinds = (int, float) if name == "cpus" else (int,)
+        if isinstance(limit, bool) or not isinstance(limit, kinds) or not least <= limit <= most:
+            return f"{name} must be a {'number' if name == 'cpus' else 'whole number'} from {least} to {most}."
     paths = value.get("paths", [])
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
         return "paths must be a JSON list of strings."

@@ -117,7 +117,7 @@ class UpstreamSpec:
             sandbox = self.sandbox if settings.GATEWAY_STDIO_SANDBOX == "bwrap" else None
             if sandbox is not None and sandbox.network == "host":
                 logger.warning("upstream %s: its stdio server shares the host's network, unconfined", self.slug)
-            target: Any = stdio_transport(params, witness.errlog(), witness.ended, sandbox)
+            target: Any = stdio_transport(params, witness.errlog(), witness.ended, sandbox, self.slug)
         elif self.transport == "sse":
             factory = partial(self._http_client, event_hooks={"response": [witness.heard]})
             target = sse_client(self.url, headers=self.headers, timeout=self.timeout, httpx_client_factory=factory)

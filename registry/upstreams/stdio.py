@@ -25,6 +25,7 @@ from mcp.client.stdio import get_default_environment
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
+from registry.upstreams.limits import Cgroup, cgroup_make, rlimits
 from registry.upstreams.sandbox import HOME, SandboxSettings, bwrap_command
 
 logger = logging.getLogger(__name__)
@@ -69,13 +70,15 @@ class _Tagged:
         await self.aclose()
 
 
-def ending(returncode: int | None, confined: bool = False) -> str:
+def ending(returncode: int | None, confined: bool = False, cgroup: Cgroup | None = None) -> str:
     """How a server's process ended, in the operator's words. A sandbox's bwrap exits 128 + n for a server ended
-    by signal n, as a shell does."""
+    by signal n, as a shell does; a SIGKILL its cgroup counts as a kill at its memory limit is said as that."""
     if returncode is None:
         return "closed its output"
     if confined and 128 < returncode < 128 + signal.NSIG:
         returncode = 128 - returncode
+    if returncode == -signal.SIGKILL and cgroup is not None and cgroup.memory_killed():
+        return f"was killed: memory limit {cgroup.memory_mb} MiB"
     if returncode < 0:
         with suppress(ValueError):
             return f"was killed by {signal.Signals(-returncode).name}"
@@ -111,17 +114,22 @@ async def _stop(process: Process) -> None:
         await process.stdout.aclose()  # type: ignore[union-attr]
 
 
-def _launch(params: StdioServerParameters, sandbox: SandboxSettings | None) -> tuple[list[str], dict[str, str], Any]:
-    """The command line, environment and folder that start the server: confined unless `sandbox` is None."""
+def _launch(
+    params: StdioServerParameters, sandbox: SandboxSettings | None, slug: str
+) -> tuple[list[str], dict[str, str], Any, Cgroup | None]:
+    """The command line, environment and folder that start the server, and its cgroup: confined and limited unless
+    `sandbox` is None."""
     env = get_default_environment() | (params.env or {})
     if sandbox is None:
-        return [params.command, *params.args], env, params.cwd
+        return [params.command, *params.args], env, params.cwd, None
     executable = shutil.which(params.command, path=env.get("PATH"))
     if executable is None:
         raise FileNotFoundError(params.command)
     cwd = str(params.cwd) if params.cwd else None
     command = bwrap_command(os.path.abspath(executable), list(params.args), cwd, sandbox)
-    return command, env | {"HOME": HOME}, "/"
+    command = [*rlimits(), *command]
+    cgroup = cgroup_make(slug, sandbox)  # last: nothing after it can fail and leave it behind
+    return [*(cgroup.join() if cgroup else []), *command], env | {"HOME": HOME}, "/", cgroup
 
 
 @asynccontextmanager
@@ -130,18 +138,24 @@ async def stdio_transport(
     errlog: IO[bytes],
     ended: Callable[[str], None],
     sandbox: SandboxSettings | None = None,
+    slug: str = "stdio",
 ) -> AsyncIterator[tuple]:
     """The server's streams, confined by `sandbox` (None: unconfined); `ended` hears how its process ended when
-    its output ends first."""
-    # In a thread: it reads the file system (the command, its interpreter, the paths it is given).
-    command, env, cwd = await anyio.to_thread.run_sync(_launch, params, sandbox)
-    process = await anyio.open_process(
-        command,
-        env=env,
-        stderr=errlog,
-        cwd=cwd,
-        start_new_session=True,  # its own process group, ended as a tree
-    )
+    its output ends first. `slug` names its cgroup."""
+    # In a thread: it reads the file system (the command, its interpreter, the paths it is given, the cgroup's).
+    command, env, cwd, cgroup = await anyio.to_thread.run_sync(_launch, params, sandbox, slug)
+    try:
+        process = await anyio.open_process(
+            command,
+            env=env,
+            stderr=errlog,
+            cwd=cwd,
+            start_new_session=True,  # its own process group, ended as a tree
+        )
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()
+        raise
     # No await from here until the task group is entered: a cancellation then would leak the process.
     incoming, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     tagged, outgoing = anyio.create_memory_object_stream[tuple[Delivery | None, SessionMessage]](0)
@@ -158,7 +172,7 @@ async def stdio_transport(
                         await incoming.send(_parse(line))
             if not stopping:
                 await _exited(process, STATUS_WAIT)
-                ended(ending(process.returncode, sandbox is not None))
+                ended(await anyio.to_thread.run_sync(ending, process.returncode, sandbox is not None, cgroup))
 
     async def write() -> None:
         try:
@@ -172,7 +186,7 @@ async def stdio_transport(
             # The server is going: say how before the session sees the connection end (its cause reads that),
             # which otherwise races the reader's own report.
             if not stopping and await _exited(process, STATUS_WAIT):
-                ended(ending(process.returncode, sandbox is not None))
+                ended(await anyio.to_thread.run_sync(ending, process.returncode, sandbox is not None, cgroup))
             await incoming.aclose()  # the session sees the connection end rather than wait for an answer
 
     async with anyio.create_task_group() as tg:
@@ -186,4 +200,6 @@ async def stdio_transport(
                 read_stream.close()
                 write_stream.close()
                 await _stop(process)
+                if cgroup is not None:
+                    await anyio.to_thread.run_sync(cgroup.remove)
             tg.cancel_scope.cancel()

@@ -1,12 +1,16 @@
 """A stdio MCP server that tries what a malicious package among the upstreams would: its tool `probe` answers JSON
-naming everything it could reach, and `fill` fills its /tmp (tests/test_sandbox.py). Given, as JSON in its first
+naming everything it could reach; `fill` fills its /tmp, `grow` its memory, `fork` its process table and `spin` a
+core, and `rlimits` says its own (tests/test_sandbox.py). Given, as JSON in its first
 argument: `files` to read, `tcp` ports on loopback and `sockets` (Unix) to connect to, `write` paths to create, and
 `processes`, the host's ids of processes whose environment it tries to read (the gateway, the worker)."""
 
 import json
 import os
+import resource
 import socket
+import subprocess
 import sys
+import time
 
 import anyio
 from mcp import types
@@ -79,18 +83,56 @@ def fill(most_mib: int) -> dict:
     return {"written_mib": written, "error": error}
 
 
+def grow(most_mib: int) -> dict:
+    """Holds `most_mib` MiB, a MiB at a time, each page touched."""
+    held = [bytearray(b"x" * (1 << 20)) for _ in range(most_mib)]
+    return {"held_mib": len(held)}
+
+
+def fork(most: int) -> dict:
+    """Starts up to `most` processes that sleep, until the first refusal; then ends them."""
+    started, error = [], ""
+    try:
+        while len(started) < most:
+            started.append(subprocess.Popen(["sleep", "60"]))
+    except OSError as exc:
+        error = exc.strerror or str(exc)
+    for child in started:
+        child.kill()
+        child.wait()
+    return {"started": len(started), "error": error}
+
+
+def spin(seconds: float) -> dict:
+    """Spins on a core for `seconds` of wall clock; says how much CPU it was given."""
+    start, cpu = time.monotonic(), time.process_time()
+    while time.monotonic() - start < seconds:
+        pass
+    return {"cpu_share": (time.process_time() - cpu) / (time.monotonic() - start)}
+
+
+def rlimits() -> dict:
+    return {name: resource.getrlimit(getattr(resource, f"RLIMIT_{name.upper()}"))[0] for name in ("nofile", "fsize")}
+
+
+TOOLS = {
+    "probe": (probe, "What it can reach."),
+    "fill": (fill, "Fills /tmp, up to most_mib."),
+    "grow": (grow, "Holds most_mib MiB of memory."),
+    "fork": (fork, "Starts up to most processes."),
+    "spin": (spin, "Spins a core for seconds."),
+    "rlimits": (rlimits, "Its open files and file size limits."),
+}
+
+
 async def list_tools(ctx, params) -> types.ListToolsResult:
-    empty = {"type": "object", "properties": {}}
-    most = {"type": "object", "properties": {"most_mib": {"type": "integer"}}}
-    tools = [
-        types.Tool(name="probe", description="What it can reach.", input_schema=empty),
-        types.Tool(name="fill", description="Fills /tmp, up to most_mib.", input_schema=most),
-    ]
+    any_arguments = {"type": "object"}
+    tools = [types.Tool(name=name, description=said, input_schema=any_arguments) for name, (_, said) in TOOLS.items()]
     return types.ListToolsResult(tools=tools)
 
 
 async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-    said = fill(int((params.arguments or {})["most_mib"])) if params.name == "fill" else probe()
+    said = TOOLS[params.name][0](**(params.arguments or {}))
     return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(said))])
 
 
