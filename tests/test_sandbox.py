@@ -167,7 +167,7 @@ def test_a_sandbox_path_that_would_open_the_gateway_is_refused_with_why(db, path
 @pytest.mark.parametrize(
     ("sandbox", "problem"),
     [
-        ({"network": "everywhere"}, "network must be one of none, host, not 'everywhere'."),
+        ({"network": "everywhere"}, "network must be one of none, outbound, host, not 'everywhere'."),
         ({"memory": 5}, "Unknown sandbox setting 'memory': network, paths, memoryMb, pids, cpus are known."),
         ({"paths": "/srv"}, "paths must be a JSON list of strings."),
         ([], 'A JSON object: {"network": "none", "memoryMb": 512, "paths": ["/srv/data", "/srv/out:rw"]}.'),

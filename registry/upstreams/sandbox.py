@@ -4,10 +4,11 @@ Bound read-only: the system's directories, the few files of /etc that programs n
 the command's own files (its executable, the prefix it runs from: a virtual environment, an interpreter's
 installation, a node_modules folder; arguments that name an existing file or folder) and the paths its upstream
 lists. Private: a home and /tmp (tmpfs, size-capped), processes (its own PID namespace), the network (`none`: only
-its own loopback) and IPC. Never bound: `/`, /run, /var, /home, /root, the host's /tmp, the gateway's `var/`,
-`.git` and secret files. As root, each server runs as an unprivileged uid (root inside a user namespace of its
-own is still uid 0 on the files it is given). Its environment travels in the process's environment, never on
-bwrap's command line, which every local user can read in `ps`."""
+its own loopback; `outbound`: the public internet, registry/upstreams/outbound.py) and IPC. Never bound: `/`,
+/run, /var, /home, /root, the host's /tmp, the gateway's `var/`, `.git` and secret files. As root, each server
+runs as an unprivileged uid (root inside a user namespace of its own is still uid 0 on the files it is given). Its
+environment travels in the process's environment, never on bwrap's command line, which every local user can read in
+`ps`."""
 
 import os
 import shutil
@@ -33,7 +34,7 @@ ETC = (
     "alternatives",  # Debian's /usr/bin/node and others are symlinks through it
 )
 NEVER = ("/", "/run", "/var", "/home", "/root", "/tmp", "/proc", "/sys", "/dev", "/etc")
-NETWORKS = ("none", "host")
+NETWORKS = ("none", "outbound", "host")
 DEFAULT_NETWORK = "none"
 
 
@@ -63,12 +64,14 @@ class SandboxSettings:
     memory_mb: int = _default("memoryMb")
     pids: int = _default("pids")
     cpus: float = _default("cpus")
+    internal: bool = False  # the upstream's: its `outbound` network may reach private addresses
 
     @classmethod
-    def from_json(cls, value: dict[str, Any] | None) -> "SandboxSettings":
+    def from_json(cls, value: dict[str, Any] | None, internal: bool = False) -> "SandboxSettings":
         value = value or {}
         limits = {LIMITS[name][0]: value[name] for name in LIMITS if name in value}
-        return cls(network=value.get("network", DEFAULT_NETWORK), paths=tuple(value.get("paths", ())), **limits)
+        network, paths = value.get("network", DEFAULT_NETWORK), tuple(value.get("paths", ()))
+        return cls(network=network, paths=paths, internal=internal, **limits)
 
 
 def protected() -> tuple[Path, ...]:
@@ -166,8 +169,11 @@ def _folders(paths: Iterable[str], given: set[str]) -> list[str]:
     return [arg for folder in made for arg in ("--perms", "0755", "--dir", folder)]
 
 
-def bwrap_command(executable: str, args: list[str], cwd: str | None, sandbox: SandboxSettings) -> list[str]:
-    """The bwrap command line that runs `executable args` confined. Refuses a path the sandbox may not be given."""
+def bwrap_command(
+    executable: str, args: list[str], cwd: str | None, sandbox: SandboxSettings, options: Iterable[str] = ()
+) -> list[str]:
+    """The bwrap command line that runs `executable args` confined, with bwrap's `options` last (an `outbound`
+    network's). Refuses a path the sandbox may not be given."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxRefused(
@@ -209,7 +215,7 @@ def bwrap_command(executable: str, args: list[str], cwd: str | None, sandbox: Sa
     command += _folders(list(given), set(given))  # after the tmpfs: a given path may lie under /tmp
     for path, writable in given.items():
         command += ["--bind" if writable else "--ro-bind", path, path]
-    command += ["--chdir", cwd or HOME]
+    command += ["--chdir", cwd or HOME, *options]
     if root:
         uid = str(settings.GATEWAY_STDIO_SANDBOX_UID)
         command += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]

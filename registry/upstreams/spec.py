@@ -80,7 +80,7 @@ class UpstreamSpec:
             rest_operations=list(upstream.rest_operations),
             rest_select=dict(upstream.rest_select),
             read_only=upstream.read_only,
-            sandbox=SandboxSettings.from_json(upstream.sandbox),
+            sandbox=SandboxSettings.from_json(upstream.sandbox, upstream.internal),
         )
 
     @cached_property

@@ -26,6 +26,7 @@ from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
 from registry.upstreams.limits import Cgroup, cgroup_make, rlimits
+from registry.upstreams.outbound import Outbound
 from registry.upstreams.sandbox import HOME, SandboxSettings, bwrap_command
 
 logger = logging.getLogger(__name__)
@@ -114,22 +115,79 @@ async def _stop(process: Process) -> None:
         await process.stdout.aclose()  # type: ignore[union-attr]
 
 
-def _launch(
-    params: StdioServerParameters, sandbox: SandboxSettings | None, slug: str
-) -> tuple[list[str], dict[str, str], Any, Cgroup | None]:
-    """The command line, environment and folder that start the server, and its cgroup: confined and limited unless
-    `sandbox` is None."""
+@dataclass
+class Launch:
+    """How a server starts: its command line, environment and folder; confined, its cgroup and its `outbound`
+    network (each None where it has none)."""
+
+    command: list[str]
+    env: dict[str, str]
+    cwd: Any
+    cgroup: Cgroup | None = None
+    network: Outbound | None = None
+
+    def release(self) -> None:
+        """What it made, for a server that did not start."""
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.network is not None:
+            self.network.close()
+
+
+def launch(params: StdioServerParameters, sandbox: SandboxSettings | None, slug: str) -> Launch:
+    """How the server starts: confined, limited and on its network unless `sandbox` is None."""
     env = get_default_environment() | (params.env or {})
     if sandbox is None:
-        return [params.command, *params.args], env, params.cwd, None
+        return Launch([params.command, *params.args], env, params.cwd)
     executable = shutil.which(params.command, path=env.get("PATH"))
     if executable is None:
         raise FileNotFoundError(params.command)
     cwd = str(params.cwd) if params.cwd else None
-    command = bwrap_command(os.path.abspath(executable), list(params.args), cwd, sandbox)
-    command = [*rlimits(), *command]
-    cgroup = cgroup_make(slug, sandbox)  # last: nothing after it can fail and leave it behind
-    return [*(cgroup.join() if cgroup else []), *command], env | {"HOME": HOME}, "/", cgroup
+    made = Launch([], env | {"HOME": HOME}, "/")
+    try:
+        made.network = Outbound(sandbox.internal) if sandbox.network == "outbound" else None
+        options = made.network.bwrap_options() if made.network else []
+        command = bwrap_command(os.path.abspath(executable), list(params.args), cwd, sandbox, options)
+        command = [*rlimits(), *command]
+        made.cgroup = cgroup_make(slug, sandbox)
+    except BaseException:
+        made.release()
+        raise
+    made.command = [*(made.cgroup.join() if made.cgroup else []), *command]
+    return made
+
+
+async def _started(launched: Launch, errlog: IO[bytes]) -> Process:
+    """The server's process, its network up before it runs (bwrap waits for it)."""
+    try:
+        process = await anyio.open_process(
+            launched.command,
+            env=launched.env,
+            stderr=errlog,
+            cwd=launched.cwd,
+            start_new_session=True,  # its own process group, ended as a tree
+            pass_fds=[launched.network.info_fd, launched.network.block_fd] if launched.network else (),
+        )
+    except BaseException:
+        launched.release()
+        raise
+    if launched.network is not None:
+        try:
+            await launched.network.start()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await _stop(process)
+                await _ended(launched)
+            raise
+    return process
+
+
+async def _ended(launched: Launch) -> None:
+    """Once its server is gone: its network and its cgroup."""
+    if launched.network is not None:
+        await launched.network.stop()
+    if launched.cgroup is not None:
+        await anyio.to_thread.run_sync(launched.cgroup.remove)
 
 
 @asynccontextmanager
@@ -143,19 +201,9 @@ async def stdio_transport(
     """The server's streams, confined by `sandbox` (None: unconfined); `ended` hears how its process ended when
     its output ends first. `slug` names its cgroup."""
     # In a thread: it reads the file system (the command, its interpreter, the paths it is given, the cgroup's).
-    command, env, cwd, cgroup = await anyio.to_thread.run_sync(_launch, params, sandbox, slug)
-    try:
-        process = await anyio.open_process(
-            command,
-            env=env,
-            stderr=errlog,
-            cwd=cwd,
-            start_new_session=True,  # its own process group, ended as a tree
-        )
-    except BaseException:
-        if cgroup is not None:
-            cgroup.remove()
-        raise
+    launched = await anyio.to_thread.run_sync(launch, params, sandbox, slug)
+    process = await _started(launched, errlog)
+    cgroup = launched.cgroup
     # No await from here until the task group is entered: a cancellation then would leak the process.
     incoming, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     tagged, outgoing = anyio.create_memory_object_stream[tuple[Delivery | None, SessionMessage]](0)
@@ -200,6 +248,5 @@ async def stdio_transport(
                 read_stream.close()
                 write_stream.close()
                 await _stop(process)
-                if cgroup is not None:
-                    await anyio.to_thread.run_sync(cgroup.remove)
+                await _ended(launched)
             tg.cancel_scope.cancel()

@@ -1,8 +1,8 @@
 """A stdio MCP server that tries what a malicious package among the upstreams would: its tool `probe` answers JSON
 naming everything it could reach; `fill` fills its /tmp, `grow` its memory, `fork` its process table and `spin` a
-core, and `rlimits` says its own (tests/test_sandbox.py). Given, as JSON in its first
-argument: `files` to read, `tcp` ports on loopback and `sockets` (Unix) to connect to, `write` paths to create, and
-`processes`, the host's ids of processes whose environment it tries to read (the gateway, the worker)."""
+core, and `rlimits` says its own (tests/test_sandbox.py). Given, as JSON in its first argument: `files` to read,
+`tcp` ports on loopback, `hosts` (address and port) and `sockets` (Unix) to connect to, `write` paths to create,
+and `processes`, the host's ids of processes whose environment it tries to read (the gateway, the worker)."""
 
 import json
 import os
@@ -38,6 +38,10 @@ def _connect(family: int, address) -> None:
         sock.connect(address)
 
 
+def _tcp(address: tuple[str, int]) -> None:
+    _connect(socket.AF_INET, address)
+
+
 def _write(path: str) -> None:
     with open(path, "w") as file:
         file.write("owned")
@@ -59,6 +63,7 @@ def probe() -> dict:
         "uid": os.getuid(),
         "read": [path for path in TARGETS["files"] if _attempt(lambda p=path: _read(p))],
         "tcp": [port for port in TARGETS["tcp"] if _attempt(lambda p=port: _connect(socket.AF_INET, ("127.0.0.1", p)))],
+        "hosts": [f"{h}:{p}" for h, p in TARGETS.get("hosts", []) if _attempt(lambda a=(h, p): _tcp(a))],
         "sockets": [path for path in TARGETS["sockets"] if _attempt(lambda p=path: _connect(socket.AF_UNIX, p))],
         "wrote": [path for path in TARGETS["write"] if _attempt(lambda p=path: _write(p))],
         "environ": {pid: names for pid in [*TARGETS["processes"], *visible] if (names := _environ_secrets(pid))},
