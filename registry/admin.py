@@ -20,6 +20,7 @@ from policy.limits.stores import limit_store
 from registry.forms import UpstreamForm
 from registry.models import PersonalCredential, Tool, Upstream
 from registry.naming import exposed_name
+from registry.package_pins import package_approve, package_update
 from registry.personal import personal_revoke
 from registry.services import (
     tool_approve,
@@ -31,6 +32,7 @@ from registry.services import (
     upstream_set_enabled,
 )
 from registry.tool_form import ToolArgumentsForm, arguments_parse
+from registry.upstreams.packages import PackageProblem
 
 
 def pretty(value: Any) -> str:
@@ -108,9 +110,34 @@ class UpstreamAdmin(admin.ModelAdmin):
         "last_sync_error",
         "protocol_version",
         "instructions",
+        "package_status",
     )
     inlines = (ToolInline,)
-    actions = ("enable", "disable", "sync_catalog", "close_circuit")
+    actions = ("enable", "disable", "sync_catalog", "close_circuit", "update_packages", "approve_packages")
+
+    @admin.display(description="Package")
+    def package_status(self, upstream: Upstream) -> str:
+        """An npx server's pinned package and one held for approval, by name, version and integrity."""
+        said = {state: "{name} {version} ({integrity})".format(**pin) for state, pin in upstream.package.items()}
+        held = f"; held for approval: {said['held']}" if "held" in said else ""
+        return f"{said['pinned']}{held}" if "pinned" in said else "-"
+
+    @admin.action(description="Install the npx packages of selected upstreams again (a changed one is held)")
+    def update_packages(self, request, queryset):
+        self._packages(request, queryset, package_update)
+
+    @admin.action(description="Approve the held npx packages of selected upstreams")
+    def approve_packages(self, request, queryset):
+        self._packages(request, queryset, package_approve)
+
+    def _packages(self, request, queryset, step) -> None:
+        for upstream in queryset:
+            try:
+                said = step(upstream=upstream, actor=request.user.get_username())
+            except PackageProblem as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+            else:
+                self.message_user(request, f"{upstream.slug}: {said}", messages.SUCCESS)
 
     @admin.display(description="Health", ordering="health")
     def health_status(self, upstream: Upstream) -> str:

@@ -23,6 +23,7 @@ from policy.models import ServerGroup
 from registry.connection_views import MAX_TOKEN_CHARS, people_of
 from registry.forms import MASK, unmasked
 from registry.models import PersonalCredential, Tool, Upstream
+from registry.package_pins import package_summary
 from registry.personal import personal_connect, personal_disconnect, personal_revoke
 from registry.secret_store import SecretStoreUnavailable
 from registry.services import (
@@ -54,6 +55,7 @@ class UpstreamSerializer(AuditedModelSerializer):
     person_client = SecretMapField(required=False)
     circuit = serializers.SerializerMethodField()
     reachable = serializers.BooleanField(source="is_healthy", read_only=True)
+    package = serializers.SerializerMethodField(help_text="An npx server's pinned package, and one held for approval")
 
     class Meta:
         model = Upstream
@@ -69,6 +71,9 @@ class UpstreamSerializer(AuditedModelSerializer):
             "protocol_version",
             "instructions",
         )
+
+    def get_package(self, upstream: Upstream) -> dict[str, Any]:
+        return {state: package_summary(pin) for state, pin in upstream.package.items()}
 
     def get_circuit(self, upstream: Upstream) -> dict[str, Any]:
         status = limit_store().breaker(upstream.id)

@@ -60,8 +60,16 @@ class Upstream(models.Model):
     sandbox = models.JSONField(
         default=dict,
         blank=True,
-        help_text='A stdio server\'s sandbox: {"network": "none" (only its own loopback) or "host" (unconfined '
-        'network), "paths": ["/srv/data", "/srv/out:rw"]} (read-only unless :rw); docs/security.md',
+        help_text='A stdio server\'s sandbox: {"network": "none" (only its own loopback), "outbound" (the public '
+        'internet) or "host" (unconfined network), "paths": ["/srv/data", "/srv/out:rw"] (read-only unless :rw), '
+        '"memoryMb", "pids", "cpus"}; docs/security.md',
+    )
+    package = models.JSONField(
+        default=dict,
+        blank=True,
+        editable=False,
+        help_text="An npx server's package: the pinned install it runs, and a newer one held for approval "
+        "(registry/upstreams/packages.py)",
     )
     url = models.URLField(max_length=1024, blank=True)
     headers = models.JSONField(default=dict, blank=True, help_text="HTTP headers sent to the upstream")

@@ -18,6 +18,7 @@ from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
 from registry.models import Tool, Upstream, query_split
 from registry.naming import exposed_name, split_exposed_name
+from registry.package_pins import package_pin
 from registry.upstreams.connection import DOCUMENT_REFUSED
 from registry.upstreams.health import command_missing
 from registry.upstreams.loop import pool_thread
@@ -81,6 +82,12 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
     if upstream.handoff_only:
         # Its tools are listed through each handoff's own tunnel; without a delegation it would refuse anyway.
         report.ok = True
+        return report
+    if problem := package_pin(upstream=upstream, actor=actor):
+        report.error = report.cause = problem
+        logger.warning("catalog sync of %s failed: %s", upstream.slug, problem)
+        Upstream.objects.filter(pk=upstream.pk).update(last_sync_error=problem)
+        upstream_health_record(upstream_id=upstream.pk, health=Upstream.Health.FAILING, cause=problem)
         return report
     outcome = get_executor().list_tools(upstream_id=upstream.id, revision=upstream.revision, timeout=upstream.timeout)
     if not outcome["ok"]:

@@ -12,6 +12,7 @@ from typing import IO, Any
 import httpx2
 
 from registry.upstreams.egress import EgressRefused
+from registry.upstreams.packages import PackageProblem
 from registry.upstreams.sandbox import SandboxRefused
 from registry.upstreams.scrub import blanked
 
@@ -87,7 +88,7 @@ class Witness:
 def _what_failed(exc: BaseException, spec: Any, witness: Witness) -> str:
     if refused := found(exc, lambda e: isinstance(e, EgressRefused)):
         return f"refused address: {refused}"
-    if refused := found(exc, lambda e: isinstance(e, SandboxRefused)):
+    if refused := found(exc, lambda e: isinstance(e, SandboxRefused | PackageProblem)):
         return f"not started: {refused}"
     if spec.transport == "stdio" and found(exc, lambda e: isinstance(e, FileNotFoundError)):
         return f"{COMMAND_NOT_FOUND}{spec.command}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import Any
 
+import anyio
 import httpx2
 from django.conf import settings
 from mcp import Client, StdioServerParameters
@@ -18,6 +19,7 @@ from registry.credentials import credentials_open
 from registry.upstreams.delegation import DelegationAuth
 from registry.upstreams.egress import guarded_client
 from registry.upstreams.health import Witness
+from registry.upstreams.packages import PackageProblem, asked, installed
 from registry.upstreams.reply_depth import DepthCheckedTransport
 from registry.upstreams.rest import RestClient
 from registry.upstreams.sandbox import SandboxSettings
@@ -25,6 +27,12 @@ from registry.upstreams.stdio import stdio_transport
 
 logger = logging.getLogger(__name__)
 MIN_SECRET_CHARS = 8  # shorter values ("true", "eu", "prod") would blank out ordinary words; keys are longer
+
+
+def _pin(upstream: Any) -> dict[str, Any]:
+    """Its pinned npx package, if pinned for the command line it has now."""
+    pinned = upstream.package.get("pinned") or {}
+    return pinned if pinned.get("asked") == [upstream.command, *upstream.args] else {}
 
 
 @dataclass(frozen=True)
@@ -54,8 +62,10 @@ class UpstreamSpec:
     rest_operations: list[dict[str, Any]] = field(default_factory=list)
     rest_select: dict[str, list[str]] = field(default_factory=dict)
     read_only: bool = False
-    # A stdio server's confinement (registry/upstreams/sandbox.py).
+    # A stdio server's confinement (registry/upstreams/sandbox.py), and an npx server's pinned package
+    # (registry/upstreams/packages.py; empty: none pinned for this command line).
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    package: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_model(cls, upstream: Any) -> "UpstreamSpec":
@@ -81,6 +91,7 @@ class UpstreamSpec:
             rest_select=dict(upstream.rest_select),
             read_only=upstream.read_only,
             sandbox=SandboxSettings.from_json(upstream.sandbox, upstream.internal),
+            package=_pin(upstream),
         )
 
     @cached_property
@@ -90,6 +101,17 @@ class UpstreamSpec:
         values = {*self.env.values(), *self.headers.values(), *self.query.values()}
         values |= {value.split(" ", 1)[1] for value in self.headers.values() if " " in value}
         return tuple(sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True))
+
+    def _stdio_command(self) -> tuple[str, list[str]]:
+        """The command line that starts its server: an npx package's pinned bin under node (installed from its
+        lock where this host lacks it), else its own."""
+        wanted = asked(self.command, self.args)
+        if wanted is None:
+            return self.command, self.args
+        if not self.package:
+            raise PackageProblem("its npx package is not pinned yet: sync the upstream to install and pin it")
+        where = installed(self.slug, self.package)
+        return "node", [str(where / self.package["bin"]), *wanted.args]
 
     def _http_client(self, **kwargs: Any) -> httpx2.AsyncClient:
         if self.grant:
@@ -113,7 +135,8 @@ class UpstreamSpec:
             # PATH comes along so that commands like `npx` and `uvx` resolve as they would in a shell.
             env = {"PATH": os.environ.get("PATH", "")} | self.env
             witness.ending = ""  # of this process, not one an earlier attempt started
-            params = StdioServerParameters(command=self.command, args=self.args, env=env, cwd=self.cwd or None)
+            command, args = await anyio.to_thread.run_sync(self._stdio_command)
+            params = StdioServerParameters(command=command, args=args, env=env, cwd=self.cwd or None)
             sandbox = self.sandbox if settings.GATEWAY_STDIO_SANDBOX == "bwrap" else None
             if sandbox is not None and sandbox.network == "host":
                 logger.warning("upstream %s: its stdio server shares the host's network, unconfined", self.slug)
