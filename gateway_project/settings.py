@@ -248,7 +248,7 @@ GATEWAY_STDIO_SANDBOX_PIDS = env_int("GATEWAY_STDIO_SANDBOX_PIDS", 256, minimum=
 GATEWAY_STDIO_SANDBOX_CPUS = env_float("GATEWAY_STDIO_SANDBOX_CPUS", 1.0, minimum=0.01, maximum=1024)
 GATEWAY_STDIO_SANDBOX_NOFILE = env_int("GATEWAY_STDIO_SANDBOX_NOFILE", 1024, minimum=16, maximum=1 << 20)
 GATEWAY_STDIO_SANDBOX_FSIZE_MB = env_int("GATEWAY_STDIO_SANDBOX_FSIZE_MB", 1024, minimum=1, maximum=1 << 30)
-# Where npx upstreams' packages are installed, a folder per upstream (registry/upstreams/packages.py): outside var/,
+# Where npx and uvx upstreams' packages are installed, a folder per upstream (registry/upstreams/packages/): outside var/,
 # which no sandbox may be given.
 GATEWAY_PACKAGES_DIR = Path(env_str("GATEWAY_PACKAGES_DIR", str(BASE_DIR / "packages")))
 # Per-person upstreams (registry/personal.py): where people's credentials live, and how many stdio processes

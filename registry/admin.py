@@ -117,16 +117,16 @@ class UpstreamAdmin(admin.ModelAdmin):
 
     @admin.display(description="Package")
     def package_status(self, upstream: Upstream) -> str:
-        """An npx server's pinned package and one held for approval, by name, version and integrity."""
+        """An npx or uvx server's pinned package and one held for approval, by name, version and integrity."""
         said = {state: "{name} {version} ({integrity})".format(**pin) for state, pin in upstream.package.items()}
         held = f"; held for approval: {said['held']}" if "held" in said else ""
         return f"{said['pinned']}{held}" if "pinned" in said else "-"
 
-    @admin.action(description="Install the npx packages of selected upstreams again (a changed one is held)")
+    @admin.action(description="Install the npx or uvx packages of selected upstreams again (a changed one is held)")
     def update_packages(self, request, queryset):
         self._packages(request, queryset, package_update)
 
-    @admin.action(description="Approve the held npx packages of selected upstreams")
+    @admin.action(description="Approve the held packages of selected upstreams")
     def approve_packages(self, request, queryset):
         self._packages(request, queryset, package_approve)
 

@@ -55,7 +55,7 @@ class UpstreamSerializer(AuditedModelSerializer):
     person_client = SecretMapField(required=False)
     circuit = serializers.SerializerMethodField()
     reachable = serializers.BooleanField(source="is_healthy", read_only=True)
-    package = serializers.SerializerMethodField(help_text="An npx server's pinned package, and one held for approval")
+    package = serializers.SerializerMethodField(help_text="An npx or uvx server's pinned package, and one held")
 
     class Meta:
         model = Upstream

@@ -68,8 +68,8 @@ class Upstream(models.Model):
         default=dict,
         blank=True,
         editable=False,
-        help_text="An npx server's package: the pinned install it runs, and a newer one held for approval "
-        "(registry/upstreams/packages.py)",
+        help_text="An npx or uvx server's package: the pinned install it runs, and a newer one held for approval "
+        "(registry/upstreams/packages/)",
     )
     url = models.URLField(max_length=1024, blank=True)
     headers = models.JSONField(default=dict, blank=True, help_text="HTTP headers sent to the upstream")

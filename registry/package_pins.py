@@ -1,4 +1,4 @@
-"""npx upstreams' packages, pinned and held (registry/upstreams/packages.py installs them).
+"""npx and uvx upstreams' packages, pinned and held (registry/upstreams/packages/ installs them).
 
 A command line with no pin yet is installed and pinned when its upstream is synced: registering the upstream, or
 changing its command, is the operator's own approval of what it names. Installing it again later
@@ -35,8 +35,8 @@ def _store(upstream: Upstream, package: dict[str, Any], actor: str, detail: dict
 
 
 def package_pin(*, upstream: Upstream, actor: str) -> str:
-    """Installs and pins what an npx upstream's command line asks for when it has no pin for that line; "" when
-    there is nothing to do or it is done, else why it could not be."""
+    """Installs and pins what an npx or uvx upstream's command line asks for when it has no pin for that line; ""
+    when there is nothing to do or it is done, else why it could not be."""
     try:
         wanted = _asked(upstream)
     except PackageProblem as exc:
@@ -54,7 +54,7 @@ def package_pin(*, upstream: Upstream, actor: str) -> str:
 
 def _pinned(upstream: Upstream) -> dict[str, Any]:
     if not (pinned := upstream.package.get("pinned")):
-        raise PackageProblem(f"upstream {upstream.slug} runs no pinned npx package")
+        raise PackageProblem(f"upstream {upstream.slug} runs no pinned package (npx, uvx)")
     return pinned
 
 

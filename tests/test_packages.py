@@ -1,6 +1,7 @@
-"""An npx upstream's package is installed when the upstream is registered, pinned, and run from its own folder
-offline (registry/upstreams/packages.py, registry/package_pins.py); one that changes is held until approved. The
-package is the tests' own (tests/support/npm_package.py), packed into a tarball: no registry is involved."""
+"""An npx or uvx upstream's package is installed when the upstream is registered, pinned, and run from its own
+folder offline (registry/upstreams/packages/, registry/package_pins.py); one that changes is held until approved.
+The packages are the tests' own (tests/support/npm_package.py, a tarball; tests/support/py_package.py, a wheel): no
+registry or index is involved."""
 
 import io
 import json
@@ -24,6 +25,7 @@ from registry.upstreams.spec import UpstreamSpec
 from tests.clients import call
 from tests.factories import stdio_upstream
 from tests.helpers import run, with_pool
+from tests.support import py_package
 from tests.support.npm_package import NAME, pack
 
 
@@ -139,12 +141,30 @@ def test_an_npx_command_line_that_names_no_package_plainly_is_refused_with_why(a
     assert str(refused.value) == problem
 
 
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--with", "x", "pkg"], "uvx option '--with' is not understood: give the package first (uvx <package>)"),
+        (["-q"], "uvx names no package"),
+    ],
+)
+def test_a_uvx_command_line_that_names_no_package_plainly_is_refused_with_why(args, problem):
+    with pytest.raises(PackageProblem) as refused:
+        asked("uvx", args)
+    assert str(refused.value) == problem
+
+
 def test_npx_command_lines_as_mcpservers_entries_write_them():
     assert asked("npx", ["-y", "@scope/server@1.2", "--port", "3"]).__dict__ == {
-        "spec": "@scope/server@1.2", "bin": "", "args": ["--port", "3"]
+        "manager": "npm", "spec": "@scope/server@1.2", "bin": "", "args": ["--port", "3"]
     }  # fmt: skip
     given = asked("/usr/bin/npx", ["--package=pkg", "its-bin", "a"])
-    assert given.__dict__ == {"spec": "pkg", "bin": "its-bin", "args": ["a"]}
+    assert given.__dict__ == {"manager": "npm", "spec": "pkg", "bin": "its-bin", "args": ["a"]}
+    assert asked("uvx", ["mcp-server-time@2025.1", "--tz=UTC"]).__dict__ == {
+        "manager": "uv", "spec": "mcp-server-time==2025.1", "bin": "", "args": ["--tz=UTC"]
+    }  # fmt: skip
+    given = asked("uvx", ["--from", "git-tools>=1", "git-mcp", "-v"])
+    assert given.__dict__ == {"manager": "uv", "spec": "git-tools>=1", "bin": "git-mcp", "args": ["-v"]}
     assert asked(sys.executable, ["-m", "x"]) is None
 
 
@@ -156,7 +176,7 @@ def test_updating_or_approving_an_upstream_without_a_package_is_refused_with_why
             call_command("upstream_package", upstream.slug, flag)
     finally:
         upstream.delete()
-    assert str(refused.value) == f"upstream {upstream.slug} runs no pinned npx package"
+    assert str(refused.value) == f"upstream {upstream.slug} runs no pinned package (npx, uvx)"
 
 
 def test_approving_when_nothing_is_held_is_refused_with_why(db, tarball, slug):
@@ -189,3 +209,35 @@ def test_the_console_holds_and_approves_a_package_and_shows_both(admin_client, t
     assert act("approve_packages") == [f"upstream {slug} has no package held for approval"]
     actors = AuditEvent.objects.filter(upstream=slug, detail__action__in=["package_held", "package_approved"])
     assert [row.actor for row in actors] == ["operator", "operator"]
+
+
+def test_a_uvx_upstream_runs_from_its_own_environment_and_a_rebuilt_wheel_is_held_until_approved(db, tmp_path, slug):
+    wheel = py_package.build(tmp_path, "1.0.0", mark="first")
+    upstream = stdio_upstream(slug, "uvx", ["--from", str(wheel), py_package.NAME])
+    pin = Upstream.objects.get(pk=upstream.pk).package["pinned"]
+    assert (pin["manager"], pin["name"], pin["version"], pin["integrity"][:7]) == (
+        "uv",
+        py_package.NAME,
+        "1.0.0",
+        "sha256:",
+    )
+    said = served(upstream)
+    folder = Path(django_settings.GATEWAY_PACKAGES_DIR) / slug / pin["digest"][:16]
+    assert (said["version"], said["mark"]) == ("1.0.0", "first")
+    assert said["script"].startswith(str(folder / "venv/lib/"))
+    py_package.build(tmp_path, "1.0.0", mark="second")  # the same version, other contents
+    call_command("upstream_package", slug, "--update", stdout=(out := io.StringIO()))
+    held = Upstream.objects.get(pk=upstream.pk).package["held"]
+    assert held["integrity"] != pin["integrity"]
+    assert out.getvalue() == f"{slug}: held for approval: {py_package.NAME} 1.0.0 -> 1.0.0 ({held['integrity']})\n"
+    assert served(upstream)["mark"] == "first"
+    call_command("upstream_package", slug, "--approve", stdout=io.StringIO())
+    assert served(upstream)["mark"] == "second"
+
+
+def test_a_uvx_package_that_cannot_be_resolved_is_not_registered_with_uvs_reason(db, tmp_path, slug):
+    missing = tmp_path / "switchboard_py_echo-9.9.9-py3-none-any.whl"
+    upstream = Upstream(slug=slug, transport="stdio", command="uvx", args=["--from", str(missing), "x"])
+    upstream.save()
+    report = upstream_catalog_sync(upstream=upstream)
+    assert report.error.startswith("package not installed: uv pip failed: ") and str(missing) in report.error

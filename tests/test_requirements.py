@@ -137,8 +137,10 @@ def test_bootstrap_for_the_tests_installs_their_npm_packages(tmp_path):
 
 def test_the_gateway_reads_nothing_from_node_modules_and_serves_chart_js_from_the_repository():
     read = python_files(RUNTIME) + sorted((ROOT / "templates").rglob("*.html"))
-    # The sandbox names node_modules as a kind of folder an upstream's command runs from, not the project's.
-    read = [file for file in read if file != ROOT / "registry/upstreams/sandbox.py"]
+    # The sandbox and npm's installs name node_modules as a kind of folder an upstream's command runs from, not the
+    # project's.
+    upstreams = {ROOT / "registry/upstreams/sandbox.py", ROOT / "registry/upstreams/packages/npm.py"}
+    read = [file for file in read if file not in upstreams]
     assert [str(file) for file in read if "node_modules" in file.read_text()] == []
     chart = Path(finders.find("vendor/chart.js/chart.umd.min.js"))
     assert chart.is_relative_to(ROOT / "audit/static") and chart.read_text().startswith("/*!\n * Chart.js v4")

@@ -19,7 +19,8 @@ from registry.credentials import credentials_open
 from registry.upstreams.delegation import DelegationAuth
 from registry.upstreams.egress import guarded_client
 from registry.upstreams.health import Witness
-from registry.upstreams.packages import PackageProblem, asked, installed
+from registry.upstreams.packages import PackageProblem, asked
+from registry.upstreams.packages import command as package_command
 from registry.upstreams.reply_depth import DepthCheckedTransport
 from registry.upstreams.rest import RestClient
 from registry.upstreams.sandbox import SandboxSettings
@@ -30,7 +31,7 @@ MIN_SECRET_CHARS = 8  # shorter values ("true", "eu", "prod") would blank out or
 
 
 def _pin(upstream: Any) -> dict[str, Any]:
-    """Its pinned npx package, if pinned for the command line it has now."""
+    """Its pinned npx or uvx package, if pinned for the command line it has now."""
     pinned = upstream.package.get("pinned") or {}
     return pinned if pinned.get("asked") == [upstream.command, *upstream.args] else {}
 
@@ -62,8 +63,8 @@ class UpstreamSpec:
     rest_operations: list[dict[str, Any]] = field(default_factory=list)
     rest_select: dict[str, list[str]] = field(default_factory=dict)
     read_only: bool = False
-    # A stdio server's confinement (registry/upstreams/sandbox.py), and an npx server's pinned package
-    # (registry/upstreams/packages.py; empty: none pinned for this command line).
+    # A stdio server's confinement (registry/upstreams/sandbox.py), and an npx or uvx server's pinned package
+    # (registry/upstreams/packages/; empty: none pinned for this command line).
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
     package: dict[str, Any] = field(default_factory=dict)
 
@@ -103,15 +104,14 @@ class UpstreamSpec:
         return tuple(sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True))
 
     def _stdio_command(self) -> tuple[str, list[str]]:
-        """The command line that starts its server: an npx package's pinned bin under node (installed from its
-        lock where this host lacks it), else its own."""
+        """The command line that starts its server: an npx or uvx package's, pinned (installed from its lock
+        where this host lacks it), else its own."""
         wanted = asked(self.command, self.args)
         if wanted is None:
             return self.command, self.args
         if not self.package:
-            raise PackageProblem("its npx package is not pinned yet: sync the upstream to install and pin it")
-        where = installed(self.slug, self.package)
-        return "node", [str(where / self.package["bin"]), *wanted.args]
+            raise PackageProblem("its package is not pinned yet: sync the upstream to install and pin it")
+        return package_command(self.slug, self.package, wanted)
 
     def _http_client(self, **kwargs: Any) -> httpx2.AsyncClient:
         if self.grant:

@@ -9,8 +9,8 @@ ACTOR = "manage.py upstream_package"
 
 class Command(BaseCommand):
     help = (
-        'An npx upstream\'s package (docs/security.md, "Stdio servers"): --update installs it again and holds one '
-        "that came back different; --approve makes the held one the pinned one, which runs from the next start."
+        'An npx or uvx upstream\'s package (docs/security.md, "Stdio servers"): --update installs it again and holds '
+        "one that came back different; --approve makes the held one the pinned one, which runs from the next start."
     )
 
     def add_arguments(self, parser) -> None:
