@@ -170,6 +170,11 @@ def test_a_sandbox_path_that_would_open_the_gateway_is_refused_with_why(db, path
         ({"network": "everywhere"}, "network must be one of none, outbound, host, not 'everywhere'."),
         ({"memory": 5}, "Unknown sandbox setting 'memory': network, paths, memoryMb, pids, cpus are known."),
         ({"paths": "/srv"}, "paths must be a JSON list of strings."),
+        ({"memoryMb": 4}, "memoryMb must be a whole number from 16 to 1048576."),
+        ({"memoryMb": 64.5}, "memoryMb must be a whole number from 16 to 1048576."),
+        ({"pids": True}, "pids must be a whole number from 8 to 4194304."),
+        ({"cpus": "1"}, "cpus must be a number from 0.01 to 1024."),
+        ({"cpus": 0}, "cpus must be a number from 0.01 to 1024."),
         ([], 'A JSON object: {"network": "none", "memoryMb": 512, "paths": ["/srv/data", "/srv/out:rw"]}.'),
     ],
 )

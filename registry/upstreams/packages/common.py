@@ -28,6 +28,24 @@ class Asked:
     args: list[str]
 
 
+def split(
+    launcher: str, args: list[str], quiet: tuple[str, ...], option: tuple[str, ...], usage: str
+) -> tuple[str, list[str]]:
+    """A launcher's arguments as the package its `option` names ("" when none) and the rest, past the `quiet`
+    flags it may carry (and `--`); a flag it does not know is refused."""
+    rest, spec = list(args), ""
+    while rest and rest[0].startswith("-"):
+        flag = rest.pop(0)
+        name, _, value = flag.partition("=")
+        if flag == "--":
+            break
+        if name in option and (value or rest):
+            spec = value or rest.pop(0)
+        elif flag not in quiet:
+            raise PackageProblem(f"{launcher} option {flag!r} is not understood: give the package first ({usage})")
+    return spec, rest
+
+
 def run(tool: str, args: list[str], cwd: Path, error: Callable[[str], str]) -> str:
     """Runs a package manager's `tool`; its output, or a PackageProblem saying in one line (`error` picks it from
     the tool's output) why it failed."""

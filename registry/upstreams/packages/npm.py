@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from registry.upstreams.packages.common import Asked, PackageProblem, run
+from registry.upstreams.packages.common import Asked, PackageProblem, run, split
 
 LOCK = "package-lock.json"
 FLAGS = ("-y", "--yes", "-q", "--quiet")
@@ -15,26 +15,12 @@ QUIET = ["--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"]
 
 def asked(args: list[str]) -> Asked:
     """What `npx <args>` runs: `-y pkg args`, `--package pkg bin args`."""
-    rest, spec, bin_name = list(args), "", ""
-    while rest and rest[0].startswith("-"):
-        flag = rest.pop(0)
-        if flag in FLAGS:
-            continue
-        if flag in ("-p", "--package") and rest:
-            spec = rest.pop(0)
-        elif flag.startswith("--package="):
-            spec = flag.removeprefix("--package=")
-        elif flag == "--":
-            break
-        else:
-            raise PackageProblem(f"npx option {flag!r} is not understood: give the package first (npx -y <package>)")
-    if not rest and not spec:
+    spec, rest = split("npx", args, FLAGS, ("-p", "--package"), "npx -y <package>")
+    if not (spec or rest):
         raise PackageProblem("npx names no package")
     if spec:
-        bin_name = rest.pop(0) if rest else ""
-    else:
-        spec = rest.pop(0)
-    return Asked("npm", spec, bin_name, rest)
+        return Asked("npm", spec, rest[0] if rest else "", rest[1:])
+    return Asked("npm", rest[0], "", rest[1:])
 
 
 def _error(output: str) -> str:

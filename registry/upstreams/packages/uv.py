@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from registry.upstreams.packages.common import Asked, PackageProblem, run
+from registry.upstreams.packages.common import Asked, PackageProblem, run, split
 
 LOCK = "requirements.txt"
 FLAGS = ("-q", "--quiet")
@@ -17,26 +17,13 @@ WANTED = "requirements.in"
 
 def asked(args: list[str]) -> Asked:
     """What `uvx <args>` runs: `pkg[==version] args`, `pkg@version args`, `--from spec command args`."""
-    rest, spec, bin_name = list(args), "", ""
-    while rest and rest[0].startswith("-"):
-        flag = rest.pop(0)
-        if flag in FLAGS:
-            continue
-        if flag == "--from" and rest:
-            spec = rest.pop(0)
-        elif flag.startswith("--from="):
-            spec = flag.removeprefix("--from=")
-        else:
-            raise PackageProblem(f"uvx option {flag!r} is not understood: give the package first (uvx <package>)")
+    spec, rest = split("uvx", args, FLAGS, ("--from",), "uvx <package>")
     if not rest:
         raise PackageProblem("uvx names no package")
     if spec:
-        bin_name = rest.pop(0)
-    else:
-        spec = rest.pop(0)
-        name, _, version = spec.partition("@")
-        spec = f"{name}=={version}" if version and "/" not in spec else spec
-    return Asked("uv", spec, bin_name, rest)
+        return Asked("uv", spec, rest[0], rest[1:])
+    name, _, version = rest[0].partition("@")
+    return Asked("uv", f"{name}=={version}" if version and "/" not in name else rest[0], "", rest[1:])
 
 
 def _error(output: str) -> str:
