@@ -69,10 +69,10 @@ def test_each_person_gets_a_process_of_their_own_reading_their_token(desk):
             return _answer(await client.call_tool("desk__whoami", {}))
 
     ana, ana_again = anyio.run(whoami, "ana"), anyio.run(whoami, "ana")
-    assert ana["person"] == "ana" and ana_again["pid"] == ana["pid"]  # pooled across her calls
+    assert ana["person"] == "ana" and ana_again["process"] == ana["process"]  # pooled across her calls
     ben = anyio.run(whoami, "ben")
-    assert ben["person"] == "ben" and ben["pid"] != ana["pid"]  # ana's idle process made room (the cap is 1)
-    assert anyio.run(whoami, "ana")["pid"] != ana["pid"]
+    assert ben["person"] == "ben" and ben["process"] != ana["process"]  # ana's idle process made room (the cap is 1)
+    assert anyio.run(whoami, "ana")["process"] != ana["process"]
 
 
 def test_when_every_process_is_busy_a_new_person_is_refused(desk):

@@ -12,9 +12,10 @@ spec's discovery. --seen PATH gets every Authorization header value it receives,
 stdio: `protected_upstream.py stdio --tokens ...` knows its person from the token in UPSTREAM_TOKEN, as a stdio server
 given a personal credential in its environment does; with --seen it writes `UPSTREAM_TOKEN=<value>` there at start.
 
-`whoami` answers JSON {"person": ..., "audience": ..., "pid": "<id> <PID namespace>"} (audience: the JWT's `aud`,
-else null); with `quote`, over HTTP, also {"said": "your key is <the bearer token>"}, as upstreams that echo a key
-do. So do, over HTTP, the resource key://mine and the prompt `key`.
+`whoami` answers JSON {"person": ..., "audience": ..., "pid": "<id> <PID namespace>", "process": <random, this
+process's own>} (audience: the JWT's `aud`, else null; the kernel reuses a gone namespace's number, so "process"
+tells one sandboxed process from the next); with `quote`, over HTTP, also {"said": "your key is <the bearer
+token>"}, as upstreams that echo a key do. So do, over HTTP, the resource key://mine and the prompt `key`.
 Options may come from the environment instead: UPSTREAM_AUTHORIZATION_SERVER, UPSTREAM_TOKENS, UPSTREAM_SEEN.
 """
 
@@ -23,6 +24,7 @@ import hmac
 import json
 import os
 import sys
+import uuid
 from typing import Any
 
 import anyio
@@ -47,6 +49,9 @@ WHOAMI = types.Tool(
     input_schema={"type": "object", "properties": {"quote": {"type": "boolean"}}},
 )
 KEY = "key://mine"  # a resource, and a prompt `key`, that quote the caller's own token
+
+
+PROCESS = uuid.uuid4().hex
 
 
 def process() -> str:
@@ -172,7 +177,9 @@ async def call_tool_http(ctx, params: types.CallToolRequestParams) -> types.Call
     assert isinstance(user, AuthenticatedUser)
     audience = (user.access_token.claims or {}).get("aud")
     said = {"said": _quoted(ctx)} if (params.arguments or {}).get("quote") else {}
-    return answer({"person": user.access_token.subject, "audience": audience, "pid": process()} | said)
+    return answer(
+        {"person": user.access_token.subject, "audience": audience, "pid": process(), "process": PROCESS} | said
+    )
 
 
 def _quoted(ctx) -> str:
@@ -209,7 +216,7 @@ def stdio_call_tool(tokens: dict[str, str]):
         person = static_person(tokens, os.environ.get("UPSTREAM_TOKEN", ""))
         if person is None:
             return answer({"error": "UPSTREAM_TOKEN names nobody this server knows", "pid": process()}, True)
-        return answer({"person": person, "audience": None, "pid": process()})
+        return answer({"person": person, "audience": None, "pid": process(), "process": PROCESS})
 
     return call_tool
 
