@@ -167,6 +167,7 @@ class GatewayState:
     workers_alive: int | None  # None with the inline executor, which has no workers
     sandbox_off: bool  # GATEWAY_STDIO_SANDBOX=off: every stdio server runs unconfined
     host_network: list[str]  # stdio upstreams whose sandbox shares the host's network
+    held_packages: list[str]  # npx and uvx upstreams whose re-installed package waits for approval
 
 
 def _workers_alive() -> int | None:
@@ -201,4 +202,5 @@ def gateway_state(*, now: datetime | None = None) -> GatewayState:
         host_network=list(
             Upstream.objects.filter(transport="stdio", sandbox__network="host").values_list("slug", flat=True)
         ),
+        held_packages=list(Upstream.objects.filter(package__has_key="held").values_list("slug", flat=True)),
     )

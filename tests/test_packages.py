@@ -5,6 +5,7 @@ registry or index is involved."""
 
 import io
 import json
+import re
 import shutil
 import sys
 import uuid
@@ -205,7 +206,12 @@ def test_the_console_holds_and_approves_a_package_and_shows_both(admin_client, t
     assert said == [f"{slug}: held for approval: {NAME} 1.0.0 -> 2.0.0 ({held['integrity']})"]
     shown = admin_client.get(f"/admin/registry/upstream/{upstream.pk}/change/").content.decode()
     assert f"; held for approval: {NAME} 2.0.0 (sha512-" in shown
+    tile = re.search(
+        r'id="held-packages"><strong>(\d+)</strong>.*?</a>', admin_client.get("/admin/dashboard/").content.decode()
+    )
+    assert tile and int(tile[1]) >= 1 and f"<small>{slug}</small>" in tile[0]
     assert act("approve_packages") == [f"{slug}: approved: {NAME} 2.0.0"]
+    assert f"<small>{slug}</small>" not in admin_client.get("/admin/dashboard/").content.decode()
     assert act("approve_packages") == [f"upstream {slug} has no package held for approval"]
     actors = AuditEvent.objects.filter(upstream=slug, detail__action__in=["package_held", "package_approved"])
     assert [row.actor for row in actors] == ["operator", "operator"]
