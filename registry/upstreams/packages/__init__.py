@@ -59,7 +59,10 @@ def installed(slug: str, pinned: dict[str, Any]) -> Path:
     manager = BY_NAME[pinned["manager"]]
     folder = _home(slug) / pinned["digest"][:16]
     if not folder.exists():
-        manager.restore(folder, pinned)
+        try:
+            manager.restore(folder, pinned)
+        except FileExistsError:  # made meanwhile: another process of this host is installing it
+            raise PackageProblem(f"the package {pinned['name']} is being installed in {folder}: try again") from None
     if file_digest(folder / manager.LOCK) != pinned["digest"]:
         raise PackageProblem(f"the package {pinned['name']} in {folder} is not the approved one (its lock changed)")
     return folder
