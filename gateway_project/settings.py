@@ -243,13 +243,13 @@ GATEWAY_STDIO_SANDBOX_UID = env_int("GATEWAY_STDIO_SANDBOX_UID", 65534, minimum=
 GATEWAY_STDIO_SANDBOX_TMP_MB = env_int("GATEWAY_STDIO_SANDBOX_TMP_MB", 64, minimum=1, maximum=65_536)
 # Each server's limits unless its upstream says (registry/upstreams/limits.py): memory, processes and CPU (cores)
 # through a cgroup of its own; open files and file size as rlimits.
-GATEWAY_STDIO_SANDBOX_MEMORY_MB = env_int("GATEWAY_STDIO_SANDBOX_MEMORY_MB", 1024, minimum=16, maximum=1 << 20)
-GATEWAY_STDIO_SANDBOX_PIDS = env_int("GATEWAY_STDIO_SANDBOX_PIDS", 256, minimum=8, maximum=1 << 22)
+GATEWAY_STDIO_SANDBOX_MEMORY_MB = env_int("GATEWAY_STDIO_SANDBOX_MEMORY_MB", 1024, minimum=16, maximum=1_048_576)
+GATEWAY_STDIO_SANDBOX_PIDS = env_int("GATEWAY_STDIO_SANDBOX_PIDS", 256, minimum=8, maximum=4_194_304)
 GATEWAY_STDIO_SANDBOX_CPUS = env_float("GATEWAY_STDIO_SANDBOX_CPUS", 1.0, minimum=0.01, maximum=1024)
-GATEWAY_STDIO_SANDBOX_NOFILE = env_int("GATEWAY_STDIO_SANDBOX_NOFILE", 1024, minimum=16, maximum=1 << 20)
-GATEWAY_STDIO_SANDBOX_FSIZE_MB = env_int("GATEWAY_STDIO_SANDBOX_FSIZE_MB", 1024, minimum=1, maximum=1 << 30)
-# Where npx and uvx upstreams' packages are installed, a folder per upstream (registry/upstreams/packages/): outside var/,
-# which no sandbox may be given.
+GATEWAY_STDIO_SANDBOX_NOFILE = env_int("GATEWAY_STDIO_SANDBOX_NOFILE", 1024, minimum=16, maximum=1_048_576)
+GATEWAY_STDIO_SANDBOX_FSIZE_MB = env_int("GATEWAY_STDIO_SANDBOX_FSIZE_MB", 1024, minimum=1, maximum=1_073_741_824)
+# Where npx and uvx upstreams' packages are installed, a folder per upstream (registry/upstreams/packages/):
+# outside var/, which no sandbox may be given.
 GATEWAY_PACKAGES_DIR = Path(env_str("GATEWAY_PACKAGES_DIR", str(BASE_DIR / "packages")))
 # Per-person upstreams (registry/personal.py): where people's credentials live, and how many stdio processes
 # one upstream may run for its people at once (the least recently used idle one makes room).

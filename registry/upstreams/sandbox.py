@@ -44,8 +44,8 @@ class SandboxRefused(Exception):
 
 # An upstream's limits, by their JSON names in its `sandbox` setting: the field, the bounds, the default's setting.
 LIMITS = {
-    "memoryMb": ("memory_mb", 16, 1 << 20, "GATEWAY_STDIO_SANDBOX_MEMORY_MB"),
-    "pids": ("pids", 8, 1 << 22, "GATEWAY_STDIO_SANDBOX_PIDS"),
+    "memoryMb": ("memory_mb", 16, 1_048_576, "GATEWAY_STDIO_SANDBOX_MEMORY_MB"),
+    "pids": ("pids", 8, 4_194_304, "GATEWAY_STDIO_SANDBOX_PIDS"),
     "cpus": ("cpus", 0.01, 1024, "GATEWAY_STDIO_SANDBOX_CPUS"),
 }
 
