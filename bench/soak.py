@@ -16,13 +16,16 @@ Redis's `used_memory`, and judges the last two thirds of the run (bench/soak_jud
 counts Redis's keys before the load and after it, until the sessions' idle window (`--idle-seconds`) has passed:
 the keys of ended sessions must be gone by then. It exits non-zero when an operation failed or a bar does not hold.
 `--trace` runs the web process under tracemalloc and says what its Python heap grew by between the first
-snapshot after warm-up and the last (bench/traced.py).
+snapshot after warm-up and the last (bench/traced.py); `--trace worker` does so for the Celery worker instead,
+`--trace gateway,worker` for both. With each snapshot, malloc's own figures (mallinfo2, smaps_rollup): what the
+process holds beyond what Python allocated.
 
 More than one mode or server: each combination runs in turn, in a process of its own, writing
 bench/results/soak-<mode>-<server>.json and docs/img/soak-<mode>-<server>.png.
 
     bench/run soak                      # every mode under both servers, 30 minutes each (see bench/run)
     bench/run soak --modes inline --servers daphne --minutes 10 --trace
+    bench/run soak --modes celery --servers daphne --minutes 30 --trace worker
     bench/run soak --clients ws:3 --modes inline --servers daphne --minutes 5
 """
 
@@ -48,13 +51,14 @@ sys.path.insert(0, str(ROOT))
 
 from bench.soak_clients import DOMAIN, KINDS, Pace, Tally, client_drive, ready_wait  # noqa: E402
 from bench.soak_judge import MIB, judge, plot, table  # noqa: E402
-from bench.traced import growth, growth_table, traced_command, traced_snapshot  # noqa: E402
+from bench.traced import growth, growth_table, traced_command, traced_malloc, traced_snapshot  # noqa: E402
 from tests import servers  # noqa: E402  (the process helpers the tests use)
 
 DEMO = [sys.executable, str(ROOT / "examples/demo_upstream.py")]
 CLOCK = [str(Path(sys.executable).parent / "mcp-server-time"), "--local-timezone", "UTC"]
 AGENT_PREFIX = "soak-"
 MODES = ["embedded", "inline", "celery"]
+TRACEABLE = ["gateway", "worker"]
 SERVERS = ["daphne", "uvicorn"]
 MIN_JUDGED_MINUTES = 10.0
 WARM_UP_SECONDS = 120.0  # the first snapshot under --trace: the process has made every kind of object by then
@@ -150,9 +154,24 @@ def gateway_start(server: str, env: dict[str, str], log: Path, trace: Path | Non
     return running
 
 
-def processes_start(mode: str, server: str, env: dict[str, str], logs: Path, trace: Path | None) -> dict:
-    started = {"worker": servers.start_worker(env, logs / "soak-worker.log")} if mode == "celery" else {}
-    gateway = gateway_start(server, env, logs / "soak-gateway.log", trace)
+def worker_start(env: dict[str, str], log: Path, trace: Path | None) -> servers.Running:
+    """The Celery worker as deployed, or under tracemalloc."""
+    if trace is None:
+        return servers.start_worker(env, log)
+    return servers.start_worker(
+        env | {"TRACE_OUT": str(trace)}, log, launcher=traced_command("celery", servers.CELERY[3:])
+    )
+
+
+def trace_out(logs: Path, role: str, trace: list[str]) -> Path | None:
+    """Where a traced process writes its snapshots (`soak-trace.<n>` for the gateway), or None if it is not."""
+    return logs / ("soak-trace" if role == "gateway" else f"soak-{role}-trace") if role in trace else None
+
+
+def processes_start(mode: str, server: str, env: dict[str, str], logs: Path, trace: list[str]) -> dict:
+    worker = worker_start(env, logs / "soak-worker.log", trace_out(logs, "worker", trace)) if mode == "celery" else None
+    started = {"worker": worker} if worker is not None else {}
+    gateway = gateway_start(server, env, logs / "soak-gateway.log", trace_out(logs, "gateway", trace))
     specialist = servers.start_specialist(DOMAIN, env, gateway.url, logs / "soak-specialist.log")
     return started | {"gateway": gateway, "specialist": specialist}
 
@@ -270,43 +289,63 @@ async def soak(args: argparse.Namespace, url: str, keys: list[str], roots: dict[
         for n, (key, kind) in enumerate(zip(keys, args.clients, strict=True))
     ]
     clients = asyncio.gather(*drives)
-    snapshots, next_snapshot = [], started + WARM_UP_SECONDS
+    snapshots: dict[str, list] = {role: [] for role in args.trace}
+    next_snapshot = started + WARM_UP_SECONDS
     while not clients.done():
         samples.append(sample_take(roots, store, started, sum(tally.done.values())))
         print(f"{samples[-1]['t'] / 60:5.1f} min  {dict(tally.done)}  failed {dict(tally.failed)}", file=sys.stderr)
         if args.trace and time.monotonic() >= next_snapshot:
-            snapshots.append(await asyncio.to_thread(trace_take, args, roots["gateway"], len(snapshots) + 1))
+            await traces_take(args, roots, snapshots)
             next_snapshot += args.trace_every
         await asyncio.wait([clients], timeout=args.every)
     await clients
     samples.append(sample_take(roots, store, started, sum(tally.done.values())))
-    if args.trace:
-        snapshots.append(await asyncio.to_thread(trace_take, args, roots["gateway"], len(snapshots) + 1))
+    await traces_take(args, roots, snapshots)
     result = {"samples": samples, "done": dict(tally.done), "failed": dict(tally.failed), "errors": tally.errors}
     if keys_before is not None:
         judged = args.minutes >= MIN_JUDGED_MINUTES  # a short run does not wait for the keys either
         result["redis_keys"] = await keys_settle(store, keys_before, args.idle_seconds, judged)
-    if len(snapshots) >= 2:
-        result["trace"] = trace_report(snapshots[0], snapshots[-1])
+    traces = {role: trace_report(role, taken[0], taken[-1]) for role, taken in snapshots.items() if len(taken) >= 2}
+    if traces:
+        result["trace"] = traces
     return result
 
 
-def trace_take(args: argparse.Namespace, pid: int, number: int) -> tuple[float, Path]:
-    path = Path(f"{args.out.parent / 'soak-trace'}.{number}")
-    traced_snapshot(pid, path, bound=300)  # a snapshot of a big heap with deep tracebacks takes a while
-    return time.monotonic(), path
+async def traces_take(args: argparse.Namespace, roots: dict[str, int], snapshots: dict[str, list]) -> None:
+    """A snapshot of each traced process, with the sample of its malloc taken with it."""
+    for role, taken in snapshots.items():
+        path = Path(f"{trace_out(args.out.parent, role, args.trace)}.{len(taken) + 1}")
+        # A snapshot of a big heap with deep tracebacks takes a while.
+        await asyncio.to_thread(traced_snapshot, roots[role], path, 300)
+        taken.append((time.monotonic(), path))
 
 
-def trace_report(first: tuple[float, Path], last: tuple[float, Path]) -> dict:
+def trace_report(role: str, first: tuple[float, Path], last: tuple[float, Path]) -> dict:
     import tracemalloc
 
     minutes = (last[0] - first[0]) / 60
     per_owner, per_line = growth(tracemalloc.Snapshot.load(str(first[1])), tracemalloc.Snapshot.load(str(last[1])))
     top = dict(sorted(per_line.items(), key=lambda item: -item[1])[:40])
-    print(f"\nPython heap growth under tracemalloc over {minutes:.1f} min: {sum(per_owner.values()) / MIB:.2f} MiB\n")
+    heap = sum(per_owner.values()) / MIB
+    print(f"\n{role}: Python heap growth under tracemalloc over {minutes:.1f} min: {heap:.2f} MiB\n")
+    malloc = [traced_malloc(first[1]), traced_malloc(last[1])]
+    names = (
+        "traced",
+        "tracemalloc_own",
+        "uordblks",
+        "fordblks",
+        "hblkhd",
+        "arena",
+        "smaps_Rss_kib",
+        "smaps_Anonymous_kib",
+    )
+    for name in names:
+        scale = 1 if name.endswith("_kib") else 1024
+        values = [figures.get(name, 0) / scale / 1024 for figures in malloc]
+        print(f"malloc {name}: {values[0]:.2f} -> {values[1]:.2f} MiB ({values[1] - values[0]:+.2f})")
     for title, sizes in (("package", per_owner), ("line", per_line)):
-        print(growth_table(sizes, title, max(1, round(minutes)), "minute", top=20) + "\n")
-    return {"minutes": minutes, "by_package": dict(per_owner), "by_line": top}
+        print("\n" + growth_table(sizes, title, max(1, round(minutes)), "minute", top=20))
+    return {"minutes": minutes, "by_package": dict(per_owner), "by_line": top, "malloc": malloc}
 
 
 def environment(mode: str, database_url: str, redis_url: str, var_dir: str, idle: float) -> dict[str, str]:
@@ -330,7 +369,7 @@ def run_one(args: argparse.Namespace, mode: str, server: str) -> int:
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
     revision = revision_of_tree()  # before the run: what its processes loaded, whatever is committed meanwhile
-    for stale in logs.glob("soak-trace.*"):  # a snapshot of an earlier run would be taken for this one's
+    for stale in logs.glob("soak-*trace.*"):  # a snapshot of an earlier run would be taken for this one's
         stale.unlink()
     started: dict[str, servers.Running] = {}
     redis_url, store = "", None
@@ -348,7 +387,7 @@ def run_one(args: argparse.Namespace, mode: str, server: str) -> int:
             from django.conf import settings
 
             env["GATEWAY_DELEGATION_KEYS"] = settings.GATEWAY_DELEGATION_KEYS  # the specialist's to verify with
-            started |= processes_start(mode, server, env, logs, logs / "soak-trace" if args.trace else None)
+            started |= processes_start(mode, server, env, logs, args.trace)
             specialist_setup(started["specialist"].url)
             roots = {role: running.process.pid for role, running in started.items()}
             result = asyncio.run(soak(args, started["gateway"].url, keys, roots, store))
@@ -396,16 +435,25 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=20.0, help="operations per second, all clients together")
     parser.add_argument("--session-ops", type=int, default=40, help="operations before a client starts over")
     parser.add_argument("--idle-seconds", type=float, default=120.0, help="GATEWAY_SESSION_IDLE_SECONDS")
-    parser.add_argument("--trace", action="store_true", help="the web process under tracemalloc")
+    parser.add_argument(
+        "--trace",
+        nargs="?",
+        const=["gateway"],
+        default=[],
+        type=lambda text: text.split(","),
+        help="these processes under tracemalloc (gateway, worker; alone: the gateway)",
+    )
     parser.add_argument("--trace-every", type=float, default=120.0, help="seconds between snapshots")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""))
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/soak.json")
     parser.add_argument("--png", type=Path, default=ROOT / "docs/img/soak.png")
     argv = sys.argv[1:]
     args = parser.parse_args()
-    unknown = set(args.modes) - set(MODES) | set(args.servers) - set(SERVERS)
+    unknown = set(args.modes) - set(MODES) | set(args.servers) - set(SERVERS) | set(args.trace) - set(TRACEABLE)
     if unknown:
-        parser.error(f"unknown mode or server: {', '.join(sorted(unknown))}")
+        parser.error(f"unknown mode, server or traced process: {', '.join(sorted(unknown))}")
+    if "worker" in args.trace and set(args.modes) != {"celery"}:
+        parser.error("--trace worker: only the celery mode has a worker")
     if set(args.modes) != {"embedded"} and not args.database_url.startswith("postgres"):
         parser.error("--database-url (or DATABASE_URL) must name a PostgreSQL database of the soak's own")
     if len(args.modes) * len(args.servers) > 1:

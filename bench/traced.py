@@ -1,4 +1,4 @@
-"""A gateway's web process under tracemalloc, for the benches that ask what its Python heap grows by
+"""A gateway's web process or Celery worker under tracemalloc, for the benches that ask what its Python heap grows by
 (bench/idle_sessions.py, bench/soak.py --trace): the server runs as usual, and each SIGUSR1 dumps a snapshot."""
 
 import json
@@ -13,19 +13,46 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
 
-# Daphne or uvicorn (argv[1]) with tracemalloc on; each SIGUSR1 dumps a snapshot to $TRACE_OUT.<n> (n = 1, 2, ...),
-# each SIGUSR2 a census of the live objects the garbage collector tracks, by type, to $TRACE_OUT.census.<n>.
+# Daphne, uvicorn or a Celery worker (argv[1]) with tracemalloc on; each SIGUSR1 dumps a snapshot to
+# $TRACE_OUT.<n> (n = 1, 2, ...), with malloc's own figures beside it in $TRACE_OUT.malloc.<n>; each SIGUSR2 a
+# census of the live objects the garbage collector tracks, by type, to $TRACE_OUT.census.<n>.
 TRACED_SERVER = """
-import collections, gc, json, os, signal, sys, tracemalloc
-import gateway_project.asgi  # imported before tracing starts: tracing every import takes minutes
+import collections, ctypes, gc, json, os, signal, sys, tracemalloc
 server = sys.argv.pop(1)
+if server == "celery":
+    import django
+    django.setup()  # imported before tracing starts: tracing every import takes minutes
+    import gateway_project.celery
+else:
+    import gateway_project.asgi
 tracemalloc.start(int(os.environ.get("TRACE_FRAMES", "12")))
 dumps = censuses = 0
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+def malloc_figures():
+    libc = ctypes.CDLL(None)
+    figures = {}
+    if hasattr(libc, "mallinfo2"):
+        libc.mallinfo2.restype = Mallinfo2
+        info = libc.mallinfo2()
+        figures = {name: getattr(info, name) for name, _ in Mallinfo2._fields_}
+    figures["traced"], figures["traced_peak"] = tracemalloc.get_traced_memory()
+    figures["tracemalloc_own"] = tracemalloc.get_tracemalloc_memory()  # its traces, in malloc's figures too
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            name, _, value = line.partition(":")
+            if value.strip().endswith("kB"):
+                figures[f"smaps_{name}_kib"] = int(value.split()[0])
+    return figures
 def dump(signum, frame):
     global dumps
     dumps += 1
-    tracemalloc.take_snapshot().dump(f"{os.environ['TRACE_OUT']}.{dumps}.part")
-    os.rename(f"{os.environ['TRACE_OUT']}.{dumps}.part", f"{os.environ['TRACE_OUT']}.{dumps}")
+    out = os.environ["TRACE_OUT"]
+    with open(f"{out}.malloc.{dumps}", "w") as figures:
+        json.dump(malloc_figures(), figures)
+    tracemalloc.take_snapshot().dump(f"{out}.{dumps}.part")
+    os.rename(f"{out}.{dumps}.part", f"{out}.{dumps}")
 def census(signum, frame):
     global censuses
     censuses += 1
@@ -35,19 +62,29 @@ def census(signum, frame):
     with open(f"{path}.part", "w") as out:
         json.dump(counts, out)
     os.rename(f"{path}.part", path)
-signal.signal(signal.SIGUSR1, dump)
-signal.signal(signal.SIGUSR2, census)
+def handlers_install(**kwargs):
+    signal.signal(signal.SIGUSR1, dump)
+    signal.signal(signal.SIGUSR2, census)
 if server == "daphne":
+    handlers_install()
     from daphne.cli import CommandLineInterface
     CommandLineInterface.entrypoint()
-else:
+elif server == "uvicorn":
+    handlers_install()
     from uvicorn.main import main
+    main()
+else:  # the worker installs its own SIGUSR1 handler (a dump of its threads' stacks) as it starts: ours after it
+    from celery.__main__ import main
+    from celery.signals import worker_ready
+    worker_ready.connect(handlers_install, weak=False)
+    sys.argv = ["celery", *sys.argv[1:]]
     main()
 """
 
 
 def traced_command(server: str, arguments: list[str]) -> list[str]:
-    """The command that runs `server` (daphne or uvicorn) with `arguments` under tracemalloc."""
+    """The command that runs `server` (daphne, uvicorn, or celery: `arguments` as after `celery`) with `arguments`
+    under tracemalloc."""
     return [sys.executable, "-c", TRACED_SERVER, server, *arguments]
 
 
@@ -65,6 +102,13 @@ def traced_snapshot(pid: int, path: Path, bound: float = 60.0) -> tracemalloc.Sn
     """Ask the traced process for a snapshot, which it writes to `path` ($TRACE_OUT.<n>)."""
     _asked(pid, signal.SIGUSR1, path, bound)
     return tracemalloc.Snapshot.load(str(path))
+
+
+def traced_malloc(snapshot: Path) -> dict[str, int]:
+    """malloc's figures (mallinfo2's fields, in bytes; smaps_rollup's, in KiB) taken with the snapshot at
+    `snapshot` ($TRACE_OUT.<n>): what the process holds beyond what Python allocated."""
+    stem, _, number = snapshot.name.rpartition(".")
+    return json.loads(snapshot.with_name(f"{stem}.malloc.{number}").read_text())
 
 
 def census_take(pid: int, path: Path, bound: float = 60.0) -> dict[str, int]:
