@@ -5,28 +5,30 @@ while what malloc held in use stayed flat (docs/reliability.md, issue 41); mallo
 back at once. So each process of the gateway calls it on a timer, in a thread of its own."""
 
 import ctypes
-import logging
 import os
 import threading
 
-logger = logging.getLogger(__name__)
-
 _libc = ctypes.CDLL(None)
-_started_in = 0  # the pid whose trimmer runs: a forked child starts its own
+_interval = 0.0  # set once trimming has started in this process
 
 
 def malloc_trim_start(*, interval: float) -> bool:
-    """Trim every `interval` seconds from now on in this process (once per process); False where there is nothing
-    to do (not glibc, or an interval of 0)."""
-    global _started_in
-    if interval <= 0 or not hasattr(_libc, "malloc_trim") or _started_in == os.getpid():
+    """Trim every `interval` seconds from now on, in this process and in any it forks (once per process); False
+    where there is nothing to do (not glibc, an interval of 0, or started already)."""
+    global _interval
+    if interval <= 0 or not hasattr(_libc, "malloc_trim") or _interval:
         return False
-    _started_in = os.getpid()
-    threading.Thread(target=_trim_every, args=(interval,), name="malloc-trim", daemon=True).start()
+    _interval = interval
+    _thread_start()
+    os.register_at_fork(after_in_child=_thread_start)  # a forked child has none of its parent's threads
     return True
+
+
+def _thread_start() -> None:
+    threading.Thread(target=_trim_every, args=(_interval,), name="malloc-trim", daemon=True).start()
 
 
 def _trim_every(interval: float) -> None:
     stop = threading.Event()  # never set: waited on for its timeout, the thread ends with the process
     while not stop.wait(interval):
-        _libc.malloc_trim(0)  # walks the free chunks under each arena's lock: a few milliseconds
+        _libc.malloc_trim(0)  # walks the free chunks under each arena's lock; ctypes lets the GIL go meanwhile
