@@ -1,7 +1,7 @@
 """Free memory given back to the system. glibc's free() returns only the top of a heap, and only past a threshold
 that glibc itself raises (to 2-4 MiB in the soak's processes): memory freed below a block still in use stays in
 the process for good. Under the soak's steady load the worker's and the web process's RSS grew by that memory
-while what malloc held in use stayed flat (docs/reliability.md, issue 41); malloc_trim(0) gave 3.5 and 7.5 MiB
+while what malloc held in use stayed flat (docs/reliability.md, issue 41); malloc_trim(0) gave 3.5 and 7.3 MiB
 back at once. So each process of the gateway calls it on a timer, in a thread of its own."""
 
 import ctypes
