@@ -5,7 +5,9 @@ stores, by TCP and by Unix socket, writes outside its home and looks at the host
 
 import json
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -203,3 +205,32 @@ def test_without_bubblewrap_a_stdio_upstream_does_not_start_and_its_health_says_
         "not started: bubblewrap is not installed where upstreams run (Debian package `bubblewrap`); "
         "GATEWAY_STDIO_SANDBOX=off runs stdio servers unconfined"
     )
+
+
+@pytest.mark.parametrize("user", ["root", "not root"])
+def test_a_sandboxs_own_folders_are_not_writable_whoever_runs_the_gateway(db, monkeypatch, user):
+    """Not root, bwrap makes the sandbox's root and the folders above a given path as the server's own uid: they
+    stay read-only (a write there would fill memory without a bound, and seem to reach the gateway's folders).
+    As root the test drops to an unprivileged uid to run the gateway's side as a non-root gateway would."""
+    given = tempfile.mkdtemp(prefix="given-", dir="/var/tmp")  # not under /tmp: its parents are made on the root
+    nested = tempfile.mkdtemp(prefix="above-")  # under /tmp: its parent is made in the sandbox's /tmp
+    os.makedirs(os.path.join(nested, "given"))
+    for folder in (given, nested):
+        os.chmod(folder, 0o755)
+    uid = django_settings.GATEWAY_STDIO_SANDBOX_UID if os.geteuid() == 0 else os.geteuid()
+    if user == "not root":
+        monkeypatch.setattr(os, "geteuid", lambda: uid)
+    probe = "; ".join(
+        f'if echo x 2>/dev/null > {path}/owned; then echo "{path}"; fi'
+        for path in ("", "/var", given, nested, f"{nested}/given", "/tmp", "/home/upstream")
+    )
+    sandbox = SandboxSettings(paths=(given, f"{nested}/given"))
+    command = bwrap_command("/bin/sh", ["-c", probe], None, sandbox)
+    monkeypatch.undo()
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if os.geteuid() == 0 else []
+    try:
+        done = subprocess.run([*drop, *command] if user == "not root" else command, capture_output=True, timeout=30)
+    finally:
+        shutil.rmtree(given), shutil.rmtree(nested)
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout.decode().split() == ["/tmp", "/home/upstream"]  # its own tmpfs, size-capped

@@ -158,15 +158,15 @@ def _system(path: str) -> bool:
 
 
 def _folders(paths: Iterable[str], given: set[str]) -> list[str]:
-    """bwrap's arguments that make each folder above the paths, top first, open to the server: bwrap would make a
-    missing one mode 0700 as root, closed to it."""
+    """bwrap's arguments that make each folder above the paths, top first, readable by the server and not writable:
+    bwrap would make a missing one mode 0700 as root, closed to it, and one the server owns (not root) writable."""
     made: list[str] = []
     for path in paths:
         for parent in reversed(Path(path).parents):
             folder = str(parent)
             if folder != "/" and folder not in made and folder not in given and not _system(folder):
                 made.append(folder)
-    return [arg for folder in made for arg in ("--perms", "0755", "--dir", folder)]
+    return [arg for folder in made for arg in ("--perms", "0555", "--dir", folder)]
 
 
 def bwrap_command(
@@ -215,7 +215,8 @@ def bwrap_command(
     command += _folders(list(given), set(given))  # after the tmpfs: a given path may lie under /tmp
     for path, writable in given.items():
         command += ["--bind" if writable else "--ro-bind", path, path]
-    command += ["--chdir", cwd or HOME, *options]
+    # Last of the mounts: not root, the server owns the sandbox's root (a tmpfs without a size) and could fill memory.
+    command += ["--chdir", cwd or HOME, *options, "--remount-ro", "/"]
     if root:
         uid = str(settings.GATEWAY_STDIO_SANDBOX_UID)
         command += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
