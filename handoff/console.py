@@ -26,7 +26,7 @@ from handoff.snapshot import snapshot
 from policy.builtin_agents import CONSOLE_AGENT
 from policy.config_version import config_version
 from policy.models import Agent
-from registry.upstreams.connection import Outcome
+from registry.upstreams.outcome import Outcome
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from registry.services import (
     upstream_save,
     upstream_set_enabled,
 )
-from registry.upstreams.connection import DOCUMENT_REFUSED
+from registry.upstreams.outcome import DOCUMENT_REFUSED
 
 STORE_DOWN = "The credential store cannot be reached now: nothing was stored. Try again soon."
 

@@ -24,8 +24,8 @@ from audit.outcomes import EXECUTOR_GRACE_SECONDS, call_deadline
 from gateway_project.lib import task_mac
 from gateway_project.lib.redis_clients import async_redis, sync_redis
 from registry.publish import task_headers, task_publish
-from registry.upstreams.connection import TUNNEL_GONE, Outcome, failure
 from registry.upstreams.loop import held_tunnel_close, pool_thread
+from registry.upstreams.outcome import TUNNEL_GONE, Outcome, failure
 from registry.upstreams.relay import LoopRelay, Relay, cancel_remote, carried, relay_channels, relay_pump
 from registry.upstreams.requests import UpstreamRequest
 from registry.upstreams.upstream_oauth import oauth_begin, oauth_finish, oauth_seconds

@@ -19,9 +19,9 @@ from registry.executor import get_executor
 from registry.models import Tool, Upstream, query_split
 from registry.naming import exposed_name, split_exposed_name
 from registry.package_pins import package_pin
-from registry.upstreams.connection import DOCUMENT_REFUSED
 from registry.upstreams.health import command_missing
 from registry.upstreams.loop import pool_thread
+from registry.upstreams.outcome import DOCUMENT_REFUSED
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from gateway_project.lib.database import database_async
 from gateway_project.lib.process_task import ProcessTask
 from registry.executor import held_by, is_reply_key, reply_after, reply_now
 from registry.services import upstream_health_probe
-from registry.upstreams.connection import Outcome, failure
 from registry.upstreams.loop import held_tunnel_close, pool_thread
+from registry.upstreams.outcome import Outcome, failure
 from registry.upstreams.relay import ChannelRelay, Relay, cancellable
 from registry.upstreams.requests import UpstreamRequest
 from registry.upstreams.upstream_oauth import oauth_begin, oauth_finish

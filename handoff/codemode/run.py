@@ -37,7 +37,7 @@ from handoff.snapshot import Snapshot, snapshot
 from policy.decisions import INVALID_PARAMS, Denial, ToolRefused
 from registry.executor import publish_call
 from registry.naming import gateway_tool_name
-from registry.upstreams.connection import Outcome, failure
+from registry.upstreams.outcome import Outcome, failure
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ A slot is never waited for: a full process refuses at once, with a reason the mo
 import threading
 from collections import Counter
 
-from registry.upstreams.connection import Outcome, failure
+from registry.upstreams.outcome import Outcome, failure
 
 
 class SandboxSlots:

@@ -30,7 +30,7 @@ from policy.limits.stores import limit_store
 from policy.redaction import redact, redact_error_result
 from registry.executor import get_executor
 from registry.personal import CredentialRef
-from registry.upstreams.connection import Outcome, failure
+from registry.upstreams.outcome import Outcome, failure
 from registry.upstreams.relay import Relay
 from registry.upstreams.requests import UpstreamRequest
 

@@ -30,7 +30,7 @@ from mcp.shared.exceptions import MCPError
 
 from handoff.mcp.agent_relay import log_to
 from handoff.mcp.caller import Caller
-from registry.upstreams.connection import MISSING_CLIENT_CAPABILITY
+from registry.upstreams.outcome import MISSING_CLIENT_CAPABILITY
 from registry.upstreams.relay import ASKS, may_ask, unsupported
 from registry.upstreams.requests import INPUT_RESPONSES
 

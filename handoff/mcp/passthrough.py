@@ -42,7 +42,7 @@ from policy.redaction import redact
 from registry.executor import get_executor
 from registry.naming import URI_MARK, exposed_name, exposed_uri, split_exposed_name
 from registry.personal import CredentialRef
-from registry.upstreams.connection import Outcome
+from registry.upstreams.outcome import Outcome
 from registry.upstreams.requests import UNSUPPORTED, UpstreamRequest
 
 logger = logging.getLogger(__name__)

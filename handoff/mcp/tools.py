@@ -65,7 +65,7 @@ from handoff.snapshot import Route, Snapshot, snapshot
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial, ToolRefused
 from policy.limits.stores import limit_store
 from policy.redaction import redact
-from registry.upstreams.connection import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome, failure
+from registry.upstreams.outcome import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE, Outcome, failure
 from registry.upstreams.relay import LOGGING, Relay
 
 logger = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from policy.decisions import RETRY_LATER, Denial, ToolRefused, Who
 from policy.manifest import manifest_sanitize, schema_problem, tool_name_problem
 from registry.executor import get_executor
 from registry.naming import exposed_name, gateway_tool_name
-from registry.upstreams.connection import TUNNEL_GONE
+from registry.upstreams.outcome import TUNNEL_GONE
 
 logger = logging.getLogger(__name__)
 HANDOFF_FAILED = -32004

@@ -1,11 +1,11 @@
 """One live upstream session and what its calls come back as: `UpstreamConnection` (its owner task opens,
-serves and closes the client session, and relays the upstream's requests to the call in flight), `Outcome`
-(every result as plain JSON) and the failures a connect can end in. The pool (pool.py) holds them."""
+serves and closes the client session, and relays the upstream's requests to the call in flight), and the
+failures a connect can end in (outcome.py says what a request comes back as). The pool (pool.py) holds them."""
 
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from typing import Any, TypedDict
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -17,37 +17,15 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from registry.rest.document import DocumentRefused
 from registry.upstreams.egress import ADDRESS_REFUSED, EgressRefused
 from registry.upstreams.health import Witness, connect_cause, found, with_stderr
+from registry.upstreams.outcome import DELEGATION_MISSING, DOCUMENT_REFUSED, Outcome, failure
 from registry.upstreams.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, Relay, unsupported
 from registry.upstreams.spec import UpstreamSpec
 
 logger = logging.getLogger(__name__)
 
-MISSING_CLIENT_CAPABILITY = -32021  # 2026-07-28: the request needs a capability the client did not declare
-TUNNEL_GONE = "HANDOFF_UPSTREAM_UNAVAILABLE"
-DOCUMENT_REFUSED = "REST_DOCUMENT_REFUSED"  # a REST upstream's OpenAPI document (registry/rest/document.py)
-DELEGATION_MISSING = "MISSING_DELEGATION_TOKEN"  # a guarded specialist's refusal of a request without one
 # Connection-level failures: the session is gone and must be reopened (a stdio server that died, say).
 CONNECTION_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
 EVERYTHING = frozenset(RELAYED_CAPABILITIES)
-
-
-class Outcome(TypedDict, total=False):
-    ok: bool
-    result: Any  # the upstream's result, JSON, when ok
-    code: str  # when not ok: a stable error code
-    message: str  # when not ok: for the model (redacted later)
-    detail: str  # when not ok: the full story, for the audit only
-    validation: bool  # when not ok: the message judges the call's arguments (kept whole for the model)
-    rpc_code: int  # when the upstream answered with a JSON-RPC error: its code
-    rpc_data: dict[str, Any]  # and, for a missing client capability, its data
-    cause: str  # when the upstream could not be reached: why, for the operator (registry/upstreams/health.py)
-
-
-def failure(code: str, message: str, detail: str = "") -> Outcome:
-    return {"ok": False, "code": code, "message": message, "detail": detail or message}
-
-
-CONNECT_TIMEOUT = failure("UPSTREAM_CONNECT_TIMEOUT", "The service did not answer while connecting. Try later.")
 
 
 class ConnectFailed(Exception):

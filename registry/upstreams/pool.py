@@ -21,19 +21,16 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from registry.personal import PERSON_REQUIRED
-from registry.upstreams.connection import (
+from registry.upstreams.connection import CONNECTION_ERRORS, UPDATED, UpstreamConnection, connect_failure
+from registry.upstreams.health import outcome_health
+from registry.upstreams.outcome import (
     CONNECT_TIMEOUT,
-    CONNECTION_ERRORS,
     DELEGATION_MISSING,
     MISSING_CLIENT_CAPABILITY,
     TUNNEL_GONE,
-    UPDATED,
     Outcome,
-    UpstreamConnection,
-    connect_failure,
     failure,
 )
-from registry.upstreams.health import outcome_health
 from registry.upstreams.person import PERSON_REQUIRED_MESSAGE, REFRESH_MARGIN_SECONDS, CredentialUnusable
 from registry.upstreams.relay import Relay
 from registry.upstreams.reply_depth import reply_too_deep

@@ -3,15 +3,14 @@
 model nor the audit may read it. Pattern redaction (policy/redaction.py) cannot know a bare value; the executor,
 which opened the credentials, does."""
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # the pool imports this module
-    from registry.upstreams.connection import Outcome
+from registry.upstreams.outcome import Outcome
 
 CREDENTIAL = "[credential]"
 
 
-def scrubbed(outcome: "Outcome", secrets: tuple[str, ...]) -> "Outcome":
+def scrubbed(outcome: Outcome, secrets: tuple[str, ...]) -> Outcome:
     """The outcome, successful or not, with every credential value of the upstream's blanked out."""
     return blanked(outcome, secrets) if secrets else outcome
 

@@ -40,8 +40,8 @@ from pydantic import ValidationError
 from registry.credentials import CredentialError, credential_open, credential_seal, credentials_open
 from registry.models import PersonalCredential, Upstream
 from registry.personal import personal_connect
-from registry.upstreams.connection import Outcome, failure
 from registry.upstreams.egress import EgressRefused, guarded_client
+from registry.upstreams.outcome import Outcome, failure
 from registry.upstreams.token_grants import GrantFailed, auth_client, code_grant
 
 logger = logging.getLogger(__name__)
