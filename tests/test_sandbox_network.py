@@ -1,7 +1,8 @@
 """A stdio server's `outbound` network (registry/upstreams/outbound.py) reaches the internet and nothing the egress
 guard refuses: run inside network namespaces this test makes (no packet leaves the machine), where a test host
 stands in for the internet (a global address), with a cloud's metadata address and a private network beside it,
-and the "host" has a global address of its own and a service on its loopback."""
+and the "host" has a global address of its own and a service on its loopback. Each case runs as root and as a
+non-root gateway (an unprivileged uid: bwrap then makes a user namespace, and slirp4netns and `ip` enter it)."""
 
 import json
 import os
@@ -9,9 +10,12 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from tests import servers
 
@@ -68,21 +72,55 @@ def world() -> Iterator[str]:
         ip("netns", "delete", internet)
 
 
-def probed(host: str, *internal: str) -> dict:
+# Run by `ip netns exec`, in a mount namespace of its own: where the interpreter's installation lies in a folder
+# closed to other users (these machines keep it under /root, mode 0700), a tmpfs over that folder with the
+# installation bound back in (through a stage); then the rest as the unprivileged uid. Arguments: installation,
+# closed folder, stage, uid.
+UNPRIVILEGED = """
+if [ -n "$2" ]; then
+  mount --bind "$1" "$3" && mount -t tmpfs -o mode=0755 tmpfs "$2" && mkdir -p "$1" && mount --bind "$3" "$1"
+fi
+uid=$4 && shift 4 && exec setpriv --reuid="$uid" --regid="$uid" --clear-groups -- "$@"
+"""
+
+
+def as_user(user: str, own: str) -> list[str]:
+    """The start of a command line that runs the rest as `user` (root, or not), with `own` its folder."""
+    if user == "root":
+        return []
+    installation = Path(os.path.realpath(sys.executable)).parent.parent
+    closed = next((p for p in reversed(installation.parents) if not os.stat(p).st_mode & 0o001), "")
+    uid = str(settings.GATEWAY_STDIO_SANDBOX_UID)
+    for folder in (f"{own}/home", f"{own}/var"):
+        os.makedirs(folder)
+        os.chown(folder, int(uid), int(uid))
+    os.makedirs(stage := f"{own}/stage")
+    env = [f"HOME={own}/home", f"TMPDIR={own}/home", f"SWITCHBOARD_VAR_DIR={own}/var"]
+    return ["sh", "-c", UNPRIVILEGED, "sh", str(installation), str(closed), stage, uid, "env", *env]
+
+
+def probed(host: str, *internal: str, user: str = "root") -> dict:
     hosts = [[INTERNET, PORT], [METADATA, PORT], [PRIVATE, PORT], [HOST, PORT], ["10.0.2.2", PORT]]
     found = {"files": [], "tcp": [PORT], "sockets": [], "write": [], "processes": [], "hosts": hosts}
-    command = ["ip", "netns", "exec", host, sys.executable, "-m", "tests.support.outbound_probe", json.dumps(found)]
-    done = subprocess.run([*command, *internal], cwd=servers.ROOT, capture_output=True, text=True, timeout=120)
+    with tempfile.TemporaryDirectory() as own:
+        os.chmod(own, 0o755)
+        command = ["ip", "netns", "exec", host, *as_user(user, own), sys.executable, "-m"]
+        command += ["tests.support.outbound_probe", json.dumps(found), *internal]
+        done = subprocess.run(command, cwd=servers.ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert "hosts" in seen, seen  # else the call's failure: the server did not start
+    return seen
 
 
-def test_an_outbound_server_reaches_the_internet_and_not_metadata_private_ranges_or_the_host(world):
-    seen = probed(world)
+@pytest.mark.parametrize("user", ["root", "not root"])
+def test_an_outbound_server_reaches_the_internet_and_not_metadata_private_ranges_or_the_host(world, user):
+    seen = probed(world, user=user)
     assert (seen["hosts"], seen["tcp"]) == ([f"{INTERNET}:{PORT}"], [])
 
 
-def test_an_internal_upstreams_outbound_server_also_reaches_private_ranges_never_the_hosts_loopback(world):
-    seen = probed(world, "internal")
+@pytest.mark.parametrize("user", ["root", "not root"])
+def test_an_internal_upstreams_outbound_server_also_reaches_private_ranges_never_the_hosts_loopback(world, user):
+    seen = probed(world, "internal", user=user)
     assert seen["hosts"] == [f"{INTERNET}:{PORT}", f"{METADATA}:{PORT}", f"{PRIVATE}:{PORT}", f"{HOST}:{PORT}"]
     assert seen["tcp"] == []

@@ -6,8 +6,13 @@ upstream is internal (or GATEWAY_EGRESS_ALLOWED_NETWORKS allows a network). The 
 (`--disable-host-loopback`): the gateway's stores listen there.
 
 bwrap says the sandbox's process id on a pipe (`--info-fd`) and waits on another (`--block-fd`) before it runs the
-server, so the network is up and its routes in place before the server's first packet."""
+server, so the network is up and its routes in place before the server's first packet. slirp4netns only makes the
+tap device: its own `--configure` would bring the loopback up too, which bwrap (not root) does itself after the
+wait, and fails if it finds it done. Not root, the namespace belongs to the user namespace bwrap made first, where
+the gateway's uid is 0: slirp4netns and `ip` enter that one, found from the network namespace (`NS_GET_USERNS`), not
+from the process, which moves on into a nested one a moment later."""
 
+import fcntl
 import ipaddress
 import json
 import os
@@ -23,6 +28,10 @@ from django.conf import settings
 from registry.upstreams.sandbox import SandboxRefused
 
 RESOLVER = "10.0.2.3"  # slirp4netns's DNS, which forwards to the host's resolver
+GATEWAY = "10.0.2.2"  # slirp4netns's router (the host's loopback behind it is disabled)
+ADDRESS = "10.0.2.100/24"  # the sandbox's, as slirp4netns's `--configure` would give it
+MTU = 65520
+NS_GET_USERNS = 0xB701  # linux/nsfs.h: the user namespace that owns a namespace
 SETUP_TIMEOUT = 10.0
 # IANA's special-purpose IPv4 blocks that are not global (loopback is the sandbox's own).
 NOT_GLOBAL = (
@@ -67,14 +76,14 @@ def _host_addresses() -> list[str]:
     return [a["local"] for link in json.loads(listed.stdout) for a in link.get("addr_info", []) if "local" in a]
 
 
-def routes(internal: bool) -> str:
-    """`ip -batch` lines for the sandbox's namespace: what it may not reach is prohibited."""
-    if internal:
-        return ""
-    refused = [*NOT_GLOBAL, *(f"{address}/32" for address in _host_addresses())]
-    allowed = [str(ipaddress.ip_network(net)) for net in settings.GATEWAY_EGRESS_ALLOWED_NETWORKS]
-    lines = [f"route add prohibit {net}" for net in dict.fromkeys(refused) if net not in allowed]
-    lines += [f"route add {net} via 10.0.2.2" for net in allowed if ipaddress.ip_network(net).version == 4]
+def configuration(internal: bool) -> str:
+    """`ip -batch` lines for the sandbox's namespace: its tap device up, and what it may not reach prohibited."""
+    lines = [f"link set tap0 mtu {MTU} up", f"address add {ADDRESS} dev tap0", f"route add default via {GATEWAY}"]
+    if not internal:
+        refused = [*NOT_GLOBAL, *(f"{address}/32" for address in _host_addresses())]
+        allowed = [str(ipaddress.ip_network(net)) for net in settings.GATEWAY_EGRESS_ALLOWED_NETWORKS]
+        lines += [f"route add prohibit {net}" for net in dict.fromkeys(refused) if net not in allowed]
+        lines += [f"route add {net} via {GATEWAY}" for net in allowed if ipaddress.ip_network(net).version == 4]
     return "".join(f"{line}\n" for line in lines)
 
 
@@ -90,6 +99,7 @@ class Outbound:
         self.block_fd, self._unblock = os.pipe()
         self._exit, self._exit_writer = os.pipe()
         self._open = {self._info, self.info_fd, self.block_fd, self._unblock, self._exit, self._exit_writer}
+        self._held: tuple[int, ...] = ()  # the sandbox's namespaces, once it runs
         self._slirp: Process | None = None
 
     def bwrap_options(self) -> list[str]:
@@ -109,28 +119,42 @@ class Outbound:
         try:
             with anyio.fail_after(SETUP_TIMEOUT):
                 said = await anyio.to_thread.run_sync(_read_all, self._info)
-                pid = str(json.loads(said)["child-pid"])
-                await self._serve(pid)
-                batch = await anyio.to_thread.run_sync(routes, self._internal)
-                entered = ["nsenter", f"--target={pid}", "--net"]
-                if os.geteuid() != 0:  # its namespace belongs to the sandbox's user namespace
-                    entered += ["--user", "--preserve-credentials"]
-                await anyio.run_process([*entered, "ip", "-batch", "-"], input=batch.encode())
-        except (OSError, ValueError, KeyError, subprocess.CalledProcessError, TimeoutError) as exc:
+                self._namespaces(json.loads(said)["child-pid"])
+                await self._serve()
+                batch = await anyio.to_thread.run_sync(configuration, self._internal)
+                command = [*self._entered(f"--net=/proc/self/fd/{self._held[0]}"), "ip", "-batch", "-"]
+                await anyio.run_process(command, input=batch.encode(), pass_fds=self._held)
+        except subprocess.CalledProcessError as exc:
+            said = exc.stderr.decode(errors="replace").strip()
+            raise SandboxRefused(f"its outbound network was not made: {' '.join(exc.cmd[-3:])}: {said}") from exc
+        except (OSError, ValueError, KeyError, TimeoutError) as exc:
             raise SandboxRefused(f"its outbound network was not made: {exc}") from exc
         os.write(self._unblock, b"1")
         self._close(self._unblock)
 
-    async def _serve(self, pid: str) -> None:
-        ready, ready_writer = os.pipe()
-        command = ["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox"]
-        command += [f"--ready-fd={ready_writer}", f"--exit-fd={self._exit}"]
+    def _namespaces(self, pid: int) -> None:
+        """Holds the sandbox's network namespace and, not root, the user namespace that owns it."""
+        self._held = (os.open(f"/proc/{pid}/ns/net", os.O_RDONLY),)
+        self._open.add(self._held[0])
         if os.geteuid() != 0:
-            command.append(f"--userns-path=/proc/{pid}/ns/user")
+            self._held += (fcntl.ioctl(self._held[0], NS_GET_USERNS),)
+            self._open.add(self._held[1])
+
+    def _entered(self, *namespaces: str) -> list[str]:
+        """The start of a command line that runs the rest in the held user namespace (not root) and `namespaces`
+        (nsenter's options), as a child process given the held ones sees them."""
+        user = [f"--user=/proc/self/fd/{fd}" for fd in self._held[1:]]
+        return ["nsenter", *namespaces, *user, "--preserve-credentials"] if namespaces or user else []
+
+    async def _serve(self) -> None:
+        ready, ready_writer = os.pipe()
+        command = [*self._entered(), "slirp4netns", f"--mtu={MTU}", "--disable-host-loopback", "--enable-sandbox"]
+        command += ["--enable-seccomp", f"--ready-fd={ready_writer}", f"--exit-fd={self._exit}", "--netns-type=path"]
         try:
             self._slirp = await anyio.open_process(
-                [*command, pid, "tap0"], pass_fds=(ready_writer, self._exit), stdout=subprocess.DEVNULL
-            )
+                [*command, f"/proc/self/fd/{self._held[0]}", "tap0"], pass_fds=(ready_writer, self._exit, *self._held),
+                stdout=subprocess.DEVNULL,
+            )  # fmt: skip
         finally:
             os.close(ready_writer)
             self._close(self._exit)  # slirp4netns's: it ends once the writer, ours, closes
