@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx2
 import pytest
 
 from tests import servers
@@ -136,9 +137,11 @@ def test_serve_demo_answers_in_one_process_and_a_restart_prints_the_same_key(tmp
         running, key = _serve(var, port, log)
         try:
             echoed = asyncio.run(call(running.url, key, "demo__echo", {"text": text}))
+            login = httpx2.get(f"{running.url}/admin/login/", timeout=10)  # its static files compressed or not yet
         finally:
             running.stop()
         assert [c.text for c in echoed.content] == [text]
+        assert login.status_code == 200 and re.search(r"/static/admin/css/base\.[0-9a-f]{12}\.css", login.text)
         assert key == (var / "demo_key").read_text()
     assert len(re.findall("Admin console login", (tmp_path / "start.log").read_text())) == 1
     assert "Admin console login" not in (tmp_path / "restart.log").read_text()

@@ -9,6 +9,9 @@ import brotli
 import httpx2
 import pytest
 from django.contrib.staticfiles.storage import staticfiles_storage
+from django.core.management import call_command
+
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.e2e
 STYLESHEET = "admin/css/base.css"
@@ -39,3 +42,19 @@ def test_the_console_names_its_static_files_by_their_content(inline_gateway):
     assert hashed.startswith("/static/admin/css/base.") and hashed != f"/static/{STYLESHEET}"
     with httpx2.Client(base_url=inline_gateway.url, timeout=5) as http:
         assert f'href="{hashed}"' in http.get("/admin/login/").text
+
+
+def test_static_ready_later_collects_at_once_and_compresses_whole_copies_in_a_process_of_its_own(settings, tmp_path):
+    """scripts/demo's first start: the manifest (all the pages need) at once, the copies from another process; a
+    copy a kill cut short (`.part`) is removed, never served."""
+    settings.STATIC_ROOT = tmp_path / "static"
+    leftover = tmp_path / "static/admin/css/base.css.br.part"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"cut short")
+    call_command("static_ready", later=True, verbosity=0)
+    assert (tmp_path / "static/staticfiles.json").exists()
+    source = Path(staticfiles_storage.path(staticfiles_storage.stored_name(STYLESHEET)))
+    eventually(lambda: Path(f"{source}.gz").exists() and not leftover.exists(), timeout=60)
+    assert brotli.decompress(Path(f"{source}.br").read_bytes()) == source.read_bytes()
+    assert gzip.decompress(Path(f"{source}.gz").read_bytes()) == source.read_bytes()
+    assert not list((tmp_path / "static").rglob("*.part"))

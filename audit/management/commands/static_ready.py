@@ -1,16 +1,24 @@
 """`manage.py static_ready`: the console's static files collected (hashed, gzip and Brotli copies made for
-WhiteNoise), without collecting again what is current.
+WhiteNoise), without collecting again what is current. `--later` (scripts/demo's first start) collects them hashed
+and leaves their compression to a process of its own (audit/static_compression.py): Brotli's best level takes two
+seconds of the embedded default's start, and the pages need only the manifest; a process serving meanwhile sends
+them uncompressed until it restarts (WhiteNoise looks for the copies as it starts).
 
 collectstatic hashes and compresses every file each time it runs, seconds even when nothing changed, and the
 manifest it writes is what `{% static %}` reads: so scripts/demo and the tests run this instead, which collects
 only when the manifest is missing or older than a file the finders find. A file removed from the sources is not
 noticed: run collectstatic itself then (a deployment always does)."""
 
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 from django.apps import apps
+from django.conf import settings
 from django.contrib.staticfiles import finders
-from django.contrib.staticfiles.storage import staticfiles_storage
+from django.contrib.staticfiles.management.commands.collectstatic import Command as Collect
+from django.contrib.staticfiles.storage import ManifestStaticFilesStorage, staticfiles_storage
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
@@ -32,7 +40,20 @@ def static_current() -> bool:
 class Command(BaseCommand):
     help = "Run collectstatic unless what it collected is newer than every static file it would gather."
 
-    def handle(self, *args, verbosity: int, **options) -> None:
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--later", action="store_true", help="compress in a process of its own, not waited for")
+
+    def handle(self, *args, verbosity: int, later: bool, **options) -> None:
         if static_current():
             return
-        call_command("collectstatic", interactive=False, verbosity=verbosity)
+        if not later:
+            call_command("collectstatic", interactive=False, verbosity=verbosity)
+            return
+        collect = Collect()
+        collect.storage = ManifestStaticFilesStorage()  # hashed names and the manifest, nothing compressed
+        call_command(collect, interactive=False, verbosity=verbosity)
+        # This process's storage read the manifest before there was one: the pages name files by it.
+        staticfiles_storage.hashed_files, staticfiles_storage.manifest_hash = staticfiles_storage.load_manifest()
+        command = [sys.executable, "-m", "audit.static_compression", str(settings.STATIC_ROOT)]
+        compressing = subprocess.Popen(command, cwd=settings.BASE_DIR, start_new_session=True, stdin=subprocess.DEVNULL)
+        threading.Thread(target=compressing.wait, name="static-compression", daemon=True).start()  # reaped

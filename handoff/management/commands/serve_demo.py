@@ -34,7 +34,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, port: int, **options) -> None:
         call_command("schema_ready", verbosity=0)
-        call_command("static_ready", verbosity=0)
+        call_command("static_ready", later=True, verbosity=0)
         # A restart syncs no catalog before serving (setup_demo syncs those never synced). Syncing them meanwhile
         # starts the pool's sessions before the first call needs them, and picks up a tool changed while the
         # gateway was down.
