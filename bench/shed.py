@@ -23,7 +23,7 @@ The flood's clients are in bench/shed_flood.py.
 Each design is a door and a placement, and every design runs each phase in turn (unloaded, then each kind), so
 that drifts in the shared machine's load fall on all of them alike. Doors (each its own gateway process):
 
-- app:      the gateway's own line alone (handoff/http.py: 503, Retry-After, SERVER_BUSY past the cap);
+- app:      the gateway's own line alone (handoff/endpoints/http.py: 503, Retry-After, SERVER_BUSY past the cap);
 - uvicorn:  the same, under `uvicorn --limit-concurrency` (`--uvicorn-limit`, 4 x capacity by default), which
             answers 503 without waking the app once that many connections or tasks are open;
 - app-lag, haproxy-lag: app and haproxy with GATEWAY_MAX_LOOP_LAG_MS (`--lag-ms`): a POST is refused too while
@@ -220,7 +220,7 @@ class Door:
 
 def busy_body() -> str:
     """The gateway's own answer past its cap, for a door in front of it to send alike."""
-    from handoff.http import BUSY_BODY  # needs Django's settings, set up by setup_database
+    from handoff.endpoints.http import BUSY_BODY  # needs Django's settings, set up by setup_database
 
     return BUSY_BODY
 

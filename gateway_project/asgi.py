@@ -16,9 +16,9 @@ from django.urls import path, re_path  # noqa: E402
 
 from audit.telemetry import http_metered  # noqa: E402
 from gateway_project.checks import start_warnings_log  # noqa: E402
-from handoff.consumers import McpWebSocketConsumer  # noqa: E402
-from handoff.http import mcp_http_app  # noqa: E402
-from handoff.probes import drain, healthz_app, readyz_app  # noqa: E402
+from handoff.endpoints.consumers import McpWebSocketConsumer  # noqa: E402
+from handoff.endpoints.http import mcp_http_app  # noqa: E402
+from handoff.endpoints.probes import drain, healthz_app, readyz_app  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -212,7 +212,7 @@ GATEWAY_TOOL_SEPARATOR = env_choice("GATEWAY_TOOL_SEPARATOR", "__", ("__", "_", 
 GATEWAY_MAX_TOOL_NAME = env_int("GATEWAY_MAX_TOOL_NAME", 64, minimum=48, maximum=128)
 GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 1_048_576, minimum=1024, maximum=67_108_864)
 # POSTs to /mcp one web process serves at once (from when their body has arrived); past it a POST is refused at
-# once (503, Retry-After) instead of queued behind the others (handoff/http.py): shed before it is parsed.
+# once (503, Retry-After) instead of queued behind the others (handoff/endpoints/http.py): shed before it is parsed.
 GATEWAY_MAX_IN_FLIGHT = env_int("GATEWAY_MAX_IN_FLIGHT", 256, minimum=1)
 # Past this moving average of how late the web process's event loop runs, a POST is refused like one past
 # GATEWAY_MAX_IN_FLIGHT (handoff/loop_lag.py): the work in flight, not their count. 0 turns it off.

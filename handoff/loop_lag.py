@@ -1,7 +1,7 @@
-"""How late this web process's event loop runs: the second line of the door (handoff/http.py) beside the count of
-POSTs in flight. A count is a poor measure of work (sixteen 0.2 s calls keep a core busier than sixteen 20 s ones);
-a loop that runs late is the work itself, and every admitted call's every step waits that long. A task on the loop
-sleeps SAMPLE_SECONDS at a time and keeps a moving average of how late it wakes."""
+"""How late this web process's event loop runs: the second line of the door (handoff/endpoints/http.py) beside the count
+of POSTs in flight. A count is a poor measure of work (sixteen 0.2 s calls keep a core busier than sixteen 20 s ones); a
+loop that runs late is the work itself, and every admitted call's every step waits that long. A task on the loop sleeps
+SAMPLE_SECONDS at a time and keeps a moving average of how late it wakes."""
 
 import asyncio
 

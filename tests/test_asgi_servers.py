@@ -3,8 +3,8 @@ uvloop and httptools, and granian. Daphne, which scripts/demo and every other te
 server serves the same Channels router to real clients: the SDK client in both eras, raw Streamable HTTP (POST, GET
 stream, DELETE), a WebSocket session, the probes, the console and its static files; and uvicorn drains on SIGTERM.
 
-granian is left out of the drain: its worker stops on a SIGTERM handler it installs with loop.add_signal_handler,
-which the drain's own handler (handoff/probes.py Drain.watch) replaces and cannot call on, so after the drain the
+granian is left out of the drain: its worker stops on a SIGTERM handler it installs with loop.add_signal_handler, which
+the drain's own handler (handoff/endpoints/probes.py Drain.watch) replaces and cannot call on, so after the drain the
 worker serves on until it is killed."""
 
 import json

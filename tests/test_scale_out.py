@@ -1,5 +1,5 @@
 """Two web processes behind HAProxy in round robin, with no affinity: a 2025-11-25 client's whole life works
-with its requests spread over both (sessions in Redis: handoff/streamable_http/redis_sessions.py)."""
+with its requests spread over both (sessions in Redis: handoff/endpoints/streamable_http/redis_sessions.py)."""
 
 import json
 import os

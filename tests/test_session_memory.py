@@ -17,8 +17,8 @@ WARM_UP = 3
 # What a session is made of in the web process: none may outlive it.
 SESSION_TYPES = (
     "handoff.mcp.handle.McpSession",
-    "handoff.streamable_http.sessions.HttpSession",
-    "handoff.consumers.McpWebSocketConsumer",
+    "handoff.endpoints.streamable_http.sessions.HttpSession",
+    "handoff.endpoints.consumers.McpWebSocketConsumer",
     "mcp.server.connection.Connection",
     "mcp.server.session.ServerSession",
 )

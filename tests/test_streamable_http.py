@@ -1,5 +1,5 @@
-"""`/mcp`'s own Streamable HTTP (handoff/streamable_http/), on the wire: JSON answers unless the exchange needs
-a stream, resumable streams, sessions and their bad input, in both eras."""
+"""`/mcp`'s own Streamable HTTP (handoff/endpoints/streamable_http/), on the wire: JSON answers unless the exchange
+needs a stream, resumable streams, sessions and their bad input, in both eras."""
 
 import json
 import os

@@ -33,7 +33,7 @@ async def set_logging_level(ctx: ServerRequestContext, params: types.SetLevelReq
 
 
 def session_level(caller: Caller) -> str | None:
-    """The level a 2025-11-25 session set, for its record (handoff/streamable_http/redis_sessions.py)."""
+    """The level a 2025-11-25 session set, for its record (handoff/endpoints/streamable_http/redis_sessions.py)."""
     return _session_levels.get(index_session(caller.agent_id, caller.session_key))
 
 

@@ -209,7 +209,7 @@ async def tools_changed_everywhere(sessions: list[str]) -> None:
 
 
 # Handlers of other kinds of message the relay carries, by type: a transport's own (a client's message for
-# a session another process waits in: handoff/streamable_http/legacy.py).
+# a session another process waits in: handoff/endpoints/streamable_http/legacy.py).
 relay_handlers: dict[str, Callable[[dict], Awaitable[None]]] = {}
 
 

@@ -1,6 +1,6 @@
 """The gateway's handler table, an SDK `Server`: tools and handoffs (tools.py), resources, prompts and
 completions (passthrough.py), change subscriptions (list_changed.py). `handle` (handle.py) runs it for
-`/mcp/ws` and for `/mcp` (handoff/streamable_http/)."""
+`/mcp/ws` and for `/mcp` (handoff/endpoints/streamable_http/)."""
 
 import warnings
 from typing import Any

@@ -19,18 +19,18 @@ from redis.exceptions import RedisError
 
 from audit.telemetry import SESSIONS
 from gateway_project.lib.process_task import ProcessTask
+from handoff.endpoints.probes import drain
+from handoff.endpoints.streamable_http import exchange
+from handoff.endpoints.streamable_http.redis_sessions import RedisSessions
+from handoff.endpoints.streamable_http.sessions import HttpSession, LocalSessions
+from handoff.endpoints.streamable_http.wire import SSE, empty_answer, error_answer, json_answer, sse_frame, until_gone
 from handoff.mcp.audit_rows import session_record, unserved_record
 from handoff.mcp.caller import Caller, header
 from handoff.mcp.frames import encode_message, retry_later
 from handoff.mcp.handle import handle
 from handoff.mcp.list_changed import relay_everywhere, relay_handlers
-from handoff.probes import drain
 from handoff.protocol.moves import end_handoff
 from handoff.session_limit import STATE_UNAVAILABLE, UNAVAILABLE, SessionsFull, session_limit
-from handoff.streamable_http import exchange
-from handoff.streamable_http.redis_sessions import RedisSessions
-from handoff.streamable_http.sessions import HttpSession, LocalSessions
-from handoff.streamable_http.wire import SSE, empty_answer, error_answer, json_answer, sse_frame, until_gone
 from policy.decisions import RETRY_LATER
 
 logger = logging.getLogger(__name__)

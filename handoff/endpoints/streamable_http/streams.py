@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from handoff.streamable_http.wire import PING, sse_frame
+from handoff.endpoints.streamable_http.wire import PING, sse_frame
 
 
 @dataclass(frozen=True, slots=True)

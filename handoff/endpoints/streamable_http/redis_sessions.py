@@ -24,13 +24,13 @@ from django.conf import settings
 from django.core import signing
 
 from gateway_project.lib.redis_clients import async_redis
+from handoff.endpoints.streamable_http.sessions import HttpSession, Readable
+from handoff.endpoints.streamable_http.streams import EventStream
+from handoff.endpoints.streamable_http.wire import PING, sse_frame
 from handoff.mcp.agent_relay import session_level, session_level_restore
 from handoff.mcp.caller import Caller
 from handoff.mcp.list_changed import session_forget
 from handoff.session_limit import RedisSessionLimit
-from handoff.streamable_http.sessions import HttpSession, Readable
-from handoff.streamable_http.streams import EventStream
-from handoff.streamable_http.wire import PING, sse_frame
 
 logger = logging.getLogger(__name__)
 SALT = "switchboard.mcp-session"

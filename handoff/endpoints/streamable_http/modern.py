@@ -18,12 +18,12 @@ from mcp_types import HEADER_MISMATCH
 from pydantic import ValidationError
 from starlette.requests import Request
 
+from handoff.endpoints.streamable_http import exchange
+from handoff.endpoints.streamable_http.streams import EventStream
+from handoff.endpoints.streamable_http.wire import empty_answer, error_answer, json_answer, until_gone
 from handoff.mcp.caller import Caller, header
 from handoff.mcp.handle import MODERN, McpSession, handle
 from handoff.mcp.server import server
-from handoff.streamable_http import exchange
-from handoff.streamable_http.streams import EventStream
-from handoff.streamable_http.wire import empty_answer, error_answer, json_answer, until_gone
 
 NO_HANDSHAKE = "Method not found: 2026-07-28 has no initialize; each request carries its version and capabilities"
 NOT_ONE_REQUEST = "Invalid Request: the body must be a single JSON-RPC request or notification object"

@@ -1,5 +1,5 @@
 """`/mcp` over Streamable HTTP: admission (host, origin, key, method, body) in front of the project's own
-transport (handoff/streamable_http/), which the `MCP-Protocol-Version` header routes to its era."""
+transport (handoff/endpoints/streamable_http/), which the `MCP-Protocol-Version` header routes to its era."""
 
 import asyncio
 from typing import Any
@@ -11,13 +11,13 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.requests import Request
 
+from handoff.endpoints.streamable_http import legacy, modern
+from handoff.endpoints.streamable_http.wire import error_answer, json_answer
 from handoff.loop_lag import LoopLag
 from handoff.mcp.audit_rows import refusal_record
 from handoff.mcp.caller import Caller, Refused, caller_from_scope, header, host_allowed, origin_allowed
 from handoff.mcp.frames import FrameError, frame_id, parse_frame, retry_later
 from handoff.snapshot import ConfigurationUnavailable
-from handoff.streamable_http import legacy, modern
-from handoff.streamable_http.wire import error_answer, json_answer
 from handoff.web_process import background_start
 
 # What a POST must accept, in both eras: an answer may be JSON or a stream.

@@ -6,9 +6,9 @@ import pytest
 from django.conf import settings
 
 from gateway_project.lib.redis_clients import async_redis
+from handoff.endpoints.streamable_http.redis_sessions import SWEPT_WITHIN, RedisSessions
 from handoff.mcp.caller import Caller
 from handoff.session_limit import RedisSessionLimit
-from handoff.streamable_http.redis_sessions import SWEPT_WITHIN, RedisSessions
 from tests.conftest import needs
 from tests.helpers import until
 

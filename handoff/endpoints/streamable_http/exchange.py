@@ -13,9 +13,9 @@ from mcp import types
 from mcp.server.streamable_http import REQUEST_CANCELLED
 
 from gateway_project.lib.task_failures import failure_logger
+from handoff.endpoints.streamable_http.streams import EventStream
+from handoff.endpoints.streamable_http.wire import SSE, Headers, json_answer, ping_seconds, priming_frame
 from handoff.mcp.frames import encode_message
-from handoff.streamable_http.streams import EventStream
-from handoff.streamable_http.wire import SSE, Headers, json_answer, ping_seconds, priming_frame
 
 logger = logging.getLogger(__name__)
 JSON_WAIT_SECONDS = 1.0

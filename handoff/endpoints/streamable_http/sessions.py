@@ -14,12 +14,12 @@ from typing import Protocol
 
 from mcp import types
 
+from handoff.endpoints.streamable_http.streams import EventStream, ReplayBuffer
 from handoff.mcp.caller import Caller
 from handoff.mcp.frames import encode_message
 from handoff.mcp.handle import McpSession
 from handoff.mcp.list_changed import session_forget
 from handoff.session_limit import LocalSessionLimit, SessionsFull
-from handoff.streamable_http.streams import EventStream, ReplayBuffer
 
 PROCESS_FULL = (
     "Server busy: this gateway process holds as many sessions as it may (GATEWAY_MAX_LEGACY_SESSIONS). Retry in 5 s."
