@@ -183,6 +183,11 @@ def start_to_answer(var_dir: Path, env: dict[str, str], work: Path) -> dict[str,
         phases["daphne listening"] = time.perf_counter() - keyed_at
         phases |= asyncio.run(first_calls(f"http://127.0.0.1:{port}/mcp", key.group(1).decode()))
         phases["total"] = time.perf_counter() - started - phases["second_call"]
+        # Untimed: the static files' compression, which a first start leaves to a process of its own, done before
+        # the restart is timed, as it would be by a restart minutes later.
+        deadline = time.monotonic() + 120
+        while not (var_dir / "static.compressed").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
         stop(gateway)
         shutil.copy(gateway_log, work / "gateway.log")  # the last run's, kept beside the results

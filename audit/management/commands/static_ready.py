@@ -22,6 +22,8 @@ from django.contrib.staticfiles.storage import ManifestStaticFilesStorage, stati
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from audit.static_compression import compressed_mark
+
 
 def static_current() -> bool:
     """Whether the manifest is newer than every file collectstatic would gather."""
@@ -44,16 +46,21 @@ class Command(BaseCommand):
         parser.add_argument("--later", action="store_true", help="compress in a process of its own, not waited for")
 
     def handle(self, *args, verbosity: int, later: bool, **options) -> None:
-        if static_current():
-            return
+        current = static_current()
         if not later:
-            call_command("collectstatic", interactive=False, verbosity=verbosity)
+            if not current:
+                call_command("collectstatic", interactive=False, verbosity=verbosity)
             return
-        collect = Collect()
-        collect.storage = ManifestStaticFilesStorage()  # hashed names and the manifest, nothing compressed
-        call_command(collect, interactive=False, verbosity=verbosity)
-        # This process's storage read the manifest before there was one: the pages name files by it.
-        staticfiles_storage.hashed_files, staticfiles_storage.manifest_hash = staticfiles_storage.load_manifest()
+        mark = compressed_mark(Path(settings.STATIC_ROOT))
+        if current and mark.exists():
+            return
+        if not current:
+            mark.unlink(missing_ok=True)
+            collect = Collect()
+            collect.storage = ManifestStaticFilesStorage()  # hashed names and the manifest, nothing compressed
+            call_command(collect, interactive=False, verbosity=verbosity)
+            # This process's storage read the manifest before there was one: the pages name files by it.
+            staticfiles_storage.hashed_files, staticfiles_storage.manifest_hash = staticfiles_storage.load_manifest()
         command = [sys.executable, "-m", "audit.static_compression", str(settings.STATIC_ROOT)]
-        compressing = subprocess.Popen(command, cwd=settings.BASE_DIR, start_new_session=True, stdin=subprocess.DEVNULL)
+        compressing = subprocess.Popen(command, cwd=settings.BASE_DIR, stdin=subprocess.DEVNULL)
         threading.Thread(target=compressing.wait, name="static-compression", daemon=True).start()  # reaped
