@@ -49,6 +49,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from audit.static_compression import compressed_mark  # noqa: E402 (no Django needed)
+
 PYTHON = str(ROOT / ".venv/bin/python")
 START_BOUND = 60.0  # seconds a process may take to listen before the run fails
 KEY = re.compile(rb"\b(sb_[A-Za-z0-9_-]+)")
@@ -186,7 +189,7 @@ def start_to_answer(var_dir: Path, env: dict[str, str], work: Path) -> dict[str,
         # Untimed: the static files' compression, which a first start leaves to a process of its own, done before
         # the restart is timed, as it would be by a restart minutes later.
         deadline = time.monotonic() + 120
-        while not (var_dir / "static.compressed").exists() and time.monotonic() < deadline:
+        while not compressed_mark(var_dir / "static").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         stop(gateway)
