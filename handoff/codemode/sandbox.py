@@ -5,6 +5,7 @@ and audit live there, not here). Every message from the sandbox is untrusted."""
 
 import asyncio
 import json
+import os
 import re
 import resource
 import tempfile
@@ -12,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.request import pathname2url
 
 import anyio
 from deno import find_deno_bin
@@ -52,23 +54,31 @@ class SandboxError(Exception):
         self.code, self.message, self.calls = code, message, calls
 
 
-def _deno_command(workdir: Path, heap_mb: int) -> list[str]:
+# The execution's folder is a plain str joined with os.path, never a Path: pathlib interns each part of a path
+# (sys.intern), and a folder with a new name each run would add an entry to CPython's table of interned strings each
+# time, growing it until it doubles (docs/reliability.md, "What RSS keeps beyond Python's heap").
+
+
+def _deno_command(workdir: str, heap_mb: int) -> list[str]:
     flags = ["--no-prompt", "--no-config", "--no-lock", "--no-npm", "--no-remote", "--quiet"]
-    imports = f"--import-map={workdir / 'imports.json'}"
-    return [find_deno_bin(), "run", *flags, imports, f"--v8-flags=--max-old-space-size={heap_mb}", str(workdir / MAIN)]
+    imports = f"--import-map={os.path.join(workdir, 'imports.json')}"
+    main = os.path.join(workdir, MAIN)
+    return [find_deno_bin(), "run", *flags, imports, f"--v8-flags=--max-old-space-size={heap_mb}", main]
 
 
-def _prepare(workdir: Path, code: str) -> dict[str, str]:
+def _prepare(workdir: str, code: str) -> dict[str, str]:
     """The execution's files, and its environment: nothing of the gateway's (the code could not read it
     anyway), and a Deno cache of its own, since localStorage and the Cache API persist there: a shared one
     would carry data from one execution (one agent, one strict group) to the next."""
-    main = (workdir / MAIN).as_uri()
-    (workdir / MAIN).write_text(f'import {{ run }} from "{PRELUDE}";\nrun(async (tools) => {{\n{code}\n}});\n')
+    main = "file://" + pathname2url(os.path.join(workdir, MAIN))
+    with open(os.path.join(workdir, MAIN), "w") as source:
+        source.write(f'import {{ run }} from "{PRELUDE}";\nrun(async (tools) => {{\n{code}\n}});\n')
     # Deno reads local modules without read permission, dynamic imports included: every file URL but these
     # two leads nowhere.
     imports = {"file:///": "file:///nonexistent-module/", PRELUDE: PRELUDE, main: main}
-    (workdir / "imports.json").write_text(json.dumps({"imports": imports}))
-    return {"DENO_DIR": str(workdir / "deno"), "DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1", "PATH": ""}
+    with open(os.path.join(workdir, "imports.json"), "w") as imports_file:
+        imports_file.write(json.dumps({"imports": imports}))
+    return {"DENO_DIR": os.path.join(workdir, "deno"), "DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1", "PATH": ""}
 
 
 def _cap_memory(pid: int, heap_mb: int) -> None:
@@ -84,9 +94,9 @@ def _cap_memory(pid: int, heap_mb: int) -> None:
 
 async def sandbox_run(*, code: str, bindings: Bindings, call: ToolCall, limits: SandboxLimits) -> SandboxRun:
     with tempfile.TemporaryDirectory(prefix="switchboard-code-") as workdir:
-        environment = _prepare(Path(workdir), code)
+        environment = _prepare(workdir, code)
         process = await asyncio.create_subprocess_exec(
-            *_deno_command(Path(workdir), limits.heap_mb),
+            *_deno_command(workdir, limits.heap_mb),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
