@@ -55,6 +55,25 @@ def cgroups(slug: str) -> list[Path]:
 
 
 @needs_cgroups
+def test_cgroups_made_and_removed_intern_no_string_of_their_own(monkeypatch):
+    """Each server's cgroup has a new name; pathlib interned it (sys.intern of a path's parts), one more entry in
+    CPython's table of interned strings for each server started (docs/reliability.md). The cgroups after the first
+    intern what the first did."""
+    interned: list[str] = []
+    real = sys.intern
+    monkeypatch.setattr(sys, "intern", lambda text: interned.append(text) or real(text))
+    each = []
+    for _ in range(3):
+        interned.clear()
+        made = cgroup_make("interned", SandboxSettings())
+        assert made is not None
+        assert made.join() and not made.memory_killed()
+        made.remove()
+        each.append(set(interned))
+    assert [later - each[0] for later in each[1:]] == [set(), set()]
+
+
+@needs_cgroups
 def test_a_server_past_its_memory_limit_is_killed_said_so_and_the_next_call_is_served(db):
     async def grown(pool: UpstreamPool) -> tuple[dict, dict]:
         return await pool.request(tool("grow", most_mib=512)), await pool.request(tool("grow", most_mib=8))

@@ -37,26 +37,31 @@ _warned: set[str] = set()
 
 class Cgroup:
     """One server's cgroup: its folders (one per controller under v1, one under v2) and where its kills are
-    counted."""
+    counted. Its paths are plain str joined with os.path, never Paths: pathlib interns each part of a path, and a
+    folder with a new name for each server would add an entry to CPython's table of interned strings each time
+    (docs/reliability.md, "What RSS keeps beyond Python's heap")."""
 
-    def __init__(self, folders: list[Path], events: Path, memory_mb: int) -> None:
+    def __init__(self, folders: list[str], events: str, memory_mb: int) -> None:
         self.folders = folders
         self._events = events
         self.memory_mb = memory_mb
 
     def join(self) -> list[str]:
         """The start of a command line that moves itself into the cgroup, then runs the rest."""
-        return ["/bin/sh", "-c", JOIN, "sh", *(str(folder / "cgroup.procs") for folder in self.folders), "--"]
+        return ["/bin/sh", "-c", JOIN, "sh", *(os.path.join(folder, "cgroup.procs") for folder in self.folders), "--"]
 
     def _processes(self) -> list[int]:
         with suppress(OSError):
-            return [int(pid) for pid in (self.folders[0] / "cgroup.procs").read_text().split()]
+            with open(os.path.join(self.folders[0], "cgroup.procs")) as procs:
+                return [int(pid) for pid in procs.read().split()]
         return []
 
     def memory_killed(self) -> bool:
         """Whether the kernel killed a process of it at its memory limit."""
         with suppress(OSError):
-            for line in self._events.read_text().splitlines():
+            with open(self._events) as events:
+                lines = events.read().splitlines()
+            for line in lines:
                 name, _, count = line.partition(" ")
                 if name == "oom_kill":
                     return int(count) > 0
@@ -74,26 +79,31 @@ class Cgroup:
             time.sleep(POLL)
         for folder in self.folders:
             try:
-                folder.rmdir()
+                os.rmdir(folder)
             except FileNotFoundError:
                 pass
             except OSError as exc:
                 logger.warning("cgroup %s not removed: %s", folder, exc.strerror)
 
 
+def _write(folder: str, name: str, value: str) -> None:
+    with open(os.path.join(folder, name), "w") as file:
+        file.write(value)
+
+
 def _v1(name: str, sandbox: SandboxSettings) -> Cgroup:
-    folders = [ROOT / controller / PARENT / name for controller in CONTROLLERS]
-    made = Cgroup(folders, folders[0] / "memory.oom_control", sandbox.memory_mb)
+    folders = [os.path.join(ROOT, controller, PARENT, name) for controller in CONTROLLERS]
+    made = Cgroup(folders, os.path.join(folders[0], "memory.oom_control"), sandbox.memory_mb)
     try:
         for folder in folders:
-            folder.mkdir(parents=True)
+            os.makedirs(folder)
         memory, pids, cpu = folders
-        (memory / "memory.limit_in_bytes").write_text(str(sandbox.memory_mb << 20))
-        if (memory / "memory.memsw.limit_in_bytes").exists():  # memory and swap together: no swapping past it
-            (memory / "memory.memsw.limit_in_bytes").write_text(str(sandbox.memory_mb << 20))
-        (pids / "pids.max").write_text(str(sandbox.pids))
-        (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
-        (cpu / "cpu.cfs_quota_us").write_text(str(round(sandbox.cpus * CPU_PERIOD_US)))
+        _write(memory, "memory.limit_in_bytes", str(sandbox.memory_mb << 20))
+        if os.path.exists(os.path.join(memory, "memory.memsw.limit_in_bytes")):  # memory and swap: no swapping past it
+            _write(memory, "memory.memsw.limit_in_bytes", str(sandbox.memory_mb << 20))
+        _write(pids, "pids.max", str(sandbox.pids))
+        _write(cpu, "cpu.cfs_period_us", str(CPU_PERIOD_US))
+        _write(cpu, "cpu.cfs_quota_us", str(round(sandbox.cpus * CPU_PERIOD_US)))
     except OSError:
         made.remove()
         raise
@@ -106,15 +116,15 @@ def _v2(name: str, sandbox: SandboxSettings) -> Cgroup:
     (ROOT / "cgroup.subtree_control").write_text(enable)
     parent.mkdir(exist_ok=True)
     (parent / "cgroup.subtree_control").write_text(enable)
-    folder = parent / name
-    folder.mkdir()
-    made = Cgroup([folder], folder / "memory.events", sandbox.memory_mb)
+    folder = os.path.join(parent, name)
+    os.mkdir(folder)
+    made = Cgroup([folder], os.path.join(folder, "memory.events"), sandbox.memory_mb)
     try:
-        (folder / "memory.max").write_text(str(sandbox.memory_mb << 20))
-        if (folder / "memory.swap.max").exists():
-            (folder / "memory.swap.max").write_text("0")
-        (folder / "pids.max").write_text(str(sandbox.pids))
-        (folder / "cpu.max").write_text(f"{round(sandbox.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+        _write(folder, "memory.max", str(sandbox.memory_mb << 20))
+        if os.path.exists(os.path.join(folder, "memory.swap.max")):
+            _write(folder, "memory.swap.max", "0")
+        _write(folder, "pids.max", str(sandbox.pids))
+        _write(folder, "cpu.max", f"{round(sandbox.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
     except OSError:
         made.remove()
         raise
