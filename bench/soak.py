@@ -155,11 +155,12 @@ def gateway_start(server: str, env: dict[str, str], log: Path, trace: Path | Non
 
 
 def worker_start(env: dict[str, str], log: Path, trace: Path | None) -> servers.Running:
-    """The Celery worker as deployed, or under tracemalloc."""
+    """The Celery worker as deployed (scripts/worker: under jemalloc where installed), or under tracemalloc (and
+    glibc's malloc)."""
     if trace is None:
         return servers.start_worker(env, log)
     return servers.start_worker(
-        env | {"TRACE_OUT": str(trace)}, log, launcher=traced_command("celery", servers.CELERY[3:])
+        env | {"TRACE_OUT": str(trace)}, log, launcher=traced_command("celery", [*servers.CELERY[3:], "worker"])
     )
 
 

@@ -236,6 +236,9 @@ GATEWAY_REST_RESPONSE_MAX_BYTES = env_int("GATEWAY_REST_RESPONSE_MAX_BYTES", 102
 GATEWAY_REST_MAX_REDIRECTS = env_int("GATEWAY_REST_MAX_REDIRECTS", 5, minimum=0, maximum=20)
 # Each process gives malloc's free memory back to the system this often (gateway_project/lib/malloc_trim.py); 0: never.
 GATEWAY_MALLOC_TRIM_SECONDS = env_float("GATEWAY_MALLOC_TRIM_SECONDS", 60.0, minimum=0, maximum=86_400)
+# The Celery worker's malloc: scripts/worker preloads jemalloc where Debian's libjemalloc2 is installed; `glibc` runs
+# it with glibc's own. scripts/worker acts on it before Python starts; read here so that a wrong value stops the worker.
+GATEWAY_WORKER_MALLOC = env_choice("GATEWAY_WORKER_MALLOC", "jemalloc", ("jemalloc", "glibc"))
 # An upstream session unused this long is closed (a stdio server stopped); the next call reopens it.
 GATEWAY_UPSTREAM_IDLE_SECONDS = env_float("GATEWAY_UPSTREAM_IDLE_SECONDS", 600.0, minimum=1, maximum=86_400)
 # Every stdio server runs in a bubblewrap sandbox (registry/upstreams/sandbox.py); `off` runs them unconfined,

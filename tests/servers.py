@@ -165,12 +165,14 @@ def inline_gateway_with(env: dict[str, str], log: Path, port: int | None = None,
 
 
 CELERY = [sys.executable, "-m", "celery", "-A", "gateway_project"]
+WORKER = [str(ROOT / "scripts/worker")]  # `celery -A gateway_project worker`, under jemalloc where installed
 
 
-def start_worker(env: dict[str, str], log: Path, pool: str = "threads", launcher: list[str] = CELERY) -> Running:
-    """A worker as deployed (`-P threads -c 16`), or with another pool (bench/celery_floor.py's `solo`), or run by
-    another `launcher` of `celery -A gateway_project` (bench/traced.py's, under tracemalloc)."""
-    command = [*launcher, "worker", "-Q", "upstream,sandbox", "-P", pool, *(["-c", "16"] if pool == "threads" else [])]
+def start_worker(env: dict[str, str], log: Path, pool: str = "threads", launcher: list[str] = WORKER) -> Running:
+    """A worker as deployed (scripts/worker, `-P threads -c 16`), or with another pool (bench/celery_floor.py's
+    `solo`), or run by another `launcher` of `celery -A gateway_project worker` (bench/traced.py's, under
+    tracemalloc)."""
+    command = [*launcher, "-Q", "upstream,sandbox", "-P", pool, *(["-c", "16"] if pool == "threads" else [])]
     command += ["--loglevel=INFO", "--without-gossip", "--without-mingle"]
     process = start(command, env, log)
     deadline = time.monotonic() + START_TIMEOUT
