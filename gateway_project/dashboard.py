@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, F, Max, Q
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from gateway_project.lib import redis_clients
 from handoff.models import Tunnel
 from policy.limits.stores import limit_store
 from registry.models import Tool, Upstream
@@ -175,7 +175,7 @@ def _workers_alive() -> int | None:
         return None
     try:
         return workers_alive_sync()
-    except redis.RedisError:  # the page still shows what it can; the tile says the count is unknown
+    except redis_clients.RedisError:  # the page still shows what it can; the tile says the count is unknown
         logger.exception("worker heartbeats unreadable")
         return None
 

@@ -14,8 +14,8 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from redis.exceptions import RedisError
 
+from gateway_project.lib import redis_clients
 from handoff.models import Tunnel
 from policy.limits.stores import limit_store
 from registry.models import Upstream
@@ -80,7 +80,7 @@ class GatewayStateCollector(Collector):
     def _live_workers(self) -> Iterator[GaugeMetricFamily]:
         try:
             alive = workers_alive_sync()
-        except RedisError:  # the rest of the scrape is still worth having; /readyz says Redis is down
+        except redis_clients.RedisError:  # the rest of the scrape is still worth having; /readyz says Redis is down
             logger.exception("cannot count live workers")
             return
         workers = _workers()

@@ -8,9 +8,9 @@ import threading
 import time
 import uuid
 
-import redis
 from django.conf import settings
 
+from gateway_project.lib import redis_clients
 from gateway_project.lib.redis_clients import async_redis, sync_redis
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,9 @@ def heartbeat_start() -> None:
         while not _beating.wait(HEARTBEAT_SECONDS):
             try:
                 _beat_once(sync_redis())
-            except redis.RedisError as exc:  # Redis is away: beat again once it is back, or tunnels read as gone
+            except (
+                redis_clients.RedisError
+            ) as exc:  # Redis is away: beat again once it is back, or tunnels read as gone
                 if not missed:
                     logger.warning("heartbeat: Redis unavailable (%s); beating again once it is back", exc)
                 missed = True

@@ -131,6 +131,21 @@ def _serve(var: Path, port: int, log: Path) -> tuple[servers.Running, str]:
     return running, KEY.search(log.read_text()).group(1)
 
 
+def test_the_embedded_defaults_process_loads_no_client_of_a_store_it_does_not_use(tmp_path):
+    """redis-py and hvac cost a start 0.2 s (bench/cold_start.py): the embedded default, which has neither Redis nor
+    Vault, loads them neither setting Django up nor with the ASGI app and serve_demo's command."""
+    probe = (
+        "import django, sys; django.setup(); "
+        "import gateway_project.asgi, handoff.management.commands.serve_demo; "
+        "print(sorted(m for m in ('redis', 'hvac') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=_env(tmp_path), cwd=servers.ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
+
+
 def test_serve_demo_answers_in_one_process_and_a_restart_prints_the_same_key(tmp_path):
     var, port = tmp_path / "var", servers.free_port()
     for log, text in [(tmp_path / "start.log", "cold"), (tmp_path / "restart.log", "warm")]:

@@ -14,8 +14,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from mcp import types
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 
+from gateway_project.lib import redis_clients
 from gateway_project.lib.task_failures import failure_logger
 from handoff.mcp.audit_rows import refusal_record, session_record, unserved_record
 from handoff.mcp.caller import Caller, Refused, caller_from_scope, host_allowed, origin_allowed, signed_out
@@ -65,7 +65,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         except SessionsFull as full:
             await unserved_record(self.caller, full.code, full.message)
             return await self._refuse(retry_later(full.code, full.message, full.retry_after), SESSION_LIMIT_CLOSE)
-        except RedisError as exc:
+        except redis_clients.RedisError as exc:
             logger.error("WebSocket session not counted, Redis unavailable: %s", exc)
             await unserved_record(self.caller, STATE_UNAVAILABLE, UNAVAILABLE)
             return await self._refuse(retry_later(STATE_UNAVAILABLE, UNAVAILABLE, 1), STATE_UNAVAILABLE_CLOSE)
@@ -153,7 +153,7 @@ class McpWebSocketConsumer(AsyncWebsocketConsumer):
         await end_handoff(self.caller)
         try:
             await session_limit.release(self.caller)
-        except RedisError as exc:  # its place frees itself once the idle time has passed
+        except redis_clients.RedisError as exc:  # its place frees itself once the idle time has passed
             logger.warning("WebSocket session %s not uncounted, Redis unavailable: %s", self.caller.session_id, exc)
         reason = self._signed_out or f"socket closed ({code})"
         await session_record(self.caller, "closed", reason=reason)

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any, Protocol
 
-import redis
 from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -22,6 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_record
+from gateway_project.lib import redis_clients
 from gateway_project.lib.redis_clients import async_redis, sync_redis
 from handoff.models import Tunnel
 from registry.upstreams.loop import held_tunnel_close, held_tunnels
@@ -80,7 +80,7 @@ class RedisSessionIndex:
     async def get(self, session: str) -> SessionTunnel | None:
         try:
             raw = await async_redis().get(self._key(session))
-        except redis.RedisError as exc:
+        except redis_clients.RedisError as exc:
             raise SessionStateUnavailable(str(exc)) from exc
         return None if raw is None else SessionTunnel(**json.loads(raw))
 

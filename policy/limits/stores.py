@@ -8,9 +8,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import cache
 
-import redis
 from django.conf import settings
 
+from gateway_project.lib import redis_clients
 from gateway_project.lib.redis_clients import async_redis, sync_redis
 from policy.limits.admission import WINDOW_SECONDS, Admission, BreakerStatus, Health, LimitStore, Verdict
 
@@ -137,7 +137,7 @@ class RedisLimitStore:
         ]
         try:
             code, retry_after, probing = await async_redis().eval(ADMIT, len(keys), *keys, *args)
-        except redis.RedisError:
+        except redis_clients.RedisError:
             logger.exception("admission state unavailable")
             return Verdict("LIMITS_UNAVAILABLE", 1.0)
         return Verdict(code.decode(), float(retry_after), probing == b"1")
@@ -153,7 +153,7 @@ class RedisLimitStore:
         ]
         try:
             await async_redis().eval(RELEASE, len(keys), *keys, *args)
-        except redis.RedisError:  # the busy counter expires on its own; the breaker misses one reading
+        except redis_clients.RedisError:  # the busy counter expires on its own; the breaker misses one reading
             logger.exception("could not release admission of request %s", a.request_id)
 
     def breaker(self, upstream_id: int) -> BreakerStatus:

@@ -15,9 +15,9 @@ from mcp import types
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp_types.version import is_version_at_least
-from redis.exceptions import RedisError
 
 from audit.telemetry import SESSIONS
+from gateway_project.lib import redis_clients
 from gateway_project.lib.process_task import ProcessTask
 from handoff.endpoints.probes import drain
 from handoff.endpoints.streamable_http import exchange
@@ -86,7 +86,7 @@ async def serve(scope: dict, receive: Any, send: Any, caller: Caller, message: t
 
     try:
         await _serve(scope, receive, watched, caller, message)
-    except RedisError as exc:
+    except redis_clients.RedisError as exc:
         logger.error("2025-11-25 session store unavailable: %s", exc)
         if started:  # the answer went out before the store failed (saving after it): nothing more to say
             return
