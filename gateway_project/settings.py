@@ -96,7 +96,6 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1,http:/
 
 # Apps of your own, such as one holding Python triage tools (handoff/triage.py): GATEWAY_EXTRA_APPS=myapp
 INSTALLED_APPS = [
-    "daphne",
     "audit.apps.ConsoleAdminConfig",  # django.contrib.admin, with the dashboard as its front page
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -131,13 +131,14 @@ def _serve(var: Path, port: int, log: Path) -> tuple[servers.Running, str]:
     return running, KEY.search(log.read_text()).group(1)
 
 
-def test_the_embedded_defaults_process_loads_no_client_of_a_store_it_does_not_use(tmp_path):
-    """redis-py and hvac cost a start 0.2 s (bench/cold_start.py): the embedded default, which has neither Redis nor
-    Vault, loads them neither setting Django up nor with the ASGI app and serve_demo's command."""
+def test_the_embedded_defaults_start_loads_no_store_client_it_does_not_use_and_daphne_only_to_serve(tmp_path):
+    """redis-py and hvac cost a start 0.2 s, Daphne and Twisted 0.16 (bench/cold_start.py): the embedded default,
+    which has neither Redis nor Vault, loads none of them setting Django up, with the ASGI app or with serve_demo's
+    command; serve_demo imports Daphne once its upstreams are starting."""
     probe = (
         "import django, sys; django.setup(); "
         "import gateway_project.asgi, handoff.management.commands.serve_demo; "
-        "print(sorted(m for m in ('redis', 'hvac') if m in sys.modules))"
+        "print(sorted(m for m in ('daphne', 'hvac', 'redis', 'twisted') if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], env=_env(tmp_path), cwd=servers.ROOT, capture_output=True, text=True

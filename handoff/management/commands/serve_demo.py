@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 
-from daphne.cli import CommandLineInterface
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
@@ -44,6 +43,10 @@ class Command(BaseCommand):
         self.stdout.write(SERVING.format(url=f"http://{HOST}:{port}"))
         self.stdout.flush()  # before Daphne's lines, and to a pipe (which buffers) as soon as the key is known
         specialist = self._specialist(port)
+        # Imported only now, once the upstreams are starting: Daphne and Twisted take 0.16 s that a first call
+        # need not wait for, and every other process of the gateway (workers, uvicorn, commands) never loads.
+        from daphne.cli import CommandLineInterface
+
         try:
             CommandLineInterface().run(["-b", HOST, "-p", str(port), "gateway_project.asgi:application"])
         finally:
