@@ -11,7 +11,6 @@ import uuid
 from django.conf import settings
 
 from gateway_project.lib import redis_clients
-from gateway_project.lib.redis_clients import async_redis, sync_redis
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +46,12 @@ def _beat_once(client) -> None:
 
 async def workers_alive() -> int:
     """How many workers beat within the last ALIVE_TTL_SECONDS."""
-    return await async_redis().zcount(workers_key(), time.time() - ALIVE_TTL_SECONDS, "+inf")
+    return await redis_clients.async_redis().zcount(workers_key(), time.time() - ALIVE_TTL_SECONDS, "+inf")
 
 
 def workers_alive_sync() -> int:
     """The same count, for sync code (the metrics collector)."""
-    with sync_redis() as client:
+    with redis_clients.sync_redis() as client:
         return client.zcount(workers_key(), time.time() - ALIVE_TTL_SECONDS, "+inf")
 
 
@@ -68,7 +67,7 @@ def heartbeat_start() -> None:
         missed = False
         while not _beating.wait(HEARTBEAT_SECONDS):
             try:
-                _beat_once(sync_redis())
+                _beat_once(redis_clients.sync_redis())
             except (
                 redis_clients.RedisError
             ) as exc:  # Redis is away: beat again once it is back, or tunnels read as gone
@@ -80,13 +79,13 @@ def heartbeat_start() -> None:
                     logger.info("heartbeat: Redis is back")
                 missed = False
 
-    _beat_once(sync_redis())
+    _beat_once(redis_clients.sync_redis())
     threading.Thread(target=beat, name="tunnel-heartbeat", daemon=True).start()
 
 
 def heartbeat_stop() -> None:
     _beating.set()
-    with sync_redis().pipeline(transaction=False) as pipe:
+    with redis_clients.sync_redis().pipeline(transaction=False) as pipe:
         pipe.delete(alive_key(_queue))
         pipe.zrem(workers_key(), _queue)
         pipe.execute()

@@ -22,7 +22,6 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from gateway_project.lib import redis_clients
-from gateway_project.lib.redis_clients import async_redis, sync_redis
 from handoff.models import Tunnel
 from registry.upstreams.loop import held_tunnel_close, held_tunnels
 
@@ -79,19 +78,19 @@ class RedisSessionIndex:
 
     async def get(self, session: str) -> SessionTunnel | None:
         try:
-            raw = await async_redis().get(self._key(session))
+            raw = await redis_clients.async_redis().get(self._key(session))
         except redis_clients.RedisError as exc:
             raise SessionStateUnavailable(str(exc)) from exc
         return None if raw is None else SessionTunnel(**json.loads(raw))
 
     async def put(self, session: str, entry: SessionTunnel) -> None:
-        await async_redis().set(self._key(session), json.dumps(asdict(entry)), ex=INDEX_TTL_SECONDS)
+        await redis_clients.async_redis().set(self._key(session), json.dumps(asdict(entry)), ex=INDEX_TTL_SECONDS)
 
     async def forget(self, session: str, tunnel_id: str) -> None:
-        await async_redis().eval(self.DROP, 1, self._key(session), tunnel_id)
+        await redis_clients.async_redis().eval(self.DROP, 1, self._key(session), tunnel_id)
 
     def drop(self, session: str, tunnel_id: str) -> None:
-        sync_redis().eval(self.DROP, 1, self._key(session), tunnel_id)
+        redis_clients.sync_redis().eval(self.DROP, 1, self._key(session), tunnel_id)
 
 
 class LocalSessionIndex:

@@ -11,7 +11,6 @@ from functools import cache
 from django.conf import settings
 
 from gateway_project.lib import redis_clients
-from gateway_project.lib.redis_clients import async_redis, sync_redis
 from policy.limits.admission import WINDOW_SECONDS, Admission, BreakerStatus, Health, LimitStore, Verdict
 
 logger = logging.getLogger(__name__)
@@ -136,7 +135,7 @@ class RedisLimitStore:
             "1" if a.stateless else "0",
         ]
         try:
-            code, retry_after, probing = await async_redis().eval(ADMIT, len(keys), *keys, *args)
+            code, retry_after, probing = await redis_clients.async_redis().eval(ADMIT, len(keys), *keys, *args)
         except redis_clients.RedisError:
             logger.exception("admission state unavailable")
             return Verdict("LIMITS_UNAVAILABLE", 1.0)
@@ -152,19 +151,19 @@ class RedisLimitStore:
             settings.GATEWAY_BREAKER_FIRST_OPEN_SECONDS,
         ]
         try:
-            await async_redis().eval(RELEASE, len(keys), *keys, *args)
+            await redis_clients.async_redis().eval(RELEASE, len(keys), *keys, *args)
         except redis_clients.RedisError:  # the busy counter expires on its own; the breaker misses one reading
             logger.exception("could not release admission of request %s", a.request_id)
 
     def breaker(self, upstream_id: int) -> BreakerStatus:
-        with sync_redis().pipeline(transaction=False) as pipe:
+        with redis_clients.sync_redis().pipeline(transaction=False) as pipe:
             pipe.hmget(self._breaker_key(upstream_id), ["failures", "open_until"])
             pipe.time()
             (failures, open_until), (seconds, micros) = pipe.execute()
         return _status(int(failures or 0), float(open_until or 0), seconds + micros / 1e6)
 
     def breaker_reset(self, upstream_id: int) -> None:
-        sync_redis().delete(self._breaker_key(upstream_id))
+        redis_clients.sync_redis().delete(self._breaker_key(upstream_id))
 
 
 @dataclass
