@@ -114,6 +114,7 @@ def _recorded(credential: PersonalCredential, action: str, *, actor: str) -> Non
     )
 
 
+@transaction.atomic  # the change and its audit row, or neither
 def personal_disconnect(credential: PersonalCredential) -> None:
     """The person's own disconnect: the values go, and the row (their next call asks them to connect)."""
     secret_store().delete(credential_path(credential.upstream, credential.person_issuer, credential.person_subject))
@@ -121,6 +122,7 @@ def personal_disconnect(credential: PersonalCredential) -> None:
     credential.delete()
 
 
+@transaction.atomic  # the change and its audit row, or neither
 def personal_revoke(credential: PersonalCredential, *, actor: str) -> None:
     """An administrator's revoke: the values go, the row stays to say so (the person's next call is told)."""
     secret_store().delete(credential_path(credential.upstream, credential.person_issuer, credential.person_subject))
@@ -130,6 +132,7 @@ def personal_revoke(credential: PersonalCredential, *, actor: str) -> None:
     _recorded(credential, "credential_revoked", actor=actor)
 
 
+@transaction.atomic  # the change and its audit row, or neither
 def personal_refresh_failed(credential: PersonalCredential) -> None:
     """The executor could not refresh it: the person's next call asks them to connect again."""
     PersonalCredential.objects.filter(pk=credential.pk).update(refresh_failed_at=timezone.now())

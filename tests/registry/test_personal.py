@@ -2,10 +2,12 @@
 upstream takes them; and the connect link signed for one person and one upstream."""
 
 import json
+from contextlib import contextmanager
 
 import anyio
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection
 
 from audit.models import AuditEvent
 from policy.identity import person_digest
@@ -18,6 +20,7 @@ from registry.personal import (
     credential_path,
     personal_connect,
     personal_disconnect,
+    personal_refresh_failed,
     personal_revoke,
     personal_state,
 )
@@ -69,6 +72,34 @@ def test_revoked_and_expired_credentials_say_so_and_disconnect_forgets(upstream)
     assert AuditEvent.objects.filter(upstream="ledger").latest("id").detail["action"] == "credential_disconnected"
     assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"]) is None
     assert not stored.exists()
+
+
+@contextmanager
+def _audit_refused():
+    """The database refuses every new audit row, as a full disk or a lost connection would refuse it."""
+    table = connection.ops.quote_name(AuditEvent._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} ADD CONSTRAINT test_refused CHECK (false) NOT VALID")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT test_refused")
+
+
+@pytest.mark.django_db(transaction=True)  # each change commits on its own, as in the console
+def test_a_change_to_a_credential_whose_audit_row_is_refused_does_not_happen(upstream):
+    credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
+    with _audit_refused():
+        with pytest.raises(IntegrityError, match="test_refused"):
+            personal_revoke(credential, actor="operator")
+        with pytest.raises(IntegrityError, match="test_refused"):
+            personal_refresh_failed(credential)
+        with pytest.raises(IntegrityError, match="test_refused"):
+            personal_disconnect(credential)
+    kept = PersonalCredential.objects.get(pk=credential.pk)
+    assert (kept.revoked_at, kept.refresh_failed_at, kept.version) == (None, None, 1)
+    assert [r.detail["action"] for r in AuditEvent.objects.filter(upstream="ledger")] == ["credential_connected"]
 
 
 @pytest.mark.django_db(transaction=True)  # the executor reads in threads of its own, outside the test's transaction
