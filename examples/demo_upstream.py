@@ -76,8 +76,9 @@ TOOLS = [
     ),
     types.Tool(
         name="progress",
-        description="Send a progress notification every 0.1 s for the given number of seconds, then answer.",
-        input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}},
+        description="Send a progress notification every 0.1 s for the given number of seconds (each with `message`, if "
+        "given), then answer.",
+        input_schema={"type": "object", "properties": {"seconds": {"type": "number"}, "message": {"type": "string"}}},
     ),
     types.Tool(
         name="ask",
@@ -99,8 +100,8 @@ TOOLS = [
     ),
     types.Tool(
         name="log",
-        description="Send three log messages (debug, info, warning), then answer.",
-        input_schema={"type": "object", "properties": {}},
+        description="Send three log messages (debug, info, warning), each ending with `text` if given, then answer.",
+        input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
     ),
     types.Tool(
         name="announce",
@@ -173,11 +174,13 @@ async def list_tools(ctx, params) -> types.ListToolsResult:
     return types.ListToolsResult(tools=tools + [types.Tool.model_validate(t) for t in changes.get("tools", [])])
 
 
-async def progress(ctx, params: types.CallToolRequestParams, seconds: float) -> types.CallToolResult:
+async def progress(
+    ctx, params: types.CallToolRequestParams, seconds: float, message: str | None
+) -> types.CallToolResult:
     """Progress with the caller's token, or a made-up one: a server that tries to keep a call alive."""
     token = (params.meta or {}).get("progress_token") or "demo-progress"
     for step in range(int(seconds * 10)):
-        await ctx.session.send_progress_notification(token, step, related_request_id=ctx.request_id)
+        await ctx.session.send_progress_notification(token, step, message=message, related_request_id=ctx.request_id)
         await anyio.sleep(0.1)
     return text("done")
 
@@ -278,7 +281,7 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
                 content=[types.TextContent(type="text", text="n?")], structured_content={"n": "not a number"}
             )
         case "progress":
-            return await progress(ctx, params, float(args.get("seconds", 1)))
+            return await progress(ctx, params, float(args.get("seconds", 1)), args.get("message"))
         case "ask":
             return await ask(ctx, params, str(args.get("of", "elicitation")), str(args.get("question", "")))
         case "needs_sampling":
@@ -288,9 +291,10 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
                 raise MCPError(MISSING_CLIENT_CAPABILITY, "This tool needs the sampling capability.", needs)
             return text("sampling declared")
         case "log":
+            said = f": {args['text']}" if args.get("text") else ""
             for level in ("debug", "info", "warning"):
                 await ctx.session.send_log_message(
-                    level, f"a {level} message", "demo", related_request_id=ctx.request_id
+                    level, f"a {level} message{said}", "demo", related_request_id=ctx.request_id
                 )
             return text("logged")
         case "announce":

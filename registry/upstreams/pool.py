@@ -37,6 +37,7 @@ from registry.upstreams.reply_depth import reply_too_deep
 from registry.upstreams.requests import (
     CALL_TOOL,
     UNSUPPORTED,
+    Action,
     Unsupported,
     UpstreamRequest,
     calling,
@@ -45,7 +46,7 @@ from registry.upstreams.requests import (
     list_every_page,
 )
 from registry.upstreams.rest import CallFailed
-from registry.upstreams.scrub import scrubbed
+from registry.upstreams.scrub import ScrubbedRelay, scrubbed
 from registry.upstreams.spec import UpstreamSpec
 from registry.upstreams.stdio import Delivery, sending
 
@@ -318,7 +319,7 @@ class UpstreamPool:
         self,
         upstream_id: int,
         revision: int,
-        action: Callable[[Any], Awaitable[Any]],
+        action: Action,
         relay: Relay | None = None,
         person: dict | None = None,
         catalog: bool = False,
@@ -352,7 +353,7 @@ class UpstreamPool:
         self,
         upstream_id: int,
         revision: int,
-        action: Callable[[Any], Awaitable[Any]],
+        action: Action,
         relay: Relay | None,
         person: dict | None,
         catalog: bool,
@@ -370,7 +371,7 @@ class UpstreamPool:
     async def _on(
         self,
         connection: UpstreamConnection | Outcome,
-        action: Callable[[Any], Awaitable[Any]],
+        action: Action,
         relay: Relay | None,
         retry: bool = False,
     ) -> Outcome:
@@ -379,22 +380,24 @@ class UpstreamPool:
             # A retry that cannot connect did not reach the service either.
             never = {"unsent": True, "message": f"{connection['message']} {NEVER_REACHED}"}
             return connection | never if retry else connection
+        secrets = connection.spec.secrets
+        relay = ScrubbedRelay(relay, secrets) if relay is not None and secrets else relay
         if relay is None or not relay.capabilities:
-            return scrubbed(await self._request(connection, action), connection.spec.secrets)
+            return scrubbed(await self._request(connection, action, relay), secrets)
         async with connection.serial:
             connection.relay = relay
             try:
-                return scrubbed(await self._request(connection, action), connection.spec.secrets)
+                return scrubbed(await self._request(connection, action, relay), secrets)
             finally:
                 connection.relay = None
 
-    async def _request(self, connection: UpstreamConnection, action: Callable[[Any], Awaitable[Any]]) -> Outcome:
+    async def _request(self, connection: UpstreamConnection, action: Action, relay: Relay | None = None) -> Outcome:
         spec, sent = connection.spec, Delivery()
         connection.in_flight += 1
         token = sending.set(sent)
         try:
             with anyio.fail_after(spec.timeout):
-                return {"ok": True, "result": await action(connection.client)}
+                return {"ok": True, "result": await action(connection.client, relay)}
         except TimeoutError:
             return failure("UPSTREAM_TIMEOUT", f"The service did not answer within {spec.timeout:g} seconds.")
         except MCPError as exc:
@@ -429,7 +432,7 @@ class UpstreamPool:
         offers the feature; with `relay`, what the upstream asks meanwhile goes to the agent."""
         upstream_id, revision, method, params = request.upstream_id, request.revision, request.method, request.params
         if method == CALL_TOOL:
-            action = calling(params["name"], params.get("arguments") or {}, request.traceparent, relay, request.rounds)
+            action = calling(params["name"], params.get("arguments") or {}, request.traceparent, request.rounds)
         elif method in ("resources/subscribe", "resources/unsubscribe"):
             return await self._watch(upstream_id, revision, method, str(params.get("uri", "")))
         else:

@@ -57,20 +57,24 @@ def _passing(rounds: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# What the pool sends on a session: a function of the SDK client and of the call's relay, through which the
+# upstream's progress travels to the agent (the pool's relay, which blanks the upstream's credentials out).
+Action = Callable[[Any, Relay | None], Awaitable[dict[str, Any]]]
+
+
 def calling(
     tool: str,
     arguments: dict[str, Any],
     traceparent: str = "",
-    relay: Relay | None = None,
     rounds: dict[str, Any] | None = None,
-) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+) -> Action:
     """The call. With `rounds` (a 2026-07-28 agent's: {} or the `inputResponses` and upstream `requestState`
     of its retry), a 2026-07-28 upstream's input-required result comes back as it is, for the agent to
     answer; otherwise the SDK client answers each round through the relay's callbacks."""
     sent_meta = {"traceparent": traceparent} if traceparent else None  # the gateway's span, the upstream's parent
-    on_progress = relay.progress if relay else None
 
-    async def call(client: Any) -> dict[str, Any]:
+    async def call(client: Any, relay: Relay | None) -> dict[str, Any]:
+        on_progress = relay.progress if relay else None
         if rounds is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
             passing = _passing(rounds)
             return _wire(
@@ -126,12 +130,10 @@ IN_ROUNDS: dict[str, Callable[..., Awaitable[Any]]] = {
 }
 
 
-def forwarding(
-    method: str, params: dict[str, Any], rounds: dict[str, Any] | None = None
-) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+def forwarding(method: str, params: dict[str, Any], rounds: dict[str, Any] | None = None) -> Action:
     capability, params_type, send = FORWARDED[method]
 
-    async def forward(client: Any) -> dict[str, Any]:
+    async def forward(client: Any, relay: Relay | None) -> dict[str, Any]:
         if getattr(client.server_capabilities, capability, None) is None:
             raise Unsupported(method)
         typed = params_type.model_validate(params)
@@ -146,7 +148,7 @@ class Unsupported(Exception):
     """The upstream did not declare the capability a forwarded request needs."""
 
 
-async def catalog(client: Any) -> dict[str, Any]:
+async def catalog(client: Any, relay: Relay | None) -> dict[str, Any]:
     """What catalog sync keeps: every tool, and what the upstream says of itself (era, instructions)."""
     tools = await list_every_page(client)
     return {"tools": tools, "protocolVersion": client.protocol_version, "instructions": client.instructions or ""}

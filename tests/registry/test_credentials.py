@@ -3,10 +3,13 @@ key opens them (the Celery worker; the web process only in the embedded default)
 appears in a log line, an audit row, an error or the admin."""
 
 import json
+import uuid
 
+import anyio
 import pytest
 from django.core.management import call_command
 from django.test import override_settings
+from mcp import types
 
 from audit.models import AuditEvent
 from gateway_project.lib.keys import key_generate
@@ -19,7 +22,7 @@ from registry.credentials import (
 )
 from registry.models import Upstream
 from registry.services import upstream_save
-from tests.clients import call, tool_names
+from tests.clients import call, sdk_client, tool_names
 from tests.factories import demo_upstream
 from tests.helpers import eventually, run
 
@@ -86,3 +89,44 @@ def test_a_credential_reaches_the_upstream_and_nothing_else(gateway, world, logs
     assert CANARY not in captured.out + captured.err, "the secret is in this process's output"
     for log in logs.iterdir():
         assert CANARY not in log.read_text(errors="replace"), f"the secret is in {log.name}"
+
+
+def test_what_an_upstream_sends_while_it_works_reaches_the_agent_with_its_credential_blanked(gateway, world):
+    """Progress, log messages and a question pushed on the call's stream (a 2025-11-25 upstream's sampling
+    request) travel through the executor's relay, which blanks the upstream's own credential out of them as the
+    executor does out of results. The agent's answer goes back as it was."""
+    secret, slug = "relay-canary-5d1e0b", f"keyed-{uuid.uuid4().hex[:8]}"
+    heard: list[tuple[str, str]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append(("progress", str(message)))
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append(("log", str(params.data)))
+
+    async def on_sampling(context, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        heard.append(("sampling", params.messages[0].content.text))
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text="ok"), model="m")
+
+    async def scenario() -> str:
+        options = {"logging_callback": on_log, "sampling_callback": on_sampling}
+        async with sdk_client(gateway.url, world.key, "legacy", **options) as client:
+            await client.set_logging_level("warning")
+            arguments = {"seconds": 0.1, "message": f"using {secret}"}
+            await client.call_tool(f"{slug}__progress", arguments, progress_callback=on_progress)
+            await client.call_tool(f"{slug}__log", {"text": secret})
+            asked = await client.call_tool(f"{slug}__ask", {"question": f"is {secret} right?", "of": "sampling"})
+            with anyio.fail_after(5):  # a log message's callback may trail its call's result
+                while not any(kind == "log" for kind, _ in heard):
+                    await anyio.sleep(0.02)
+            return asked.content[0].text
+
+    with demo_upstream(slug, env={"DEMO_SECRET": secret, "DEMO_LEGACY_ONLY": "1"}):
+        eventually(lambda: f"{slug}__ask" in run(lambda: tool_names(gateway.url, world.key)))
+        answered = run(scenario)
+    assert sorted(heard) == [
+        ("log", "a warning message: [credential]"),
+        ("progress", "using [credential]"),
+        ("sampling", "is [credential] right?"),
+    ]
+    assert answered == "the model said: ok"
