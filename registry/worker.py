@@ -68,9 +68,7 @@ def heartbeat_start() -> None:
         while not _beating.wait(HEARTBEAT_SECONDS):
             try:
                 _beat_once(redis_clients.sync_redis())
-            except (
-                redis_clients.RedisError
-            ) as exc:  # Redis is away: beat again once it is back, or tunnels read as gone
+            except redis_clients.RedisError as exc:  # Redis is away: beat once it is back, or tunnels read as gone
                 if not missed:
                     logger.warning("heartbeat: Redis unavailable (%s); beating again once it is back", exc)
                 missed = True
