@@ -132,7 +132,12 @@ def for_model(name: str, outcome: Outcome) -> dict[str, Any]:
         result = outcome["result"]
         return redact_error_result(result) if result.get("isError") else result
     message = outcome["message"] if outcome.get("validation") else redact(outcome["message"])
-    return {"content": [{"type": "text", "text": f"{name}: {message}"}], "isError": True}
+    return error_result(f"{name}: {message}")
+
+
+def error_result(text: str) -> dict[str, Any]:
+    """A tool's error result the model reads."""
+    return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
 def error_text(result: dict[str, Any]) -> str:

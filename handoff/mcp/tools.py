@@ -30,6 +30,7 @@ from handoff.mcp.call_path import (
     decide,
     denial_error,
     denial_record,
+    error_result,
     error_text,
     for_model,
     key_denial,
@@ -71,6 +72,10 @@ from registry.upstreams.relay import LOGGING, Relay
 logger = logging.getLogger(__name__)
 # What a gateway tool's deadline is reckoned from: the longest it waits, for an execution or a specialist.
 GATEWAY_TOOL_TIMEOUT = max(settings.GATEWAY_SANDBOX_TIMEOUT, settings.GATEWAY_HANDOFF_CONNECT_TIMEOUT)
+AFTER_EXECUTE_FAILED = (
+    "The gateway failed after the service answered: this call ran, but its result is withheld. "
+    "Check before repeating it."
+)
 
 
 def finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
@@ -249,13 +254,21 @@ async def _call_tool(
         return route_execute(route, arguments, decision.tunnel, relay, rounds, decision.credential)
 
     outcome, duration_ms = await run_admitted(decision, audit, arguments, run)
-    result = for_model(params.name, outcome)
-    if result.get("resultType") == "input_required":
-        try:
-            result = passed_through(caller, params.name, decision.upstream, result, relay.capabilities)
-        except UndeclaredAsk as undeclared:  # the model reads why the call ended
-            result = {"content": [{"type": "text", "text": undeclared.error.message}], "isError": True}
     touched = [_touch(decision.tunnel.tunnel_id)] if decision.tunnel else []
+    try:
+        result = for_model(params.name, outcome)
+        if result.get("resultType") == "input_required":
+            try:
+                result = passed_through(caller, params.name, decision.upstream, result, relay.capabilities)
+            except UndeclaredAsk as undeclared:  # the model reads why the call ended
+                result = error_result(undeclared.error.message)
+    except Exception as exc:  # the call ran: it gets its completion row all the same, and the agent an error
+        logger.exception("request %s: failed after the upstream answered", request_id)
+        outcome, result = failure("GATEWAY_ERROR", AFTER_EXECUTE_FAILED, repr(exc)), error_result(AFTER_EXECUTE_FAILED)
+        call_logged(params.name, *await conclude(decision, audit, outcome, result, duration_ms, *touched), duration_ms)
+        raise MCPError(
+            types.INTERNAL_ERROR, AFTER_EXECUTE_FAILED, {"code": "GATEWAY_ERROR", "requestId": str(request_id)}
+        ) from None
     call_logged(params.name, *await conclude(decision, audit, outcome, result, duration_ms, *touched), duration_ms)
     if decision.tunnel and outcome.get("code") == TUNNEL_GONE:
         await tunnel_gone(caller, decision.tunnel, TUNNEL_GONE)

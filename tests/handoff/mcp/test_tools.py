@@ -60,3 +60,27 @@ def test_tools_list_offers_the_agent_its_tools_by_their_exposed_names(caller):
 
     names = {tool["name"] for tool in anyio.run(listing)["tools"]}
     assert {"layer__echo", "layer__add"} <= names
+
+
+def test_a_call_whose_step_after_execute_fails_gets_its_completion_row_and_a_gateway_error(caller, monkeypatch):
+    def broken(name: str, outcome: dict) -> dict:
+        raise RuntimeError("the result could not be shaped")
+
+    monkeypatch.setattr("handoff.mcp.tools.for_model", broken)
+    mark = audit_mark()
+    with pytest.raises(MCPError) as failed:
+        _called(caller, "layer__echo", {"text": "ran, then failed"})
+    assert failed.value.error.code == types.INTERNAL_ERROR
+    assert failed.value.error.data["code"] == "GATEWAY_ERROR"
+    assert failed.value.error.message == (
+        "The gateway failed after the service answered: this call ran, but its result is withheld. "
+        "Check before repeating it."
+    )
+    rows = [(r.kind, r.outcome, r.error_code, r.error_detail) for r in audit_since(mark)]
+    assert rows == [
+        ("approved", "", "", ""),
+        ("completed", "error", "GATEWAY_ERROR", "RuntimeError('the result could not be shaped')"),
+    ]
+    assert str(failed.value.error.data["requestId"]) == str(audit_since(mark)[1].request_id)
+    monkeypatch.undo()  # the admission went back: the next call is served
+    assert _called(caller, "layer__echo", {"text": "again"})["content"] == [{"type": "text", "text": "again"}]
