@@ -1,5 +1,5 @@
 """The console's "Test this tool": an operator's call through the path an agent's takes (decided, admitted,
-audited; handoff/mcp/call_path.py), made as the built-in agent `console` with the operator as every row's actor.
+audited; handoff/mcp/pipeline/), made as the built-in agent `console` with the operator as every row's actor.
 
 Why an agent of its own: the decision, the limits and the trail are per agent, and an operator is none. One
 `console` agent, made on first use, holds no key (no client can call as it) and is excluded from nothing:
@@ -9,7 +9,6 @@ allows it. So it stays in the rule pickers, labelled as built in, and its page s
 counts)."""
 
 import uuid
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +19,13 @@ from mcp.shared.exceptions import MCPError
 from audit.services import audit_record
 from audit.telemetry import log_fields_add, mcp_span, trace_id_of
 from audit.writer import audit_writer
-from handoff.mcp.call_path import conclude, decide, deny, for_model, request_audit, route_execute, run_admitted
 from handoff.mcp.caller import Caller
+from handoff.mcp.pipeline.call import CONSOLE, Call
+from handoff.mcp.pipeline.run import call_serve
 from handoff.snapshot import snapshot
 from policy.builtin_agents import CONSOLE_AGENT
 from policy.config_version import config_version
 from policy.models import Agent
-from registry.upstreams.outcome import Outcome
 
 
 @dataclass(frozen=True)
@@ -58,27 +57,20 @@ async def console_call(
     ) as span:
         trace_id = trace_id_of(span)
         log_fields_add(trace_id=trace_id, agent=CONSOLE_AGENT, tool=name, request_id=str(request_id))
-        decision = await decide(await snapshot.at_least(version), caller, name, str(request_id))
-        route = decision.route
-        audit = request_audit(
-            caller, name, request_id, arguments, decision.upstream, route.tool if route else "", trace_id
-        )
-        audit["actor"] = operator
+        call = Call(name, arguments, trace_id, origin=CONSOLE, caller=caller, request_id=request_id, actor=operator)
+        call.snap = await snapshot.at_least(version)
         try:
-            if decision.denial:
-                await deny(decision.denial, audit, arguments)
-            assert route is not None
-
-            def run() -> Awaitable[Outcome]:
-                return route_execute(route, arguments, credential=decision.credential)
-
-            outcome, duration_ms = await run_admitted(decision, audit, arguments, run)
-            result = for_model(name, outcome)
-            await conclude(decision, audit, outcome, result, duration_ms)
-        except MCPError as refused:  # a denial, or an audit row that could not be written
+            return await call_serve(call, _console_answer)
+        except MCPError as refused:  # an audit row that could not be written
             code = (refused.data or {}).get("code", "") if isinstance(refused.data, dict) else ""
             return ConsoleCall(str(request_id), refusal=refused.message, code=code)
-        return ConsoleCall(str(request_id), result=result, code=outcome.get("code", ""))
+
+
+async def _console_answer(call: Call) -> ConsoleCall:
+    if call.denial:
+        return ConsoleCall(str(call.request_id), refusal=call.denial.message, code=call.denial.code)
+    assert call.outcome is not None
+    return ConsoleCall(str(call.request_id), result=call.result, code=call.outcome.get("code", ""))
 
 
 def console_call_from_sync(*, own_loop: bool, **call: Any) -> ConsoleCall:

@@ -1,13 +1,13 @@
 """Code mode: `search_tools` finds the tools an agent may use, with TypeScript signatures; `execute` runs
 the agent's code in the sandbox (handoff/codemode/sandbox.py), where each tool call it makes is decided,
-admitted, audited and run exactly like a direct call (handoff/mcp/call_path.py), its rows naming the execution's
-request id. Nothing the agent may not call is found, bound or run."""
+admitted, audited and run through the same pipeline as a direct call (handoff/mcp/pipeline/), its rows naming the
+execution's request id. Nothing the agent may not call is found, bound or run."""
 
 import asyncio
-import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Awaitable
 from functools import cache
 from typing import Any
 
@@ -20,19 +20,14 @@ from handoff.codemode.embeddings import model_dir, model_id
 from handoff.codemode.sandbox import SandboxError, SandboxLimits, SandboxRun, sandbox_run
 from handoff.codemode.search import Embedder, SearchIndex
 from handoff.codemode.slots import SandboxSlots
+from handoff.codemode.tools import EXECUTE, SEARCH_TOOLS
 from handoff.codemode.typescript import method_declaration
 from handoff.codemode.vectors import StoredVectors
-from handoff.mcp.call_path import (
-    conclude,
-    decide,
-    deny,
-    error_text,
-    for_model,
-    request_audit,
-    route_execute,
-    run_admitted,
-)
 from handoff.mcp.caller import Caller
+from handoff.mcp.pipeline.call import CODE, Call, OwnRun
+from handoff.mcp.pipeline.execute import completed
+from handoff.mcp.pipeline.results import error_text
+from handoff.mcp.pipeline.run import call_serve
 from handoff.snapshot import Snapshot, snapshot
 from policy.decisions import INVALID_PARAMS, Denial, ToolRefused
 from registry.executor import publish_call
@@ -148,14 +143,6 @@ async def _executed(execution: dict[str, Any]) -> Outcome:
     return await publish_call("handoff.run_code", {"execution": execution}, wait, None, queue="sandbox")
 
 
-def code_detail(arguments: dict[str, Any]) -> dict[str, Any]:
-    """What an execution's rows say of its code: its hash always (its text only with audit payloads on)."""
-    code = arguments.get("code")
-    if not isinstance(code, str):
-        return {}
-    return {"code_sha256": hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()}
-
-
 def sandbox_limits() -> SandboxLimits:
     return SandboxLimits(
         timeout=settings.GATEWAY_SANDBOX_TIMEOUT,
@@ -206,26 +193,21 @@ def _result(run: SandboxRun) -> dict[str, Any]:
 
 
 async def code_call(caller: Caller, execution: dict[str, Any], name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """One tool call made by code: the same decision, admission, audit and executor as a direct call
-    (so the session's strict-group lock holds inside the execution too); its answer for the sandbox."""
-    snap, request_id = await snapshot.get(), uuid.uuid4()
-    decision = await decide(snap, caller, name, str(request_id))
-    tool = decision.route.tool if decision.route else ""
-    audit = request_audit(caller, name, request_id, arguments, decision.upstream, tool, execution["trace_id"])
-    audit["detail"] = {"execution": execution["request_id"]}
+    """One tool call made by code: the same pipeline as a direct call (so the session's strict-group lock holds
+    inside the execution too); its answer for the sandbox."""
+    call = Call(name, arguments, execution["trace_id"], origin=CODE, caller=caller, execution=execution["request_id"])
     try:
-        if decision.denial:
-            await deny(decision.denial, audit, arguments)
-        route = decision.route
-        assert route is not None
-        outcome, duration_ms = await run_admitted(
-            decision, audit, arguments, lambda: route_execute(route, arguments, credential=decision.credential)
-        )
-    except MCPError as refused:  # a denial, or an approval that could not be recorded
+        return await call_serve(call, _code_answer)
+    except MCPError as refused:  # a row that could not be recorded
         code = (refused.error.data or {}).get("code", "REFUSED")
         return {"ok": False, "error": {"code": code, "message": refused.error.message}}
-    result = for_model(name, outcome)
-    await conclude(decision, audit, outcome, result, duration_ms)
+
+
+async def _code_answer(call: Call) -> dict[str, Any]:
+    if call.denial:
+        return {"ok": False, "error": {"code": call.denial.code, "message": call.denial.message}}
+    outcome, result = call.outcome, call.result
+    assert outcome is not None and result is not None
     if result.get("isError"):
         return {"ok": False, "error": {"code": outcome.get("code") or "TOOL_ERROR", "message": error_text(result)}}
     return {"ok": True, "value": tool_value(result)}
@@ -244,3 +226,17 @@ def tool_value(result: dict[str, Any]) -> Any:
         except ValueError:
             return text
     return content
+
+
+def _execute_run(call: Call) -> Awaitable[Outcome]:
+    assert call.caller is not None
+    return execute(call.caller, call.arguments, call.request_id, call.trace_id)
+
+
+def _search_run(call: Call) -> Awaitable[Outcome]:
+    assert call.snap is not None and call.caller is not None
+    return completed(tools_search(call.snap, call.caller, call.arguments))
+
+
+# Code mode's tools as the pipeline runs them for an agent (the route stage finds them in the snapshot's builtins).
+OWN_TOOLS: dict[str, OwnRun] = {EXECUTE: _execute_run, SEARCH_TOOLS: _search_run}

@@ -24,18 +24,20 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from audit.telemetry import current_trace_id
 from handoff.mcp.agent_relay import AgentRelay
 from handoff.mcp.audit_rows import record
-from handoff.mcp.call_path import CANCELLED_DETAIL, Decision, admit, approval, deny, request_audit
 from handoff.mcp.caller import Caller, caller_of, request_span
 from handoff.mcp.input_required import passed_through, responses_of
 from handoff.mcp.list_changed import resource_subscription
 from handoff.mcp.list_changed import subscriptions_listen as listen
 from handoff.mcp.paging import list_page
 from handoff.mcp.personal_access import credential_for
-from handoff.mcp.tools import finish, request_state_verified
+from handoff.mcp.pipeline.answer import finish
+from handoff.mcp.pipeline.frame import request_state_verified
+from handoff.mcp.pipeline.routing import admission_take
+from handoff.mcp.pipeline.rows import CANCELLED_DETAIL, approval, denial_error, denial_record, request_audit
 from handoff.protocol.tunnels import index_session
 from handoff.snapshot import Route, Snapshot, UpstreamInfo, snapshot
 from policy.decisions import Denial
-from policy.limits.admission import health_of
+from policy.limits.admission import Admission, health_of
 from policy.limits.stores import limit_store
 from policy.manifest import manifest_sanitize
 from policy.redaction import redact
@@ -196,15 +198,18 @@ async def _forward(
     denial = snap.permits(caller.who, target, exposed, own)
     person = None if denial else await _person(caller, target, exposed)
     denial = denial or (person if isinstance(person, Denial) else None)
-    decision = None if denial else await admit(snap, caller, exposed, route, str(request_id))
-    if denial := denial or (decision.denial if decision else None):
-        await deny(denial, audit, params)
-    assert decision is not None and decision.admission is not None
+    admission, probing = None, False
+    if not denial:
+        admission, probing, denial = await admission_take(snap, caller, exposed, route, str(request_id))
+    if denial:
+        await denial_record(denial, audit, params)
+        raise denial_error(denial, request_id)
+    assert admission is not None
     try:
         await record(kind="approved", **approval(audit, params, target.timeout))  # before the upstream is touched
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await limit_store().release(decision.admission, "none", decision.probing)
+            await limit_store().release(admission, "none", probing)
         raise
     started, outcome = time.perf_counter(), None
     try:
@@ -215,7 +220,7 @@ async def _forward(
         outcome = await get_executor().request(request, relay)
     finally:
         with anyio.CancelScope(shield=True):
-            await _complete(audit, decision, outcome, started)
+            await _complete(audit, admission, probing, outcome, started)
     if not outcome["ok"]:
         message = outcome["message"] if outcome.get("validation") else redact(outcome["message"])
         code = outcome.get("rpc_code", types.INTERNAL_ERROR)
@@ -227,7 +232,9 @@ async def _forward(
     return result
 
 
-async def _complete(audit: dict[str, Any], decision: Decision, outcome: Outcome | None, started: float) -> None:
+async def _complete(
+    audit: dict[str, Any], admission: Admission, probing: bool, outcome: Outcome | None, started: float
+) -> None:
     """The completion row and the admission's release; a request the client left has no outcome."""
     duration_ms = (time.perf_counter() - started) * 1000
     if outcome is None:
@@ -241,10 +248,9 @@ async def _complete(audit: dict[str, Any], decision: Decision, outcome: Outcome 
     else:
         fields = {"outcome": "error", "error_code": outcome["code"], "error_detail": outcome.get("detail", "")}
     health = health_of(outcome.get("code")) if outcome else "none"
-    assert decision.admission is not None
     await asyncio.gather(
         record(kind="completed", duration_ms=duration_ms, **fields, **audit),
-        limit_store().release(decision.admission, health, decision.probing),
+        limit_store().release(admission, health, probing),
     )
 
 

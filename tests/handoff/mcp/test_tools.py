@@ -66,7 +66,7 @@ def test_a_call_whose_step_after_execute_fails_gets_its_completion_row_and_a_gat
     def broken(name: str, outcome: dict) -> dict:
         raise RuntimeError("the result could not be shaped")
 
-    monkeypatch.setattr("handoff.mcp.tools.for_model", broken)
+    monkeypatch.setattr("handoff.mcp.pipeline.execute.for_model", broken)
     mark = audit_mark()
     with pytest.raises(MCPError) as failed:
         _called(caller, "layer__echo", {"text": "ran, then failed"})
