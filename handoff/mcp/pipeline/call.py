@@ -54,7 +54,8 @@ class Call:
     route: Route | None = None
     # decide, admit
     denial: Denial | None = None
-    stage: str = ""  # the stage that refused the call, or the stage running
+    stage: str = ""  # the stage running
+    extra_stage: str = ""  # the operator's stage that refused the call (handoff/stages.py)
     credential: CredentialRef | None = None  # a per-person upstream's: whose credential the call uses
     admission: Admission | None = None  # held while the call runs; given back with the completion row
     probing: bool = False  # this call is the half-open circuit's one probe
@@ -64,6 +65,7 @@ class Call:
     result: dict[str, Any] | None = None
     duration_ms: float = 0.0
     after_failed: bool = False  # a step after execute raised: the call ran, its result is withheld
+    stage_audit: dict[str, dict[str, Any]] = field(default_factory=dict)  # what after-execute stages noted
     timers: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     started: float = field(default_factory=time.perf_counter)
 

@@ -13,6 +13,7 @@ from django.db import Error as DatabaseError
 from audit.telemetry import current_traceparent
 from handoff.mcp.input_required import UndeclaredAsk, passed_through
 from handoff.mcp.pipeline.call import ACTIVATE, AGENT, RETURN, Call
+from handoff.mcp.pipeline.extra import after_execute_stages
 from handoff.mcp.pipeline.results import error_result, for_model
 from handoff.mcp.pipeline.rows import cancelled_row
 from handoff.protocol.moves import handoff_activate, handoff_return
@@ -122,6 +123,8 @@ async def result_stage(call: Call) -> None:
                 )
             except UndeclaredAsk as undeclared:  # the model reads why the call ended
                 call.result = error_result(undeclared.error.message)
+        if call.result.get("resultType") != "input_required":
+            await after_execute_stages(call)
     except Exception as exc:
         logger.exception("request %s: failed after the upstream answered", call.request_id)
         call.after_failed = True

@@ -81,6 +81,10 @@ def _detail(call: Call) -> dict[str, Any]:
         detail["execution"] = call.execution
     if call.credential and call.approved:  # named by id and kind, never by value
         detail["credential"] = call.credential.named()
+    if call.extra_stage:
+        detail["stage"] = call.extra_stage
+    if call.stage_audit:
+        detail["stages"] = call.stage_audit
     return detail
 
 

@@ -8,6 +8,7 @@ from typing import TypeVar
 from audit.telemetry import log_fields_add
 from handoff.mcp.pipeline.call import AGENT, Call
 from handoff.mcp.pipeline.execute import execute_stage, result_stage
+from handoff.mcp.pipeline.extra import before_execute_stage
 from handoff.mcp.pipeline.routing import admit_stage, caller_stage, decide_stage, route_stage
 from handoff.mcp.pipeline.rows import admission_release, approval_row, completion_row, denial_row, refused_row
 from policy.decisions import ToolRefused
@@ -19,6 +20,7 @@ BEFORE: tuple[tuple[str, Stage], ...] = (
     ("route", route_stage),
     ("decide", decide_stage),
     ("admit", admit_stage),
+    ("before_execute", before_execute_stage),
 )
 
 
@@ -49,6 +51,7 @@ async def call_run(call: Call) -> None:
     if call.origin == AGENT:
         log_fields_add(request_id=str(call.request_id), upstream=call.upstream)
     if call.denial:
+        await admission_release(call, "none")  # a stage after admit refused
         await stage_run(call, "denial_row", denial_row)
         return
     await stage_run(call, "approval_row", approval_row)

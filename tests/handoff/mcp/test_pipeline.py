@@ -10,7 +10,18 @@ from handoff.mcp.tools import call_tool
 from tests.handoff.mcp.test_tools import _ctx
 from tests.helpers import snapshot_current
 
-RAN = ["caller", "route", "decide", "admit", "approval_row", "execute", "result", "completion_row", "answer"]
+RAN = [
+    "caller",
+    "route",
+    "decide",
+    "admit",
+    "before_execute",
+    "approval_row",
+    "execute",
+    "result",
+    "completion_row",
+    "answer",
+]
 
 
 @pytest.fixture
