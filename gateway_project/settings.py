@@ -1,6 +1,8 @@
 """Settings, read from the environment. Defaults run on a laptop: SQLite, in-memory channel layer,
 inline executor. DATABASE_URL switches to PostgreSQL; REDIS_URL to Redis and the Celery executor."""
 
+import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -408,6 +410,32 @@ GATEWAY_AUDIT_OUTCOME_GRACE_SECONDS = env_float("GATEWAY_AUDIT_OUTCOME_GRACE_SEC
 GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS = env_float("GATEWAY_AUDIT_OUTCOME_LOOKBACK_HOURS", 24.0, minimum=1, maximum=8760)
 # Tool-call arguments kept in the trail (shown only to the Auditor group); off: only their SHA-256.
 GATEWAY_AUDIT_PAYLOADS = env_bool("GATEWAY_AUDIT_PAYLOADS", False)
+
+
+def _result_filter_patterns() -> list[str]:
+    """More patterns for the result filter (handoff/result_filter.py), as a JSON list of regular expressions:
+    one that does not compile is refused here, at start-up, rather than on a call."""
+    raw = env_str("GATEWAY_RESULT_FILTER_PATTERNS", "[]")
+    try:
+        patterns = json.loads(raw)
+    except ValueError:
+        raise ImproperlyConfigured(
+            "GATEWAY_RESULT_FILTER_PATTERNS must be a JSON list of regular expressions"
+        ) from None
+    if not isinstance(patterns, list) or not all(isinstance(pattern, str) for pattern in patterns):
+        raise ImproperlyConfigured("GATEWAY_RESULT_FILTER_PATTERNS must be a JSON list of regular expressions")
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ImproperlyConfigured(
+                f"GATEWAY_RESULT_FILTER_PATTERNS: {pattern!r} is not a regular expression ({exc})"
+            ) from None
+    return patterns
+
+
+GATEWAY_RESULT_FILTER = env_bool("GATEWAY_RESULT_FILTER", True)
+GATEWAY_RESULT_FILTER_PATTERNS = _result_filter_patterns()
 # Each reachable upstream's tools are listed this often, so its health (registry/upstreams/health.py) is never older.
 GATEWAY_HEALTH_PROBE_SECONDS = env_float("GATEWAY_HEALTH_PROBE_SECONDS", 300.0, minimum=0.1, maximum=86_400)
 CELERY_BEAT_SCHEDULE = {

@@ -34,4 +34,6 @@ class HandoffConfig(AppConfig):
         m2m_changed.connect(on_routing_row_changed, sender=AgentGroup.agents.through, dispatch_uid="snapshot-members")
         on_upstream_change(upstream_changed_tell)  # after registry's resync (INSTALLED_APPS order)
         autodiscover_modules("triage")  # Python triage tools (handoff/triage.py)
+        import handoff.result_filter  # noqa: F401  the built-in after-execute stage, first of its chain
+
         autodiscover_modules("stages")  # stages of the operator's apps (handoff/stages.py)

@@ -76,3 +76,9 @@ def test_a_misnamed_app_in_the_setting_stops_start_up_naming_it(server_env):
     checked = _checked(server_env, GATEWAY_EXTRA_APPS="tests.no_such_stage_app")
     assert checked.returncode != 0
     assert "tests.no_such_stage_app" in checked.stderr
+
+
+def test_a_result_filter_pattern_that_is_no_regular_expression_stops_start_up_naming_it(server_env):
+    checked = _checked(server_env, GATEWAY_RESULT_FILTER_PATTERNS='["sk_[a-z"]')
+    assert checked.returncode != 0
+    assert "GATEWAY_RESULT_FILTER_PATTERNS: 'sk_[a-z' is not a regular expression" in checked.stderr

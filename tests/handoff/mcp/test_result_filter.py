@@ -1,0 +1,45 @@
+"""The built-in result filter (handoff/result_filter.py): secrets in a tool's result are blanked before the model
+reads them, and the completion row counts what was blanked, never what it was."""
+
+import pytest
+
+from handoff import result_filter
+from tests.handoff.mcp.test_tools import _called
+from tests.helpers import audit_mark, audit_since
+
+PRIVATE_KEY = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAn3fQ\nl0ngb0dy==\n-----END RSA PRIVATE KEY-----"
+
+
+@pytest.mark.parametrize(
+    ("text", "seen", "redacted"),
+    [
+        ("key AKIAIOSFODNN7EXAMPLE here", "key [redacted] here", {"aws_access_key": 1}),
+        (f"the key:\n{PRIVATE_KEY}\ndone", "the key:\n[redacted]\ndone", {"private_key": 1}),
+        ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.sig", "Authorization: [redacted]", {"bearer_token": 1}),
+    ],
+)
+def test_a_secret_in_a_result_is_blanked_for_the_model_and_counted_in_the_completion_row(caller, text, seen, redacted):
+    mark = audit_mark()
+    result = _called(caller, "layer__echo", {"text": text})
+    assert result["content"] == [{"type": "text", "text": seen}]
+    [completed] = [row for row in audit_since(mark) if row.kind == "completed"]
+    assert completed.outcome == "ok"
+    assert completed.detail["stages"] == {"result_filter": {"redacted": redacted}}
+    assert text not in str(completed.detail)
+
+
+def test_a_result_without_secrets_passes_unchanged_and_its_row_says_nothing_of_stages(caller):
+    mark = audit_mark()
+    assert _called(caller, "layer__echo", {"text": "nothing to hide"})["content"][0]["text"] == "nothing to hide"
+    [completed] = [row for row in audit_since(mark) if row.kind == "completed"]
+    assert "stages" not in completed.detail
+
+
+def test_patterns_of_the_setting_are_blanked_too(caller, settings):
+    settings.GATEWAY_RESULT_FILTER_PATTERNS = [r"sk_live_[0-9a-zA-Z]{8}"]
+    result_filter.patterns.cache_clear()
+    try:
+        result = _called(caller, "layer__echo", {"text": "pay with sk_live_abcd1234"})
+    finally:
+        result_filter.patterns.cache_clear()
+    assert result["content"][0]["text"] == "pay with [redacted]"
