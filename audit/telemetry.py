@@ -37,6 +37,12 @@ LATENCY = Histogram(
     ["upstream"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf")),
 )
+STAGE_LATENCY = Histogram(
+    "switchboard_call_stage_seconds",
+    "Time each stage of a tools/call took (handoff/mcp/pipeline/), by stage",
+    ["stage"],
+    buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5, 10, 60, float("inf")),
+)
 AUDIT_FAILURES = Counter(
     "switchboard_audit_write_failures",
     "Call rows the audit could not write (the call refused, or its result withheld), by row kind",
@@ -160,6 +166,11 @@ def current_traceparent() -> str:
     carrier: dict[str, str] = {}
     _propagator.inject(carrier)
     return carrier.get("traceparent", "")
+
+
+def stages_observe(timers: dict[str, float]) -> None:
+    for stage, seconds in timers.items():
+        STAGE_LATENCY.labels(stage).observe(seconds)
 
 
 def call_observe(*, upstream: str, outcome: str, duration_ms: float) -> None:

@@ -5,7 +5,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from audit.telemetry import log_fields_add
+from audit.telemetry import log_fields_add, stages_observe
 from handoff.mcp.pipeline.call import AGENT, Call
 from handoff.mcp.pipeline.execute import execute_stage, result_stage
 from handoff.mcp.pipeline.extra import before_execute_stage
@@ -34,12 +34,15 @@ async def stage_run(call: Call, name: str, stage: Stage) -> None:
 
 async def call_serve(call: Call, answer: Callable[[Call], Awaitable[T]]) -> T:
     """The call through every stage, then its answer in the form its origin takes."""
-    await call_run(call)
-    started = time.perf_counter()
     try:
-        return await answer(call)
+        await call_run(call)
+        started = time.perf_counter()
+        try:
+            return await answer(call)
+        finally:
+            call.timers["answer"] = time.perf_counter() - started
     finally:
-        call.timers["answer"] = time.perf_counter() - started
+        stages_observe(call.timers)
 
 
 async def call_run(call: Call) -> None:

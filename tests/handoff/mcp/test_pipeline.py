@@ -4,6 +4,7 @@ import anyio
 import pytest
 from mcp import types
 from mcp.shared.exceptions import MCPError
+from prometheus_client import REGISTRY
 
 from handoff.mcp.pipeline import run
 from handoff.mcp.tools import call_tool
@@ -61,3 +62,14 @@ def test_a_denied_call_stops_at_the_stage_that_refused_it_and_writes_its_denied_
     with pytest.raises(MCPError):
         _called(caller, "layer__nonexistent", {})
     assert stages_run == ["caller", "route", "decide", "denial_row", "answer"]
+
+
+def test_each_stage_of_a_call_is_timed_into_its_histogram(caller):
+    def counts() -> dict[str, float]:
+        return {stage: REGISTRY.get_sample_value("switchboard_call_stage_seconds_count", {"stage": stage}) or 0.0
+                for stage in RAN}  # fmt: skip
+
+    before = counts()
+    _called(caller, "layer__echo", {"text": "timed"})
+    after = counts()
+    assert {stage: after[stage] - before[stage] for stage in RAN} == dict.fromkeys(RAN, 1.0)
