@@ -61,6 +61,11 @@ def installed_by(file: Path) -> set[str]:
     return {name for name, _ in seen}
 
 
+# Modules a host program gives the scripts it runs, never installed by pip: gdb's (bench/interned_gdb.py runs
+# inside `gdb -x`).
+HOST_MODULES = frozenset({"gdb"})
+
+
 def python_files(paths: list[str]) -> list[Path]:
     """The Python files of the repository's top-level folders and files named."""
     return [
@@ -82,7 +87,7 @@ def third_party_imports(paths: list[str]) -> dict[str, str]:
             else:
                 continue
             for module in (name.split(".")[0] for name in names):
-                if module not in sys.stdlib_module_names and module not in local | siblings:
+                if module not in sys.stdlib_module_names | HOST_MODULES and module not in local | siblings:
                     found.setdefault(module, str(file.relative_to(ROOT)))
     return found
 

@@ -90,6 +90,7 @@ def _audit_refused():
 @pytest.mark.django_db(transaction=True)  # each change commits on its own, as in the console
 def test_a_change_to_a_credential_whose_audit_row_is_refused_does_not_happen(upstream):
     credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
+    mark = AuditEvent.objects.latest("id").id
     with _audit_refused():
         with pytest.raises(IntegrityError, match="test_refused"):
             personal_revoke(credential, actor="operator")
@@ -99,7 +100,7 @@ def test_a_change_to_a_credential_whose_audit_row_is_refused_does_not_happen(ups
             personal_disconnect(credential)
     kept = PersonalCredential.objects.get(pk=credential.pk)
     assert (kept.revoked_at, kept.refresh_failed_at, kept.version) == (None, None, 1)
-    assert [r.detail["action"] for r in AuditEvent.objects.filter(upstream="ledger")] == ["credential_connected"]
+    assert not AuditEvent.objects.filter(id__gt=mark).exists()
 
 
 @pytest.mark.django_db(transaction=True)  # the executor reads in threads of its own, outside the test's transaction
