@@ -5,7 +5,6 @@ appears in a log line, an audit row, an error or the admin."""
 import json
 import uuid
 
-import anyio
 import pytest
 from django.core.management import call_command
 from django.test import override_settings
@@ -24,7 +23,7 @@ from registry.models import Upstream
 from registry.services import upstream_save
 from tests.clients import call, sdk_client, tool_names
 from tests.factories import demo_upstream
-from tests.helpers import eventually, run
+from tests.helpers import eventually, run, until
 
 CANARY = "canary-7f3a9c-do-not-log"
 
@@ -116,9 +115,7 @@ def test_what_an_upstream_sends_while_it_works_reaches_the_agent_with_its_creden
             await client.call_tool(f"{slug}__progress", arguments, progress_callback=on_progress)
             await client.call_tool(f"{slug}__log", {"text": secret})
             asked = await client.call_tool(f"{slug}__ask", {"question": f"is {secret} right?", "of": "sampling"})
-            with anyio.fail_after(5):  # a log message's callback may trail its call's result
-                while not any(kind == "log" for kind, _ in heard):
-                    await anyio.sleep(0.02)
+            await until(lambda: any(kind == "log" for kind, _ in heard))  # its callback may trail the call's result
             return asked.content[0].text
 
     with demo_upstream(slug, env={"DEMO_SECRET": secret, "DEMO_LEGACY_ONLY": "1"}):
