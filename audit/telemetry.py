@@ -7,7 +7,8 @@ audit rows store, so a trace in a tracing backend and a request in the audit bro
 span continues the agent's trace when the request's `_meta` carries a W3C `traceparent`, and the upstream's
 call carries the span's own `traceparent` in its `_meta` in turn (both executors). Spans go to an OTLP collector when
 OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set; without one they are made (for their ids)
-and dropped.
+and dropped. A call exported and sampled (OTEL_TRACES_SAMPLER) also gets a span per pipeline stage, "stage <name>",
+children of its own span; every call's stages are timed into a histogram whatever is exported.
 
 Prometheus metrics are per web process, which is where every call completes, whichever executor ran it.
 """
@@ -16,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -83,10 +84,14 @@ class LogFields(logging.Filter):
         return True
 
 
+_EXPORTING = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+_NO_SPAN = nullcontext()
+
+
 def _provider() -> TracerProvider:
     service = os.environ.get("OTEL_SERVICE_NAME", "switchboard")
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+    if _EXPORTING:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -143,12 +148,16 @@ def mcp_span(
             raise
 
 
-def span_failed(code: str, message: str) -> None:
-    """Marks the current request's span failed: `code` is the gateway's stable code (or the conventions'
-    `tool_error` for an upstream's own error result)."""
-    span = trace.get_current_span()
+def span_failed(code: str, message: str, span: Span | None = None) -> None:
+    """Marks the request's span (by default the current one) failed: `code` is the gateway's stable code (or the
+    conventions' `tool_error` for an upstream's own error result)."""
+    span = span or trace.get_current_span()
     span.set_attribute("error.type", code)
     span.set_status(Status(StatusCode.ERROR, message[:STATUS_TEXT]))
+
+
+def current_span() -> Span:
+    return trace.get_current_span()
 
 
 def trace_id_of(span: Span) -> str:
@@ -166,6 +175,38 @@ def current_traceparent() -> str:
     carrier: dict[str, str] = {}
     _propagator.inject(carrier)
     return carrier.get("traceparent", "")
+
+
+def code_call_span(name: str, traceparent: str) -> AbstractContextManager[Span]:
+    """The span of a call made by code: a child of the stage that runs the code, found by its traceparent, since
+    a worker may run the code for the web process that holds that stage."""
+    carrier = {"traceparent": traceparent} if traceparent else {}
+    return _tracer.start_as_current_span(
+        f"tools/call {name}",
+        context=_propagator.extract(carrier),
+        kind=SpanKind.INTERNAL,
+        attributes={"gen_ai.tool.name": name, "gen_ai.operation.name": "execute_tool"},
+        record_exception=False,
+        set_status_on_exception=False,
+    )
+
+
+def stage_spans_wanted() -> bool:
+    """Spans per stage only where someone will read them: an exporter is set and this task's trace is sampled."""
+    return _EXPORTING and trace.get_current_span().is_recording()
+
+
+def stage_span(name: str, wanted: bool) -> AbstractContextManager[Any]:
+    """The span of one stage, child of the call's (or a stage's, for a call made by code); the call's own span
+    carries its outcome, so a stage's exception is neither recorded nor made its status (its text may quote one)."""
+    if not wanted:
+        return _NO_SPAN
+    return _tracer.start_as_current_span(f"stage {name}", record_exception=False, set_status_on_exception=False)
+
+
+def stage_span_ended(name: str, seconds: float) -> None:
+    """The span of a stage timed before anyone knew the call (the frame): it ended now, `seconds` long."""
+    _tracer.start_span(f"stage {name}", start_time=time.time_ns() - int(seconds * 1e9)).end()
 
 
 def stages_observe(timers: dict[str, float]) -> None:

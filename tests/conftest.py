@@ -15,6 +15,7 @@ from django.db import connections
 from playwright.sync_api import Browser, sync_playwright
 
 from tests import servers
+from tests.otlp import Receiver, otlp_receiver
 
 REQUIRE_SERVICES = os.environ.get("SWITCHBOARD_REQUIRE_SERVICES") == "1"
 TRIAGE_TOPICS = {
@@ -163,8 +164,21 @@ def world(db, everything_http) -> World:
 
 
 @pytest.fixture(scope="session")
-def inline_gateway(server_env, world, logs) -> Iterator[servers.Running]:
-    running = servers.start_gateway(server_env | {"GATEWAY_EXECUTOR": "inline"}, logs / "gateway-inline.log")
+def traces() -> Iterator[Receiver]:
+    """Where the shared gateways and worker export their spans, a call's stages among them (tests/otlp.py)."""
+    with otlp_receiver() as (receiver, _):
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def traced_env(server_env, traces) -> dict[str, str]:
+    """The environment of the shared gateways and worker: spans exported at once (not every 5 s) to `traces`."""
+    return server_env | {"OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
+@pytest.fixture(scope="session")
+def inline_gateway(traced_env, world, logs) -> Iterator[servers.Running]:
+    running = servers.start_gateway(traced_env | {"GATEWAY_EXECUTOR": "inline"}, logs / "gateway-inline.log")
     running.executor_pid = running.process.pid
     yield running
     running.stop()
@@ -181,17 +195,17 @@ def short_window_gateway(server_env, world, logs) -> Iterator[servers.Running]:
 
 
 @pytest.fixture(scope="session")
-def celery_worker(server_env, logs) -> Iterator[servers.Running]:
+def celery_worker(traced_env, logs) -> Iterator[servers.Running]:
     needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Redis, so no Celery executor")
-    running = servers.start_worker(server_env | {"GATEWAY_EXECUTOR": "celery"}, logs / "worker.log")
+    running = servers.start_worker(traced_env | {"GATEWAY_EXECUTOR": "celery"}, logs / "worker.log")
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="session")
-def celery_gateway(server_env, world, celery_worker, logs) -> Iterator[servers.Running]:
+def celery_gateway(traced_env, world, celery_worker, logs) -> Iterator[servers.Running]:
     """In Celery mode the web process seals credentials but never opens one: it holds the public key only."""
-    running = servers.start_gateway(servers.web_env(server_env, "celery"), logs / "gateway-celery.log")
+    running = servers.start_gateway(servers.web_env(traced_env, "celery"), logs / "gateway-celery.log")
     running.executor_pid = celery_worker.process.pid
     yield running
     running.stop()

@@ -10,10 +10,13 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from tests.helpers import eventually
+
 
 class Receiver:
     def __init__(self) -> None:
         self.spans: list[Span] = []
+        self.endpoint = ""  # the OTEL_EXPORTER_OTLP_ENDPOINT that reaches it
         self._lock = threading.Lock()
 
     def keep(self, body: bytes) -> None:
@@ -27,6 +30,35 @@ class Receiver:
     def received(self) -> list[Span]:
         with self._lock:
             return list(self.spans)
+
+
+# The stages of a call, as their spans name them (handoff/mcp/pipeline/run.py): one that runs, one refused.
+CALLED = ["frame", "caller", "route", "decide", "admit", "before_execute", "approval_row", "execute", "result"]
+CALLED += ["completion_row", "answer"]
+REFUSED_AT_ROUTE = ["frame", "caller", "route", "denial_row", "answer"]
+REFUSED_AT_DECIDE = ["frame", "caller", "route", "decide", "denial_row", "answer"]
+
+
+def stages_of(receiver: Receiver, trace_id: str, calls: int = 1) -> dict[str, list[str]]:
+    """The stages each call in that trace ran (its "stage <name>" spans), in the order they started, by the name
+    of the span they are children of (the call's own), once `calls` calls have answered: a call's answer is its
+    last stage to end, so the others have been exported before it or with it."""
+
+    def answered() -> list[Span] | None:
+        spans = [s for s in receiver.received() if s.trace_id.hex() == trace_id]
+        names = {s.span_id for s in spans}
+        stages = [s for s in spans if s.name.startswith("stage ")]
+        if sum(s.name == "stage answer" for s in stages) < calls or any(s.parent_span_id not in names for s in stages):
+            return None
+        return spans
+
+    spans = eventually(answered)
+    names = {s.span_id: s.name for s in spans}
+    ran: dict[str, list[str]] = {}
+    for stage in sorted(spans, key=lambda s: s.start_time_unix_nano):
+        if stage.name.startswith("stage "):
+            ran.setdefault(names[stage.parent_span_id], []).append(stage.name.removeprefix("stage "))
+    return ran
 
 
 def attributes(span: Span) -> dict[str, Any]:
@@ -56,8 +88,9 @@ def otlp_receiver() -> Iterator[tuple[Receiver, str]]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    receiver.endpoint = f"http://127.0.0.1:{server.server_port}"
     try:
-        yield receiver, f"http://127.0.0.1:{server.server_port}"
+        yield receiver, receiver.endpoint
     finally:
         server.shutdown()
         server.server_close()

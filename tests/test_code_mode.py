@@ -19,6 +19,7 @@ from tests.clients import call, sdk_client, tool_names, ws_session
 from tests.conftest import needs
 from tests.factories import agent, two_strict_groups
 from tests.helpers import audit_mark, audit_since, eventually, run, until
+from tests.otlp import CALLED, stages_of
 
 SEARCH, EXECUTE = "switchboard__search_tools", "switchboard__execute"
 MODES = ["legacy", "2026-07-28"]
@@ -58,6 +59,21 @@ def test_code_calls_two_upstreams_and_combines_their_results(gateway, world, mod
     )
     assert {row.detail["execution"] for row in inner} == {str(approved.request_id)}
     assert all(row.outcome == "ok" for row in inner if row.kind == "completed")
+
+
+def test_each_call_code_makes_runs_a_direct_calls_stages_inside_the_execute_stage(gateway, world, traces):
+    code = """
+        const sum = await tools.demo.add({ a: 1, b: 1 });
+        return await tools.time.getCurrentTime({ timezone: "UTC" }) && sum;
+    """
+    mark = audit_mark()
+    assert value_of(execute(gateway, world.key, code)) == 2
+    [approved] = [row for row in audit_since(mark) if row.exposed_name == EXECUTE and row.kind == "approved"]
+    assert stages_of(traces, approved.trace_id, calls=3) == {
+        f"tools/call {EXECUTE}": CALLED,
+        "tools/call demo__add": CALLED,
+        "tools/call time__get_current_time": CALLED,
+    }
 
 
 def test_a_tool_error_is_caught_in_code_as_an_MCPToolError(gateway, world):

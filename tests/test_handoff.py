@@ -12,6 +12,7 @@ from handoff.models import Tunnel
 from tests.clients import call, sdk_client, tool_names, watched_client, ws_session
 from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually, run
+from tests.otlp import CALLED, REFUSED_AT_ROUTE, stages_of
 
 MODES = ["legacy", "2026-07-28"]
 TRIAGE = "switchboard__handoff_to_finance"
@@ -24,7 +25,7 @@ def text(result) -> str:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_triage_hands_off_to_a_specialist_and_return_restores_the_tools(gateway, specialists, mode):
+def test_triage_hands_off_to_a_specialist_and_return_restores_the_tools(gateway, specialists, mode, traces):
     with agent(f"traveller-{mode}") as (_, key):
         eventually(lambda: TRIAGE in run(lambda: tool_names(gateway.url, key, mode)), timeout=10)
         mark = audit_mark()
@@ -84,6 +85,15 @@ def test_triage_hands_off_to_a_specialist_and_return_restores_the_tools(gateway,
     ]
     assert [r.error_code for r in rows if r.kind == "denied"] == ["HANDOFF_NAMESPACE_MISMATCH"]
     assert (tunnel.state, tunnel.close_reason) == ("closed", "returned")
+    # Each move and each call during the handoff is one pass through the pipeline, the tunnel a branch of execute.
+    ends = {r.exposed_name: r.trace_id for r in rows if r.kind in ("completed", "denied")}
+    stages = {name: stages_of(traces, trace_id) for name, trace_id in ends.items()}
+    assert stages == {
+        TRIAGE: {f"tools/call {TRIAGE}": CALLED},
+        "finance__handoff_context": {"tools/call finance__handoff_context": CALLED},
+        "time__get_current_time": {"tools/call time__get_current_time": REFUSED_AT_ROUTE},
+        RETURN: {f"tools/call {RETURN}": CALLED},
+    }
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -25,6 +25,7 @@ from tests import servers
 from tests.clients import api, call, sdk_client, tool_names
 from tests.factories import person_upstream
 from tests.helpers import audit_mark, audit_since, eventually
+from tests.otlp import CALLED, REFUSED_AT_DECIDE, stages_of
 
 pytestmark = pytest.mark.e2e
 
@@ -231,10 +232,11 @@ def test_a_2025_client_is_asked_by_url_elicitation_and_retries_once_connected(tr
     assert after == "bob"
 
 
-def test_a_2026_client_gets_an_input_required_url_elicitation_and_its_retry_runs_afresh(tracker, gateway):
+def test_a_2026_client_gets_an_input_required_url_elicitation_and_its_retry_runs_afresh(tracker, gateway, traces):
     _listed(gateway, tracker["keys"]["bob"])
     PersonalCredential.objects.filter(upstream=tracker["upstream"], person_name="Bob").delete()
     asked: list[types.ElicitRequestURLParams] = []
+    mark = audit_mark()
 
     async def elicited(context, params):
         asked.append(params)
@@ -250,6 +252,15 @@ def test_a_2026_client_gets_an_input_required_url_elicitation_and_its_retry_runs
     assert anyio.run(scenario) == "bob"
     (params,) = asked
     assert params.mode == "url" and f"/account/connections/{SLUG}/?for=" in params.url
+    # Asking to connect is the decide stage refusing; the retry is a call of its own, through every stage.
+    rows = [row for row in audit_since(mark) if row.exposed_name == WHOAMI]
+    assert [(row.kind, row.error_code) for row in rows] == [
+        ("denied", "CREDENTIAL_REQUIRED"),
+        ("approved", ""),
+        ("completed", ""),
+    ]
+    assert stages_of(traces, rows[0].trace_id) == {f"tools/call {WHOAMI}": REFUSED_AT_DECIDE}
+    assert stages_of(traces, rows[1].trace_id) == {f"tools/call {WHOAMI}": CALLED}
 
 
 def test_a_revoked_credential_is_refused_until_the_person_connects_again(tracker, inline_gateway, admin_token):

@@ -16,6 +16,7 @@ from handoff.mcp.input_required import SALT
 from tests.clients import sdk_client, tool_names, watched_client, ws_session
 from tests.factories import demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run, until
+from tests.otlp import CALLED, stages_of
 from tests.servers import CANCELLED_DIR, demo_started, inline_gateway_with
 
 MODES = ["legacy", "2026-07-28"]
@@ -104,7 +105,7 @@ def test_an_agent_that_declared_no_elicitation_is_never_asked(gateway, world):
     assert result.content[0].text == "demo__ask: The service refused the request: Elicitation not supported"
 
 
-def test_a_2026_agent_gets_an_input_required_result_and_its_retry_completes_the_call(gateway, world, asking):
+def test_a_2026_agent_gets_an_input_required_result_and_its_retry_completes_the_call(gateway, world, asking, traces):
     asked: list[str] = []
     mark = audit_mark()
 
@@ -122,6 +123,10 @@ def test_a_2026_agent_gets_an_input_required_result_and_its_retry_completes_the_
         assert rows == [("approved", ""), ("completed", "ok")] * 2
     else:  # parked: one call of the upstream's, however many rounds the agent needs
         assert rows == [("approved", ""), ("completed", "ok")]
+    # Either way each call passes each stage once: a retry answering a parked call resumes it, not a new pass.
+    traced = {r.trace_id for r in audit_since(mark) if r.exposed_name == f"{asking}__ask"}
+    assert len(traced) == len(rows) // 2
+    assert [stages_of(traces, trace_id) for trace_id in traced] == [{f"tools/call {asking}__ask": CALLED}] * len(traced)
 
 
 def test_a_tampered_or_foreign_request_state_is_refused(inline_gateway, world, asking):

@@ -13,9 +13,9 @@ from mcp.shared.exceptions import MCPError
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from tests import servers
-from tests.clients import STATELESS_META, call, sdk_client, ws_session
+from tests.clients import STATELESS_META, call, reply_of, sdk_client, stateless_headers, ws_session
 from tests.helpers import audit_mark, audit_since, eventually, metric_value, run, scrape
-from tests.otlp import Receiver, attributes, otlp_receiver
+from tests.otlp import CALLED, Receiver, attributes, otlp_receiver, stages_of
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +167,26 @@ def test_a_tools_list_span_continues_the_agents_trace(traced_gateway, world, otl
         "network.transport": "tcp",
         "network.protocol.name": "http",
     }
+
+
+def _echo_in_trace(gateway: servers.Running, key: str, trace_id: str, flags: str) -> dict:
+    """A 2026-07-28 call of demo__echo in the agent's trace, sampled (flags 01) or not (00)."""
+    meta = STATELESS_META | {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-{flags}"}
+    params = {"name": "demo__echo", "arguments": {"text": "staged"}, "_meta": meta}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    headers = stateless_headers(key, "demo__echo")
+    return reply_of(httpx2.post(f"{gateway.url}/mcp", json=body, headers=headers, timeout=10))
+
+
+def test_a_sampled_call_has_a_span_per_stage_and_an_unsampled_one_none(traced_gateway, world, otlp):
+    unsampled, sampled = secrets.token_hex(16), secrets.token_hex(16)
+    mark = audit_mark()
+    assert "result" in _echo_in_trace(traced_gateway, world.key, unsampled, "00")
+    assert "result" in _echo_in_trace(traced_gateway, world.key, sampled, "01")
+    assert stages_of(otlp[0], sampled) == {"tools/call demo__echo": CALLED}
+    # Spans are exported in the order they end: the unsampled call's, had it any, would have come first.
+    assert [span.name for span in otlp[0].received() if span.trace_id.hex() == unsampled] == []
+    assert {row.trace_id for row in audit_since(mark) if row.exposed_name == "demo__echo"} == {unsampled, sampled}
 
 
 def sample(text: str, name: str) -> float:

@@ -15,6 +15,7 @@ from django.conf import settings
 from mcp.shared.exceptions import MCPError
 
 from audit.outcomes import EXECUTOR_GRACE_SECONDS
+from audit.telemetry import code_call_span, current_traceparent
 from handoff.codemode.bindings import Bindings, bindings_build
 from handoff.codemode.embeddings import model_dir, model_id
 from handoff.codemode.sandbox import SandboxError, SandboxLimits, SandboxRun, sandbox_run
@@ -123,6 +124,7 @@ async def execute(caller: Caller, arguments: dict[str, Any], request_id: uuid.UU
         raise _invalid(message, "CODE_TOO_LARGE")
     seen = snapshot.latest.version if snapshot.latest else 0  # the configuration this call was admitted on
     execution = {"caller": caller.wire(), "request_id": str(request_id), "trace_id": trace_id, "code": code}
+    execution["traceparent"] = current_traceparent()  # its calls' spans are children of this stage's, anywhere
     execution["version"] = seen
     try:
         return await _executed(execution)
@@ -195,9 +197,11 @@ def _result(run: SandboxRun) -> dict[str, Any]:
 async def code_call(caller: Caller, execution: dict[str, Any], name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """One tool call made by code: the same pipeline as a direct call (so the session's strict-group lock holds
     inside the execution too); its answer for the sandbox."""
-    call = Call(name, arguments, execution["trace_id"], origin=CODE, caller=caller, execution=execution["request_id"])
+    made_by = execution["request_id"]
     try:
-        return await call_serve(call, _code_answer)
+        with code_call_span(name, execution.get("traceparent", "")):
+            call = Call(name, arguments, execution["trace_id"], origin=CODE, caller=caller, execution=made_by)
+            return await call_serve(call, _code_answer)
     except MCPError as refused:  # a row that could not be recorded
         code = (refused.error.data or {}).get("code", "REFUSED")
         return {"ok": False, "error": {"code": code, "message": refused.error.message}}

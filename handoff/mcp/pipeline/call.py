@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
+from opentelemetry.trace import Span
 
+from audit.telemetry import current_span, stage_spans_wanted
 from handoff.mcp.caller import Caller
 from handoff.protocol.tunnels import SessionTunnel
 from handoff.snapshot import Route, Snapshot, TriageEntry
@@ -67,6 +69,8 @@ class Call:
     after_failed: bool = False  # a step after execute raised: the call ran, its result is withheld
     stage_audit: dict[str, dict[str, Any]] = field(default_factory=dict)  # what after-execute stages noted
     timers: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+    span: Span = field(default_factory=current_span)  # the call's own (its request's, or a code call's)
+    traced: bool = field(default_factory=stage_spans_wanted)  # a span per stage, too
     started: float = field(default_factory=time.perf_counter)
 
     @property

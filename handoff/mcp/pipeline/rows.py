@@ -178,7 +178,7 @@ async def completion_row(call: Call) -> None:
     if not call.own:
         call_observe(upstream=call.upstream, outcome=status, duration_ms=call.duration_ms)
     if failed:
-        span_failed(outcome.get("code", "tool_error"), error_text(result))
+        span_failed(outcome.get("code", "tool_error"), error_text(result), call.span)
     code = outcome.get("code", "" if call.own else "TOOL_ERROR" if failed else "")
     detail = outcome.get("detail") or (error_text(outcome["result"]) if failed and not call.own else "")
     completion = record(

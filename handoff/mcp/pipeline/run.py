@@ -5,7 +5,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from audit.telemetry import log_fields_add, stages_observe
+from audit.telemetry import log_fields_add, stage_span, stage_span_ended, stages_observe
 from handoff.mcp.pipeline.call import AGENT, Call
 from handoff.mcp.pipeline.execute import execute_stage, result_stage
 from handoff.mcp.pipeline.extra import before_execute_stage
@@ -27,18 +27,24 @@ BEFORE: tuple[tuple[str, Stage], ...] = (
 async def stage_run(call: Call, name: str, stage: Stage) -> None:
     call.stage, started = name, time.perf_counter()
     try:
-        await stage(call)
+        with stage_span(name, call.traced):
+            await stage(call)
     finally:
         call.timers[name] = time.perf_counter() - started
 
 
 async def call_serve(call: Call, answer: Callable[[Call], Awaitable[T]]) -> T:
-    """The call through every stage, then its answer in the form its origin takes."""
+    """The call through every stage, then its answer in the form its origin takes. The frame stage (the request
+    object made, a 2026-07-28 round sorted out) ran from the call's making to here."""
+    call.timers["frame"] = time.perf_counter() - call.started
+    if call.traced:
+        stage_span_ended("frame", call.timers["frame"])
     try:
         await call_run(call)
         started = time.perf_counter()
         try:
-            return await answer(call)
+            with stage_span("answer", call.traced):
+                return await answer(call)
         finally:
             call.timers["answer"] = time.perf_counter() - started
     finally:
