@@ -56,6 +56,11 @@ SIGNED_FIELDS = (
 # other: the payloads differ in length).
 PERSON_FIELDS = ("person_issuer", "person_subject", "person_name", "client_id")
 ROW_FIELDS = (*SIGNED_FIELDS, *PERSON_FIELDS)
+# Version 3 (SEAL_TEAMS, the row's `seal` column says so): every field above and the team, whatever is empty,
+# the version itself first. A row's version is no longer guessed from its content: a row of one version made
+# to look like another (its team or its seal changed) does not match its MAC.
+TEAM_FIELDS = (*ROW_FIELDS, "team")
+STORED_FIELDS = (*TEAM_FIELDS, "seal")  # what verifying a row reads
 # Without Celery, the web process seals in a thread of its own (audit/tasks.py), and turning a fetched chunk into
 # rows holds the GIL that the serving loop's thread wants back: 5,000 rows at a time held it up to 150 ms, a few
 # hundred keep it to milliseconds (bench/seal_stall.py).
@@ -104,6 +109,8 @@ def _mac_valid(mac: str, payload: bytes) -> bool:
 def _row_payload(row: Mapping[str, Any]) -> bytes:
     if isinstance(row.get("request_id"), str):
         row = {**row, "request_id": uuid.UUID(row["request_id"])}  # the spelling the database gives back
+    if row.get("seal"):
+        return _canonical([row["seal"], *(row.get(name) for name in TEAM_FIELDS)])
     fields = ROW_FIELDS if any(row.get(name) for name in PERSON_FIELDS) else SIGNED_FIELDS
     return _canonical([row.get(name) for name in fields])
 
@@ -131,7 +138,7 @@ def _rows(first: int, last: int | None, chunk: int = STREAM_CHUNK) -> Iterator[d
     rows = AuditEvent.objects.filter(id__gte=first)
     if last is not None:
         rows = rows.filter(id__lte=last)
-    return audit_stream(rows=rows, fields=["mac", *ROW_FIELDS], oldest_first=True, chunk=chunk)
+    return audit_stream(rows=rows, fields=["mac", *STORED_FIELDS], oldest_first=True, chunk=chunk)
 
 
 class _RangeDigest:
@@ -203,7 +210,7 @@ def _pruned_through(report: VerifyReport) -> int:
     """How far retention deleted, by its own sealed rows; a forged one counts as tampering."""
     through = 0
     for row in AuditEvent.objects.filter(kind=AuditEvent.Kind.ADMIN_CHANGE, detail__action=PRUNED).values(
-        "id", "mac", *ROW_FIELDS
+        "id", "mac", *STORED_FIELDS
     ):
         if not _mac_valid(row["mac"], _row_payload(row)):
             report.altered(row["id"], "a retention record that does not match its MAC")

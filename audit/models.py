@@ -2,6 +2,9 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+DEFAULT_TEAM = "default"  # the slug of the team that held everything when teams came (policy.models.Team)
+SEAL_TEAMS = 3  # the seal version of rows that carry their team (audit/integrity.py)
+
 
 class AuditEvent(models.Model):
     """One append-only row of the audit trail, sealed with an HMAC (audit/integrity.py). Written only through
@@ -28,6 +31,9 @@ class AuditEvent(models.Model):
     request_id = models.UUIDField(null=True, blank=True, db_index=True)
     agent_id = models.BigIntegerField(null=True, blank=True)
     agent_name = models.CharField(max_length=64, blank=True)
+    # The team of the agent that called, by value (its slug then); "" for a row of no team's (a refused token,
+    # a sign-in). Rows sealed before teams came have no team column of their own: they read as DEFAULT_TEAM.
+    team = models.CharField(max_length=32, blank=True)
     # The person a bearer token named (issuer and subject, and their name then), and the OAuth client acting
     # for them: values, not foreign keys, so the trail outlives the accounts and stays the bottom layer.
     person_issuer = models.CharField(max_length=255, blank=True)
@@ -49,6 +55,9 @@ class AuditEvent(models.Model):
     detail = models.JSONField(default=dict, blank=True)
     trace_id = models.CharField(max_length=32, blank=True, help_text="W3C trace id of the request's span")
     mac = models.CharField(max_length=80, default="", editable=False, help_text="kid:HMAC-SHA256 over the row")
+    # Which fields `mac` covers (audit/integrity.py): 0 for rows written before version 3, whose version their
+    # content tells; every new row is sealed at SEAL_TEAMS.
+    seal = models.PositiveSmallIntegerField(default=SEAL_TEAMS, editable=False)
 
     class Meta:
         ordering = ["-id"]
@@ -69,6 +78,15 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.upstream}/{self.tool} {self.request_id}"
+
+    @property
+    def team_slug(self) -> str:
+        """The row's team: its own, or for a row sealed before teams came, the default team."""
+        return team_of(team=self.team, seal=self.seal)
+
+
+def team_of(*, team: str, seal: int) -> str:
+    return team if seal >= SEAL_TEAMS else DEFAULT_TEAM
 
 
 class AuditCheckpoint(models.Model):

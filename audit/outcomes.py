@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from audit.models import AuditEvent
+from audit.models import AuditEvent, team_of
 from audit.services import audit_record
 
 DEADLINE = "deadline_seconds"  # on an approval's detail: how long after it the call may still end
@@ -59,7 +59,7 @@ def _approvals(after: int, now: datetime) -> list[dict[str, Any]]:
     completion = AuditEvent.objects.filter(kind=AuditEvent.Kind.COMPLETED, request_id=OuterRef("request_id"))
     rows = AuditEvent.objects.filter(kind=AuditEvent.Kind.APPROVED, id__gt=after, created_at__gte=since)
     rows = rows.annotate(settled=Exists(completion)).order_by("id")
-    return list(rows.values("id", "created_at", "detail", "settled", *CARRIED)[:BATCH])
+    return list(rows.values("id", "created_at", "detail", "settled", "team", "seal", *CARRIED)[:BATCH])
 
 
 def _settle(approval: dict[str, Any]) -> bool:
@@ -73,7 +73,9 @@ def _settle(approval: dict[str, Any]) -> bool:
     )
     kept = {k: v for k, v in approval["detail"].items() if k not in ("arguments", DEADLINE)}
     detail = kept | {"approval_event": approval["id"], DEADLINE: seconds}
+    # The call's team, as its approval reads: an approval sealed before teams came is the default team's.
     fields = {name: approval[name] for name in CARRIED}
+    fields["team"] = team_of(team=approval["team"], seal=approval["seal"])
     try:
         with transaction.atomic():
             audit_record(

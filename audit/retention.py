@@ -19,7 +19,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.integrity import PRUNED, ROW_FIELDS
+from audit.integrity import PRUNED, STORED_FIELDS
 from audit.models import AuditCheckpoint, AuditEvent
 from audit.services import audit_record
 
@@ -39,7 +39,7 @@ def _delete_batch(through: int, archive: Path | None) -> int:
         rows = list(
             AuditEvent.objects.filter(id__lte=through)
             .order_by("id")
-            .values("id", "mac", *ROW_FIELDS)[: settings.GATEWAY_AUDIT_PRUNE_BATCH]
+            .values("id", "mac", *STORED_FIELDS)[: settings.GATEWAY_AUDIT_PRUNE_BATCH]
         )
         if not rows:
             return 0

@@ -50,7 +50,9 @@ async def console_call(
     *, agent_id: int, version: int, operator: str, name: str, arguments: dict[str, Any]
 ) -> ConsoleCall:
     """One tools/call of `name` as the console agent, on behalf of `operator`."""
-    caller = Caller(agent_id, CONSOLE_AGENT, "console", key_prefix=f"console-{operator}")
+    snap = await snapshot.at_least(version)
+    team = snap.agent_teams.get(agent_id, "")
+    caller = Caller(agent_id, CONSOLE_AGENT, "console", key_prefix=f"console-{operator}", team=team)
     request_id = uuid.uuid4()
     with mcp_span(
         "tools/call", meta=None, protocol_version=None, request_id=None, session_id="", transport="console", tool=name
@@ -58,7 +60,7 @@ async def console_call(
         trace_id = trace_id_of(span)
         log_fields_add(trace_id=trace_id, agent=CONSOLE_AGENT, tool=name, request_id=str(request_id))
         call = Call(name, arguments, trace_id, origin=CONSOLE, caller=caller, request_id=request_id, actor=operator)
-        call.snap = await snapshot.at_least(version)
+        call.snap = snap
         try:
             return await call_serve(call, _console_answer)
         except MCPError as refused:  # an audit row that could not be written

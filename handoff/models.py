@@ -6,6 +6,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from policy.models import team_field
 from registry.models import Upstream, slug_validator
 
 
@@ -18,6 +19,7 @@ class HandoffRoute(models.Model):
         validators=[slug_validator],
         help_text="The specialist's domain (finance, devops, ...): the namespace of its tools during a handoff",
     )
+    team = team_field("handoff_routes")
     description = models.TextField(help_text="When to hand off here: the model reads this to decide")
     target = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="handoff_routes")
     enabled = models.BooleanField(default=True)

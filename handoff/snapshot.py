@@ -146,6 +146,7 @@ class Snapshot:
     version: int
     keys: dict[str, KeyEntry] = field(default_factory=dict)  # key prefix -> key of an enabled agent
     agents: dict[int, AgentLimits] = field(default_factory=dict)  # enabled agents
+    agent_teams: dict[int, str] = field(default_factory=dict)  # enabled agent -> its team's slug
     tools: dict[str, ToolEntry] = field(default_factory=dict)  # exposed name -> every upstream's tools
     upstreams: dict[str, bool] = field(default_factory=dict)  # slug -> reachable
     policy: Policy = Policy()
@@ -400,7 +401,7 @@ def snapshot_compile() -> Snapshot:
     version = config_version()  # read first: a change racing the compile leaves the version behind, not ahead
     # Revoked keys too, so that their holders are told so (a key revoked is known, unlike a key made up).
     keys = AgentKey.objects.filter(agent__enabled=True).select_related("agent", "owner")
-    agents = Agent.objects.filter(enabled=True)
+    agents = Agent.objects.filter(enabled=True).select_related("team")
     upstreams = {u.id: u for u in Upstream.objects.select_related("group")}
     limits = {upstream.id: _upstream_limits(upstream) for upstream in upstreams.values()}
     routes = {}
@@ -422,6 +423,7 @@ def snapshot_compile() -> Snapshot:
             )
             for a in agents
         },
+        agent_teams={a.id: a.team.slug for a in agents},
         tools=_tools(upstreams, limits),
         upstreams={u.slug: u.is_reachable for u in upstreams.values()},
         policy=_policy(),

@@ -5,6 +5,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from audit.models import DEFAULT_TEAM
+
 # Control, format (zero-width, bidi), surrogate, private-use and unassigned characters, and line breaks.
 INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
@@ -19,12 +21,83 @@ def visible_name(value: str) -> None:
         raise ValidationError("Remove the spaces at the start or end.")
 
 
+class Team(models.Model):
+    """Who owns upstreams, server groups, agents (and so their keys), agent groups, rules and handoff routes
+    (docs/teams.md). People belong to teams with a role each; a gateway admin (a superuser) manages teams."""
+
+    slug = models.SlugField(max_length=32, unique=True, help_text="How audit rows and the API name the team")
+    name = models.CharField(max_length=64, unique=True, validators=[visible_name])
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def default_team() -> int:
+    """The team an object belongs to when it is made without one: the default team (made by a migration,
+    and again here should it be gone, as after a test flushed the database)."""
+    # Only the key is read: migrations call this too, when the table may lack columns added later.
+    found = Team.objects.filter(slug=DEFAULT_TEAM).values_list("pk", flat=True).first()
+    return found or Team.objects.get_or_create(slug=DEFAULT_TEAM, defaults={"name": "Default"})[0].pk
+
+
+def team_field(related_name: str) -> models.ForeignKey:
+    """An object's owner: a team that still owns something cannot be deleted (registry.services.team_delete)."""
+    return models.ForeignKey(Team, on_delete=models.PROTECT, default=default_team, related_name=related_name)
+
+
+class TeamRole(models.TextChoices):
+    ADMIN = "admin", "Admin: manages the team's objects and members"
+    MEMBER = "member", "Member: calls the team's tools"
+    AUDITOR = "auditor", "Auditor: reads the team's audit trail"
+
+
+# When several of a person's groups give them a role in one team, the first of these wins.
+ROLE_ORDER = (TeamRole.ADMIN, TeamRole.MEMBER, TeamRole.AUDITOR)
+
+
+class TeamMember(models.Model):
+    """A console account's role in a team."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="members")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_memberships")
+    role = models.CharField(max_length=8, choices=TeamRole.choices)
+
+    class Meta:
+        ordering = ["team__slug", "user__username"]
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="team_member_once")]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.role} of {self.team.slug})"
+
+
+class TeamGroup(models.Model):
+    """People in this group (at the IdP, or a console group for the built-in sign-in) have `role` in `team`,
+    as agent groups map IdP groups to agents (AgentGroup.idp_groups)."""
+
+    group = models.CharField(max_length=150, validators=[visible_name], help_text="The group's name, exactly")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="idp_groups")
+    role = models.CharField(max_length=8, choices=TeamRole.choices)
+
+    class Meta:
+        ordering = ["group", "team__slug"]
+        verbose_name = "team group mapping"
+        constraints = [models.UniqueConstraint(fields=["group", "team"], name="team_group_once")]
+
+    def __str__(self) -> str:
+        return f"{self.group} → {self.role} of {self.team.slug}"
+
+
 class ServerGroup(models.Model):
     class Isolation(models.TextChoices):
         STRICT = "strict", "Strict: a session that enters this group stays in it"
         OPEN = "open", "Open: reachable from any session"
 
     name = models.CharField(max_length=64, unique=True, validators=[visible_name])
+    team = team_field("server_groups")
     isolation = models.CharField(max_length=8, choices=Isolation.choices, default=Isolation.OPEN)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -46,6 +119,7 @@ class Agent(models.Model):
     """A client of the gateway (an MCP host such as Claude Desktop or an automation)."""
 
     name = models.CharField(max_length=64, unique=True, validators=[visible_name])
+    team = team_field("agents")
     enabled = models.BooleanField(default=True)
     calls_per_minute = limit_field("Tool calls in any 60 seconds; empty: GATEWAY_AGENT_CALLS_PER_MINUTE")
     max_calls_per_session = limit_field("Tool calls in one session; empty: GATEWAY_SESSION_MAX_CALLS")
@@ -145,9 +219,10 @@ class Person(models.Model):
 
 
 class AgentGroup(models.Model):
-    """Agents that rules treat alike (a team, say)."""
+    """Agents that rules treat alike (a shift, a product's bots)."""
 
     name = models.CharField(max_length=64, unique=True, validators=[visible_name])
+    team = team_field("agent_groups")
     agents = models.ManyToManyField(Agent, blank=True, related_name="agent_groups")
     idp_groups = models.CharField(
         max_length=512,
@@ -172,6 +247,7 @@ class Rule(models.Model):
         DENY = "deny", "Deny"
 
     effect = models.CharField(max_length=5, choices=Effect.choices)
+    team = team_field("rules")
     agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
     agent_group = models.ForeignKey(AgentGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
     person = models.ForeignKey(

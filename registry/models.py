@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from policy.models import ServerGroup, limit_field
+from policy.models import ServerGroup, Team, limit_field, team_field
 from registry.upstreams.egress import url_problem
 from registry.upstreams.sandbox import sandbox_problem
 
@@ -52,6 +52,10 @@ class Upstream(models.Model):
         max_length=32, unique=True, validators=[slug_validator], help_text="Namespace of this upstream's tools"
     )
     name = models.CharField(max_length=128, blank=True)
+    team = team_field("upstreams")
+    shared_with_all = models.BooleanField(
+        default=False, help_text="Every other team may call its tools (under their own rules), not change it"
+    )
     transport = models.CharField(max_length=16, choices=Transport.choices)
     command = models.CharField(max_length=512, blank=True)
     args = models.JSONField(default=list, blank=True)
@@ -397,6 +401,26 @@ class PersonalCredential(models.Model):
 
     def __str__(self) -> str:
         return f"{self.upstream.slug} for {self.person_name or self.person_subject}"
+
+
+class UpstreamShare(models.Model):
+    """An upstream its team lends to another team: the borrower may call its tools (under the borrower's own
+    rules), never change it."""
+
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="shares")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="borrowed_upstreams")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["upstream__slug", "team__slug"]
+        constraints = [models.UniqueConstraint(fields=["upstream", "team"], name="upstream_share_once")]
+
+    def __str__(self) -> str:
+        return f"{self.upstream.slug} shared with {self.team.slug}"
+
+    def clean(self) -> None:
+        if self.upstream_id and self.team_id and self.upstream.team_id == self.team_id:
+            raise ValidationError({"team": "This team owns the upstream already: share it with another team."})
 
 
 class SealedSecret(models.Model):

@@ -36,9 +36,8 @@ async def record(*, kind: str, **fields: Any) -> None:
 
 
 def _who(caller: Caller) -> dict[str, Any]:
-    """The row's fields that say who: the agent, the person and client, the session and transport."""
-    fields = {"agent_id": caller.agent_id, "agent_name": caller.agent_name, **caller.person}
-    return fields | {"session_id": caller.session_id, "transport": caller.transport}
+    """The row's fields that say who: the agent and its team, the person and client, the session and transport."""
+    return caller.audited | {"session_id": caller.session_id, "transport": caller.transport}
 
 
 async def session_record(caller: Caller, action: str, **detail: Any) -> None:

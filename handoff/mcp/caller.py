@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from django.conf import settings
@@ -38,6 +39,7 @@ class Caller:
     transport: str  # "http" or "ws"
     key_prefix: str  # the public part of the API key the request carried; empty for a token
     session_id: str = ""
+    team: str = ""  # the slug of the agent's team (policy.models.Team)
     # The person a bearer token named, and the OAuth client acting for them (empty for an API key).
     person_issuer: str = ""
     person_subject: str = ""
@@ -79,8 +81,13 @@ class Caller:
         return (self.agent_id, self.person_issuer, self.person_subject)
 
     @property
+    def audited(self) -> dict[str, Any]:
+        """Who is calling, as every audit row of theirs holds it: the agent and its team, the person and client."""
+        return {"agent_id": self.agent_id, "agent_name": self.agent_name, "team": self.team, **self.person}
+
+    @property
     def person(self) -> dict[str, str]:
-        """The person and the client, as every audit row holds them."""
+        """The person and the client."""
         return {
             "person_issuer": self.person_issuer,
             "person_subject": self.person_subject,
@@ -207,6 +214,7 @@ def _key_holder(scope: dict, transport: str, entry: KeyEntry, snap: Snapshot) ->
         agent_id=entry.agent_id,
         agent_name=entry.agent_name,
         transport=transport,
+        team=snap.agent_teams.get(entry.agent_id, ""),
         key_prefix=entry.prefix,
         key_tools=entry.tools,
         public_url=public_base(scope),
@@ -293,6 +301,7 @@ async def _admitted(scope: dict, transport: str, identity: Identity, provider: P
         agent_id=provider.agent_id,
         agent_name=provider.agent_name,
         transport=transport,
+        team=snap.agent_teams.get(provider.agent_id, ""),
         key_prefix="",
         person_issuer=identity.issuer,
         person_subject=identity.subject,

@@ -46,9 +46,7 @@ def request_audit(
     return {
         "request_id": request_id,
         "trace_id": trace_id,
-        "agent_id": caller.agent_id,
-        "agent_name": caller.agent_name,
-        **caller.person,
+        **caller.audited,
         "session_id": caller.session_id,
         "transport": caller.transport,
         "exposed_name": name,

@@ -1,0 +1,49 @@
+import django.db.models.deletion
+import policy.models
+from django.db import migrations, models
+
+
+def default_team(apps, schema_editor) -> None:
+    """Every upstream that exists belongs to the default team (made by policy's 0010_teams)."""
+    team = apps.get_model("policy", "Team").objects.get(slug="default")
+    apps.get_model("registry", "Upstream").objects.filter(team__isnull=True).update(team=team)
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('policy', '0010_teams'),
+        ('registry', '0015_upstream_package'),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name='upstream',
+            name='shared_with_all',
+            field=models.BooleanField(default=False, help_text='Every other team may call its tools (under their own rules), not change it'),
+        ),
+        migrations.AddField(
+            model_name='upstream',
+            name='team',
+            field=models.ForeignKey(null=True, on_delete=django.db.models.deletion.PROTECT, related_name='upstreams', to='policy.team'),
+        ),
+        migrations.RunPython(default_team, migrations.RunPython.noop),
+        migrations.AlterField(
+            model_name='upstream',
+            name='team',
+            field=models.ForeignKey(default=policy.models.default_team, on_delete=django.db.models.deletion.PROTECT, related_name='upstreams', to='policy.team'),
+        ),
+        migrations.CreateModel(
+            name='UpstreamShare',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('team', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='borrowed_upstreams', to='policy.team')),
+                ('upstream', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='shares', to='registry.upstream')),
+            ],
+            options={
+                'ordering': ['upstream__slug', 'team__slug'],
+                'constraints': [models.UniqueConstraint(fields=('upstream', 'team'), name='upstream_share_once')],
+            },
+        ),
+    ]
