@@ -11,8 +11,8 @@ from policy.admin import AuditedSaveMixin
 
 @admin.register(HandoffRoute)
 class HandoffRouteAdmin(AuditedSaveMixin, admin.ModelAdmin):
-    list_display = ("domain", "target", "enabled", "max_sessions", "idle_timeout")
-    list_filter = ("enabled",)
+    list_display = ("domain", "target", "team", "enabled", "max_sessions", "idle_timeout")
+    list_filter = ("enabled", "team")
     search_fields = ("domain", "description")
 
 

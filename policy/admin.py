@@ -11,8 +11,21 @@ from django.urls import path
 
 from handoff.explain import ExplainRefused, call_explain
 from policy.builtin_agents import agent_label, builtin_description
-from policy.models import AdminToken, Agent, AgentGroup, AgentKey, IdentityProvider, Person, Rule, ServerGroup
+from policy.models import (
+    AdminToken,
+    Agent,
+    AgentGroup,
+    AgentKey,
+    IdentityProvider,
+    Person,
+    Rule,
+    ServerGroup,
+    Team,
+    TeamGroup,
+    TeamMember,
+)
 from policy.services import (
+    TeamRefused,
     admin_token_revoke,
     agent_key_issue,
     agent_key_revoke,
@@ -22,6 +35,7 @@ from policy.services import (
     relations_record,
     rule_save,
 )
+from registry.services import team_delete
 
 
 class AgentPickerMixin:
@@ -84,10 +98,11 @@ class RuleAdmin(AgentPickerMixin, AuditedDeleteMixin, admin.ModelAdmin):
     """Deny wins over allow; with no matching rule, GATEWAY_POLICY_DEFAULT decides (see docs/policy.md)."""
 
     list_display = (
-        "effect", "agent", "agent_group", "person", "upstream", "server_group", "tool_pattern", "enabled", "note"
+        "effect", "agent", "agent_group", "person", "upstream", "server_group", "tool_pattern", "enabled", "note",
+        "team",
     )  # fmt: skip
     fieldsets = (
-        (None, {"fields": ("effect", "enabled", "note")}),
+        (None, {"fields": ("effect", "enabled", "note", "team")}),
         ("Who: empty means anyone", {"fields": ("agent", "agent_group", "person")}),
         ("Where: empty means any upstream", {"fields": ("upstream", "server_group", "tool_pattern")}),
     )
@@ -96,7 +111,7 @@ class RuleAdmin(AgentPickerMixin, AuditedDeleteMixin, admin.ModelAdmin):
         stance = {"stance": settings.GATEWAY_POLICY_DEFAULT}  # the template says what it means
         return super().changelist_view(request, (extra_context or {}) | stance)
 
-    list_filter = ("effect", "enabled", "agent", "upstream", "server_group")
+    list_filter = ("effect", "enabled", "team", "agent", "upstream", "server_group")
     search_fields = ("tool_pattern", "note")
 
     def save_model(self, request, obj, form, change) -> None:
@@ -133,7 +148,8 @@ class RuleAdmin(AgentPickerMixin, AuditedDeleteMixin, admin.ModelAdmin):
 
 @admin.register(AgentGroup)
 class AgentGroupAdmin(AgentPickerMixin, AuditedSaveMixin, admin.ModelAdmin):
-    list_display = ("name", "idp_groups")
+    list_display = ("name", "team", "idp_groups")
+    list_filter = ("team",)
     filter_horizontal = ("agents",)
 
     related_action = "agentgroup_members"
@@ -144,8 +160,8 @@ class AgentGroupAdmin(AgentPickerMixin, AuditedSaveMixin, admin.ModelAdmin):
 
 @admin.register(ServerGroup)
 class ServerGroupAdmin(AuditedSaveMixin, admin.ModelAdmin):
-    list_display = ("name", "isolation", "enabled", "upstream_list")
-    list_filter = ("isolation", "enabled")
+    list_display = ("name", "team", "isolation", "enabled", "upstream_list")
+    list_filter = ("isolation", "enabled", "team")
     actions = ("enable", "disable")
 
     def _set_enabled(self, request: HttpRequest, queryset, enabled: bool) -> None:
@@ -158,7 +174,7 @@ class ServerGroupAdmin(AuditedSaveMixin, admin.ModelAdmin):
         return ", ".join(upstream.slug for upstream in group.upstreams.all()) or "—"
 
     def get_queryset(self, request):
-        return super().get_queryset(request).prefetch_related("upstreams")
+        return super().get_queryset(request).select_related("team").prefetch_related("upstreams")
 
     @admin.action(description="Enable selected groups")
     def enable(self, request, queryset):
@@ -193,8 +209,8 @@ class AgentKeyInline(admin.TabularInline):
 
 @admin.register(Agent)
 class AgentAdmin(AuditedSaveMixin, admin.ModelAdmin):
-    list_display = ("name", "enabled", "calls_per_minute", "max_calls_per_session", "created_at", "built_in")
-    list_filter = ("enabled", "agent_groups")
+    list_display = ("name", "team", "enabled", "calls_per_minute", "max_calls_per_session", "created_at", "built_in")
+    list_filter = ("enabled", "team", "agent_groups")
     readonly_fields = ("built_in",)
     inlines = (AgentKeyInline,)
     actions = ("issue_key",)
@@ -294,3 +310,59 @@ class PersonAdmin(AuditedSaveMixin, admin.ModelAdmin):
     list_filter = ("enabled", "issuer")
     search_fields = ("name", "subject")
     readonly_fields = ("first_seen", "last_seen")
+
+
+class GatewayAdminOnly:
+    """Pages only a gateway admin (a superuser) opens: teams, who is in them, and which groups map to them."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
+        return self.has_module_permission(request)
+
+    has_add_permission = has_change_permission = has_delete_permission = has_view_permission
+
+
+class TeamMemberInline(admin.TabularInline):
+    model = TeamMember
+    raw_id_fields = ("user",)
+    extra = 0
+
+
+class TeamGroupInline(admin.TabularInline):
+    model = TeamGroup
+    extra = 0
+
+
+@admin.register(Team)
+class TeamAdmin(GatewayAdminOnly, AuditedSaveMixin, admin.ModelAdmin):
+    """Teams own upstreams, agents, groups, rules and routes (docs/teams.md); a team that owns anything, or
+    shares an upstream, is not deleted."""
+
+    list_display = ("slug", "name", "created_at")
+    search_fields = ("slug", "name")
+    inlines = (TeamMemberInline, TeamGroupInline)
+    related_action = "team_members"
+
+    def relations(self, team: Team) -> dict[str, list[str]]:
+        members = team.members.select_related("user")
+        return {
+            "members": [f"{m.user.get_username()}: {m.role}" for m in members],
+            "groups": [f"{g.group}: {g.role}" for g in team.idp_groups.all()],
+        }
+
+    def delete_model(self, request, obj) -> None:
+        try:
+            team_delete(team=obj, actor=request.user.get_username())
+        except TeamRefused as refused:
+            self.message_user(request, refused.message, messages.ERROR)
+
+
+@admin.register(TeamGroup)
+class TeamGroupAdmin(GatewayAdminOnly, AuditedSaveMixin, admin.ModelAdmin):
+    """IdP groups (or console groups, for the built-in sign-in) whose people have a role in a team."""
+
+    list_display = ("group", "team", "role")
+    list_filter = ("team", "role")
+    search_fields = ("group",)

@@ -1,11 +1,15 @@
-"""Reads for more than one model: the OAuth clients a person allowed (django-oauth-toolkit's tokens)."""
+"""Reads for more than one model: the OAuth clients a person allowed (django-oauth-toolkit's tokens), the
+team roles a person's groups give them."""
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 from oauth2_provider.models import get_access_token_model, get_application_model, get_refresh_token_model
+
+from policy.models import ROLE_ORDER, TeamGroup
 
 
 @dataclass(frozen=True)
@@ -33,3 +37,13 @@ def oauth_clients_allowed(*, user: AbstractBaseUser) -> list[AllowedClient]:
     names = get_application_model().objects.filter(pk__in=live).values_list("pk", "client_id", "name")
     clients = [AllowedClient(client_id, name, *spans[pk]) for pk, client_id, name in names]
     return sorted(clients, key=lambda client: client.latest_at, reverse=True)
+
+
+def team_roles_list(*, groups: Iterable[str]) -> dict[str, str]:
+    """The role in each team that a person in `groups` has by the team group mappings, by team slug; where
+    several of their groups map to one team, the strongest role (ROLE_ORDER) wins."""
+    roles: dict[str, str] = {}
+    for team, role in TeamGroup.objects.filter(group__in=set(groups)).values_list("team__slug", "role"):
+        if team not in roles or ROLE_ORDER.index(role) < ROLE_ORDER.index(roles[team]):
+            roles[team] = role
+    return roles

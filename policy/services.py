@@ -20,7 +20,17 @@ from audit.changes import change_detail, object_state
 from audit.services import audit_record
 from policy.config_version import config_changed
 from policy.keys import ADMIN_TOKEN_PREFIX, KEY_PREFIX, key_digest
-from policy.models import AdminToken, Agent, AgentKey, Rule, ServerGroup, visible_name
+from policy.models import (
+    AdminToken,
+    Agent,
+    AgentKey,
+    Rule,
+    ServerGroup,
+    Team,
+    TeamGroup,
+    TeamRole,
+    visible_name,
+)
 
 
 @dataclass(frozen=True)
@@ -180,3 +190,27 @@ def oauth_client_revoke(*, user: AbstractBaseUser, client_id: str, actor: str) -
         detail = {"action": "oauth_client_revoked", "client_id": client_id, "client": application.name}
         audit_record(kind="admin_change", actor=actor, detail=detail | {"tokens": refreshed + accessed})
     return refreshed + accessed
+
+
+class TeamRefused(Exception):
+    """A change to teams that cannot be made: a stable code, and a message that says what to do instead."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def team_group_map(*, group: str, team: str, role: str, actor: str = "") -> TeamGroup:
+    """People in IdP group `group` have `role` in the team whose slug is `team` (changing the role if the
+    group was mapped to that team already). A team that does not exist is refused, never made."""
+    visible_name(group)
+    if role not in TeamRole.values:
+        raise TeamRefused("TEAM_ROLE_UNKNOWN", f"No role {role!r}: a team role is one of {', '.join(TeamRole.values)}.")
+    found = Team.objects.filter(slug=team).first()
+    if found is None:
+        raise TeamRefused("TEAM_UNKNOWN", f"No team {team!r}: create the team first, then map {group!r} to it.")
+    with transaction.atomic():
+        mapping, _ = TeamGroup.objects.update_or_create(group=group, team=found, defaults={"role": role})
+        detail = {"action": "team_group_mapped", "group": group, "team": found.slug, "role": role}
+        audit_record(kind="admin_change", actor=actor, team=found.slug, detail=detail)
+    return mapping

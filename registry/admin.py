@@ -85,6 +85,7 @@ class UpstreamAdmin(admin.ModelAdmin):
     form = UpstreamForm
     list_display = (
         "slug",
+        "team",
         "health_status",
         "transport",
         "group",
@@ -98,7 +99,7 @@ class UpstreamAdmin(admin.ModelAdmin):
         "last_synced_at",
         "last_sync_error",
     )
-    list_filter = ("health", "transport", "enabled", "per_person", "prefixed", "handoff_only", "group")
+    list_filter = ("health", "transport", "enabled", "per_person", "prefixed", "handoff_only", "group", "team")
     search_fields = ("slug", "name")
     readonly_fields = (
         "health_status",
@@ -113,6 +114,7 @@ class UpstreamAdmin(admin.ModelAdmin):
         "package_status",
     )
     inlines = (ToolInline,)
+    filter_horizontal = ("shared_with",)
     actions = ("enable", "disable", "sync_catalog", "close_circuit", "update_packages", "approve_packages")
 
     @admin.display(description="Package")

@@ -74,6 +74,13 @@ class UpstreamForm(forms.ModelForm):
         except UnicodeDecodeError as exc:
             raise ValidationError("The uploaded document is not UTF-8 text (JSON or YAML).") from exc
 
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        owner = cleaned.get("team")
+        if owner is not None and owner in (cleaned.get("shared_with") or ()):
+            self.add_error("shared_with", f"Team {owner.slug!r} owns this upstream: share it with other teams.")
+        return cleaned
+
     def clean_env(self) -> dict[str, str]:
         return self._unmask("env")
 

@@ -56,6 +56,12 @@ class Upstream(models.Model):
     shared_with_all = models.BooleanField(
         default=False, help_text="Every other team may call its tools (under their own rules), not change it"
     )
+    shared_with = models.ManyToManyField(
+        Team,
+        blank=True,
+        related_name="borrowed_upstreams",
+        help_text="Teams that may call its tools (under their own rules), not change it",
+    )
     transport = models.CharField(max_length=16, choices=Transport.choices)
     command = models.CharField(max_length=512, blank=True)
     args = models.JSONField(default=list, blank=True)
@@ -401,26 +407,6 @@ class PersonalCredential(models.Model):
 
     def __str__(self) -> str:
         return f"{self.upstream.slug} for {self.person_name or self.person_subject}"
-
-
-class UpstreamShare(models.Model):
-    """An upstream its team lends to another team: the borrower may call its tools (under the borrower's own
-    rules), never change it."""
-
-    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="shares")
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="borrowed_upstreams")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["upstream__slug", "team__slug"]
-        constraints = [models.UniqueConstraint(fields=["upstream", "team"], name="upstream_share_once")]
-
-    def __str__(self) -> str:
-        return f"{self.upstream.slug} shared with {self.team.slug}"
-
-    def clean(self) -> None:
-        if self.upstream_id and self.team_id and self.upstream.team_id == self.team_id:
-            raise ValidationError({"team": "This team owns the upstream already: share it with another team."})
 
 
 class SealedSecret(models.Model):

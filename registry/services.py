@@ -7,6 +7,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.changes import change_detail, object_state
@@ -14,6 +15,8 @@ from audit.services import audit_record, canonical_sha256
 from policy.config_version import config_changed
 from policy.limits.stores import limit_store
 from policy.manifest import schema_problem, tool_name_problem
+from policy.models import Team
+from policy.services import TeamRefused
 from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
 from registry.models import Tool, Upstream, query_split
@@ -336,3 +339,29 @@ def upstream_credentials_reseal(*, actor: str) -> int:
             count += 1
         audit_record(kind="admin_change", actor=actor, detail={"action": "credentials_resealed", "upstreams": count})
     return count
+
+
+# What a team owns, by relation (policy.models.team_field): a team that owns any of it is not deleted.
+TEAM_OWNS = ("upstreams", "server_groups", "agents", "agent_groups", "rules", "handoff_routes")
+
+
+def team_delete(*, team: Team, actor: str) -> None:
+    """Delete a team with its members and group mappings. Refused while it shares an upstream (the borrowers
+    would lose it without being told), naming them; then while it owns anything, naming what."""
+    shared = team.upstreams.filter(Q(shared_with_all=True) | Q(shared_with__isnull=False)).distinct()
+    if slugs := sorted(shared.values_list("slug", flat=True)):
+        raise TeamRefused(
+            "TEAM_SHARES_UPSTREAMS",
+            f"Team {team.slug!r} still shares {', '.join(slugs)} with other teams: stop sharing "
+            f"{'it' if len(slugs) == 1 else 'them'} before deleting the team.",
+        )
+    owned = {name: sorted(str(obj) for obj in getattr(team, name).all()) for name in TEAM_OWNS}
+    if owned := {name.replace("_", " "): objs for name, objs in owned.items() if objs}:
+        listed = "; ".join(f"{name} {', '.join(objs)}" for name, objs in owned.items())
+        raise TeamRefused(
+            "TEAM_NOT_EMPTY", f"Team {team.slug!r} still owns {listed}: move them to another team or delete them first."
+        )
+    with transaction.atomic():
+        detail = {"action": "team_deleted", "name": team.name}
+        team.delete()
+        audit_record(kind="admin_change", actor=actor, team=team.slug, detail=detail)

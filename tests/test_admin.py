@@ -10,7 +10,7 @@ from django.contrib.auth.models import Group
 
 from audit.models import AuditEvent
 from policy.limits.stores import limit_store
-from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
+from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup, default_team
 from registry.credentials import credentials_open
 from registry.models import Upstream
 from registry.services import upstream_save
@@ -46,7 +46,7 @@ def test_disabling_a_group_from_the_admin_goes_through_the_service(admin_client)
 def test_a_new_agent_gets_a_key_shown_once_in_the_admin(admin_client):
     response = admin_client.post(
         "/admin/policy/agent/add/",
-        {"name": "ci-bot", "enabled": "on", "keys-TOTAL_FORMS": "0", "keys-INITIAL_FORMS": "0"},
+        {"name": "ci-bot", "team": default_team(), "enabled": "on", "keys-TOTAL_FORMS": "0", "keys-INITIAL_FORMS": "0"},
         follow=True,
     )
     try:
@@ -79,6 +79,7 @@ def test_the_audit_list_says_what_an_admin_change_did_and_the_root_leads_to_the_
 def _upstream_form(upstream: Upstream, **changes: str) -> dict[str, str]:
     data = {
         "slug": upstream.slug,
+        "team": upstream.team_id or default_team(),
         "name": upstream.name,
         "transport": upstream.transport,
         "command": upstream.command,
@@ -129,7 +130,8 @@ def test_upstream_secrets_never_reach_the_browser_and_survive_an_edit(admin_clie
 def test_a_rule_added_in_the_admin_is_audited_with_the_operator_and_listed(admin_client, world):
     demo = Upstream.objects.get(slug="demo")
     mark = audit_mark()
-    form = {"effect": "deny", "upstream": demo.pk, "tool_pattern": "crash", "enabled": "on", "note": "no crashes"}
+    form = {"effect": "deny", "upstream": demo.pk, "tool_pattern": "crash", "enabled": "on", "note": "no crashes",
+            "team": default_team()}  # fmt: skip
     response = admin_client.post("/admin/policy/rule/add/", form)
     rule = Rule.objects.get(note="no crashes")
     try:
@@ -168,7 +170,8 @@ def test_the_upstream_list_shows_an_open_circuit_and_an_operator_can_close_it(ad
 def test_a_rule_names_one_agent_or_agent_group_and_one_upstream_or_server_group(admin_client, world):
     demo, group = Upstream.objects.get(slug="demo"), ServerGroup.objects.create(name="both-ways")
     try:
-        form = {"effect": "deny", "upstream": demo.pk, "server_group": group.pk, "tool_pattern": "*", "enabled": "on"}
+        form = {"effect": "deny", "upstream": demo.pk, "server_group": group.pk, "tool_pattern": "*", "enabled": "on",
+                "team": default_team()}  # fmt: skip
         page = admin_client.post("/admin/policy/rule/add/", form).content.decode()
     finally:
         group.delete()
@@ -179,18 +182,21 @@ def test_a_rule_names_one_agent_or_agent_group_and_one_upstream_or_server_group(
 def test_agents_and_groups_edited_in_the_admin_are_audited_with_their_settings(admin_client, world):
     mark = audit_mark()
     with agent("ivan") as (ivan, _):
-        form = {"name": "ivan", "enabled": "on", "calls_per_minute": "30", "max_calls_per_session": "",
-                "keys-TOTAL_FORMS": "0", "keys-INITIAL_FORMS": "0"}  # fmt: skip
+        form = {"name": "ivan", "team": ivan.team_id, "enabled": "on", "calls_per_minute": "30",
+                "max_calls_per_session": "", "keys-TOTAL_FORMS": "0", "keys-INITIAL_FORMS": "0"}  # fmt: skip
         assert admin_client.post(f"/admin/policy/agent/{ivan.pk}/change/", form).status_code == 302
-        admin_client.post("/admin/policy/servergroup/add/", {"name": "ledgers", "isolation": "strict", "enabled": "on"})
-        admin_client.post("/admin/policy/agentgroup/add/", {"name": "auditors", "agents": [ivan.pk]})
+        team = default_team()
+        group = {"name": "ledgers", "team": team, "isolation": "strict", "enabled": "on"}
+        admin_client.post("/admin/policy/servergroup/add/", group)
+        admin_client.post("/admin/policy/agentgroup/add/", {"name": "auditors", "team": team, "agents": [ivan.pk]})
         rows = [r.detail for r in audit_since(mark) if r.kind == "admin_change" and r.actor == "operator"]
     ServerGroup.objects.filter(name="ledgers").delete()
     AgentGroup.objects.filter(name="auditors").delete()
     assert {"action": "agent_saved", "name": "ivan", "before": {"calls_per_minute": None},
             "after": {"calls_per_minute": 30}} in rows  # fmt: skip
     assert {"action": "servergroup_created", "name": "ledgers", "before": None,
-            "after": {"name": "ledgers", "isolation": "strict", "enabled": True}} in rows  # fmt: skip
+            "after": {"name": "ledgers", "team": "Default", "isolation": "strict",
+                      "enabled": True}} in rows  # fmt: skip
     assert {"action": "agentgroup_members", "name": "auditors", "members": ["ivan"]} in rows
 
 
@@ -221,9 +227,10 @@ def test_an_upstream_change_is_audited_as_before_and_after_with_its_secrets_mask
 def test_deleting_in_the_admin_and_revoking_a_key_inline_are_audited(admin_client):
     with agent("doomed") as (doomed, _):
         keys = list(doomed.keys.all())
-        form = {"name": "doomed", "enabled": "on", "calls_per_minute": "", "max_calls_per_session": "",
-                "keys-TOTAL_FORMS": "1", "keys-INITIAL_FORMS": "1", "keys-0-id": keys[0].pk,
-                "keys-0-agent": doomed.pk, "keys-0-label": "", "keys-0-revoked": "on"}  # fmt: skip
+        form = {"name": "doomed", "team": doomed.team_id, "enabled": "on", "calls_per_minute": "",
+                "max_calls_per_session": "", "keys-TOTAL_FORMS": "1", "keys-INITIAL_FORMS": "1",
+                "keys-0-id": keys[0].pk, "keys-0-agent": doomed.pk, "keys-0-label": "",
+                "keys-0-revoked": "on"}  # fmt: skip
         mark = audit_mark()
         assert admin_client.post(f"/admin/policy/agent/{doomed.pk}/change/", form).status_code == 302
         assert AgentKey.objects.get(pk=keys[0].pk).revoked

@@ -159,6 +159,7 @@ def test_a_route_made_in_the_admin_is_audited_and_offered_to_agents(inline_gatew
         "domain": "budget",
         "description": "Budget questions.",
         "target": finance.pk,
+        "team": finance.team_id,
         "enabled": "on",
         "connect_timeout": "5",
         "max_sessions": "3",

@@ -10,6 +10,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from mcp.shared.exceptions import MCPError
 
+from policy.models import default_team
 from registry.models import Tool, Upstream
 from registry.services import upstream_catalog_sync, upstream_register, upstream_save
 from tests import servers
@@ -340,6 +341,7 @@ def test_a_document_uploaded_in_the_admin_registers_its_operations(admin_client,
         "rest_select": json.dumps({"include": ["getItem", "listItems"]}),
         "tools-TOTAL_FORMS": "0",
         "tools-INITIAL_FORMS": "0",
+        "team": default_team(),
         "openapi_file": SimpleUploadedFile("openapi.json", document.encode(), "application/json"),
     }
     added = admin_client.post("/admin/registry/upstream/add/", form, follow=True)

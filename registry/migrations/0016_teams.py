@@ -19,6 +19,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name='upstream',
+            name='shared_with',
+            field=models.ManyToManyField(blank=True, help_text='Teams that may call its tools (under their own rules), not change it', related_name='borrowed_upstreams', to='policy.team'),
+        ),
+        migrations.AddField(
+            model_name='upstream',
             name='shared_with_all',
             field=models.BooleanField(default=False, help_text='Every other team may call its tools (under their own rules), not change it'),
         ),
@@ -32,18 +37,5 @@ class Migration(migrations.Migration):
             model_name='upstream',
             name='team',
             field=models.ForeignKey(default=policy.models.default_team, on_delete=django.db.models.deletion.PROTECT, related_name='upstreams', to='policy.team'),
-        ),
-        migrations.CreateModel(
-            name='UpstreamShare',
-            fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('team', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='borrowed_upstreams', to='policy.team')),
-                ('upstream', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='shares', to='registry.upstream')),
-            ],
-            options={
-                'ordering': ['upstream__slug', 'team__slug'],
-                'constraints': [models.UniqueConstraint(fields=('upstream', 'team'), name='upstream_share_once')],
-            },
         ),
     ]
