@@ -10,10 +10,10 @@ OWNED = ("Agent", "AgentGroup", "Rule", "ServerGroup")
 READING_GROUPS = ("Auditor", "Reader")
 
 
-def _role(user, permission) -> str:
+def _role(user, permission, db: str) -> str:
     """An operator's default-team role from what they may do now: one who may add, change or delete anything
     manages (admin); one who reads, as the Auditor and Reader groups do, audits; anyone else calls (member)."""
-    mine = permission.objects.filter(models.Q(user=user) | models.Q(group__user=user))
+    mine = permission.objects.using(db).filter(models.Q(user=user) | models.Q(group__user=user))
     if mine.filter(codename__regex=r"^(add|change|delete)_").exists():
         return "admin"
     if user.groups.filter(name__in=READING_GROUPS).exists() or mine.exists():
@@ -24,14 +24,16 @@ def _role(user, permission) -> str:
 def default_team(apps, schema_editor) -> None:
     """Everything that exists belongs to the default team; superusers are gateway admins (nothing stored);
     every other staff account gets a default-team role by its current groups and permissions."""
-    team, _ = apps.get_model("policy", "Team").objects.get_or_create(slug=DEFAULT_TEAM, defaults={"name": "Default"})
+    db = schema_editor.connection.alias
+    teams = apps.get_model("policy", "Team").objects.using(db)
+    team, _ = teams.get_or_create(slug=DEFAULT_TEAM, defaults={"name": "Default"})
     for name in OWNED:
-        apps.get_model("policy", name).objects.filter(team__isnull=True).update(team=team)
+        apps.get_model("policy", name).objects.using(db).filter(team__isnull=True).update(team=team)
     user_model = apps.get_model(*settings.AUTH_USER_MODEL.split("."))
     permission = apps.get_model("auth", "Permission")
-    members = apps.get_model("policy", "TeamMember")
-    for user in user_model.objects.filter(is_staff=True, is_superuser=False):
-        members.objects.get_or_create(team=team, user=user, defaults={"role": _role(user, permission)})
+    members = apps.get_model("policy", "TeamMember").objects.using(db)
+    for user in user_model.objects.using(db).filter(is_staff=True, is_superuser=False):
+        members.get_or_create(team=team, user=user, defaults={"role": _role(user, permission, db)})
 
 
 class Migration(migrations.Migration):

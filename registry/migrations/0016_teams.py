@@ -5,8 +5,9 @@ from django.db import migrations, models
 
 def default_team(apps, schema_editor) -> None:
     """Every upstream that exists belongs to the default team (made by policy's 0010_teams)."""
-    team = apps.get_model("policy", "Team").objects.get(slug="default")
-    apps.get_model("registry", "Upstream").objects.filter(team__isnull=True).update(team=team)
+    db = schema_editor.connection.alias
+    team = apps.get_model("policy", "Team").objects.using(db).get(slug="default")
+    apps.get_model("registry", "Upstream").objects.using(db).filter(team__isnull=True).update(team=team)
 
 
 class Migration(migrations.Migration):
