@@ -43,7 +43,8 @@ def before_teams(apps) -> None:
 def _operators(apps) -> None:
     user = apps.get_model("auth", "User").objects
     group = apps.get_model("auth", "Group").objects
-    kind, _ = apps.get_model("contenttypes", "ContentType").objects.get_or_create(app_label="registry", model="upstream")
+    kinds = apps.get_model("contenttypes", "ContentType").objects
+    kind, _ = kinds.get_or_create(app_label="registry", model="upstream")
     permission = apps.get_model("auth", "Permission").objects
     change = permission.create(codename="change_upstream", name="Can change upstream", content_type=kind)
     view = permission.create(codename="view_upstream", name="Can view upstream", content_type=kind)
