@@ -112,7 +112,8 @@ def _row_payload(row: Mapping[str, Any]) -> bytes:
     if row.get("seal"):
         return _canonical([row["seal"], *(row.get(name) for name in TEAM_FIELDS)])
     fields = ROW_FIELDS if any(row.get(name) for name in PERSON_FIELDS) else SIGNED_FIELDS
-    return _canonical([row.get(name) for name in fields])
+    # No row sealed before teams had one: a team found on such a row was put there afterwards.
+    return _canonical([row.get(name) for name in fields] + ([row["team"]] if row.get("team") else []))
 
 
 def row_seal(row: Mapping[str, Any]) -> str:

@@ -17,8 +17,17 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit import integrity
-from audit.integrity import SIGNED_FIELDS, _canonical, _row_payload, audit_verify, checkpoint_create
-from audit.models import AuditCheckpoint, AuditEvent
+from audit.integrity import (
+    ROW_FIELDS,
+    SIGNED_FIELDS,
+    STORED_FIELDS,
+    TEAM_FIELDS,
+    _canonical,
+    _row_payload,
+    audit_verify,
+    checkpoint_create,
+)
+from audit.models import DEFAULT_TEAM, SEAL_TEAMS, AuditCheckpoint, AuditEvent
 from audit.retention import audit_prune
 from audit.services import audit_record
 from audit.writer import audit_writer
@@ -168,11 +177,63 @@ def test_the_person_a_row_names_is_sealed_with_it(db, column, value):
     assert audit_verify().intact
 
 
-def test_a_row_without_a_person_is_sealed_as_before(db):
-    """Rows that name no person keep version 1's seal: a trail written before people existed still verifies."""
-    row = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo")
-    values = AuditEvent.objects.filter(id=row.id).values(*SIGNED_FIELDS, "person_subject").get()
-    assert _row_payload(values) == _canonical([values[name] for name in SIGNED_FIELDS])
+def test_a_row_sealed_before_teams_keeps_its_seal_reads_as_the_default_team_and_verifies(db):
+    """A row written before teams (seal 0) is sealed by its content: version 1 without a person, 2 with one.
+    Nothing rewrote it, so it names no team of its own and reads as the default team."""
+    plain = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo", seal=0)
+    named = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo", seal=0, **PERSON)
+    stored = AuditEvent.objects.filter(id__in=[plain.id, named.id]).order_by("id")
+    values = stored.values(*STORED_FIELDS)
+    assert _row_payload(values[0]) == _canonical([values[0][name] for name in SIGNED_FIELDS])
+    assert _row_payload(values[1]) == _canonical([values[1][name] for name in ROW_FIELDS])
+    assert [(row.seal, row.team, row.team_slug) for row in stored] == [(0, "", DEFAULT_TEAM)] * 2
+    assert audit_verify().intact
+
+
+def test_a_new_row_carries_its_team_by_value_under_seal_version_3(db):
+    row = AuditEvent.objects.get(id=audit_record(kind="completed", tool="echo", team="payments").id)
+    values = AuditEvent.objects.filter(id=row.id).values(*STORED_FIELDS).get()
+    assert (row.seal, row.team, row.team_slug) == (SEAL_TEAMS, "payments", "payments")
+    assert _row_payload(values) == _canonical([SEAL_TEAMS, *(values[name] for name in TEAM_FIELDS)])
+    assert audit_verify().intact
+
+
+def test_a_new_row_of_no_team_reads_as_none_not_the_default(db):
+    """A token refused at the door, a locked sign-in: rows no team's agent wrote are no team's."""
+    row = AuditEvent.objects.get(id=audit_record(kind="denied", error_code="INVALID_TOKEN").id)
+    assert (row.seal, row.team_slug) == (SEAL_TEAMS, "")
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("team", "other-team"), ("team", ""), ("seal", 0), ("seal", 4)],
+)
+def test_changing_a_new_rows_team_or_its_seal_version_breaks_its_verification(db, column, value):
+    """Moving a row to another team, out of every team, or making it pass as a row from before teams (whose
+    team is not sealed) is tampering."""
+    victim = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo", team="payments")
+    seal_all()
+    assert audit_verify().intact
+    with behind_the_apps_back() as cursor:
+        cursor.execute(f"UPDATE audit_auditevent SET {column} = %s WHERE id = %s", [value, victim.id])
+        try:
+            report = audit_verify()
+        finally:
+            cursor.execute("UPDATE audit_auditevent SET team = 'payments', seal = 3 WHERE id = %s", [victim.id])
+    assert report.first_bad_event == victim.id
+    assert audit_verify().intact
+
+
+def test_an_old_row_given_a_team_afterwards_fails_its_verification(db):
+    victim = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo", seal=0)
+    with behind_the_apps_back() as cursor:
+        cursor.execute("UPDATE audit_auditevent SET team = 'payments' WHERE id = %s", [victim.id])
+        try:
+            report = audit_verify()
+        finally:
+            cursor.execute("UPDATE audit_auditevent SET team = '' WHERE id = %s", [victim.id])
+    assert report.first_bad_event == victim.id
+    assert audit_verify().intact
 
 
 def test_a_row_deleted_inside_a_checkpointed_range_is_detected(db):
