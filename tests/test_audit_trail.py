@@ -7,11 +7,13 @@ from collections import Counter
 import httpx2
 from mcp.shared.exceptions import MCPError
 
-from audit.models import AuditEvent
+from audit.models import SEAL_TEAMS, AuditEvent
 from audit.services import audit_record, canonical_sha256
+from policy.models import Team
 from tests import servers
-from tests.clients import INITIALIZE, call, sdk_client, ws_session
+from tests.clients import INITIALIZE, call, sdk_client, tool_names, ws_session
 from tests.conftest import needs
+from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually, metric_value, run, scrape, until
 
 CALLS = [
@@ -183,3 +185,19 @@ def test_the_upstream_receives_the_calls_trace_in_its_meta(gateway, world):
     version, trace_id, span_id, flags = result.content[0].text.split("-")
     [completed] = [r for r in audit_since(mark) if r.kind == "completed" and r.tool == "trace"]
     assert (version, trace_id, len(span_id)) == ("00", completed.trace_id, 16) and int(flags, 16) & 1  # sampled
+
+
+def test_a_calls_rows_carry_the_team_of_the_agent_that_called(inline_gateway, world):
+    """By value, under seal version 3: the approval, the completion and the session's rows."""
+    team = Team.objects.create(slug="payments", name="Payments")
+    try:
+        with agent("penny", team=team) as (_, key):
+            eventually(lambda: "demo__echo" in run(lambda: tool_names(inline_gateway.url, key)))
+            mark = audit_mark()
+            run(lambda: call(inline_gateway.url, key, "demo__echo", {"text": "hi"}))
+            rows = [r for r in audit_since(mark, sessions=True) if r.agent_name == "penny"]
+    finally:
+        team.delete()
+    kinds = [(r.kind, r.detail.get("action", "")) for r in rows]
+    assert kinds == [("session", "session_opened"), ("approved", ""), ("completed", ""), ("session", "session_closed")]
+    assert {(r.team, r.seal) for r in rows} == {("payments", SEAL_TEAMS)}
