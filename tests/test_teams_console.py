@@ -1,0 +1,117 @@
+"""Teams in the console: a gateway admin (a superuser) makes teams, their members and their group mappings;
+no one else opens those pages; the lists of what teams own show and filter by team."""
+
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from policy.models import Team, TeamGroup, TeamMember, default_team
+from registry.models import Upstream
+from tests.helpers import audit_mark, audit_since
+
+
+@pytest.fixture
+def payments(db) -> Iterator[Team]:
+    team = Team.objects.create(slug="payments", name="Payments")
+    team_id = team.pk
+    yield team
+    Upstream.objects.filter(team_id=team_id).delete()
+    Team.objects.filter(pk=team_id).delete()
+
+
+@pytest.fixture
+def staff_client(db) -> Iterator[Client]:
+    """A staff operator who may do anything with policy objects, but is no superuser."""
+    user = get_user_model().objects.create_user("staffer", password="pw-for-tests-only", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="policy"))
+    client = Client()
+    client.force_login(user)
+    yield client
+    user.delete()
+
+
+def test_only_a_gateway_admin_opens_the_team_pages(admin_client, staff_client):
+    for page in ("/admin/policy/team/", "/admin/policy/team/add/", "/admin/policy/teamgroup/"):
+        assert staff_client.get(page).status_code == 403, page
+        assert admin_client.get(page).status_code == 200, page
+    assert staff_client.post("/admin/policy/team/add/", {"slug": "sneaky", "name": "Sneaky"}).status_code == 403
+    assert not Team.objects.filter(slug="sneaky").exists()
+
+
+def test_a_gateway_admin_creates_a_team_with_a_member_and_a_group_mapping(admin_client):
+    operator = get_user_model().objects.get(username="operator")
+    form = {
+        "slug": "treasury",
+        "name": "Treasury",
+        "members-TOTAL_FORMS": "1",
+        "members-INITIAL_FORMS": "0",
+        "members-0-user": operator.pk,
+        "members-0-role": "admin",
+        "idp_groups-TOTAL_FORMS": "1",
+        "idp_groups-INITIAL_FORMS": "0",
+        "idp_groups-0-group": "okta-treasury",
+        "idp_groups-0-role": "member",
+    }
+    mark = audit_mark()
+    response = admin_client.post("/admin/policy/team/add/", form)
+    try:
+        assert response.status_code == 302, response.content.decode()[:3000]
+        team = Team.objects.get(slug="treasury")
+        assert list(team.members.values_list("user__username", "role")) == [("operator", "admin")]
+        assert list(team.idp_groups.values_list("group", "role")) == [("okta-treasury", "member")]
+        actions = [r.detail for r in audit_since(mark) if r.kind == "admin_change"]
+        assert actions[0]["action"] == "team_created"
+        assert actions[-1] == {
+            "action": "team_members",
+            "name": "Treasury",
+            "members": ["operator: admin"],
+            "groups": ["okta-treasury: member"],
+        }
+    finally:
+        TeamMember.objects.filter(team__slug="treasury").delete()
+        TeamGroup.objects.filter(team__slug="treasury").delete()
+        Team.objects.filter(slug="treasury").delete()
+
+
+def test_a_crafted_mapping_to_a_team_that_does_not_exist_is_refused_by_the_form(admin_client):
+    form = {"group": "okta-ghosts", "team": "987654321", "role": "member"}
+    response = admin_client.post("/admin/policy/teamgroup/add/", form)
+    assert response.status_code == 200  # the form again, with its error
+    assert "Select a valid choice. That choice is not one of the available choices." in response.content.decode()
+    assert not TeamGroup.objects.filter(group="okta-ghosts").exists()
+
+
+def test_an_upstream_is_not_shared_with_the_team_that_owns_it(admin_client, payments):
+    form = {"slug": "ledger", "team": payments.pk, "shared_with": [payments.pk], "transport": "stdio"}
+    form |= {"command": "ledger", "timeout": "5", "new_tools": "hold", "person_connect": "token"}
+    form |= {"person_slot": "bearer", "person_client": "{}", "tools-TOTAL_FORMS": "0", "tools-INITIAL_FORMS": "0"}
+    response = admin_client.post("/admin/registry/upstream/add/", form)
+    assert response.status_code == 200
+    assert "Team &#x27;payments&#x27; owns this upstream: share it with other teams." in response.content.decode()
+    assert not Upstream.objects.filter(slug="ledger").exists()
+
+
+def test_the_upstream_list_shows_each_team_and_filters_by_it(admin_client, payments):
+    Upstream.objects.create(slug="ledger", team=payments, transport="stdio", command="ledger")
+    almanac = Upstream.objects.create(slug="almanac", transport="stdio", command="almanac")  # the default team's
+    try:
+        listed = admin_client.get("/admin/registry/upstream/", {"team__id__exact": payments.pk})
+        assert [(u.slug, u.team.slug) for u in listed.context["cl"].result_list] == [("ledger", "payments")]
+        everyone = admin_client.get("/admin/registry/upstream/")
+        shown = {(u.slug, u.team_id) for u in everyone.context["cl"].result_list}
+        assert {("ledger", payments.pk), ("almanac", default_team())} <= shown
+        assert 'class="sortable column-team"' in everyone.content.decode()  # the Team column
+    finally:
+        almanac.delete()
+
+
+def test_deleting_a_team_that_owns_an_upstream_in_the_console_is_refused_naming_it(admin_client, payments):
+    Upstream.objects.create(slug="ledger", team=payments, transport="stdio", command="ledger")
+    page = admin_client.post(f"/admin/policy/team/{payments.pk}/delete/", {"post": "yes"})
+    assert page.status_code == 200
+    assert "would require deleting the following protected related objects" in page.content.decode()
+    assert "ledger" in page.content.decode()
+    assert Team.objects.filter(pk=payments.pk).exists()
