@@ -20,11 +20,12 @@ from audit.models import AuditCheckpoint, AuditEvent
 from audit.selectors import AuditFilter, audit_page, audit_stream, is_auditor, request_story, shown_detail
 from audit.services import audit_record
 
+# As stored, so that an export can be verified: a row of seal 0 (before teams) has no team and is the default team's.
 EXPORT_FIELDS = [
-    "created_at", "kind", "request_id", "trace_id", "agent_name", "person_issuer", "person_subject", "person_name",
-    "client_id", "session_id", "transport", "upstream", "tool",
+    "created_at", "kind", "request_id", "trace_id", "agent_name", "team", "person_issuer", "person_subject",
+    "person_name", "client_id", "session_id", "transport", "upstream", "tool",
     "exposed_name", "outcome", "error_code", "error_detail", "duration_ms", "response_bytes", "arguments_sha256",
-    "actor", "detail", "mac",
+    "actor", "detail", "mac", "seal",
 ]  # fmt: skip
 
 

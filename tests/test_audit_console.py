@@ -187,3 +187,18 @@ def test_the_dashboard_counts_live_workers_in_celery_mode_only(admin_client, adm
     else:
         alive = re.search(r'<strong id="workers-alive">(\d+)</strong> workers alive', page)
         assert alive and int(alive.group(1)) >= 1, "the test worker beats"
+
+
+def test_the_browser_shows_each_rows_team_and_an_export_keeps_team_and_seal_as_stored(admin_client):
+    """A row from before teams (seal 0) shows as the default team's; the export holds what its MAC covers."""
+    tool = f"teamed-{uuid.uuid4().hex[:8]}"
+    old = audit_record(kind="completed", tool=tool, agent_name="old-bot", seal=0)
+    new = audit_record(kind="completed", tool=tool, agent_name="new-bot", team="payments", request_id=uuid.uuid4())
+    page = admin_client.get("/admin/audit/auditevent/", {"tool": tool}).content.decode()
+    cells = re.findall(r"<td>(old-bot|new-bot)</td>\s*<td>([a-z]*)</td>", page)
+    assert cells == [("new-bot", "payments"), ("old-bot", "default")]
+    story = admin_client.get(f"/admin/audit/auditevent/request/{new.request_id}/").content.decode()
+    assert "<dt>Team</dt><dd>payments</dd>" in story
+    export = admin_client.get("/admin/audit/auditevent/export.jsonl", {"tool": tool})
+    rows = [json.loads(line) for line in b"".join(export.streaming_content).decode().splitlines()]
+    assert [(r["id"], r["team"], r["seal"]) for r in rows] == [(new.id, "payments", 3), (old.id, "", 0)]
