@@ -3,11 +3,13 @@
 import json
 import uuid
 from collections import Counter
+from datetime import timedelta
 
 import httpx2
 from mcp.shared.exceptions import MCPError
 
 from audit.models import SEAL_TEAMS, AuditEvent
+from audit.outcomes import outcomes_settle
 from audit.services import audit_record, canonical_sha256
 from policy.models import Team
 from tests import servers
@@ -201,3 +203,16 @@ def test_a_calls_rows_carry_the_team_of_the_agent_that_called(inline_gateway, wo
     kinds = [(r.kind, r.detail.get("action", "")) for r in rows]
     assert kinds == [("session", "session_opened"), ("approved", ""), ("completed", ""), ("session", "session_closed")]
     assert {(r.team, r.seal) for r in rows} == {("payments", SEAL_TEAMS)}
+
+
+def test_an_outcome_the_sweep_writes_carries_its_approvals_team(db):
+    """An approval from before teams is the default team's, and so is the outcome-unknown row written for it."""
+    detail = {"deadline_seconds": 1.0}
+    new = audit_record(kind="approved", request_id=uuid.uuid4(), tool="stalled", team="payments", detail=detail)
+    old = audit_record(kind="approved", request_id=uuid.uuid4(), tool="stalled", seal=0, detail=detail)
+    outcomes_settle(now=new.created_at + timedelta(minutes=10))
+    settled = AuditEvent.objects.filter(kind="completed", request_id__in=[new.request_id, old.request_id])
+    assert {r.request_id: (r.outcome, r.team, r.seal) for r in settled} == {
+        new.request_id: ("unknown", "payments", SEAL_TEAMS),
+        old.request_id: ("unknown", "default", SEAL_TEAMS),
+    }
