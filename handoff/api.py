@@ -2,12 +2,13 @@
 the same audited service as the admin."""
 
 from handoff.models import HandoffRoute
-from policy.api import AuditedModelSerializer, AuditedViewSet, NameRelation
+from policy.api import AuditedModelSerializer, AuditedViewSet, NameRelation, team_shown
 from registry.models import Upstream
 
 
 class HandoffRouteSerializer(AuditedModelSerializer):
     target = NameRelation(slug_field="slug", queryset=Upstream.objects.all())
+    team = team_shown()
 
     class Meta:
         model = HandoffRoute
@@ -17,6 +18,6 @@ class HandoffRouteSerializer(AuditedModelSerializer):
 class HandoffRouteViewSet(AuditedViewSet):
     """Handoff routes by domain; a route's target is an upstream's slug."""
 
-    queryset = HandoffRoute.objects.select_related("target")
+    queryset = HandoffRoute.objects.select_related("target", "team")
     serializer_class = HandoffRouteSerializer
     lookup_field = "domain"

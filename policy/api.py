@@ -77,6 +77,12 @@ class AuditedModelSerializer(serializers.ModelSerializer):
         policy_object_save(obj=obj, actor=actor, created=created)
 
 
+def team_shown() -> serializers.SlugRelatedField:
+    """An object's team, by slug and read-only: what is made here is the default team's, and moving an object
+    to another team is a gateway admin's, in the console (docs/teams.md)."""
+    return serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+
 class AuditedViewSet(viewsets.ModelViewSet):
     def perform_destroy(self, obj: Any) -> None:
         policy_object_delete(obj=obj, actor=self.request.user.get_username())
@@ -84,17 +90,18 @@ class AuditedViewSet(viewsets.ModelViewSet):
 
 class ServerGroupSerializer(AuditedModelSerializer):
     upstreams = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
+    team = team_shown()
 
     class Meta:
         model = ServerGroup
-        fields = ("name", "isolation", "enabled", "upstreams")
+        fields = ("name", "team", "isolation", "enabled", "upstreams")
         read_only_fields = ("enabled",)
 
 
 class ServerGroupViewSet(AuditedViewSet):
     """Server groups: strict ones keep a session from carrying data between groups."""
 
-    queryset = ServerGroup.objects.prefetch_related("upstreams")
+    queryset = ServerGroup.objects.select_related("team").prefetch_related("upstreams")
     serializer_class = ServerGroupSerializer
     lookup_field = "name"
 
@@ -109,10 +116,20 @@ class ServerGroupViewSet(AuditedViewSet):
 class AgentSerializer(AuditedModelSerializer):
     groups = serializers.SlugRelatedField(source="agent_groups", slug_field="name", many=True, read_only=True)
     keys = serializers.SerializerMethodField()
+    team = team_shown()
 
     class Meta:
         model = Agent
-        fields = ("name", "enabled", "calls_per_minute", "max_calls_per_session", "groups", "keys", "created_at")
+        fields = (
+            "name",
+            "team",
+            "enabled",
+            "calls_per_minute",
+            "max_calls_per_session",
+            "groups",
+            "keys",
+            "created_at",
+        )
         read_only_fields = ("enabled", "created_at")
 
     def get_keys(self, agent: Agent) -> list[dict[str, Any]]:
@@ -167,7 +184,7 @@ class ExplainedSerializer(serializers.Serializer):
 class AgentViewSet(AuditedViewSet):
     """Agents. Creating one returns its first API key, once; `keys` issues more; `enabled` switches it."""
 
-    queryset = Agent.objects.prefetch_related("keys", "agent_groups")
+    queryset = Agent.objects.select_related("team").prefetch_related("keys", "agent_groups")
     serializer_class = AgentSerializer
     lookup_field = "name"
 
@@ -237,10 +254,22 @@ class RuleSerializer(AuditedModelSerializer):
     # The upstream by its model, not an import: registry builds on policy.
     upstream = by_name(Rule._meta.get_field("upstream").related_model, "slug")
     server_group = by_name(ServerGroup)
+    team = team_shown()
 
     class Meta:
         model = Rule
-        fields = ("id", "effect", "agent", "agent_group", "upstream", "server_group", "tool_pattern", "enabled", "note")
+        fields = (
+            "id",
+            "team",
+            "effect",
+            "agent",
+            "agent_group",
+            "upstream",
+            "server_group",
+            "tool_pattern",
+            "enabled",
+            "note",
+        )
 
     def persist(self, obj: Rule, *, actor: str, created: bool) -> None:
         rule_save(rule=obj, actor=actor, created=created)
@@ -249,5 +278,5 @@ class RuleSerializer(AuditedModelSerializer):
 class RuleViewSet(AuditedViewSet):
     """Allow and deny rules; deny wins, and with no match GATEWAY_POLICY_DEFAULT decides."""
 
-    queryset = Rule.objects.select_related("agent", "agent_group", "upstream", "server_group")
+    queryset = Rule.objects.select_related("team", "agent", "agent_group", "upstream", "server_group")
     serializer_class = RuleSerializer

@@ -16,7 +16,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from policy.api import AuditedModelSerializer, EnabledSerializer, by_name, enabled_from
+from policy.api import AuditedModelSerializer, EnabledSerializer, by_name, enabled_from, team_shown
 from policy.api_auth import AdminTokenAuthentication, PersonalKeyAuthentication
 from policy.limits.stores import limit_store
 from policy.models import ServerGroup
@@ -56,12 +56,15 @@ class UpstreamSerializer(AuditedModelSerializer):
     circuit = serializers.SerializerMethodField()
     reachable = serializers.BooleanField(source="is_healthy", read_only=True)
     package = serializers.SerializerMethodField(help_text="An npx or uvx server's pinned package, and one held")
+    team = team_shown()
+    shared_with = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
 
     class Meta:
         model = Upstream
         exclude = ("id", "created_at", "updated_at")
         read_only_fields = (
             "enabled",
+            "shared_with_all",
             "revision",
             "last_synced_at",
             "last_sync_error",
@@ -114,7 +117,7 @@ def _report(report: SyncReport) -> Response:
 class UpstreamViewSet(viewsets.ModelViewSet):
     """Upstream MCP servers. Saving one (with `enabled`) syncs its tool catalog, as the admin does."""
 
-    queryset = Upstream.objects.select_related("group")
+    queryset = Upstream.objects.select_related("group", "team").prefetch_related("shared_with")
     serializer_class = UpstreamSerializer
     lookup_field = "slug"
 

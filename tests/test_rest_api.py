@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from mcp.shared.exceptions import MCPError
 
-from policy.models import Agent, Rule, ServerGroup
+from policy.models import Agent, Rule, ServerGroup, Team
 from policy.services import admin_token_issue, admin_token_revoke
 from registry.models import Tool, Upstream
 from tests.clients import api, call, tool_names
@@ -83,6 +83,22 @@ def test_agents_groups_and_rules_through_the_api(inline_gateway, world, admin_to
     assert actions == ["agent_created", "agent_key_issued", "agent_saved", "servergroup_created", "rule_created",
                        "agent_key_issued", "agent_key_revoked", "rule_deleted", "servergroup_deleted",
                        "agent_deleted"]  # fmt: skip
+
+
+def test_the_api_shows_each_objects_team_by_slug_and_what_it_makes_is_the_default_teams(
+    inline_gateway, world, admin_token
+):
+    """Moving an object to another team is a gateway admin's, in the console: a team sent here is ignored."""
+    Team.objects.create(slug="payments", name="Payments")
+    try:
+        made = api(inline_gateway, "POST", "agents", admin_token, json={"name": "api-teamed", "team": "payments"})
+        shown = api(inline_gateway, "GET", "agents/api-teamed", admin_token).json()
+        demo = api(inline_gateway, "GET", "upstreams/demo", admin_token).json()
+        assert (made.status_code, shown["team"]) == (201, "default")
+        assert (demo["team"], demo["shared_with"], demo["shared_with_all"]) == ("default", [], False)
+    finally:
+        api(inline_gateway, "DELETE", "agents/api-teamed", admin_token)
+        Team.objects.filter(slug="payments").delete()
 
 
 def test_the_audit_feed_pages_by_keyset_and_filters(inline_gateway, admin_token):
