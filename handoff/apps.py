@@ -11,7 +11,7 @@ class HandoffConfig(AppConfig):
         from handoff.mcp.list_changed import upstream_changed_tell
         from handoff.models import HandoffRoute
         from policy.config_version import on_routing_row_changed
-        from policy.models import Agent, AgentGroup, AgentKey, IdentityProvider, Person, Rule, ServerGroup
+        from policy.models import Agent, AgentGroup, AgentKey, IdentityProvider, Person, Rule, ServerGroup, Team
         from registry.models import Tool, Upstream
         from registry.upstreams.loop import on_upstream_change
 
@@ -25,6 +25,7 @@ class HandoffConfig(AppConfig):
             Person,
             Rule,
             ServerGroup,
+            Team,  # its slug, on every row an agent of it writes
             Upstream,
             Tool,
             HandoffRoute,

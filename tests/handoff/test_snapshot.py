@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from handoff.snapshot import snapshot_compile
 from policy.config_version import config_version
-from policy.models import Agent, Rule, ServerGroup
+from policy.models import Agent, Rule, ServerGroup, Team
 from registry.models import Tool, Upstream
 from tests.factories import agent
 
@@ -19,8 +19,9 @@ from tests.factories import agent
         lambda: Agent.objects.create(name="version-probe"),
         lambda: ServerGroup.objects.create(name="version-probe"),
         lambda: Upstream.objects.create(slug="version-probe", transport="stdio", command="x"),
+        lambda: Team.objects.create(slug="version-probe", name="Version probe"),
     ],
-    ids=["agent", "group", "upstream"],
+    ids=["agent", "group", "upstream", "team"],
 )
 def test_saving_and_deleting_a_routing_row_moves_the_version(db, change):
     before = config_version()
@@ -112,3 +113,13 @@ def test_a_snapshot_compiled_from_rows_decides_each_call_as_they_say(db):
     assert snap.decide(off_id, "snap-files__read")[0].code == "AGENT_DISABLED"
     visible = {tool["name"] for tool in snap.visible_for(on_id)}
     assert {name for name in visible if name.startswith("snap-")} == {"snap-files__read"}
+
+
+def test_the_snapshot_knows_each_enabled_agents_team_by_slug(db):
+    team = Team.objects.create(slug="payments", name="Payments")
+    try:
+        with agent("teamed", team=team) as (teamed, _), agent("plain") as (plain, _):
+            snap = snapshot_compile()
+            assert (snap.agent_teams[teamed.id], snap.agent_teams[plain.id]) == ("payments", "default")
+    finally:
+        team.delete()
