@@ -30,24 +30,27 @@ def ledger(payments) -> Upstream:
     return Upstream.objects.create(slug="ledger", team=payments, transport="stdio", command="ledger")
 
 
-def test_an_idp_group_mapped_to_a_team_that_does_not_exist_is_refused_and_nothing_is_made(db):
+@pytest.mark.parametrize(
+    ("team", "role", "code", "message"),
+    [
+        (
+            "paymnts",
+            "member",
+            "TEAM_UNKNOWN",
+            "No team 'paymnts': create the team first, then map 'okta-payments' to it.",
+        ),
+        ("payments", "owner", "TEAM_ROLE_UNKNOWN", "No role 'owner': a team role is one of admin, member, auditor."),
+    ],
+    ids=["team-that-does-not-exist", "role-that-does-not-exist"],
+)
+def test_an_idp_group_mapped_to_a_missing_team_or_role_is_refused_and_nothing_is_made(
+    payments, team, role, code, message
+):
     with pytest.raises(TeamRefused) as refused:
-        team_group_map(group="okta-payments", team="paymnts", role="member", actor="root")
-    assert (refused.value.code, refused.value.message) == (
-        "TEAM_UNKNOWN",
-        "No team 'paymnts': create the team first, then map 'okta-payments' to it.",
-    )
+        team_group_map(group="okta-payments", team=team, role=role, actor="root")
+    assert (refused.value.code, refused.value.message) == (code, message)
     assert not Team.objects.filter(slug="paymnts").exists()
     assert not TeamGroup.objects.filter(group="okta-payments").exists()
-
-
-def test_a_role_that_does_not_exist_is_refused(payments):
-    with pytest.raises(TeamRefused) as refused:
-        team_group_map(group="okta-payments", team="payments", role="owner", actor="root")
-    assert (refused.value.code, refused.value.message) == (
-        "TEAM_ROLE_UNKNOWN",
-        "No role 'owner': a team role is one of admin, member, auditor.",
-    )
 
 
 def test_a_group_name_with_an_invisible_character_is_refused(payments):
