@@ -8,6 +8,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -22,6 +23,7 @@ from audit.integrity import (
     SIGNED_FIELDS,
     STORED_FIELDS,
     TEAM_FIELDS,
+    VerifyReport,
     _canonical,
     _row_payload,
     audit_verify,
@@ -157,23 +159,29 @@ def test_audit_verify_names_the_row_altered_behind_the_apps_back(db):
 PERSON = {"person_issuer": "https://idp.test", "person_subject": "grace", "person_name": "Grace", "client_id": "desk"}
 
 
+def altered_report(victim: AuditEvent, column: str, value: Any) -> VerifyReport:
+    """What audit_verify says while `column` of the row holds `value`, set behind the app's back (then put back)."""
+    original = AuditEvent.objects.filter(id=victim.id).values_list(column, flat=True).get()
+    with behind_the_apps_back() as cursor:
+        cursor.execute(f"UPDATE audit_auditevent SET {column} = %s WHERE id = %s", [value, victim.id])
+        try:
+            return audit_verify()
+        finally:
+            cursor.execute(f"UPDATE audit_auditevent SET {column} = %s WHERE id = %s", [original, victim.id])
+
+
+@pytest.mark.parametrize("seal", [0, SEAL_TEAMS], ids=["before-teams", "now"])
 @pytest.mark.parametrize(
     ("column", "value"),
     [("person_name", "Someone Else"), ("person_subject", "mallory"), ("person_subject", ""), ("client_id", "")],
 )
-def test_the_person_a_row_names_is_sealed_with_it(db, column, value):
-    """A row naming a person is sealed over the person too (version 2): changing who, or erasing them so the
-    row reads as one from before people existed, is tampering."""
-    victim = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo", **PERSON)
+def test_the_person_a_row_names_is_sealed_with_it(db, column, value, seal):
+    """A row naming a person is sealed over the person too (version 2, and 3): changing who, or erasing them so
+    the row reads as one from before people existed, is tampering."""
+    victim = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo", seal=seal, **PERSON)
     seal_all()
     assert audit_verify().intact
-    with behind_the_apps_back() as cursor:
-        cursor.execute(f"UPDATE audit_auditevent SET {column} = %s WHERE id = %s", [value, victim.id])
-        try:
-            report = audit_verify()
-        finally:
-            cursor.execute(f"UPDATE audit_auditevent SET {column} = %s WHERE id = %s", [PERSON[column], victim.id])
-    assert report.first_bad_event == victim.id
+    assert altered_report(victim, column, value).first_bad_event == victim.id
     assert audit_verify().intact
 
 
@@ -222,16 +230,9 @@ def test_changing_a_rows_team_or_its_seal_version_breaks_its_verification(db, ma
     """Moving a new row to another team or out of every team, making it pass as a row from before teams
     (whose team is not sealed), or giving a row from before teams a team, is tampering."""
     victim = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo", **made)
-    original = AuditEvent.objects.filter(id=victim.id).values_list(column, flat=True).get()
     seal_all()
     assert audit_verify().intact
-    with behind_the_apps_back() as cursor:
-        cursor.execute(f"UPDATE audit_auditevent SET {column} = %s WHERE id = %s", [value, victim.id])
-        try:
-            report = audit_verify()
-        finally:
-            cursor.execute(f"UPDATE audit_auditevent SET {column} = %s WHERE id = %s", [original, victim.id])
-    assert report.first_bad_event == victim.id
+    assert altered_report(victim, column, value).first_bad_event == victim.id
     assert audit_verify().intact
 
 
