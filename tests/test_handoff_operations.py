@@ -87,7 +87,7 @@ def test_an_operator_sees_live_tunnels_and_closing_one_restores_the_agents_tools
     assert (closed.state, closed.close_reason) == ("closed", "closed by operator")
     assert "time__get_current_time" in names and "finance__ask" not in names
     [row] = [r for r in rows if r.kind == "handoff" and r.detail["event"] == "closed by operator"]
-    assert row.actor == "operator"
+    assert (row.actor, row.team) == ("operator", "default")  # the team of the tunnel's agent
 
 
 def test_a_worker_stopping_gracefully_closes_its_tunnels_and_tells_the_agents(isolated_celery):

@@ -198,6 +198,7 @@ def tunnel_close_out(
             tunnel_id=str(tunnel.id),
             token_id=tunnel.token_id,
             agent_id=tunnel.agent_id,
+            team=Tunnel.objects.filter(pk=tunnel.pk).values_list("agent__team__slug", flat=True).first() or "",
             session_id=tunnel.session_key,
             upstream=tunnel.upstream.slug,
             actor=actor,
