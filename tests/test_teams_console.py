@@ -115,3 +115,11 @@ def test_deleting_a_team_that_owns_an_upstream_in_the_console_is_refused_naming_
     assert "would require deleting the following protected related objects" in page.content.decode()
     assert "ledger" in page.content.decode()
     assert Team.objects.filter(pk=payments.pk).exists()
+
+
+def test_a_new_objects_form_has_the_default_team_chosen(admin_client, payments):
+    pages = ("policy/agent", "policy/servergroup", "policy/agentgroup", "policy/rule", "registry/upstream")
+    for page in (*pages, "handoff/handoffroute"):
+        form = admin_client.get(f"/admin/{page}/add/").content.decode()
+        assert f'<option value="{default_team()}" selected>Default</option>' in form, page
+        assert f'<option value="{payments.pk}">Payments</option>' in form, page
