@@ -49,6 +49,16 @@ def team_field(related_name: str) -> models.ForeignKey:
     return models.ForeignKey(Team, on_delete=models.PROTECT, default=default_team, related_name=related_name)
 
 
+def team_slug_of(obj: models.Model) -> str:
+    """The slug of the team an object belongs to, as its admin change rows carry it: a team's own, a key's
+    agent's, any owned object's; "" for what no team owns (people, identity providers, operators)."""
+    if isinstance(obj, Team):
+        return obj.slug
+    owner = getattr(obj, "agent", None) if isinstance(obj, AgentKey) else obj
+    team = getattr(owner, "team", None)
+    return team.slug if isinstance(team, Team) else ""
+
+
 class TeamRole(models.TextChoices):
     ADMIN = "admin", "Admin: manages the team's objects and members"
     MEMBER = "member", "Member: calls the team's tools"

@@ -29,6 +29,7 @@ from policy.models import (
     Team,
     TeamGroup,
     TeamRole,
+    team_slug_of,
     visible_name,
 )
 
@@ -53,6 +54,7 @@ def agent_key_issue(*, agent: Agent, label: str = "", actor: str = "", **terms: 
             kind="admin_change",
             actor=actor,
             agent_name=agent.name,
+            team=team_slug_of(agent),
             detail={"action": "agent_key_issued", "prefix": prefix} | _terms_shown(terms),
         )
     return IssuedKey(agent=agent, key=f"{KEY_PREFIX}{prefix}_{secret}")
@@ -72,7 +74,12 @@ def agent_create(*, name: str, actor: str = "") -> IssuedKey:
     with transaction.atomic():
         agent = Agent.objects.create(name=name)
         audit_record(
-            kind="admin_change", actor=actor, agent_id=agent.id, agent_name=name, detail={"action": "agent_created"}
+            kind="admin_change",
+            actor=actor,
+            agent_id=agent.id,
+            agent_name=name,
+            team=team_slug_of(agent),
+            detail={"action": "agent_created"},
         )
         return agent_key_issue(agent=agent, actor=actor)
 
@@ -86,6 +93,7 @@ def agent_set_enabled(*, agent: Agent, enabled: bool, actor: str = "") -> None:
             actor=actor,
             agent_id=agent.id,
             agent_name=agent.name,
+            team=team_slug_of(agent),
             detail={"action": "agent_enabled" if enabled else "agent_disabled"},
         )
     agent.enabled = enabled
@@ -110,6 +118,7 @@ def group_set_enabled(*, group: ServerGroup, enabled: bool, actor: str = "") -> 
         audit_record(
             kind="admin_change",
             actor=actor,
+            team=team_slug_of(group),
             detail={"action": "group_enabled" if enabled else "group_disabled", "group": group.name},
         )
     group.enabled = enabled
@@ -126,7 +135,8 @@ def rule_save(*, rule: Rule, actor: str = "", created: bool = False) -> None:
         before = None if created else _stored_state(rule)
         rule.save()
         detail = {"action": "rule_created" if created else "rule_saved", "rule": rule.pk}
-        audit_record(kind="admin_change", actor=actor, detail=detail | change_detail(before, object_state(rule)))
+        changed = change_detail(before, object_state(rule))
+        audit_record(kind="admin_change", actor=actor, team=team_slug_of(rule), detail=detail | changed)
 
 
 def policy_object_save(*, obj: Model, actor: str, created: bool) -> None:
@@ -137,14 +147,14 @@ def policy_object_save(*, obj: Model, actor: str, created: bool) -> None:
         obj.save()
         action = f"{obj._meta.model_name}_{'created' if created else 'saved'}"
         detail = {"action": action, "name": str(obj)} | change_detail(before, object_state(obj))
-        audit_record(kind="admin_change", actor=actor, detail=detail)
+        audit_record(kind="admin_change", actor=actor, team=team_slug_of(obj), detail=detail)
 
 
 def relations_record(*, obj: Model, actor: str, action: str, **relations: list[str]) -> None:
     """After the admin saved an object's many-to-many relations (a group's members, an operator's groups and
     permissions): what they are now."""
     detail = {"action": action, "name": str(obj)} | {name: sorted(values) for name, values in relations.items()}
-    audit_record(kind="admin_change", actor=actor, detail=detail)
+    audit_record(kind="admin_change", actor=actor, team=team_slug_of(obj), detail=detail)
 
 
 def admin_token_issue(*, user: Any, label: str = "", actor: str = "") -> str:
@@ -169,8 +179,9 @@ def policy_object_delete(*, obj: Model, actor: str) -> None:
     with transaction.atomic():
         detail = {"action": f"{obj._meta.model_name}_deleted", "id": obj.pk, "name": str(obj)}
         detail |= change_detail(object_state(obj), None)
+        team = team_slug_of(obj)
         obj.delete()
-        audit_record(kind="admin_change", actor=actor, detail=detail)
+        audit_record(kind="admin_change", actor=actor, team=team, detail=detail)
 
 
 def oauth_client_revoke(*, user: AbstractBaseUser, client_id: str, actor: str) -> int:

@@ -15,7 +15,7 @@ from audit.services import audit_record, canonical_sha256
 from policy.config_version import config_changed
 from policy.limits.stores import limit_store
 from policy.manifest import schema_problem, tool_name_problem
-from policy.models import Team
+from policy.models import Team, team_slug_of
 from policy.services import TeamRefused
 from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
@@ -250,7 +250,9 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
 
 def _catalog_event(upstream: Upstream, action: str, tool: str, sha256: str, *, held: bool, actor: str) -> None:
     detail = {"action": action, "definition_sha256": sha256, "held_for_approval": held}
-    audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, tool=tool, detail=detail)
+    audit_record(
+        kind="admin_change", actor=actor, upstream=upstream.slug, team=team_slug_of(upstream), tool=tool, detail=detail
+    )
 
 
 def tool_approve(*, tool: Tool, actor: str) -> None:
@@ -263,6 +265,7 @@ def tool_approve(*, tool: Tool, actor: str) -> None:
             kind="admin_change",
             actor=actor,
             upstream=tool.upstream.slug,
+            team=team_slug_of(tool.upstream),
             tool=tool.name,
             detail={
                 "action": "tool_approved",
@@ -281,6 +284,7 @@ def upstream_set_enabled(*, upstream: Upstream, enabled: bool, actor: str = "") 
             kind="admin_change",
             actor=actor,
             upstream=upstream.slug,
+            team=team_slug_of(upstream),
             detail={"action": "upstream_enabled" if enabled else "upstream_disabled"},
         )
     upstream.enabled = enabled
@@ -304,6 +308,7 @@ def upstream_save(*, upstream: Upstream, actor: str = "", created: bool = False)
             kind="admin_change",
             actor=actor,
             upstream=upstream.slug,
+            team=team_slug_of(upstream),
             detail=detail | change_detail(before, _upstream_state(upstream)),
         )
 
@@ -312,8 +317,9 @@ def upstream_delete(*, upstream: Upstream, actor: str) -> None:
     """Remove an upstream and its catalog; agents lose its tools at once."""
     with transaction.atomic():
         detail = {"action": "upstream_deleted"} | change_detail(_upstream_state(upstream), None)
+        team = team_slug_of(upstream)
         upstream.delete()
-        audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, detail=detail)
+        audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, team=team, detail=detail)
 
 
 def _upstream_state(upstream: Upstream) -> dict:
@@ -324,7 +330,8 @@ def _upstream_state(upstream: Upstream) -> dict:
 def upstream_breaker_reset(*, upstream: Upstream, actor: str) -> None:
     """Close the upstream's circuit by hand (after fixing what made it fail)."""
     limit_store().breaker_reset(upstream.id)
-    audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, detail={"action": "breaker_reset"})
+    detail = {"action": "breaker_reset"}
+    audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, team=team_slug_of(upstream), detail=detail)
 
 
 def upstream_credentials_reseal(*, actor: str) -> int:

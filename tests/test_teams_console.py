@@ -8,8 +8,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from policy.models import Team, TeamGroup, TeamMember, default_team
+from policy.models import Agent, Team, TeamGroup, TeamMember, default_team
 from registry.models import Upstream
+from registry.services import upstream_set_enabled
 from tests.helpers import audit_mark, audit_since
 
 
@@ -62,8 +63,9 @@ def test_a_gateway_admin_creates_a_team_with_a_member_and_a_group_mapping(admin_
         team = Team.objects.get(slug="treasury")
         assert list(team.members.values_list("user__username", "role")) == [("operator", "admin")]
         assert list(team.idp_groups.values_list("group", "role")) == [("okta-treasury", "member")]
-        actions = [r.detail for r in audit_since(mark) if r.kind == "admin_change"]
-        assert actions[0]["action"] == "team_created"
+        changes = [r for r in audit_since(mark) if r.kind == "admin_change"]
+        actions = [r.detail for r in changes]
+        assert actions[0]["action"] == "team_created" and {r.team for r in changes} == {"treasury"}
         assert actions[-1] == {
             "action": "team_members",
             "name": "Treasury",
@@ -123,3 +125,21 @@ def test_a_new_objects_form_has_the_default_team_chosen(admin_client, payments):
         form = admin_client.get(f"/admin/{page}/add/").content.decode()
         assert f'<option value="{default_team()}" selected>Default</option>' in form, page
         assert f'<option value="{payments.pk}">Payments</option>' in form, page
+
+
+def test_an_admin_change_to_a_teams_object_carries_that_team(admin_client, payments):
+    mark = audit_mark()
+    form = {"name": "payments-bot", "team": payments.pk, "enabled": "on"}
+    added = admin_client.post("/admin/policy/agent/add/", form | {"keys-TOTAL_FORMS": "0", "keys-INITIAL_FORMS": "0"})
+    ledger = Upstream.objects.create(slug="ledger", team=payments, transport="stdio", command="ledger")
+    upstream_set_enabled(upstream=ledger, enabled=False, actor="operator")
+    bot = Agent.objects.get(name="payments-bot")
+    admin_client.post(f"/admin/policy/agent/{bot.pk}/delete/", {"post": "yes"})
+    assert added.status_code == 302
+    rows = [(r.detail["action"], r.team) for r in audit_since(mark) if r.kind == "admin_change"]
+    assert rows == [
+        ("agent_created", "payments"),
+        ("agent_key_issued", "payments"),  # a key is its agent's team's
+        ("upstream_disabled", "payments"),
+        ("agent_deleted", "payments"),
+    ]
