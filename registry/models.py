@@ -396,6 +396,9 @@ class PersonalCredential(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.CharField(max_length=150, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # The team under whose path the values are (registry/secret_store.py): the upstream's when they were stored,
+    # "" for values stored before teams. manage.py move_credentials moves them to the upstream's team now.
+    secret_team = models.CharField(max_length=32, blank=True, editable=False)
 
     class Meta:
         ordering = ["upstream__slug", "person_name", "person_subject"]

@@ -17,7 +17,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from policy.identity import person_digest
 from registry.models import PersonalCredential, Upstream
-from registry.secret_store import secret_path, secret_store, secrets_seal
+from registry.secret_store import secret_path, secret_store, secrets_open, secrets_seal
 
 CREDENTIAL_REQUIRED = "CREDENTIAL_REQUIRED"  # none yet: connect
 CREDENTIAL_EXPIRED = "CREDENTIAL_EXPIRED"  # it ran out and could not be refreshed: connect again
@@ -67,7 +67,14 @@ def connect_link_person(slug: str, made_for: str) -> str | None:
 
 
 def credential_path(upstream: Upstream, issuer: str, subject: str) -> str:
-    return secret_path(person_digest(issuer, subject), upstream.slug)
+    """Where a person's credential for `upstream` is stored now: under the upstream's team."""
+    return secret_path(team=upstream.team.slug, person=person_digest(issuer, subject), service=upstream.slug)
+
+
+def stored_path(credential: PersonalCredential, service: str) -> str:
+    """Where a credential's values are: under the team its upstream (`service`, its slug) had when they were stored."""
+    person = person_digest(credential.person_issuer, credential.person_subject)
+    return secret_path(team=credential.secret_team, person=person, service=service)
 
 
 @transaction.atomic
@@ -85,16 +92,19 @@ def personal_connect(
     """Store a person's credential for `upstream`, sealed at once (`values` in clear, as the person gave them, or
     as the executor got them), replacing one they had; executors reconnect with it on the next call. The audit
     trail records `action` (connected, or refreshed by the executor), naming the credential, never a value."""
-    path = credential_path(upstream, issuer, subject)
+    team, path = upstream.team.slug, credential_path(upstream, issuer, subject)
     secret_store().write(path, secrets_seal(path, values))
     credential, made = PersonalCredential.objects.select_for_update().get_or_create(
         upstream=upstream,
         person_issuer=issuer,
         person_subject=subject,
-        defaults={"kind": kind, "person_name": name, "expires_at": expires_at},
+        defaults={"kind": kind, "person_name": name, "expires_at": expires_at, "secret_team": team},
     )
     if not made:
+        if credential.secret_team != team:  # the new values are under the upstream's team now: the old ones go
+            secret_store().delete(stored_path(credential, upstream.slug))
         credential.kind, credential.person_name, credential.expires_at = kind, name, expires_at
+        credential.secret_team = team
         credential.version += 1
         credential.revoked_at, credential.revoked_by, credential.refresh_failed_at = None, "", None
         credential.save()
@@ -117,7 +127,7 @@ def _recorded(credential: PersonalCredential, action: str, *, actor: str) -> Non
 @transaction.atomic  # the change and its audit row, or neither
 def personal_disconnect(credential: PersonalCredential) -> None:
     """The person's own disconnect: the values go, and the row (their next call asks them to connect)."""
-    secret_store().delete(credential_path(credential.upstream, credential.person_issuer, credential.person_subject))
+    secret_store().delete(stored_path(credential, credential.upstream.slug))
     _recorded(credential, "credential_disconnected", actor=credential.person_name)
     credential.delete()
 
@@ -125,7 +135,7 @@ def personal_disconnect(credential: PersonalCredential) -> None:
 @transaction.atomic  # the change and its audit row, or neither
 def personal_revoke(credential: PersonalCredential, *, actor: str) -> None:
     """An administrator's revoke: the values go, the row stays to say so (the person's next call is told)."""
-    secret_store().delete(credential_path(credential.upstream, credential.person_issuer, credential.person_subject))
+    secret_store().delete(stored_path(credential, credential.upstream.slug))
     PersonalCredential.objects.filter(pk=credential.pk).update(
         revoked_at=timezone.now(), revoked_by=actor, version=F("version") + 1
     )
@@ -137,6 +147,28 @@ def personal_refresh_failed(credential: PersonalCredential) -> None:
     """The executor could not refresh it: the person's next call asks them to connect again."""
     PersonalCredential.objects.filter(pk=credential.pk).update(refresh_failed_at=timezone.now())
     _recorded(credential, "credential_refresh_failed", actor="executor")
+
+
+def personal_credentials_move(*, actor: str) -> int:
+    """Move each credential's values to its upstream's team's path (values stored before teams, or before their
+    upstream changed teams), sealed again for it; the number moved. Opens each value, so it runs where the
+    private keys are, like the executor. Re-runnable: a credential in place is left alone, and one stopped midway
+    still reads from the path its row names (the new copy is written first, the row changed next, the old copy
+    deleted last)."""
+    moved = 0
+    stray = PersonalCredential.objects.select_related("upstream__team").exclude(secret_team=F("upstream__team__slug"))
+    for credential in stray:
+        upstream = credential.upstream
+        old = stored_path(credential, upstream.slug)
+        new = credential_path(upstream, credential.person_issuer, credential.person_subject)
+        if values := secret_store().read(old):
+            secret_store().write(new, secrets_seal(new, secrets_open(old, values)))
+        PersonalCredential.objects.filter(pk=credential.pk).update(secret_team=upstream.team.slug)
+        if values:
+            secret_store().delete(old)
+        moved += 1
+    audit_record(kind="admin_change", actor=actor, detail={"action": "credentials_moved", "credentials": moved})
+    return moved
 
 
 def personal_state(upstream_id: int, issuer: str, subject: str) -> tuple[int, str, int, str] | None:

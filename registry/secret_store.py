@@ -5,7 +5,9 @@
 
 Either way the values are sealed (registry/credentials.py) before they reach the store, bound to their path and
 field: whoever reads the store, or copies an entry to another person's path, still holds nothing usable. Only
-the executor opens them. Paths follow `tenants/{tenant}/users/{person}/{service}`.
+the executor opens them. Paths follow `tenants/{tenant}/teams/{team}/users/{person}/{service}`, the team the
+upstream belonged to when the values were stored (`PersonalCredential.secret_team`); a credential stored before
+teams keeps `tenants/{tenant}/users/{person}/{service}` until `manage.py move_credentials` moves it.
 """
 
 from functools import cache
@@ -51,9 +53,11 @@ def secret_store() -> SecretStore:
     return DatabaseStore()
 
 
-def secret_path(person: str, service: str) -> str:
-    """The path of one person's (their digest's) credential for one service (an upstream's slug)."""
-    return f"tenants/{settings.GATEWAY_SECRET_TENANT}/users/{person}/{service}"
+def secret_path(*, team: str, person: str, service: str) -> str:
+    """The path of one person's (their digest's) credential for one service (an upstream's slug) of a team ("":
+    where a credential stored before teams is)."""
+    under = f"tenants/{settings.GATEWAY_SECRET_TENANT}/" + (f"teams/{team}/" if team else "")
+    return f"{under}users/{person}/{service}"
 
 
 def secrets_seal(path: str, values: dict[str, str]) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """Personal credentials' sealed values in a HashiCorp Vault or OpenBao KV v2 mount (GATEWAY_SECRET_STORE=vault).
 
-One KV secret per `secret_path` (`tenants/{tenant}/users/{person}/{service}`) under GATEWAY_VAULT_MOUNT, its
-fields the sealed values. KV v2 keeps versions: `delete` removes the metadata and every version, so a
-disconnected credential leaves nothing behind to undelete.
+One KV secret per `secret_path` (`tenants/{tenant}/teams/{team}/users/{person}/{service}`) under
+GATEWAY_VAULT_MOUNT, its fields the sealed values. KV v2 keeps versions: `delete` removes the metadata and every
+version, so a disconnected credential leaves nothing behind to undelete.
 
 hvac and requests are imported by the store's first use, not with this module: they would cost every process
 0.05-0.08 s to start, and most never use Vault.

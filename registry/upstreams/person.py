@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from policy.identity import person_digest
 from registry.credentials import CredentialError, credential_open
 from registry.models import PersonalCredential, Upstream
 from registry.personal import (
@@ -21,8 +20,9 @@ from registry.personal import (
     PERSON_REQUIRED,
     personal_connect,
     personal_refresh_failed,
+    stored_path,
 )
-from registry.secret_store import SecretStoreUnavailable, secret_path, secret_store, secrets_open
+from registry.secret_store import SecretStoreUnavailable, secret_store, secrets_open
 from registry.upstreams.spec import UpstreamSpec
 from registry.upstreams.token_grants import GrantFailed, token_exchange, token_refresh
 
@@ -96,7 +96,7 @@ async def _stored(upstream: Upstream, spec: UpstreamSpec, credential: PersonalCr
         raise CredentialUnusable(CREDENTIAL_REVOKED, f"Your credential for {upstream.slug} was revoked: connect again.")
     if credential.refresh_failed_at:
         raise CredentialUnusable(CREDENTIAL_EXPIRED, f"Your credential for {upstream.slug} expired: connect again.")
-    path = secret_path(person_digest(credential.person_issuer, credential.person_subject), upstream.slug)
+    path = stored_path(credential, upstream.slug)
     try:
         values = await _in_thread(_values)(path)
     except SecretStoreUnavailable as exc:

@@ -1,16 +1,19 @@
 """Personal credentials without a server: stored sealed, versioned, revoked, found for a call; put where the
 upstream takes them; and the connect link signed for one person and one upstream."""
 
+import io
 import json
 from contextlib import contextmanager
 
 import anyio
 import pytest
 from django.core.exceptions import ValidationError
+from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection
 
 from audit.models import AuditEvent
 from policy.identity import person_digest
+from policy.models import Team
 from registry.models import PersonalCredential, SealedSecret, Upstream
 from registry.personal import (
     CREDENTIAL_EXPIRED,
@@ -24,8 +27,10 @@ from registry.personal import (
     personal_revoke,
     personal_state,
 )
+from registry.secret_store import secret_path, secret_store, secrets_seal
 from registry.upstreams.person import CredentialUnusable, person_spec, slotted
 from registry.upstreams.spec import UpstreamSpec
+from tests.helpers import audit_mark
 
 pytestmark = pytest.mark.django_db
 ALICE = {"issuer": "https://idp.example.com", "subject": "alice", "name": "Alice"}
@@ -44,7 +49,9 @@ def upstream() -> Upstream:
 def test_a_connection_is_stored_sealed_and_each_change_bumps_its_version(upstream):
     first = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
     stored = SealedSecret.objects.get(path=credential_path(upstream, ALICE["issuer"], ALICE["subject"]))
-    assert stored.path == f"tenants/default/users/{person_digest(ALICE['issuer'], ALICE['subject'])}/ledger"
+    assert (
+        stored.path == f"tenants/default/teams/default/users/{person_digest(ALICE['issuer'], ALICE['subject'])}/ledger"
+    )
     assert TOKEN not in json.dumps(stored.values) and stored.values["token"].startswith("sbx1:")
     assert personal_state(upstream.id, ALICE["issuer"], ALICE["subject"]) == (first.pk, "token", 1, "")
     again = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN + "2"}, **ALICE)
@@ -178,3 +185,96 @@ def test_a_per_person_upstream_is_checked_before_it_is_saved(fields, error):
     with pytest.raises(ValidationError) as refused:
         row.full_clean()
     assert error in str(refused.value)
+
+
+def _opened(upstream: Upstream, credential: PersonalCredential) -> str:
+    """The token the executor puts into the call, read from wherever the credential's row says it is."""
+    ref = {"person": person_digest(ALICE["issuer"], ALICE["subject"]), "kind": "token", "id": credential.pk}
+    return anyio.run(person_spec, upstream, ref).headers["Authorization"]
+
+
+def _moved() -> str:
+    """What `manage.py move_credentials` says."""
+    out = io.StringIO()
+    call_command("move_credentials", stdout=out)
+    return out.getvalue().strip()
+
+
+@pytest.mark.django_db(transaction=True)  # the executor reads in threads of its own, outside the test's transaction
+def test_a_credential_stored_before_teams_is_used_where_it_is_until_the_command_moves_it_under_its_team(upstream):
+    person = person_digest(ALICE["issuer"], ALICE["subject"])
+    legacy = secret_path(team="", person=person, service="ledger")
+    assert legacy == f"tenants/default/users/{person}/ledger"
+    secret_store().write(legacy, secrets_seal(legacy, {"token": TOKEN}))
+    credential = PersonalCredential.objects.create(upstream=upstream, kind="token", secret_team="", **_person())
+    assert _opened(upstream, credential) == f"Bearer {TOKEN}"
+    mark = audit_mark()
+    assert _moved() == "moved 1 credential(s) to their upstream's team's path"
+    assert PersonalCredential.objects.get(pk=credential.pk).secret_team == "default"
+    assert not SealedSecret.objects.filter(path=legacy).exists()
+    assert SealedSecret.objects.filter(path=f"tenants/default/teams/default/users/{person}/ledger").exists()
+    assert _opened(upstream, PersonalCredential.objects.get(pk=credential.pk)) == f"Bearer {TOKEN}"
+    assert _moved() == "moved 0 credential(s) to their upstream's team's path"  # re-runnable
+    rows = AuditEvent.objects.filter(id__gt=mark, detail__action="credentials_moved").order_by("id")
+    assert [(row.actor, row.detail["credentials"]) for row in rows] == [
+        ("manage.py move_credentials", 1),
+        ("manage.py move_credentials", 0),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_credential_of_an_upstream_given_to_another_team_stays_usable_and_moves_with_the_command(upstream):
+    credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
+    old = credential_path(upstream, ALICE["issuer"], ALICE["subject"])
+    payments = Team.objects.create(slug="payments", name="Payments")
+    try:
+        Upstream.objects.filter(pk=upstream.pk).update(team=payments)
+        upstream.refresh_from_db()
+        assert _opened(upstream, credential) == f"Bearer {TOKEN}"  # still where its row says
+        assert _moved() == "moved 1 credential(s) to their upstream's team's path"
+        new = credential_path(upstream, ALICE["issuer"], ALICE["subject"])
+        assert new.startswith("tenants/default/teams/payments/users/") and new != old
+        assert (SealedSecret.objects.filter(path=old).exists(), SealedSecret.objects.filter(path=new).exists()) == (
+            False,
+            True,
+        )
+        assert _opened(upstream, PersonalCredential.objects.get(pk=credential.pk)) == f"Bearer {TOKEN}"
+    finally:
+        Upstream.objects.filter(pk=upstream.pk).update(team=Team.objects.get(slug="default"))
+        payments.delete()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_connecting_again_after_the_upstream_changed_teams_leaves_nothing_at_the_old_path(upstream):
+    personal_connect(upstream=upstream, kind="token", values={"token": TOKEN}, **ALICE)
+    old = credential_path(upstream, ALICE["issuer"], ALICE["subject"])
+    payments = Team.objects.create(slug="payments", name="Payments")
+    try:
+        Upstream.objects.filter(pk=upstream.pk).update(team=payments)
+        upstream.refresh_from_db()
+        credential = personal_connect(upstream=upstream, kind="token", values={"token": TOKEN + "2"}, **ALICE)
+        assert credential.secret_team == "payments" and not SealedSecret.objects.filter(path=old).exists()
+        assert _opened(upstream, credential) == f"Bearer {TOKEN}2"
+    finally:
+        Upstream.objects.filter(pk=upstream.pk).update(team=Team.objects.get(slug="default"))
+        payments.delete()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_value_that_does_not_open_stops_the_move_naming_it_and_what_was_moved_stays_moved(upstream):
+    person = person_digest(ALICE["issuer"], ALICE["subject"])
+    legacy = secret_path(team="", person=person, service="ledger")
+    elsewhere = secret_path(team="", person=person, service="other")
+    secret_store().write(legacy, secrets_seal(elsewhere, {"token": TOKEN}))  # sealed for another path
+    credential = PersonalCredential.objects.create(upstream=upstream, kind="token", secret_team="", **_person())
+    with pytest.raises(CommandError) as stopped:
+        _moved()
+    assert str(stopped.value).startswith("stopped: ")
+    assert str(stopped.value).endswith("; what was moved is in place, run it again to move the rest")
+    assert "does not open" in str(stopped.value) and TOKEN not in str(stopped.value)
+    assert PersonalCredential.objects.get(pk=credential.pk).secret_team == ""
+    assert SealedSecret.objects.filter(path=legacy).exists()
+
+
+def _person() -> dict[str, str]:
+    return {"person_issuer": ALICE["issuer"], "person_subject": ALICE["subject"], "person_name": ALICE["name"]}

@@ -40,6 +40,10 @@ def vault(openbao) -> VaultStore:
     return VaultStore(url=openbao.url, token=openbao.token, mount="secret")
 
 
+def path_of(person: str, service: str) -> str:
+    return secret_path(team="payments", person=person, service=service)
+
+
 def a_person() -> str:
     """A person as the store sees them: a digest, fresh for each test (the database's rows are committed)."""
     return uuid.uuid4().hex
@@ -49,7 +53,7 @@ def a_person() -> str:
 
 
 def test_a_written_secret_reads_back_and_a_new_write_replaces_it_whole(store):
-    path = secret_path(a_person(), "github")
+    path = path_of(a_person(), "github")
     store.write(path, {"access_token": "first", "refresh_token": "second"})
     assert store.read(path) == {"access_token": "first", "refresh_token": "second"}
     store.write(path, {"access_token": "third"})
@@ -58,7 +62,7 @@ def test_a_written_secret_reads_back_and_a_new_write_replaces_it_whole(store):
 
 
 def test_a_deleted_secret_reads_empty_and_deleting_it_again_is_fine(store):
-    path = secret_path(a_person(), "github")
+    path = path_of(a_person(), "github")
     store.write(path, {"access_token": "first"})
     store.delete(path)
     assert store.read(path) == {}
@@ -67,7 +71,7 @@ def test_a_deleted_secret_reads_empty_and_deleting_it_again_is_fine(store):
 
 
 def test_a_path_never_written_reads_empty_and_deletes_quietly(store):
-    path = secret_path(a_person(), "github")
+    path = path_of(a_person(), "github")
     assert store.read(path) == {}
     store.delete(path)
 
@@ -80,17 +84,17 @@ def test_two_peoples_paths_and_one_persons_services_stay_apart(store):
         (bob, "github"): {"access_token": "bob-github"},
     }
     for (person, service), values in paths.items():
-        store.write(secret_path(person, service), values)
-    store.delete(secret_path(ada, "github"))
-    assert store.read(secret_path(ada, "github")) == {}
-    assert store.read(secret_path(ada, "jira")) == {"access_token": "ada-jira"}
-    assert store.read(secret_path(bob, "github")) == {"access_token": "bob-github"}
+        store.write(path_of(person, service), values)
+    store.delete(path_of(ada, "github"))
+    assert store.read(path_of(ada, "github")) == {}
+    assert store.read(path_of(ada, "jira")) == {"access_token": "ada-jira"}
+    assert store.read(path_of(bob, "github")) == {"access_token": "bob-github"}
     for person, service in paths:
-        store.delete(secret_path(person, service))
+        store.delete(path_of(person, service))
 
 
 def test_values_round_trip_exactly(store):
-    path = secret_path(a_person(), "github")
+    path = path_of(a_person(), "github")
     values = {
         "unicode": "pässwörd 秘密 🔑 مفتاح \u200b",
         "quoting": 'a "quoted" \\backslash\\ and\nnewlines\r\n\ttabs {"json": [1]} %s %(x)s',
@@ -104,7 +108,10 @@ def test_values_round_trip_exactly(store):
 
 
 def test_a_value_sealed_for_one_path_opens_there_and_not_at_another(store):
-    ada, bob = secret_path(a_person(), "github"), secret_path(a_person(), "github")
+    ada, bob = (
+        path_of(a_person(), "github"),
+        path_of(a_person(), "github"),
+    )
     store.write(ada, secrets_seal(ada, {"access_token": CANARY}))
     stored = store.read(ada)
     assert CANARY not in json.dumps(stored), "the store holds only sealed values"
@@ -122,8 +129,8 @@ def test_a_value_sealed_for_one_path_opens_there_and_not_at_another(store):
 @pytest.mark.e2e
 def test_the_vault_entry_sits_at_the_kv_path_the_layout_names(vault, openbao):
     person = a_person()
-    path = secret_path(person, "github")
-    assert path == f"tenants/default/users/{person}/github"
+    path = path_of(person, "github")
+    assert path == f"tenants/default/teams/payments/users/{person}/github"
     vault.write(path, {"access_token": "sealed-value"})
     shown = openbao.bao("kv", "get", "-format=json", "-mount=secret", path)
     assert shown.returncode == 0, shown.stderr
@@ -136,7 +143,7 @@ def test_the_vault_entry_sits_at_the_kv_path_the_layout_names(vault, openbao):
 
 @pytest.mark.e2e
 def test_delete_removes_the_secret_with_every_version(vault, openbao):
-    path = secret_path(a_person(), "github")
+    path = path_of(a_person(), "github")
     vault.write(path, {"access_token": "v1"})
     vault.write(path, {"access_token": "v2"})
     direct = Client(url=openbao.url, token=openbao.token).secrets.kv.v2
@@ -150,7 +157,7 @@ def test_delete_removes_the_secret_with_every_version(vault, openbao):
 
 @pytest.mark.e2e
 def test_a_latest_version_deleted_by_hand_reads_empty(vault, openbao):
-    path = secret_path(a_person(), "github")
+    path = path_of(a_person(), "github")
     vault.write(path, {"access_token": "v1"})
     assert openbao.bao("kv", "delete", "-mount=secret", path).returncode == 0  # a soft delete: metadata stays
     assert vault.read(path) == {}
@@ -161,7 +168,7 @@ def test_a_latest_version_deleted_by_hand_reads_empty(vault, openbao):
 def test_a_wrong_token_is_refused_with_an_error_that_names_the_path_and_not_the_token(openbao):
     wrong = f"{CANARY}-token"
     store = VaultStore(url=openbao.url, token=wrong, mount="secret")
-    path = secret_path(a_person(), "github")
+    path = path_of(a_person(), "github")
     denied = "permission denied (GATEWAY_VAULT_TOKEN is not valid, or its policy does not allow this)"
     for verb, attempt in [
         ("write", lambda: store.write(path, {"access_token": CANARY})),
@@ -178,7 +185,7 @@ def test_a_wrong_token_is_refused_with_an_error_that_names_the_path_and_not_the_
 @pytest.mark.e2e
 def test_a_mount_that_does_not_exist_is_an_error_not_an_empty_read(openbao):
     store = VaultStore(url=openbao.url, token=openbao.token, mount="nowhere")
-    path = secret_path(a_person(), "github")
+    path = path_of(a_person(), "github")
     with pytest.raises(VaultStoreError) as error:
         store.read(path)
     route = f'no handler for route "nowhere/data/{path}". route entry not found.'
@@ -188,7 +195,7 @@ def test_a_mount_that_does_not_exist_is_an_error_not_an_empty_read(openbao):
 def test_an_unreachable_vault_gives_an_error_that_names_the_path_and_the_cause_only():
     port = free_port()  # nothing listens there
     store = VaultStore(url=f"http://127.0.0.1:{port}", token=CANARY, mount="secret")
-    path = secret_path(a_person(), "github")
+    path = path_of(a_person(), "github")
     with pytest.raises(VaultStoreError) as error:
         store.write(path, {"access_token": CANARY})
     cause = f"cannot reach http://127.0.0.1:{port} (Connection refused)"
@@ -200,7 +207,7 @@ def test_a_vault_that_never_answers_gives_a_timeout_error_within_the_bound():
     silent = SilentServer()
     try:
         store = VaultStore(url=silent.url.removesuffix("/mcp"), token=CANARY, mount="secret", timeout=(1.0, 0.5))
-        path = secret_path(a_person(), "github")
+        path = path_of(a_person(), "github")
         with pytest.raises(VaultStoreError) as error:
             store.read(path)
         where = silent.url.removesuffix("/mcp")
@@ -215,7 +222,7 @@ def test_a_vault_url_with_a_password_in_it_is_not_repeated_in_errors():
     port = free_port()
     store = VaultStore(url=f"http://user:{CANARY}@127.0.0.1:{port}", token="t", mount="secret")
     with pytest.raises(VaultStoreError, match=rf"cannot reach http://127\.0\.0\.1:{port} \(") as error:
-        store.read(secret_path(a_person(), "github"))
+        store.read(path_of(a_person(), "github"))
     assert CANARY not in str(error.value)
 
 
@@ -227,7 +234,7 @@ def test_the_setting_chooses_the_vault_store_and_its_address(openbao, settings):
     try:
         store = secret_store()
         assert isinstance(store, VaultStore)
-        path = secret_path(a_person(), "github")
+        path = path_of(a_person(), "github")
         store.write(path, {"access_token": "sealed-value"})
         shown = openbao.bao("kv", "get", "-field=access_token", "-mount=secret", path)
         assert shown.stdout == "sealed-value"
