@@ -33,6 +33,7 @@ class HandoffConfig(AppConfig):
             post_save.connect(on_routing_row_changed, sender=model, dispatch_uid=f"snapshot-{model.__name__}-save")
             post_delete.connect(on_routing_row_changed, sender=model, dispatch_uid=f"snapshot-{model.__name__}-del")
         m2m_changed.connect(on_routing_row_changed, sender=AgentGroup.agents.through, dispatch_uid="snapshot-members")
+        m2m_changed.connect(on_routing_row_changed, sender=Upstream.shared_with.through, dispatch_uid="snapshot-shares")
         on_upstream_change(upstream_changed_tell)  # after registry's resync (INSTALLED_APPS order)
         autodiscover_modules("triage")  # Python triage tools (handoff/triage.py)
         import handoff.result_filter  # noqa: F401  the built-in after-execute stage, first of its chain

@@ -108,6 +108,7 @@ class UpstreamInfo:
     namespace: str  # "" for an unprefixed upstream
     handoff_only: bool
     per_person: str = ""  # as Route.per_person
+    teams: frozenset[str] | None = None  # as Target.teams
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ class Snapshot:
     def permits(self, principal: int | Who, target: UpstreamInfo, name: str, tool: str) -> Denial | None:
         """The static decision for what no catalog holds: a specialist's tool during a handoff, a resource
         (`tool` its URI) or a prompt (its name). The same rules as for any tool."""
-        found = Target(name, target.slug, target.reachable, True, target.id, target.group_id, tool)
+        found = Target(name, target.slug, target.reachable, True, target.id, target.group_id, tool, teams=target.teams)
         return self._decide(who_of(principal), found)
 
     def explain(self, principal: int | Who, name: str) -> Explanation:
@@ -231,12 +232,12 @@ class Snapshot:
         own = self.triage.get(name) or self.builtins.get(name)
         entry = self.tools.get(name)
         target = own.policy_target if own else entry.target if entry else self._unknown(name)
-        enabled = who.agent_id in self.agents
-        return policy_explain(policy=self.policy, agent_id=who, agent_enabled=enabled, target=target)
+        enabled, team = who.agent_id in self.agents, self.agent_teams.get(who.agent_id, "")
+        return policy_explain(policy=self.policy, agent_id=who, agent_enabled=enabled, target=target, team=team)
 
     def _decide(self, who: Who, target: Target) -> Denial | None:
-        enabled = who.agent_id in self.agents
-        return policy_decide(policy=self.policy, agent_id=who, agent_enabled=enabled, target=target)
+        enabled, team = who.agent_id in self.agents, self.agent_teams.get(who.agent_id, "")
+        return policy_decide(policy=self.policy, agent_id=who, agent_enabled=enabled, target=target, team=team)
 
     def _unknown(self, name: str) -> Target:
         parts = split_exposed_name(name)
@@ -257,6 +258,13 @@ def _upstream_limits(upstream: Upstream) -> UpstreamLimits:
         breaker_recovery=upstream.breaker_recovery or settings.GATEWAY_BREAKER_RECOVERY_SECONDS,
         probe_seconds=upstream.call_timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS,
     )
+
+
+def _teams(upstream: Upstream) -> frozenset[str] | None:
+    """The teams whose agents may reach an upstream: its own and those it is shared with; None when shared with all."""
+    if upstream.shared_with_all:
+        return None
+    return frozenset({upstream.team.slug, *(team.slug for team in upstream.shared_with.all())})
 
 
 def _tools(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) -> dict[str, ToolEntry]:
@@ -284,6 +292,7 @@ def _tools(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) ->
             server_group_id=upstream.group_id,
             tool=tool.name,
             approved=tool.is_approved,
+            teams=_teams(upstream),
         )
         definition = manifest_sanitize(tool.definition) | {"name": name}
         tools[name] = ToolEntry(route, target, definition, tool.definition_sha256)
@@ -402,7 +411,7 @@ def snapshot_compile() -> Snapshot:
     # Revoked keys too, so that their holders are told so (a key revoked is known, unlike a key made up).
     keys = AgentKey.objects.filter(agent__enabled=True).select_related("agent", "owner")
     agents = Agent.objects.filter(enabled=True).select_related("team")
-    upstreams = {u.id: u for u in Upstream.objects.select_related("group")}
+    upstreams = {u.id: u for u in Upstream.objects.select_related("group", "team").prefetch_related("shared_with")}
     limits = {upstream.id: _upstream_limits(upstream) for upstream in upstreams.values()}
     routes = {}
     for route in HandoffRoute.objects.filter(enabled=True).select_related("target").order_by("id"):
@@ -440,6 +449,7 @@ def snapshot_compile() -> Snapshot:
                 u.namespace,
                 u.handoff_only,
                 u.person_connect if u.per_person else "",
+                _teams(u),
             )
             for u in upstreams.values()
         },

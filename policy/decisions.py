@@ -69,6 +69,7 @@ class Target:
     server_group_id: int | None = None
     tool: str = ""  # the upstream's own name for it
     approved: bool = True
+    teams: frozenset[str] | None = None  # whose agents may reach it (its owner's, those it is shared with); None: all
 
 
 @dataclass(frozen=True)
@@ -151,17 +152,28 @@ class Explanation:
     grounds: Grounds | None = None
 
 
-def policy_decide(*, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target) -> Denial | None:
+def reaches(team: str, target: Target) -> bool:
+    """Whether an agent of `team` may reach the target's upstream at all: its owner's, shared with it, or with all."""
+    return target.teams is None or team in target.teams
+
+
+def policy_decide(
+    *, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target, team: str = ""
+) -> Denial | None:
     """None when the call may go ahead, else the reason it may not, written for the model."""
-    return policy_explain(policy=policy, agent_id=agent_id, agent_enabled=agent_enabled, target=target).denial
+    explained = policy_explain(policy=policy, agent_id=agent_id, agent_enabled=agent_enabled, target=target, team=team)
+    return explained.denial
 
 
-def policy_explain(*, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target) -> Explanation:
-    """The decision, with the rule or stance it rests on (what the explain check shows an operator)."""
+def policy_explain(
+    *, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target, team: str = ""
+) -> Explanation:
+    """The decision, with the rule or stance it rests on (what the explain check shows an operator). `team` is the
+    agent's: another team's tool, not shared with it, is unknown to it (it may not learn that the tool exists)."""
     name = target.exposed_name
     if not agent_enabled:
         return Explanation(Denial("AGENT_DISABLED", "This agent has been disabled by an administrator."))
-    if target.upstream_slug is None or not target.tool_known:
+    if target.upstream_slug is None or not target.tool_known or not reaches(team, target):
         message = f"Unknown tool: {name!r}. Call tools/list for the tools this gateway offers."
         return Explanation(Denial("TOOL_NOT_FOUND", message, INVALID_PARAMS))
     if not target.upstream_enabled:

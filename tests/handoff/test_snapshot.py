@@ -123,3 +123,50 @@ def test_the_snapshot_knows_each_enabled_agents_team_by_slug(db):
             assert (snap.agent_teams[teamed.id], snap.agent_teams[plain.id]) == ("payments", "default")
     finally:
         team.delete()
+
+
+def test_an_agent_reaches_its_teams_upstreams_and_those_shared_with_it_or_with_all(db):
+    payments, ops = Team.objects.create(slug="payments", name="Payments"), Team.objects.create(slug="ops", name="Ops")
+    ledger = Upstream.objects.create(slug="snap-ledger", transport="stdio", command="x", team=payments)
+    try:
+        _tools(ledger, "read")
+        with agent("payer", team=payments) as (payer, _), agent("operator", team=ops) as (operator, _):
+            alone = snapshot_compile()
+            ledger.shared_with.add(ops)
+            shared = snapshot_compile()
+            ledger.shared_with.clear()
+            Upstream.objects.filter(pk=ledger.pk).update(shared_with_all=True)
+            everyone = snapshot_compile()
+            ids = payer.id, operator.id
+    finally:
+        ledger.delete()
+        payments.delete()
+        ops.delete()
+
+    def reach(snap, agent_id: int) -> tuple[str | None, bool]:
+        denial = snap.decide(agent_id, "snap-ledger__read")[0]
+        return denial and denial.code, "snap-ledger__read" in {tool["name"] for tool in snap.visible_for(agent_id)}
+
+    assert [reach(snap, agent_id) for snap in (alone, shared, everyone) for agent_id in ids] == [
+        (None, True),
+        ("TOOL_NOT_FOUND", False),
+        (None, True),
+        (None, True),
+        (None, True),
+        (None, True),
+    ]
+
+
+def test_sharing_an_upstream_moves_the_version(db):
+    payments, ops = Team.objects.create(slug="payments", name="Payments"), Team.objects.create(slug="ops", name="Ops")
+    ledger = Upstream.objects.create(slug="snap-shared", transport="stdio", command="x", team=payments)
+    try:
+        before = config_version()
+        ledger.shared_with.add(ops)
+        shared = config_version()
+        ledger.shared_with.remove(ops)
+        assert before < shared < config_version()
+    finally:
+        ledger.delete()
+        payments.delete()
+        ops.delete()

@@ -42,6 +42,25 @@ def test_each_refusal_goes_before_the_next():
     assert code(Policy(), ADD) is None
 
 
+def test_a_tool_of_another_team_not_shared_with_the_agents_is_as_unknown_to_it_as_a_tool_that_does_not_exist():
+    owned, shared = replace(ADD, teams=frozenset({"payments"})), replace(ADD, teams=frozenset({"payments", "ops"}))
+
+    def decided(target: Target, team: str) -> Denial | None:
+        return policy_decide(policy=Policy(), agent_id=1, agent_enabled=True, target=target, team=team)
+
+    unknown, elsewhere = decided(replace(ADD, tool_known=False), "ops"), decided(owned, "ops")
+    assert (elsewhere.code, elsewhere.jsonrpc_code, elsewhere.message) == (
+        unknown.code,
+        INVALID_PARAMS,
+        unknown.message,
+    )
+    assert [decided(owned, "payments"), decided(shared, "ops"), decided(ADD, "ops")] == [None, None, None]
+    # Before anything else but a disabled agent: another team's rules and pins are none of its business.
+    held = replace(owned, approved=False, upstream_enabled=False)
+    assert code(Policy((rule(False),)), held, enabled=False) == "AGENT_DISABLED"
+    assert decided(held, "ops").code == "TOOL_NOT_FOUND"
+
+
 def test_an_unknown_tool_is_invalid_params_and_a_policy_refusal_is_not():
     unknown = policy_decide(policy=Policy(), agent_id=1, agent_enabled=True, target=replace(ADD, tool_known=False))
     denied = policy_decide(policy=Policy(default_allow=False), agent_id=1, agent_enabled=True, target=ADD)
