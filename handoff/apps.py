@@ -11,7 +11,17 @@ class HandoffConfig(AppConfig):
         from handoff.mcp.list_changed import upstream_changed_tell
         from handoff.models import HandoffRoute
         from policy.config_version import on_routing_row_changed
-        from policy.models import Agent, AgentGroup, AgentKey, IdentityProvider, Person, Rule, ServerGroup, Team
+        from policy.models import (
+            Agent,
+            AgentGroup,
+            AgentKey,
+            IdentityProvider,
+            Person,
+            Rule,
+            ServerGroup,
+            Team,
+            TeamGroup,
+        )
         from registry.models import Tool, Upstream
         from registry.upstreams.loop import on_upstream_change
 
@@ -26,6 +36,7 @@ class HandoffConfig(AppConfig):
             Rule,
             ServerGroup,
             Team,  # its slug, on every row an agent of it writes
+            TeamGroup,  # who may call as one of a team
             Upstream,
             Tool,
             HandoffRoute,

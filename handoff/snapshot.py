@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import Error as DatabaseError
 from mcp.shared.exceptions import MCPError
 
+from audit.models import DEFAULT_TEAM
 from audit.outcomes import EXECUTOR_GRACE_SECONDS
 from gateway_project.lib.database import BoundedRead, database_async
 from handoff.codemode.tools import EXECUTE, SEARCH_TOOLS, execute_definition, search_tools_definition
@@ -40,7 +41,7 @@ from policy.identity import Provider, people_disabled, providers_compile
 from policy.keys import key_matches, key_split
 from policy.limits.admission import AgentLimits, UpstreamLimits
 from policy.manifest import clean_text, manifest_sanitize
-from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup
+from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup, TeamGroup, TeamRole
 from registry.models import Tool, Upstream
 from registry.naming import exposed_name, gateway_tool_name, split_exposed_name
 
@@ -159,6 +160,8 @@ class Snapshot:
     providers: dict[str, Provider] = field(default_factory=dict)  # identity providers by issuer
     builtin: Provider | None = None  # the built-in authorization server, while it is offered
     idp_groups: dict[str, frozenset[int]] = field(default_factory=dict)  # a person's group: agent groups it counts in
+    team_groups: dict[str, frozenset[str]] = field(default_factory=dict)  # a group: teams it makes admin or member of
+    mapped_teams: frozenset[str] = frozenset()  # teams any group is mapped to
     people_disabled: frozenset[tuple[str, str]] = frozenset()  # (issuer, subject) of people refused
     instructions: tuple[tuple[str, str], ...] = ()  # (slug, cleaned text) of upstreams that give instructions
     # Per-agent results, filled on first use; bounded by agents × known tools.
@@ -233,11 +236,23 @@ class Snapshot:
         entry = self.tools.get(name)
         target = own.policy_target if own else entry.target if entry else self._unknown(name)
         enabled, team = who.agent_id in self.agents, self.agent_teams.get(who.agent_id, "")
-        return policy_explain(policy=self.policy, agent_id=who, agent_enabled=enabled, target=target, team=team)
+        member = self.member(who, team)
+        return policy_explain(
+            policy=self.policy, agent_id=who, agent_enabled=enabled, target=target, team=team, member=member
+        )
+
+    def member(self, who: Who, team: str) -> bool:
+        """Whether the person (if any) may call as one of `team`: their groups map them to it as admin or member.
+        Every team asks it but the default one while no group is mapped to it (as the teams' migration leaves it)."""
+        asks = team != DEFAULT_TEAM or team in self.mapped_teams
+        return who.person is None or not asks or team in who.teams
 
     def _decide(self, who: Who, target: Target) -> Denial | None:
         enabled, team = who.agent_id in self.agents, self.agent_teams.get(who.agent_id, "")
-        return policy_decide(policy=self.policy, agent_id=who, agent_enabled=enabled, target=target, team=team)
+        member = self.member(who, team)
+        return policy_decide(
+            policy=self.policy, agent_id=who, agent_enabled=enabled, target=target, team=team, member=member
+        )
 
     def _unknown(self, name: str) -> Target:
         parts = split_exposed_name(name)
@@ -332,6 +347,15 @@ def _idp_groups() -> dict[str, frozenset[int]]:
     return {name: frozenset(ids) for name, ids in found.items()}
 
 
+def _team_groups() -> dict[str, frozenset[str]]:
+    """Each group's teams where it gives a role that calls (admin or member; an auditor only reads)."""
+    found: dict[str, set[str]] = {}
+    calling = TeamGroup.objects.filter(role__in=(TeamRole.ADMIN, TeamRole.MEMBER))
+    for group, team in calling.values_list("group", "team__slug"):
+        found.setdefault(group, set()).add(team)
+    return {group: frozenset(teams) for group, teams in found.items()}
+
+
 def _route_settings(route: HandoffRoute) -> RouteSettings:
     return RouteSettings(route.id, route.domain, route.connect_timeout, route.max_sessions, route.idle_timeout)
 
@@ -423,6 +447,8 @@ def snapshot_compile() -> Snapshot:
         providers=providers_compile(),
         builtin=builtin_compile(),
         idp_groups=_idp_groups(),
+        team_groups=_team_groups(),
+        mapped_teams=frozenset(TeamGroup.objects.values_list("team__slug", flat=True)),
         people_disabled=people_disabled(),
         keys={k.prefix: _key_entry(k) for k in keys},
         agents={

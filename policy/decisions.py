@@ -80,6 +80,7 @@ class Who:
     agent_id: int
     person: tuple[str, str] | None = None
     groups: frozenset[int] = frozenset()
+    teams: frozenset[str] = frozenset()  # the teams the person's groups make them an admin or member of
 
 
 def who_of(principal: "int | Who") -> Who:
@@ -158,21 +159,29 @@ def reaches(team: str, target: Target) -> bool:
 
 
 def policy_decide(
-    *, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target, team: str = ""
+    *, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target, team: str = "", member: bool = True
 ) -> Denial | None:
     """None when the call may go ahead, else the reason it may not, written for the model."""
-    explained = policy_explain(policy=policy, agent_id=agent_id, agent_enabled=agent_enabled, target=target, team=team)
-    return explained.denial
+    return policy_explain(
+        policy=policy, agent_id=agent_id, agent_enabled=agent_enabled, target=target, team=team, member=member
+    ).denial
 
 
 def policy_explain(
-    *, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target, team: str = ""
+    *, policy: Policy, agent_id: "int | Who", agent_enabled: bool, target: Target, team: str = "", member: bool = True
 ) -> Explanation:
     """The decision, with the rule or stance it rests on (what the explain check shows an operator). `team` is the
-    agent's: another team's tool, not shared with it, is unknown to it (it may not learn that the tool exists)."""
+    agent's: another team's tool, not shared with it, is unknown to it (it may not learn that the tool exists).
+    `member`: the person calling, if any, may call as one of that team (their groups say so, when it asks)."""
     name = target.exposed_name
     if not agent_enabled:
         return Explanation(Denial("AGENT_DISABLED", "This agent has been disabled by an administrator."))
+    if not member:
+        message = (
+            f"You are not a member of team {team!r}, which this agent belongs to, so you may call none of its "
+            "tools: ask the team's admin to map one of your groups to it."
+        )
+        return Explanation(Denial("TEAM_MEMBERSHIP_REQUIRED", message))
     if target.upstream_slug is None or not target.tool_known or not reaches(team, target):
         message = f"Unknown tool: {name!r}. Call tools/list for the tools this gateway offers."
         return Explanation(Denial("TOOL_NOT_FOUND", message, INVALID_PARAMS))

@@ -8,7 +8,7 @@ import anyio
 import httpx2
 import pytest
 
-from policy.models import AgentGroup, IdentityProvider, Person, Rule
+from policy.models import AgentGroup, IdentityProvider, Person, Rule, Team, TeamGroup
 from registry.models import Upstream
 from tests import servers
 from tests.clients import call, sdk_client, tool_names, ws_session
@@ -180,6 +180,36 @@ def test_code_a_person_runs_calls_tools_as_them(idp_gateway, people):
     rows = [row for row in audit_since(mark) if row.kind in ("approved", "completed")]
     assert {row.exposed_name for row in rows} == {"switchboard__execute", "demo__echo"}
     assert {(row.agent_name, row.person_subject) for row in rows} == {(people, "coder")}
+
+
+def _listed(gateway, token: str) -> set[str]:
+    return anyio.run(tool_names, gateway.url, token)
+
+
+def test_a_person_removed_from_their_teams_group_is_refused_on_their_next_call(idp_gateway):
+    idp, gateway = idp_gateway
+    default = Team.objects.get(slug="default")
+    mapping = TeamGroup.objects.create(group="switchboard-callers", team=default, role="member")
+    member, removed = idp.forge(sub="frank", groups=["switchboard-callers"]), idp.forge(sub="frank", groups=[])
+    try:
+        # Once the gateway has the mapping, the token without the group lists nothing; the member's, the tools.
+        eventually(
+            lambda: not anyio.run(tool_names, gateway.url, removed) and anyio.run(tool_names, gateway.url, member)
+        )
+        mark = audit_mark()
+        answered = anyio.run(call, gateway.url, member, "demo__echo", {"text": "a member"}, "2026-07-28")
+        refused = anyio.run(call, gateway.url, removed, "demo__echo", {"text": "x"}, "2026-07-28")
+    finally:
+        mapping.delete()
+    assert answered.content[0].text == "a member"
+    assert (refused.error.code, refused.error.data["code"]) == (-32001, "TEAM_MEMBERSHIP_REQUIRED")
+    assert refused.error.message.startswith("You are not a member of team 'default', which this agent belongs to")
+    rows = [(r.kind, r.error_code, r.person_subject) for r in audit_since(mark) if r.exposed_name == "demo__echo"]
+    assert rows == [
+        ("approved", "", "frank"),
+        ("completed", "", "frank"),
+        ("denied", "TEAM_MEMBERSHIP_REQUIRED", "frank"),
+    ]
 
 
 def test_rules_may_name_a_person_or_an_agent_group_their_idp_groups_count_them_in(idp_gateway):

@@ -48,6 +48,7 @@ class Caller:
     expires_at: float = 0.0  # when the token runs out (epoch seconds); 0 for an API key
     key_tools: tuple[str, ...] = ()  # the exposed names an API key is limited to (patterns); empty: no limit
     groups: tuple[int, ...] = ()  # the agent groups the person's own groups count them in
+    teams: tuple[str, ...] = ()  # the teams the person's own groups make them an admin or member of
     public_url: str = ""  # the gateway's, as this request reached it (where its connect links point)
     # The person's own token, for an upstream that exchanges it (RFC 8693); kept out of every repr.
     token: str = field(default="", repr=False)
@@ -56,7 +57,7 @@ class Caller:
     def who(self) -> Who:
         """Whom policy decides for: the agent, and the person with their groups."""
         person = (self.person_issuer, self.person_subject) if self.person_subject else None
-        return Who(self.agent_id, person, frozenset(self.groups))
+        return Who(self.agent_id, person, frozenset(self.groups), frozenset(self.teams))
 
     def wire(self) -> dict:
         """The caller as a task carries it (code mode's executions): the person's token sealed, so that it
@@ -68,7 +69,9 @@ class Caller:
     def from_wire(cls, fields: dict) -> "Caller":
         token = credential_open(fields["token"], name=INBOUND) if fields.get("token") else ""
         return cls(
-            **fields | {"token": token, "key_tools": tuple(fields["key_tools"]), "groups": tuple(fields["groups"])}
+            **fields
+            | {"token": token, "key_tools": tuple(fields["key_tools"]), "groups": tuple(fields["groups"])}
+            | {"teams": tuple(fields.get("teams", ()))}
         )
 
     def may_call(self, name: str) -> bool:
@@ -310,6 +313,7 @@ async def _admitted(scope: dict, transport: str, identity: Identity, provider: P
         expires_at=identity.expires_at,
         public_url=public_base(scope),
         groups=tuple(sorted(set().union(*(snap.idp_groups.get(name, ()) for name in identity.groups)))),
+        teams=tuple(sorted(set().union(*(snap.team_groups.get(name, ()) for name in identity.groups)))),
     )
 
 

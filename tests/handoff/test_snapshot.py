@@ -8,7 +8,8 @@ from django.utils import timezone
 
 from handoff.snapshot import snapshot_compile
 from policy.config_version import config_version
-from policy.models import Agent, Rule, ServerGroup, Team
+from policy.decisions import Who
+from policy.models import Agent, Rule, ServerGroup, Team, TeamGroup
 from registry.models import Tool, Upstream
 from tests.factories import agent
 
@@ -170,3 +171,43 @@ def test_sharing_an_upstream_moves_the_version(db):
         ledger.delete()
         payments.delete()
         ops.delete()
+
+
+def test_a_person_calls_through_a_teams_agent_only_as_a_member_once_the_team_asks(db):
+    payments = Team.objects.create(slug="payments", name="Payments")
+    upstream = Upstream.objects.create(slug="snap-member", transport="stdio", command="x", shared_with_all=True)
+    try:
+        _tools(upstream, "read")
+        with agent("pays", team=payments) as (pays, _), agent("defaults") as (defaults, _):
+            TeamGroup.objects.create(group="payers", team=payments, role="member")
+            TeamGroup.objects.create(group="payers-audit", team=payments, role="auditor")
+            before = snapshot_compile()
+            TeamGroup.objects.create(group="everyone", team=Team.objects.get(slug="default"), role="admin")
+            after = snapshot_compile()
+            ids = pays.id, defaults.id
+    finally:
+        upstream.delete()
+        payments.delete()
+        TeamGroup.objects.filter(group="everyone").delete()
+    person = ("https://idp.example.com", "erin")
+
+    def code(snap, agent_id: int, **who) -> str | None:
+        denial = snap.decide(Who(agent_id, **who), "snap-member__read")[0]
+        return denial and denial.code
+
+    assert before.team_groups["payers"] == frozenset({"payments"}) and "payers-audit" not in before.team_groups
+    refused = before.decide(Who(ids[0], person), "snap-member__read")[0]
+    assert (refused.code, refused.jsonrpc_code, refused.message) == (
+        "TEAM_MEMBERSHIP_REQUIRED",
+        -32001,
+        "You are not a member of team 'payments', which this agent belongs to, so you may call none of its tools: "
+        "ask the team's admin to map one of your groups to it.",
+    )
+    assert [
+        code(before, ids[0], person=person, teams=frozenset({"payments"})),
+        code(before, ids[0]),  # an API key names nobody: its agent's rules decide
+        code(before, ids[1], person=person),  # the default team, no group mapped to it: as before teams
+        code(after, ids[1], person=person),
+        code(after, ids[1], person=person, teams=frozenset({"default"})),
+    ] == [None, None, None, "TEAM_MEMBERSHIP_REQUIRED", None]
+    assert "snap-member__read" not in {tool["name"] for tool in before.visible_for(Who(ids[0], person))}
