@@ -379,6 +379,11 @@ GATEWAY_SESSION_MAX_CALLS = env_int("GATEWAY_SESSION_MAX_CALLS", 5000, minimum=1
 # extend, so a busy stateless key is never held for ever.
 GATEWAY_STATELESS_WINDOW_SECONDS = env_int("GATEWAY_STATELESS_WINDOW_SECONDS", 600, minimum=1, maximum=86_400)
 GATEWAY_UPSTREAM_MAX_CONCURRENT = env_int("GATEWAY_UPSTREAM_MAX_CONCURRENT", 64, minimum=1, maximum=10_000)
+# A team's limits, where the team sets none: generous, so that one default team holding a whole deployment is
+# not held back (docs/teams.md).
+GATEWAY_TEAM_CALLS_PER_MINUTE = env_int("GATEWAY_TEAM_CALLS_PER_MINUTE", 60_000, minimum=1, maximum=1_000_000)
+GATEWAY_TEAM_MAX_CONCURRENT = env_int("GATEWAY_TEAM_MAX_CONCURRENT", 1024, minimum=1, maximum=100_000)
+GATEWAY_TEAM_DAILY_CALLS = env_int("GATEWAY_TEAM_DAILY_CALLS", 100_000_000, minimum=1, maximum=1_000_000_000)
 GATEWAY_BREAKER_FAILURES = env_int("GATEWAY_BREAKER_FAILURES", 5, minimum=1, maximum=1000)
 GATEWAY_BREAKER_RECOVERY_SECONDS = env_float("GATEWAY_BREAKER_RECOVERY_SECONDS", 30.0, minimum=0.1, maximum=3600)
 # A circuit first opens this long (a crash a restart cures is over by then); each failed probe doubles it, up

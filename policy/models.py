@@ -21,12 +21,21 @@ def visible_name(value: str) -> None:
         raise ValidationError("Remove the spaces at the start or end.")
 
 
+def limit_field(help_text: str) -> models.PositiveIntegerField:
+    """A per-object limit; empty means the deployment's default (settings.GATEWAY_*)."""
+    return models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)], help_text=help_text)
+
+
 class Team(models.Model):
     """Who owns upstreams, server groups, agents (and so their keys), agent groups, rules and handoff routes
     (docs/teams.md). People belong to teams with a role each; a gateway admin (a superuser) manages teams."""
 
     slug = models.SlugField(max_length=32, unique=True, help_text="How audit rows and the API name the team")
     name = models.CharField(max_length=64, unique=True, validators=[visible_name])
+    # Over all the team's agents together (docs/teams.md, "Limits per team").
+    calls_per_minute = limit_field("Tool calls in any 60 seconds; empty: GATEWAY_TEAM_CALLS_PER_MINUTE")
+    max_concurrent = limit_field("Calls running at once; empty: GATEWAY_TEAM_MAX_CONCURRENT")
+    daily_calls = limit_field("Tool calls in one day, 00:00 to 24:00 UTC; empty: GATEWAY_TEAM_DAILY_CALLS")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -118,11 +127,6 @@ class ServerGroup(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-
-def limit_field(help_text: str) -> models.PositiveIntegerField:
-    """A per-object limit; empty means the deployment's default (settings.GATEWAY_*)."""
-    return models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)], help_text=help_text)
 
 
 class Agent(models.Model):
