@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from policy.limits.admission import Admission, AgentLimits, UpstreamLimits
-from policy.models import Agent, ServerGroup
+from policy.limits.admission import Admission, AgentLimits, TeamLimits, UpstreamLimits
+from policy.models import Agent, ServerGroup, Team
 from policy.services import agent_create
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync, upstream_save
@@ -83,6 +83,18 @@ def agent(name: str, **fields: Any) -> Iterator[tuple[Agent, str]]:
         issued.agent.delete()
 
 
+@contextmanager
+def team(slug: str, **limits: Any) -> Iterator[Team]:
+    """A team (with optional limits); whatever the test gave it is removed first."""
+    made = Team.objects.create(slug=slug, name=slug.title(), **limits)
+    try:
+        yield made
+    finally:
+        Agent.objects.filter(team=made).delete()
+        Upstream.objects.filter(team=made).delete()
+        made.delete()
+
+
 _ids = itertools.count(int(time.time()) % 1_000_000 * 1000)
 
 
@@ -103,6 +115,13 @@ def admission(*, agent: dict[str, Any] | None = None, **upstream: Any) -> Admiss
     )
     agent_limits = replace(AgentLimits(calls_per_minute=100, max_calls_per_session=100), **(agent or {}))
     return Admission(f"r{unique}", f"s{unique}", unique, agent_limits, replace(limits, **upstream))
+
+
+def team_limits(**fields: Any) -> TeamLimits:
+    """A team's limits, with an id no other test uses; generous unless the keywords say otherwise."""
+    unique = next(_ids)
+    limits = TeamLimits(id=unique, slug=f"team-{unique}", calls_per_minute=100, max_concurrent=100, daily_calls=100)
+    return replace(limits, **fields)
 
 
 @contextmanager

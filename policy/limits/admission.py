@@ -34,9 +34,21 @@ def health_of(code: str | None) -> Health:
 
 
 @dataclass(frozen=True)
+class TeamLimits:
+    """A team's limits over all its agents' calls together (docs/teams.md)."""
+
+    id: int
+    slug: str
+    calls_per_minute: int
+    max_concurrent: int
+    daily_calls: int  # in one UTC day
+
+
+@dataclass(frozen=True)
 class AgentLimits:
     calls_per_minute: int
     max_calls_per_session: int
+    team: TeamLimits | None = None  # the agent's team, whose limits its calls count against too
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,12 @@ class UpstreamLimits:
     breaker_failures: int
     breaker_recovery: float
     probe_seconds: float  # how long a half-open probe may take before another may go
+    team: int | None = None  # the owning team's id; None for the gateway's own tools
+
+    @property
+    def share(self) -> int:
+        """How many of its calls at once one borrowing team may hold: half, so the owner keeps the rest."""
+        return max(1, self.max_concurrent // 2)
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,13 @@ class Admission:
     def rate_key(self) -> str:
         """Whose calls a minute this call counts against: the agent's, or for a person, their own."""
         return f"{self.agent_id}:{self.person}" if self.person else str(self.agent_id)
+
+    @property
+    def borrowed(self) -> bool:
+        """Whether the agent's team calls an upstream another team owns (and shares): its share of the
+        upstream's concurrency applies."""
+        team, owner = self.agent.team, self.upstream.team
+        return team is not None and owner is not None and team.id != owner
 
     @property
     def term(self) -> float:
@@ -175,6 +200,8 @@ def limits_denial(a: Admission, verdict: Verdict, tool: str) -> Denial:
                 RETRY_LATER,
                 verdict.retry_after,
             )
+        case "TEAM_RATE_LIMITED" | "TEAM_BUSY" | "TEAM_DAILY_BUDGET" | "UPSTREAM_SHARE_BUSY":
+            return _team_denial(a, verdict)
         case "LIMITS_UNAVAILABLE":
             return Denial(
                 "LIMITS_UNAVAILABLE",
@@ -183,3 +210,20 @@ def limits_denial(a: Admission, verdict: Verdict, tool: str) -> Denial:
                 verdict.retry_after,
             )
     raise ValueError(f"unknown verdict {verdict.code!r}")
+
+
+def _team_denial(a: Admission, verdict: Verdict) -> Denial:
+    team = a.agent.team
+    assert team is not None
+    wait = _seconds(verdict.retry_after)
+    messages = {
+        "TEAM_RATE_LIMITED": f"Team {team.slug!r} may make {team.calls_per_minute} tool calls a minute, all its "
+        f"agents together. Retry after {wait}.",
+        "TEAM_BUSY": f"Team {team.slug!r} is running its maximum of {team.max_concurrent} calls at once. "
+        f"Retry after {wait}.",
+        "TEAM_DAILY_BUDGET": f"Team {team.slug!r} has made the {team.daily_calls} tool calls it may make today; "
+        f"its budget renews at 00:00 UTC. Retry after {wait}.",
+        "UPSTREAM_SHARE_BUSY": f"The service {a.upstream.slug!r} is shared with team {team.slug!r}, which may run "
+        f"{a.upstream.share} of its calls at once and is running them. Retry after {wait}.",
+    }
+    return Denial(verdict.code, messages[verdict.code], RETRY_LATER, verdict.retry_after)

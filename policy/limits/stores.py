@@ -15,17 +15,25 @@ from policy.limits.admission import WINDOW_SECONDS, Admission, BreakerStatus, He
 
 logger = logging.getLogger(__name__)
 SWEEP_SECONDS = 10.0
+DAY_SECONDS = 86_400  # a team's daily budget runs from 00:00 to 24:00 UTC
 
-# KEYS: group lock, session calls, agent window, upstream window, upstream busy, breaker.
+# KEYS: group lock, session calls, agent window, upstream window, upstream busy, breaker, team window, team busy,
+#       team day, share busy (the borrowing team's calls at once on this upstream).
 # ARGV: strict group ('' if none), session ttl, session max, agent rate, upstream rate, max concurrent,
-#       request id, busy ttl, probe seconds, window seconds, stateless ('1': the ttl is a fixed window).
+#       request id, busy ttl, probe seconds, window seconds, stateless ('1': the ttl is a fixed window),
+#       team ('1' if the agent has one), team rate, team max concurrent, team daily calls, share (0: not borrowed).
 ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local group, ttl, window, fixed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[10]), ARGV[11] == '1'
+local team, share = ARGV[12] == '1', tonumber(ARGV[16])
 local function left(key)
   if not fixed then return '0' end
   return tostring(math.max(redis.call('PTTL', key), 0) / 1000)
+end
+local function hold(key)
+  redis.call('INCR', key)
+  if redis.call('TTL', key) < tonumber(ARGV[8]) then redis.call('EXPIRE', key, ARGV[8]) end
 end
 if group ~= '' then
   local held = redis.call('GET', KEYS[1])
@@ -42,10 +50,16 @@ end
 if tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[3]) then
   return {fixed and 'KEY_CALL_LIMIT' or 'SESSION_CALL_LIMIT', left(KEYS[2]), '0'}
 end
-local windows = {
-  {KEYS[3], tonumber(ARGV[4]), 'AGENT_RATE_LIMITED'},
-  {KEYS[4], tonumber(ARGV[5]), 'UPSTREAM_RATE_LIMITED'},
-}
+local day, today = math.floor(now / 86400), {}
+if team then
+  today = redis.call('HMGET', KEYS[9], 'day', 'calls')
+  if tonumber(today[1]) == day and tonumber(today[2]) >= tonumber(ARGV[15]) then
+    return {'TEAM_DAILY_BUDGET', tostring((day + 1) * 86400 - now), '0'}
+  end
+end
+local windows = {{KEYS[3], tonumber(ARGV[4]), 'AGENT_RATE_LIMITED'}}
+if team then windows[#windows + 1] = {KEYS[7], tonumber(ARGV[13]), 'TEAM_RATE_LIMITED'} end
+windows[#windows + 1] = {KEYS[4], tonumber(ARGV[5]), 'UPSTREAM_RATE_LIMITED'}
 for _, w in ipairs(windows) do
   redis.call('ZREMRANGEBYSCORE', w[1], '-inf', now - window)
   if redis.call('ZCARD', w[1]) >= w[2] then
@@ -54,6 +68,10 @@ for _, w in ipairs(windows) do
   end
 end
 if tonumber(redis.call('GET', KEYS[5]) or '0') >= tonumber(ARGV[6]) then return {'UPSTREAM_BUSY', '1', '0'} end
+if team and tonumber(redis.call('GET', KEYS[8]) or '0') >= tonumber(ARGV[14]) then return {'TEAM_BUSY', '1', '0'} end
+if share > 0 and tonumber(redis.call('GET', KEYS[10]) or '0') >= share then
+  return {'UPSTREAM_SHARE_BUSY', '1', '0'}
+end
 if fixed then
   if group ~= '' then redis.call('SET', KEYS[1], group, 'EX', ttl, 'NX') end
   if redis.call('INCR', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ttl) end
@@ -68,14 +86,28 @@ for _, w in ipairs(windows) do
 end
 redis.call('INCR', KEYS[5])
 redis.call('EXPIRE', KEYS[5], ARGV[8])
+if team then
+  -- A team's calls run on upstreams of different timeouts: its counters' expiry only ever grows.
+  hold(KEYS[8])
+  if tonumber(today[1]) == day then redis.call('HINCRBY', KEYS[9], 'calls', 1)
+  else redis.call('HSET', KEYS[9], 'day', day, 'calls', 1) end
+  redis.call('EXPIRE', KEYS[9], math.ceil((day + 1) * 86400 - now) + 1)
+end
+if share > 0 then hold(KEYS[10]) end
 if probing == '1' then redis.call('HSET', KEYS[6], 'probe_until', now + tonumber(ARGV[9])) end
 return {'', '0', probing}
 """
 
-# KEYS: upstream busy, breaker. ARGV: health, failures that open, recovery seconds, probing, first open seconds.
+# KEYS: upstream busy, breaker, team busy, share busy. ARGV: health, failures that open, recovery seconds,
+# probing, first open seconds, team ('1': give the team's slot back too), share ('1': and the borrowed one).
 # A circuit opens for the first open seconds, and each failed probe doubles that up to the recovery seconds.
 RELEASE = """
-if redis.call('DECR', KEYS[1]) < 0 then redis.call('SET', KEYS[1], 0) end
+local function give(key)
+  if redis.call('DECR', key) < 0 then redis.call('SET', key, 0) end
+end
+give(KEYS[1])
+if ARGV[6] == '1' then give(KEYS[3]) end
+if ARGV[7] == '1' then give(KEYS[4]) end
 local health, probing = ARGV[1], ARGV[4] == '1'
 if health == 'ok' then
   redis.call('DEL', KEYS[2])
@@ -120,7 +152,9 @@ class RedisLimitStore:
             f"{p}rate:upstream:{a.upstream.id}",
             f"{p}busy:{a.upstream.id}",
             self._breaker_key(a.upstream.id),
+            *self._team_keys(a),
         ]
+        team = a.agent.team
         args = [
             "" if a.upstream.strict_group is None else str(a.upstream.strict_group),
             max(1, int(a.term)),
@@ -133,6 +167,11 @@ class RedisLimitStore:
             a.upstream.probe_seconds,
             WINDOW_SECONDS,
             "1" if a.stateless else "0",
+            "1" if team else "0",
+            team.calls_per_minute if team else 0,
+            team.max_concurrent if team else 0,
+            team.daily_calls if team else 0,
+            a.upstream.share if a.borrowed else 0,
         ]
         try:
             code, retry_after, probing = await redis_clients.async_redis().eval(ADMIT, len(keys), *keys, *args)
@@ -141,14 +180,27 @@ class RedisLimitStore:
             return Verdict("LIMITS_UNAVAILABLE", 1.0)
         return Verdict(code.decode(), float(retry_after), probing == b"1")
 
+    def _team_keys(self, a: Admission) -> list[str]:
+        """The team's window, calls at once and day, and its calls at once on a borrowed upstream."""
+        p, team = self.prefix, a.agent.team.id if a.agent.team else 0
+        return [
+            f"{p}rate:team:{team}",
+            f"{p}busy:team:{team}",
+            f"{p}day:team:{team}",
+            f"{p}busy:share:{a.upstream.id}:{team}",
+        ]
+
     async def release(self, a: Admission, health: Health, probing: bool) -> None:
-        keys = [f"{self.prefix}busy:{a.upstream.id}", self._breaker_key(a.upstream.id)]
+        _, team_busy, _, share_busy = self._team_keys(a)
+        keys = [f"{self.prefix}busy:{a.upstream.id}", self._breaker_key(a.upstream.id), team_busy, share_busy]
         args = [
             health,
             a.upstream.breaker_failures,
             a.upstream.breaker_recovery,
             "1" if probing else "0",
             settings.GATEWAY_BREAKER_FIRST_OPEN_SECONDS,
+            "1" if a.agent.team else "0",
+            "1" if a.borrowed else "0",
         ]
         try:
             await redis_clients.async_redis().eval(RELEASE, len(keys), *keys, *args)
@@ -182,6 +234,8 @@ class LocalLimitStore:
     calls: dict[str, tuple[int, float]] = field(default_factory=dict)  # session -> (count, expiry)
     windows: dict[str, deque[float]] = field(default_factory=dict)
     busy: dict[int, int] = field(default_factory=dict)
+    team_busy: dict[str, int] = field(default_factory=dict)  # "team:{id}", "share:{upstream}:{team}" -> at once
+    days: dict[int, tuple[int, int]] = field(default_factory=dict)  # team -> (UTC day, its calls)
     breakers: dict[int, _Breaker] = field(default_factory=dict)
     swept_at: float = 0.0
 
@@ -200,18 +254,23 @@ class LocalLimitStore:
         count = count if expiry > now else 0
         if count >= a.agent.max_calls_per_session:
             return Verdict("KEY_CALL_LIMIT", expiry - now) if a.stateless else Verdict("SESSION_CALL_LIMIT")
-        windows = [
-            (f"agent:{a.rate_key}", a.agent.calls_per_minute, "AGENT_RATE_LIMITED"),
-            (f"upstream:{a.upstream.id}", a.upstream.calls_per_minute, "UPSTREAM_RATE_LIMITED"),
-        ]
+        team, day = a.agent.team, int(now // DAY_SECONDS)
+        spent_on, spent = self.days.get(team.id, (day, 0)) if team else (day, 0)
+        spent = spent if spent_on == day else 0
+        if team and spent >= team.daily_calls:
+            return Verdict("TEAM_DAILY_BUDGET", (day + 1) * DAY_SECONDS - now)
+        windows = [(f"agent:{a.rate_key}", a.agent.calls_per_minute, "AGENT_RATE_LIMITED")]
+        if team:
+            windows.append((f"team:{team.id}", team.calls_per_minute, "TEAM_RATE_LIMITED"))
+        windows.append((f"upstream:{a.upstream.id}", a.upstream.calls_per_minute, "UPSTREAM_RATE_LIMITED"))
         for key, limit, code in windows:
             window = self.windows.setdefault(key, deque())
             while window and window[0] <= now - WINDOW_SECONDS:
                 window.popleft()
             if len(window) >= limit:
                 return Verdict(code, window[0] + WINDOW_SECONDS - now)
-        if self.busy.get(a.upstream.id, 0) >= a.upstream.max_concurrent:
-            return Verdict("UPSTREAM_BUSY", 1.0)
+        if refused := self._busy(a):
+            return Verdict(refused, 1.0)
         renewed = now + a.term
         if a.upstream.strict_group is not None and not (a.stateless and held):
             self.locks[a.session] = (a.upstream.strict_group, renewed)
@@ -222,14 +281,38 @@ class LocalLimitStore:
         for key, _, _ in windows:
             self.windows[key].append(now)
         self.busy[a.upstream.id] = self.busy.get(a.upstream.id, 0) + 1
+        if team:
+            self.days[team.id] = (day, spent + 1)
+        for key in self._team_slots(a):
+            self.team_busy[key] = self.team_busy.get(key, 0) + 1
         probing = bool(breaker.open_until)
         if probing:
             breaker.probe_until = now + a.upstream.probe_seconds
             self.breakers[a.upstream.id] = breaker
         return Verdict("", 0.0, probing)
 
+    def _busy(self, a: Admission) -> str:
+        """Which count of calls at once is full ("" if none): the upstream's, the team's, the borrowed share."""
+        if self.busy.get(a.upstream.id, 0) >= a.upstream.max_concurrent:
+            return "UPSTREAM_BUSY"
+        team = a.agent.team
+        if team and self.team_busy.get(f"team:{team.id}", 0) >= team.max_concurrent:
+            return "TEAM_BUSY"
+        if team and a.borrowed and self.team_busy.get(f"share:{a.upstream.id}:{team.id}", 0) >= a.upstream.share:
+            return "UPSTREAM_SHARE_BUSY"
+        return ""
+
+    @staticmethod
+    def _team_slots(a: Admission) -> list[str]:
+        team = a.agent.team
+        if team is None:
+            return []
+        return [f"team:{team.id}", *([f"share:{a.upstream.id}:{team.id}"] if a.borrowed else [])]
+
     async def release(self, a: Admission, health: Health, probing: bool) -> None:
         self.busy[a.upstream.id] = max(0, self.busy.get(a.upstream.id, 0) - 1)
+        for key in self._team_slots(a):
+            self.team_busy[key] = max(0, self.team_busy.get(key, 0) - 1)
         breaker = self.breakers.setdefault(a.upstream.id, _Breaker())
         if health == "ok":
             del self.breakers[a.upstream.id]

@@ -7,10 +7,10 @@ from dataclasses import replace
 import anyio
 import pytest
 
-from policy.limits.admission import Admission
+from policy.limits.admission import Admission, TeamLimits, Verdict, limits_denial
 from policy.limits.stores import LocalLimitStore, RedisLimitStore
 from tests.conftest import needs
-from tests.factories import admission
+from tests.factories import admission, team_limits
 
 
 @pytest.fixture(params=["redis", "local"])
@@ -153,7 +153,6 @@ def test_neutral_outcomes_neither_open_nor_close_the_breaker(store):
 
 def test_without_redis_admission_is_refused_as_limits_unavailable(settings):
     """Nothing listens on the port: the call is not admitted unchecked."""
-    from policy.limits.admission import limits_denial
     from tests import servers
 
     settings.REDIS_URL = f"redis://127.0.0.1:{servers.free_port()}/0"
@@ -209,3 +208,110 @@ def test_each_failed_probe_doubles_how_long_the_circuit_stays_open_up_to_the_rec
     assert all(want - 0.1 < got <= want for got, want in zip(opened_for, expected, strict=True)), opened_for
     release(store, a, "ok")
     assert store.breaker(a.upstream.id).state == "closed"
+
+
+def teammates(team: TeamLimits, count: int, **upstream) -> list[Admission]:
+    """Calls of `count` agents of `team`, each in its own session, to one upstream."""
+    first = admission(agent={"team": team}, **upstream)
+    others = [admission(agent={"team": team}) for _ in range(count - 1)]
+    return [first, *(replace(a, upstream=first.upstream) for a in others)]
+
+
+def test_a_teams_window_counts_the_admitted_calls_of_all_its_agents(store):
+    """Two calls a minute for the team: the first agent's second call is refused by its own rate, so counts for
+    nothing, and the second agent still gets the team's second call."""
+    team = team_limits(calls_per_minute=2)
+    first, second = teammates(team, 2)
+    first = replace(first, agent=replace(first.agent, calls_per_minute=1))
+    calls = [first, replace(first, request_id="again"), second, replace(second, request_id="third")]
+    verdicts = anyio.run(lambda: _admit_each(store, calls))
+    assert [v.code for v in verdicts] == ["", "AGENT_RATE_LIMITED", "", "TEAM_RATE_LIMITED"]
+    assert 59 < verdicts[3].retry_after <= 60, "until the team's oldest call leaves the minute"
+
+
+def test_a_call_refused_by_its_team_counts_against_no_other_limit(store):
+    team = team_limits(calls_per_minute=1)
+    a = admission(agent={"calls_per_minute": 2, "max_calls_per_session": 2, "team": team})
+    assert admit_all(store, [a, replace(a, request_id="refused")]) == ["", "TEAM_RATE_LIMITED"]
+    # Had the refusal counted, the agent's minute and the session would be full now.
+    roomier = replace(a, request_id="later", agent=replace(a.agent, team=replace(team, calls_per_minute=5)))
+    assert admit_all(store, [roomier]) == [""]
+
+
+def test_a_teams_calls_at_once_are_capped_across_upstreams_and_a_release_gives_a_slot_back(store):
+    team = team_limits(max_concurrent=1)
+    running = admission(agent={"team": team})
+    elsewhere = admission(agent={"team": team})  # another agent of the team, another upstream
+    verdicts = anyio.run(lambda: _admit_each(store, [running, elsewhere]))
+    assert [(v.code, v.retry_after) for v in verdicts] == [("", 0.0), ("TEAM_BUSY", 1.0)]
+    release(store, running, "ok")
+    assert admit_all(store, [replace(elsewhere, request_id="now")]) == [""]
+
+
+def test_a_teams_daily_budget_counts_admitted_calls_until_the_utc_day_ends(store):
+    """The call refused as busy does not spend the budget; a release gives back concurrency, not budget."""
+    team = team_limits(daily_calls=2)
+    first = admission(agent={"team": team}, max_concurrent=1)
+    busy = replace(first, request_id="busy")
+    assert admit_all(store, [first, busy]) == ["", "UPSTREAM_BUSY"]
+    release(store, first, "ok")
+    assert admit_all(store, [replace(first, request_id="second")]) == [""]
+    release(store, first, "ok")
+    until_midnight_before = 86_400 - time.time() % 86_400
+    [refused] = anyio.run(lambda: _admit_one(store, replace(first, request_id="third")))
+    until_midnight_after = 86_400 - time.time() % 86_400
+    assert refused.code == "TEAM_DAILY_BUDGET"
+    # Redis reads its own clock, the same machine's: a millisecond either side.
+    assert until_midnight_after - 0.001 <= refused.retry_after <= until_midnight_before + 0.001
+
+
+def test_a_borrower_holds_at_most_half_a_shared_upstreams_calls_at_once_while_the_owner_still_gets_calls(store):
+    owner, borrower = team_limits(), team_limits()
+    shared = admission(agent={"team": owner}, max_concurrent=4, team=owner.id).upstream
+    borrowed = [replace(a, upstream=shared) for a in teammates(borrower, 3)]
+    owned = [replace(a, upstream=shared) for a in teammates(owner, 3)]
+    assert admit_all(store, borrowed) == ["", "", "UPSTREAM_SHARE_BUSY"]
+    assert admit_all(store, owned) == ["", "", "UPSTREAM_BUSY"], "the owner has the other half"
+    release(store, owned[0], "ok")
+    assert admit_all(store, [replace(borrowed[2], request_id="still")]) == ["UPSTREAM_SHARE_BUSY"]
+    release(store, borrowed[0], "ok")
+    assert admit_all(store, [replace(borrowed[2], request_id="freed")]) == [""]
+
+
+def test_a_borrowers_share_is_half_the_upstreams_calls_at_once_and_at_least_one():
+    shares = {n: replace(admission().upstream, max_concurrent=n).share for n in (1, 2, 5, 64)}
+    assert shares == {1: 1, 2: 1, 5: 2, 64: 32}
+
+
+@pytest.mark.parametrize(
+    ("code", "retry_after", "message"),
+    [
+        (
+            "TEAM_RATE_LIMITED",
+            42.5,
+            "Team 'payments' may make 3 tool calls a minute, all its agents together. Retry after 43 seconds.",
+        ),
+        ("TEAM_BUSY", 1.0, "Team 'payments' is running its maximum of 4 calls at once. Retry after 1 second."),
+        (
+            "TEAM_DAILY_BUDGET",
+            3600.0,
+            "Team 'payments' has made the 5 tool calls it may make today; its budget renews at 00:00 UTC. "
+            "Retry after 3600 seconds.",
+        ),
+        (
+            "UPSTREAM_SHARE_BUSY",
+            1.0,
+            "The service 'up' is shared with team 'payments', which may run 3 of its calls at once and is running "
+            "them. Retry after 1 second.",
+        ),
+    ],
+)
+def test_each_team_refusal_names_the_team_and_its_limit_and_says_when_to_retry(code, retry_after, message):
+    team = team_limits(slug="payments", calls_per_minute=3, max_concurrent=4, daily_calls=5)
+    a = admission(agent={"team": team}, max_concurrent=6, team=team.id + 1)
+    denial = limits_denial(a, Verdict(code, retry_after), "up__tool")
+    assert (denial.jsonrpc_code, denial.data(), denial.message) == (
+        -32003,
+        {"code": code, "retryAfter": retry_after},
+        message,
+    )
