@@ -39,9 +39,9 @@ from policy.decisions import (
 )
 from policy.identity import Provider, people_disabled, providers_compile
 from policy.keys import key_matches, key_split
-from policy.limits.admission import AgentLimits, UpstreamLimits
+from policy.limits.admission import AgentLimits, TeamLimits, UpstreamLimits
 from policy.manifest import clean_text, manifest_sanitize
-from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup, TeamGroup, TeamRole
+from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup, Team, TeamGroup, TeamRole
 from registry.models import Tool, Upstream
 from registry.naming import exposed_name, gateway_tool_name, split_exposed_name
 
@@ -272,6 +272,17 @@ def _upstream_limits(upstream: Upstream) -> UpstreamLimits:
         breaker_failures=upstream.breaker_failures or settings.GATEWAY_BREAKER_FAILURES,
         breaker_recovery=upstream.breaker_recovery or settings.GATEWAY_BREAKER_RECOVERY_SECONDS,
         probe_seconds=upstream.call_timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS,
+        team=upstream.team_id,
+    )
+
+
+def _team_limits(team: Team) -> TeamLimits:
+    return TeamLimits(
+        id=team.id,
+        slug=team.slug,
+        calls_per_minute=team.calls_per_minute or settings.GATEWAY_TEAM_CALLS_PER_MINUTE,
+        max_concurrent=team.max_concurrent or settings.GATEWAY_TEAM_MAX_CONCURRENT,
+        daily_calls=team.daily_calls or settings.GATEWAY_TEAM_DAILY_CALLS,
     )
 
 
@@ -437,6 +448,7 @@ def snapshot_compile() -> Snapshot:
     agents = Agent.objects.filter(enabled=True).select_related("team")
     upstreams = {u.id: u for u in Upstream.objects.select_related("group", "team").prefetch_related("shared_with")}
     limits = {upstream.id: _upstream_limits(upstream) for upstream in upstreams.values()}
+    teams = {a.team_id: _team_limits(a.team) for a in agents}
     routes = {}
     for route in HandoffRoute.objects.filter(enabled=True).select_related("target").order_by("id"):
         routes.setdefault(route.target.slug, _route_settings(route))
@@ -455,6 +467,7 @@ def snapshot_compile() -> Snapshot:
             a.id: AgentLimits(
                 calls_per_minute=a.calls_per_minute or settings.GATEWAY_AGENT_CALLS_PER_MINUTE,
                 max_calls_per_session=a.max_calls_per_session or settings.GATEWAY_SESSION_MAX_CALLS,
+                team=teams[a.team_id],
             )
             for a in agents
         },

@@ -9,9 +9,10 @@ from django.utils import timezone
 from handoff.snapshot import snapshot_compile
 from policy.config_version import config_version
 from policy.decisions import Who
+from policy.limits.admission import TeamLimits
 from policy.models import Agent, Rule, ServerGroup, Team, TeamGroup
 from registry.models import Tool, Upstream
-from tests.factories import agent
+from tests.factories import agent, team
 
 
 @pytest.mark.parametrize(
@@ -211,3 +212,20 @@ def test_a_person_calls_through_a_teams_agent_only_as_a_member_once_the_team_ask
         code(after, ids[1], person=person, teams=frozenset({"default"})),
     ] == [None, None, None, "TEAM_MEMBERSHIP_REQUIRED", None]
     assert "snap-member__read" not in {tool["name"] for tool in before.visible_for(Who(ids[0], person))}
+
+
+def test_each_agent_counts_against_its_teams_limits_and_each_upstream_knows_its_owning_team(db):
+    with team("capped", calls_per_minute=7, max_concurrent=3, daily_calls=500) as capped:
+        with agent("capped-bot", team=capped) as (bot, _), agent("plain") as (plain, _):
+            upstream = Upstream.objects.create(slug="capped-files", transport="stdio", command="x", team=capped)
+            snap, ids = snapshot_compile(), (bot.id, plain.id, capped.id)
+    bot_id, plain_id, capped_id = ids
+    assert snap.agents[bot_id].team == TeamLimits(capped_id, "capped", 7, 3, 500)
+    default = snap.agents[plain_id].team
+    assert (default.slug, default.calls_per_minute, default.max_concurrent, default.daily_calls) == (
+        "default",
+        settings.GATEWAY_TEAM_CALLS_PER_MINUTE,
+        settings.GATEWAY_TEAM_MAX_CONCURRENT,
+        settings.GATEWAY_TEAM_DAILY_CALLS,
+    )
+    assert snap.targets["capped-files"].limits.team == capped_id == upstream.team_id
