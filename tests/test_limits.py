@@ -8,7 +8,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests import servers
 from tests.clients import call, refused_socket, sdk_client, tool_names
-from tests.factories import agent, demo_upstream
+from tests.factories import agent, demo_upstream, team
 from tests.helpers import audit_mark, audit_since, eventually, run
 
 
@@ -51,6 +51,26 @@ def test_an_agents_rate_limit_admits_exactly_its_calls_per_minute_under_concurre
     rows = audit_since(mark)
     assert sorted(r.error_code for r in rows if r.kind == "denied") == ["AGENT_RATE_LIMITED"] * 3
     assert len([r for r in rows if r.kind == "approved"]) == len([r for r in rows if r.kind == "completed"]) == 5
+
+
+def test_a_team_over_its_calls_per_minute_is_refused_across_its_agents_with_the_code_naming_it(gateway, world):
+    """Three calls a minute for the team, whose two agents may each make many: the team's limit holds them."""
+    with team("sales", calls_per_minute=3) as sales, agent("sue", team=sales) as (_, sue):
+        with agent("sam", team=sales) as (_, sam):
+            wait_until_offered(gateway, sam, "demo__echo")
+            mark = audit_mark()
+            results = burst(gateway, sue, "demo__echo", {"text": "hi"}, 2)
+            results += burst(gateway, sam, "demo__echo", {"text": "hi"}, 3)
+    refused = refusals(results)
+    assert len(refused) == 2 and len(results) - len(refused) == 3
+    for error in refused:
+        assert (error.code, error.data["code"]) == (-32003, "TEAM_RATE_LIMITED")
+        assert 0 < error.data["retryAfter"] <= 60
+        assert str(error).startswith(
+            "Team 'sales' may make 3 tool calls a minute, all its agents together. Retry after "
+        )
+    rows = audit_since(mark)
+    assert sorted((r.error_code, r.team) for r in rows if r.kind == "denied") == [("TEAM_RATE_LIMITED", "sales")] * 2
 
 
 def test_an_upstreams_rate_limit_counts_every_agents_calls(inline_gateway, world):
