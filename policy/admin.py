@@ -340,8 +340,14 @@ class TeamAdmin(GatewayAdminOnly, AuditedSaveMixin, admin.ModelAdmin):
     """Teams own upstreams, agents, groups, rules and routes (docs/teams.md); a team that owns anything, or
     shares an upstream, is not deleted."""
 
-    list_display = ("slug", "name", "created_at")
+    list_display = ("slug", "name", "calls_per_minute", "max_concurrent", "daily_calls", "created_at")
     search_fields = ("slug", "name")
+    fieldsets = (
+        (None, {"fields": ("slug", "name")}),
+        ("Limits, all the team's agents together: empty means the deployment's default", {
+            "fields": ("calls_per_minute", "max_concurrent", "daily_calls"),
+        }),
+    )  # fmt: skip
     inlines = (TeamMemberInline, TeamGroupInline)
     related_action = "team_members"
 

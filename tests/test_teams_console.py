@@ -143,3 +143,30 @@ def test_an_admin_change_to_a_teams_object_carries_that_team(admin_client, payme
         ("upstream_disabled", "payments"),
         ("agent_deleted", "payments"),
     ]
+
+
+def test_a_gateway_admin_sets_a_teams_limits_on_its_page_and_a_limit_below_one_is_refused(admin_client, payments):
+    page = f"/admin/policy/team/{payments.pk}/change/"
+    form = {
+        "slug": "payments",
+        "name": "Payments",
+        "calls_per_minute": "120",
+        "max_concurrent": "8",
+        "daily_calls": "",
+        "members-TOTAL_FORMS": "0",
+        "members-INITIAL_FORMS": "0",
+        "idp_groups-TOTAL_FORMS": "0",
+        "idp_groups-INITIAL_FORMS": "0",
+    }
+    assert 'name="daily_calls"' in admin_client.get(page).content.decode()
+    response = admin_client.post(page, form)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    payments.refresh_from_db()
+    assert (payments.calls_per_minute, payments.max_concurrent, payments.daily_calls) == (120, 8, None)
+    refused = admin_client.post(page, form | {"max_concurrent": "0"})
+    assert refused.status_code == 200
+    assert refused.context["adminform"].form.errors == {
+        "max_concurrent": ["Ensure this value is greater than or equal to 1."]
+    }
+    payments.refresh_from_db()
+    assert payments.max_concurrent == 8
