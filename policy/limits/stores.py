@@ -11,7 +11,15 @@ from functools import cache
 from django.conf import settings
 
 from gateway_project.lib import redis_clients
-from policy.limits.admission import WINDOW_SECONDS, Admission, BreakerStatus, Health, LimitStore, Verdict
+from policy.limits.admission import (
+    WINDOW_SECONDS,
+    Admission,
+    BreakerStatus,
+    Health,
+    LimitStore,
+    TeamLimits,
+    Verdict,
+)
 
 logger = logging.getLogger(__name__)
 SWEEP_SECONDS = 10.0
@@ -255,8 +263,7 @@ class LocalLimitStore:
         if count >= a.agent.max_calls_per_session:
             return Verdict("KEY_CALL_LIMIT", expiry - now) if a.stateless else Verdict("SESSION_CALL_LIMIT")
         team, day = a.agent.team, int(now // DAY_SECONDS)
-        spent_on, spent = self.days.get(team.id, (day, 0)) if team else (day, 0)
-        spent = spent if spent_on == day else 0
+        spent = self._spent(team, day)
         if team and spent >= team.daily_calls:
             return Verdict("TEAM_DAILY_BUDGET", (day + 1) * DAY_SECONDS - now)
         windows = [(f"agent:{a.rate_key}", a.agent.calls_per_minute, "AGENT_RATE_LIMITED")]
@@ -290,6 +297,13 @@ class LocalLimitStore:
             breaker.probe_until = now + a.upstream.probe_seconds
             self.breakers[a.upstream.id] = breaker
         return Verdict("", 0.0, probing)
+
+    def _spent(self, team: TeamLimits | None, day: int) -> int:
+        """The team's calls on this UTC day: an earlier day's count is over."""
+        if team is None:
+            return 0
+        counted_on, calls = self.days.get(team.id, (day, 0))
+        return calls if counted_on == day else 0
 
     def _busy(self, a: Admission) -> str:
         """Which count of calls at once is full ("" if none): the upstream's, the team's, the borrowed share."""
