@@ -2,6 +2,8 @@
 once per upstream. Each refusal is -32003 (or -32001 for the session cap) with its code, `retryAfter` where
 waiting helps, and a `denied` audit row; nothing refused reaches the upstream."""
 
+import uuid
+
 import anyio
 import httpx2
 from mcp.shared.exceptions import MCPError
@@ -9,7 +11,7 @@ from mcp.shared.exceptions import MCPError
 from tests import servers
 from tests.clients import call, refused_socket, sdk_client, tool_names
 from tests.factories import agent, demo_upstream, team
-from tests.helpers import audit_mark, audit_since, eventually, run
+from tests.helpers import audit_mark, audit_since, eventually, run, until
 
 
 def burst(gateway, key: str, name: str, arguments: dict, count: int) -> list:
@@ -71,6 +73,38 @@ def test_a_team_over_its_calls_per_minute_is_refused_across_its_agents_with_the_
         )
     rows = audit_since(mark)
     assert sorted((r.error_code, r.team) for r in rows if r.kind == "denied") == [("TEAM_RATE_LIMITED", "sales")] * 2
+
+
+def test_a_borrower_saturating_a_shared_upstream_is_refused_past_its_share_while_the_owner_still_gets_calls(
+    inline_gateway, world
+):
+    """An upstream of four calls at once lent to another team: the borrower runs two, its third is refused
+    naming the upstream, and the owner's call still runs."""
+    url = inline_gateway.url
+    with team("lender") as lender, team("borrower") as borrower:
+        with demo_upstream("lent", max_concurrent=4, team=lender) as lent:
+            lent.shared_with.add(borrower)
+            with agent("lender-bot", team=lender) as (_, owner), agent("borrower-bot", team=borrower) as (_, guest):
+                wait_until_offered(inline_gateway, guest, "lent__sleep")
+                wait_until_offered(inline_gateway, owner, "lent__echo")
+                marks = [f"share-{uuid.uuid4().hex}" for _ in range(2)]
+
+                async def scenario() -> tuple:
+                    async with anyio.create_task_group() as tg:
+                        for mark in marks:
+                            tg.start_soon(call, url, guest, "lent__sleep", {"seconds": 2, "mark": mark})
+                        await until(lambda: all(servers.demo_started(m) for m in marks))
+                        refused = await call(url, guest, "lent__echo", {"text": "one more"})
+                        served = await call(url, owner, "lent__echo", {"text": "mine"})
+                    return refused, served
+
+                refused, served = run(scenario)
+    assert (refused.code, refused.data["code"], refused.data["retryAfter"]) == (-32003, "UPSTREAM_SHARE_BUSY", 1.0)
+    assert str(refused) == (
+        "The service 'lent' is shared with team 'borrower', which may run 2 of its calls at once and is running "
+        "them. Retry after 1 second."
+    )
+    assert served.content[0].text == "mine"
 
 
 def test_an_upstreams_rate_limit_counts_every_agents_calls(inline_gateway, world):
