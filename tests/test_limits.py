@@ -8,6 +8,7 @@ import anyio
 import httpx2
 from mcp.shared.exceptions import MCPError
 
+from registry.models import Upstream
 from tests import servers
 from tests.clients import call, refused_socket, sdk_client, tool_names
 from tests.factories import agent, demo_upstream, team
@@ -56,8 +57,10 @@ def test_an_agents_rate_limit_admits_exactly_its_calls_per_minute_under_concurre
 
 
 def test_a_team_over_its_calls_per_minute_is_refused_across_its_agents_with_the_code_naming_it(gateway, world):
-    """Three calls a minute for the team, whose two agents may each make many: the team's limit holds them."""
+    """Three calls a minute for the team, whose two agents may each make many: the team's limit holds them (the demo
+    upstream is the default team's, lent to this one)."""
     with team("sales", calls_per_minute=3) as sales, agent("sue", team=sales) as (_, sue):
+        Upstream.objects.get(slug="demo").shared_with.add(sales)  # deleted with the team
         with agent("sam", team=sales) as (_, sam):
             wait_until_offered(gateway, sam, "demo__echo")
             mark = audit_mark()
