@@ -12,6 +12,7 @@ from audit.models import SEAL_TEAMS, AuditEvent
 from audit.outcomes import outcomes_settle
 from audit.services import audit_record, canonical_sha256
 from policy.models import Team
+from registry.models import Upstream
 from tests import servers
 from tests.clients import INITIALIZE, call, sdk_client, tool_names, ws_session
 from tests.conftest import needs
@@ -192,6 +193,7 @@ def test_the_upstream_receives_the_calls_trace_in_its_meta(gateway, world):
 def test_a_calls_rows_carry_the_team_of_the_agent_that_called(inline_gateway, world):
     """By value, under seal version 3: the approval, the completion and the session's rows."""
     team = Team.objects.create(slug="payments", name="Payments")
+    Upstream.objects.get(slug="demo").shared_with.add(team)  # the default team's, lent; the share goes with the team
     try:
         with agent("penny", team=team) as (_, key):
             eventually(lambda: "demo__echo" in run(lambda: tool_names(inline_gateway.url, key)))
