@@ -374,7 +374,7 @@ def _route_settings(route: HandoffRoute) -> RouteSettings:
 def _triage() -> dict[str, TriageEntry]:
     """Admin routes, then Python triage tools, as gateway tools `<gateway><sep><name>`."""
     entries = {}
-    for route in HandoffRoute.objects.filter(enabled=True).select_related("target__group"):
+    for route in HandoffRoute.objects.filter(enabled=True).select_related("target__group", "team"):
         tool = f"handoff_to_{route.domain.replace('-', '_')}"
         definition = {
             "name": gateway_tool_name(tool),
@@ -383,7 +383,11 @@ def _triage() -> dict[str, TriageEntry]:
             "inputSchema": HANDOFF_INPUT_SCHEMA,
         }
         target = route.target
-        found = Target(definition["name"], target.slug, target.is_reachable, True, target.id, target.group_id, tool)
+        # A team's route is offered to its own agents only.
+        found = Target(
+            definition["name"], target.slug, target.is_reachable, True, target.id, target.group_id, tool,
+            teams=frozenset({route.team.slug}),
+        )  # fmt: skip
         entries[definition["name"]] = TriageEntry(definition, found, _route_settings(route), target.slug)
     for tool in triage_tools().values():
         name = gateway_tool_name(tool.name)

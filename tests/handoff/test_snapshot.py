@@ -6,6 +6,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
+from handoff.models import HandoffRoute
 from handoff.snapshot import snapshot_compile
 from policy.config_version import config_version
 from policy.decisions import Who
@@ -229,3 +230,20 @@ def test_each_agent_counts_against_its_teams_limits_and_each_upstream_knows_its_
         settings.GATEWAY_TEAM_DAILY_CALLS,
     )
     assert snap.targets["capped-files"].limits.team == capped_id == upstream.team_id
+
+
+def test_a_teams_handoff_route_is_offered_to_its_own_agents_only(db):
+    payments = Team.objects.create(slug="payments", name="Payments")
+    desk = Upstream.objects.create(slug="snap-desk", transport="streamable_http", url="http://x/", handoff_only=True)
+    route = HandoffRoute.objects.create(domain="snap-desk", description="Invoices.", target=desk, team=payments)
+    try:
+        with agent("payer", team=payments) as (payer, _), agent("other") as (other, _):
+            snap, ids = snapshot_compile(), (payer.id, other.id)
+    finally:
+        route.delete()
+        desk.delete()
+        payments.delete()
+    name = "switchboard__handoff_to_snap_desk"
+    denials = [snap.gateway_denial(agent_id, name) for agent_id in ids]
+    assert [denial and denial.code for denial in denials] == [None, "TOOL_NOT_FOUND"]
+    assert [name in {tool["name"] for tool in snap.visible_for(agent_id)} for agent_id in ids] == [True, False]
