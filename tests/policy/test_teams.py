@@ -4,11 +4,12 @@ may be deleted."""
 from collections.abc import Iterator
 
 import pytest
+from django.contrib.auth.models import Group
 
 from audit.models import AuditEvent
 from handoff.models import HandoffRoute
 from policy.models import Agent, Rule, ServerGroup, Team, TeamGroup, TeamMember, default_team
-from policy.selectors import team_roles_list
+from policy.selectors import team_roles_list, teams_of, user_team_roles
 from policy.services import TeamRefused, team_group_map
 from registry.models import Upstream
 from registry.services import team_delete
@@ -85,6 +86,27 @@ def test_a_persons_groups_give_them_the_strongest_role_in_each_team_they_map_to(
         assert team_roles_list(groups=[]) == {}
     finally:
         TeamGroup.objects.filter(team=default).delete()
+
+
+def test_an_accounts_roles_come_from_its_memberships_and_its_console_groups_and_a_gateway_admin_has_every_team(
+    payments, django_user_model
+):
+    ops = Team.objects.create(slug="ops", name="Ops")
+    readers = Group.objects.create(name="payments-readers-console")
+    try:
+        pat = django_user_model.objects.create_user("pat", is_staff=True)
+        root = django_user_model.objects.create_superuser("root-teams", password="x")
+        pat.groups.add(readers)
+        TeamGroup.objects.create(group=readers.name, team=payments, role="auditor")
+        TeamMember.objects.create(user=pat, team=ops, role="admin")
+        TeamMember.objects.create(user=pat, team=payments, role="member")  # stronger than the group's auditor
+        assert user_team_roles(user=pat) == {"payments": "member", "ops": "admin"}
+        assert teams_of(user=pat, roles=["admin"]) == frozenset({"ops"})
+        assert teams_of(user=pat, roles=["admin", "auditor", "member"]) == frozenset({"ops", "payments"})
+        assert teams_of(user=root, roles=["auditor"]) is None
+    finally:
+        readers.delete()
+        ops.delete()
 
 
 def test_objects_made_without_a_team_belong_to_the_default_team(db):
