@@ -11,7 +11,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from audit.models import AuditEvent
-from audit.selectors import PAGE_SIZE, AuditFilter, audit_page, is_auditor, shown_detail
+from audit.selectors import PAGE_SIZE, AuditFilter, audit_of_teams, audit_page, is_auditor, shown_detail
+from policy.models import TeamRole
+from policy.selectors import teams_of
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -53,6 +55,16 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = AuditEvent.objects.all()
     serializer_class = AuditEventSerializer
 
+    def get_queryset(self) -> Any:
+        return self._of_teams(super().get_queryset())
+
+    def _of_teams(self, rows: Any) -> Any:
+        """The rows of the teams the caller audits or administers: another team's row is 404, and absent from
+        every page and filter."""
+        return audit_of_teams(
+            rows=rows, teams=teams_of(user=self.request.user, roles=[TeamRole.AUDITOR, TeamRole.ADMIN])
+        )
+
     def get_serializer_context(self) -> dict[str, Any]:
         return super().get_serializer_context() | {"auditor": is_auditor(self.request)}
 
@@ -63,6 +75,6 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
             raise ValidationError(form.errors)
         paging = PagingSerializer(data=request.query_params)
         paging.is_valid(raise_exception=True)
-        page = audit_page(rows=form.events(), **paging.validated_data)
+        page = audit_page(rows=self._of_teams(form.events()), **paging.validated_data)
         rows = self.get_serializer(page.rows, many=True).data
         return Response({"results": rows, "next_before": page.older})

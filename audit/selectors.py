@@ -11,10 +11,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
-from audit.models import AuditEvent
+from audit.models import DEFAULT_TEAM, SEAL_TEAMS, AuditEvent
 
 AUDITOR_GROUP = "Auditor"  # made by a migration; its members alone see argument payloads
 PAGE_SIZE = 50
@@ -128,6 +128,15 @@ def audit_stream(
         if len(found) < chunk:
             return
         bound = found[-1]["id"]
+
+
+def audit_of_teams(*, rows: QuerySet[AuditEvent], teams: frozenset[str] | None) -> QuerySet[AuditEvent]:
+    """Only the rows of those teams (every row for None: a gateway admin's). A row sealed before teams is the
+    default team's; a row of no team (a console sign-in, a token refused at the door) is a gateway admin's."""
+    if teams is None:
+        return rows
+    mine = Q(seal__gte=SEAL_TEAMS, team__in=teams)
+    return rows.filter(mine | Q(seal__lt=SEAL_TEAMS) if DEFAULT_TEAM in teams else mine)
 
 
 def is_auditor(request: HttpRequest) -> bool:

@@ -2,12 +2,12 @@
 the same audited service as the admin."""
 
 from handoff.models import HandoffRoute
-from policy.api import AuditedModelSerializer, AuditedViewSet, NameRelation, team_shown
+from policy.api import AuditedModelSerializer, AuditedViewSet, NamedInTeams, team_shown
 from registry.models import Upstream
 
 
 class HandoffRouteSerializer(AuditedModelSerializer):
-    target = NameRelation(slug_field="slug", queryset=Upstream.objects.all())
+    target = NamedInTeams(slug_field="slug", queryset=Upstream.objects.all())  # one of the caller's teams' upstreams
     team = team_shown()
 
     class Meta:

@@ -11,8 +11,10 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from audit.models import DEFAULT_TEAM
 from handoff.explain import ExplainRefused, call_explain
-from policy.models import Agent, AgentGroup, Rule, ServerGroup
+from policy.models import Agent, AgentGroup, Rule, ServerGroup, Team, TeamRole
+from policy.selectors import teams_of
 from policy.services import (
     agent_create,
     agent_key_issue,
@@ -46,9 +48,29 @@ class NameRelation(serializers.SlugRelatedField):
         return super().to_internal_value(data)
 
 
+def admin_teams(request: Request) -> frozenset[str] | None:
+    """The slugs of the teams whose objects the caller manages (an admin of them); None for a gateway admin."""
+    if not hasattr(request, "admin_teams"):
+        request.admin_teams = teams_of(user=request.user, roles=[TeamRole.ADMIN])
+    return request.admin_teams
+
+
+def in_teams(rows: Any, teams: frozenset[str] | None, lookup: str = "team__slug") -> Any:
+    """Only the rows of those teams (all for None)."""
+    return rows if teams is None else rows.filter(**{f"{lookup}__in": teams})
+
+
+class NamedInTeams(NameRelation):
+    """A relation by name to an object of a team the caller administers: another team's is as unknown as a name
+    that does not exist (a 400 naming the field, never which teams hold what)."""
+
+    def get_queryset(self) -> Any:
+        return in_teams(super().get_queryset(), admin_teams(self.context["request"]))
+
+
 def by_name(model: Any, field: str = "name") -> NameRelation:
-    """A relation read and written by its object's name (or slug); optional."""
-    return NameRelation(slug_field=field, queryset=model.objects.all(), required=False, allow_null=True)
+    """A relation read and written by its object's name (or slug), among the caller's teams' objects; optional."""
+    return NamedInTeams(slug_field=field, queryset=model.objects.all(), required=False, allow_null=True)
 
 
 class AuditedModelSerializer(serializers.ModelSerializer):
@@ -56,6 +78,7 @@ class AuditedModelSerializer(serializers.ModelSerializer):
     `policy_object_save` unless `persist` says otherwise: every change is an audit row naming the operator."""
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        team_check(self.context["request"], attrs, creating=self.instance is None)
         self._candidate = copy.copy(self.instance) if self.instance else self.Meta.model()
         for name, value in attrs.items():
             setattr(self._candidate, name, value)
@@ -78,12 +101,40 @@ class AuditedModelSerializer(serializers.ModelSerializer):
 
 
 def team_shown() -> serializers.SlugRelatedField:
-    """An object's team, by slug and read-only: what is made here is the default team's, and moving an object
-    to another team is a gateway admin's, in the console (docs/teams.md)."""
-    return serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    """An object's team, by slug: written on creation or a move, one the caller administers (team_check)."""
+    return serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all(), required=False)
 
 
-class AuditedViewSet(viewsets.ModelViewSet):
+def team_check(request: Request, attrs: dict[str, Any], *, creating: bool) -> None:
+    """An object goes only into a team the caller administers (403 otherwise); made without one, into the default
+    team if they administer it, else their only team, else they must name it (400)."""
+    teams = admin_teams(request)
+    if teams is None:
+        return
+    team = attrs.get("team")
+    if team is not None and team.slug not in teams:
+        raise PermissionDenied(
+            f"You are not an admin of team {team.slug!r}: you make and change only your teams' objects."
+        )
+    if team is not None or not creating or DEFAULT_TEAM in teams:
+        return
+    if not teams:
+        raise PermissionDenied("You are an admin of no team, so you may make nothing here.")
+    if len(teams) > 1:
+        raise serializers.ValidationError({"team": [f"Name the team: you are an admin of {', '.join(sorted(teams))}."]})
+    attrs["team"] = Team.objects.get(slug=next(iter(teams)))
+
+
+class TeamScoped:
+    """A viewset of teams' objects: to a caller, only its teams' exist (another team's is 404 by every route)."""
+
+    team_lookup = "team__slug"
+
+    def get_queryset(self) -> Any:
+        return in_teams(super().get_queryset(), admin_teams(self.request), self.team_lookup)
+
+
+class AuditedViewSet(TeamScoped, viewsets.ModelViewSet):
     def perform_destroy(self, obj: Any) -> None:
         policy_object_delete(obj=obj, actor=self.request.user.get_username())
 
@@ -192,8 +243,9 @@ class AgentViewSet(AuditedViewSet):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         actor = request.user.get_username()
-        issued = agent_create(name=serializer.validated_data["name"], actor=actor)
-        limits = {k: v for k, v in serializer.validated_data.items() if k != "name"}
+        made = serializer.validated_data
+        issued = agent_create(name=made["name"], actor=actor, team=made.get("team"))
+        limits = {k: v for k, v in made.items() if k not in ("name", "team")}
         if limits:
             for name, value in limits.items():
                 setattr(issued.agent, name, value)
@@ -232,6 +284,7 @@ class AgentViewSet(AuditedViewSet):
         stance that decides it: the decision a call would get, without its limits."""
         if not request.user.has_perm("policy.view_rule"):  # the answer shows rules and their notes
             raise PermissionDenied("Explaining a decision needs the permission to view rules.")
+        self.get_object()  # another team's agent is 404 here too
         query = ExplainQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         asked = query.validated_data

@@ -69,10 +69,11 @@ def _terms_shown(terms: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def agent_create(*, name: str, actor: str = "") -> IssuedKey:
+def agent_create(*, name: str, actor: str = "", team: Team | None = None) -> IssuedKey:
+    """A new agent (of `team`, else the default team) and its first key."""
     visible_name(name)
     with transaction.atomic():
-        agent = Agent.objects.create(name=name)
+        agent = Agent.objects.create(name=name, **({"team": team} if team else {}))
         audit_record(
             kind="admin_change",
             actor=actor,

@@ -16,7 +16,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from policy.api import AuditedModelSerializer, EnabledSerializer, by_name, enabled_from, team_shown
+from policy.api import AuditedModelSerializer, EnabledSerializer, TeamScoped, by_name, enabled_from, team_shown
 from policy.api_auth import AdminTokenAuthentication, PersonalKeyAuthentication
 from policy.limits.stores import limit_store
 from policy.models import ServerGroup
@@ -114,7 +114,7 @@ def _report(report: SyncReport) -> Response:
     return Response(SyncReportSerializer(asdict(report) | {"summary": report.summary()}).data)
 
 
-class UpstreamViewSet(viewsets.ModelViewSet):
+class UpstreamViewSet(TeamScoped, viewsets.ModelViewSet):
     """Upstream MCP servers. Saving one (with `enabled`) syncs its tool catalog, as the admin does."""
 
     queryset = Upstream.objects.select_related("group", "team").prefetch_related("shared_with")
@@ -161,18 +161,20 @@ class ToolSerializer(serializers.ModelSerializer):
         exclude = ("approved_definition",)
 
 
-class ToolViewSet(viewsets.ReadOnlyModelViewSet):
+class ToolViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
     """The catalog as upstreams list it. `?upstream=<slug>` narrows it; `?pending=true` lists the tools whose
     definition changed and waits for approval (agents are offered the approved version meanwhile, or nothing)."""
 
+    queryset = Tool.objects.select_related("upstream").order_by("upstream__slug", "name")
     serializer_class = ToolSerializer
+    team_lookup = "upstream__team__slug"
 
     def get_permissions(self) -> list[Any]:
         # Approving is a change to a tool (as in the admin), not the adding a POST would otherwise ask for.
         return [IsAuthenticated()] if self.action == "approve" else super().get_permissions()
 
     def get_queryset(self):
-        tools = Tool.objects.select_related("upstream").order_by("upstream__slug", "name")
+        tools = super().get_queryset()
         if slug := self.request.query_params.get("upstream"):
             tools = tools.filter(upstream__slug=slug)
         if self.request.query_params.get("pending") == "true":
@@ -275,11 +277,12 @@ class MyConnectionViewSet(viewsets.ViewSet):
         return Response(status=204)
 
 
-class ConnectionViewSet(viewsets.ReadOnlyModelViewSet):
+class ConnectionViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
     """Who has connected what (never a value), for administrators; `revoke` makes a person connect again."""
 
     queryset = PersonalCredential.objects.select_related("upstream")
     serializer_class = ConnectionSerializer
+    team_lookup = "upstream__team__slug"
 
     def get_permissions(self) -> list[Any]:
         return [IsAuthenticated()] if self.action == "revoke" else super().get_permissions()

@@ -169,7 +169,7 @@ def test_a_route_made_in_the_admin_is_audited_and_offered_to_agents(inline_gatew
     try:
         assert response.status_code == 302, response.content.decode()[:2000]
         route = HandoffRoute.objects.get(domain="budget")
-        row = AuditEvent.objects.filter(actor="operator", detail__action="handoffroute_created").last()
+        row = AuditEvent.objects.filter(actor="operator", detail__action="handoffroute_created").order_by("id").last()
         with agent("budgeteer") as (_, key):
             names = eventually(
                 lambda: "switchboard__handoff_to_budget" in run(lambda: tool_names(inline_gateway.url, key))

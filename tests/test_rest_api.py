@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from mcp.shared.exceptions import MCPError
 
-from policy.models import Agent, Rule, ServerGroup, Team
+from policy.models import Agent, Rule, ServerGroup, Team, TeamMember
 from policy.services import admin_token_issue, admin_token_revoke
 from registry.models import Tool, Upstream
 from tests.clients import api, call, tool_names
@@ -85,20 +85,72 @@ def test_agents_groups_and_rules_through_the_api(inline_gateway, world, admin_to
                        "agent_deleted"]  # fmt: skip
 
 
-def test_the_api_shows_each_objects_team_by_slug_and_what_it_makes_is_the_default_teams(
-    inline_gateway, world, admin_token
-):
-    """Moving an object to another team is a gateway admin's, in the console: a team sent here is ignored."""
-    Team.objects.create(slug="payments", name="Payments")
+def _operator(name: str, team: Team, role: str, *codenames: str) -> tuple[object, str]:
+    """A console account with `role` in `team` and these model permissions, and an admin token of its."""
+    user = get_user_model().objects.create_user(name, password=f"{name}-pw-for-tests")
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    TeamMember.objects.create(user=user, team=team, role=role)
+    return user, admin_token_issue(user=user, actor="tests")
+
+
+AGENT_RIGHTS = ("view_agent", "add_agent", "change_agent", "delete_agent")
+
+
+def test_a_team_admin_sees_and_changes_only_its_teams_objects_through_the_api(inline_gateway, world, admin_token):
+    payments, default = Team.objects.create(slug="payments", name="Payments"), Team.objects.get(slug="default")
+    pam, pam_token = _operator("pam", payments, "admin", *AGENT_RIGHTS, "view_upstream", "view_rule", "add_rule")
+    dee, dee_token = _operator("dee", default, "admin", *AGENT_RIGHTS)
     try:
-        made = api(inline_gateway, "POST", "agents", admin_token, json={"name": "api-teamed", "team": "payments"})
-        shown = api(inline_gateway, "GET", "agents/api-teamed", admin_token).json()
-        demo = api(inline_gateway, "GET", "upstreams/demo", admin_token).json()
-        assert (made.status_code, shown["team"]) == (201, "default")
-        assert (demo["team"], demo["shared_with"], demo["shared_with_all"]) == ("default", [], False)
+        made = api(inline_gateway, "POST", "agents", admin_token, json={"name": "api-payer", "team": "payments"})
+        own = api(inline_gateway, "POST", "agents", pam_token, json={"name": "api-pam-bot"})  # her only team
+        listed = {a["name"] for a in api(inline_gateway, "GET", "agents", pam_token).json()}
+        upstreams = api(inline_gateway, "GET", "upstreams", pam_token).json()
+        foreign = {
+            "read": api(inline_gateway, "GET", "agents/api-payer", dee_token),
+            "change": api(inline_gateway, "PATCH", "agents/api-payer", dee_token, json={"calls_per_minute": 1}),
+            "switch": api(inline_gateway, "POST", "agents/api-payer/enabled", dee_token, json={"enabled": False}),
+            "key": api(inline_gateway, "POST", "agents/api-payer/keys", dee_token, json={}),
+            "delete": api(inline_gateway, "DELETE", "agents/api-payer", dee_token),
+            "explain": api(inline_gateway, "GET", "agents/alice/explain", pam_token, params={"tool": "demo__echo"}),
+        }
+        into = api(inline_gateway, "POST", "agents", dee_token, json={"name": "api-sneak", "team": "payments"})
+        moved = api(inline_gateway, "PATCH", "agents/alice", dee_token, json={"team": "payments"})
+        rule = api(inline_gateway, "POST", "rules", pam_token, json={"effect": "allow", "agent": "alice"})
     finally:
-        api(inline_gateway, "DELETE", "agents/api-teamed", admin_token)
-        Team.objects.filter(slug="payments").delete()
+        for name in ("api-payer", "api-pam-bot", "api-sneak"):
+            Agent.objects.filter(name=name).delete()
+        pam.delete()
+        dee.delete()
+        payments.delete()
+    assert (made.status_code, made.json()["team"]) == (201, "payments")  # a gateway admin makes it anywhere
+    assert (own.status_code, own.json()["team"]) == (201, "payments")
+    assert listed == {"api-payer", "api-pam-bot"} and upstreams == []
+    assert {action: reply.status_code for action, reply in foreign.items()} == dict.fromkeys(foreign, 404)
+    message = "You are not an admin of team 'payments': you make and change only your teams' objects."
+    assert (into.status_code, into.json()) == (403, {"detail": message})
+    assert (moved.status_code, moved.json()) == (403, {"detail": message})
+    assert (rule.status_code, rule.json()) == (400, {"agent": ["Object with name=alice does not exist."]})
+
+
+def test_an_auditor_reads_only_its_teams_audit_rows_through_the_api(inline_gateway, world, admin_token):
+    from audit.services import audit_record
+
+    payments = Team.objects.create(slug="payments", name="Payments")
+    aud, aud_token = _operator("aud", payments, "auditor", "view_auditevent")
+    tool = f"teams-{uuid.uuid4().hex[:8]}"
+    theirs = audit_record(kind="completed", tool=tool, outcome="ok", team="payments")
+    others = audit_record(kind="completed", tool=tool, outcome="ok", team="default")
+    try:
+        page = api(inline_gateway, "GET", "audit", aud_token, params={"tool": tool}).json()
+        everyone = api(inline_gateway, "GET", "audit", admin_token, params={"tool": tool}).json()
+        by_id = api(inline_gateway, "GET", f"audit/{others.id}", aud_token)
+        own = api(inline_gateway, "GET", f"audit/{theirs.id}", aud_token)
+    finally:
+        aud.delete()
+        payments.delete()
+    assert [row["id"] for row in page["results"]] == [theirs.id]
+    assert [row["id"] for row in everyone["results"]] == [others.id, theirs.id]
+    assert (by_id.status_code, own.status_code) == (404, 200)
 
 
 def test_the_audit_feed_pages_by_keyset_and_filters(inline_gateway, admin_token):
@@ -237,6 +289,7 @@ def test_a_name_holding_a_nul_or_an_unbounded_timeout_is_refused_not_a_server_er
 def test_approving_a_tool_needs_the_permission_to_change_tools(inline_gateway, world, admin_token):
     clerk = get_user_model().objects.create_user("reader", password="reader-pw-for-tests")
     clerk.user_permissions.add(Permission.objects.get(codename="view_tool"))
+    TeamMember.objects.create(user=clerk, team=Team.objects.get(slug="default"), role="admin")
     token = admin_token_issue(user=clerk, actor="tests")
     try:
         echo = Tool.objects.get(upstream__slug="demo", name="echo")
