@@ -35,6 +35,7 @@ from policy.decisions import (
     Who,
     policy_decide,
     policy_explain,
+    reaches,
     who_of,
 )
 from policy.identity import Provider, people_disabled, providers_compile
@@ -227,6 +228,11 @@ class Snapshot:
         (`tool` its URI) or a prompt (its name). The same rules as for any tool."""
         found = Target(name, target.slug, target.reachable, True, target.id, target.group_id, tool, teams=target.teams)
         return self._decide(who_of(principal), found)
+
+    def reachable(self, principal: int | Who, slug: str) -> bool:
+        """Whether the agent's team may reach the upstream at all (its own, shared with it or with all)."""
+        target = self.targets.get(slug)
+        return target is not None and reaches(self.agent_teams.get(who_of(principal).agent_id, ""), target.teams)
 
     def explain(self, principal: int | Who, name: str) -> Explanation:
         """The static decision on any exposed name (an upstream's tool or the gateway's own), with the rule or

@@ -153,9 +153,10 @@ class Explanation:
     grounds: Grounds | None = None
 
 
-def reaches(team: str, target: Target) -> bool:
-    """Whether an agent of `team` may reach the target's upstream at all: its owner's, shared with it, or with all."""
-    return target.teams is None or team in target.teams
+def reaches(team: str, teams: frozenset[str] | None) -> bool:
+    """Whether an agent of `team` may reach an upstream reached by `teams` (its owner's and those it is shared with;
+    None: shared with all)."""
+    return teams is None or team in teams
 
 
 def policy_decide(
@@ -182,7 +183,7 @@ def policy_explain(
             "tools: ask the team's admin to map one of your groups to it."
         )
         return Explanation(Denial("TEAM_MEMBERSHIP_REQUIRED", message))
-    if target.upstream_slug is None or not target.tool_known or not reaches(team, target):
+    if target.upstream_slug is None or not target.tool_known or not reaches(team, target.teams):
         message = f"Unknown tool: {name!r}. Call tools/list for the tools this gateway offers."
         return Explanation(Denial("TOOL_NOT_FOUND", message, INVALID_PARAMS))
     if not target.upstream_enabled:

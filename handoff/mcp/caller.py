@@ -6,6 +6,7 @@ import logging
 import time
 from collections import OrderedDict
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
@@ -325,6 +326,11 @@ async def _record_once(identity: Identity) -> None:
     _seen[who] = None
     while len(_seen) > SEEN_PEOPLE:
         _seen.popitem(last=False)
+
+
+# The caller of the request the current task answers (handoff/mcp/handle.py sets it in each request's own task), for
+# what the SDK builds without a request at hand: the server's instructions.
+answering: ContextVar[Caller | None] = ContextVar("switchboard_answering", default=None)
 
 
 def caller_of(ctx: ServerRequestContext) -> Caller:

@@ -30,7 +30,7 @@ from mcp_types import PROTOCOL_VERSION_META_KEY, UnsupportedProtocolVersionError
 from mcp_types.version import LATEST_MODERN_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from gateway_project.lib.task_failures import failure_logger
-from handoff.mcp.caller import Caller
+from handoff.mcp.caller import Caller, answering
 from handoff.mcp.server import server
 
 logger = logging.getLogger(__name__)
@@ -249,6 +249,7 @@ async def _modern(exchange: Exchange, method: str, params: Mapping[str, Any] | N
 
 async def _answer(exchange: Exchange, request: types.JSONRPCRequest, out: MemoryObjectSendStream) -> None:
     """Run one request and put its reply last on `out`; a request the agent cancelled gets none."""
+    answering.set(exchange.message_metadata.request_context)  # this task's own context: gone with it
     serve = _modern if exchange.session.era == MODERN else _legacy
     async with out:
         reply: types.JSONRPCMessage | None = None

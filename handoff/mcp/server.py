@@ -14,6 +14,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from gateway_project import __version__
 from handoff.mcp import passthrough
 from handoff.mcp.agent_relay import set_logging_level
+from handoff.mcp.caller import answering
 from handoff.mcp.list_changed import RememberSessions
 from handoff.mcp.tools import call_tool, list_tools
 from handoff.snapshot import snapshot
@@ -33,8 +34,10 @@ class GatewayServer(Server):
 
     @property
     def instructions(self) -> str:
-        snap = snapshot.latest
-        said = "\n\n".join(f"## {slug}\n{text}" for slug, text in snap.instructions) if snap else ""
+        """The gateway's, and those of the upstreams the asking agent may reach (none when no caller is known)."""
+        snap, caller = snapshot.latest, answering.get()
+        given = snap.instructions if snap and caller else ()
+        said = "\n\n".join(f"## {slug}\n{text}" for slug, text in given if snap.reachable(caller.who, slug))
         return f"{self._instructions}\n\nWhat the services say of themselves:\n\n{said}" if said else self._instructions
 
     @instructions.setter
