@@ -109,7 +109,9 @@ def agent_key_revoke(*, prefix: str, actor: str = "") -> None:
     with transaction.atomic():
         AgentKey.objects.filter(prefix=prefix).update(revoked=True)
         config_changed()
-        audit_record(kind="admin_change", actor=actor, detail={"action": "agent_key_revoked", "prefix": prefix})
+        team = AgentKey.objects.filter(prefix=prefix).values_list("agent__team__slug", flat=True).first() or ""
+        detail = {"action": "agent_key_revoked", "prefix": prefix}
+        audit_record(kind="admin_change", actor=actor, team=team, detail=detail)
 
 
 def group_set_enabled(*, group: ServerGroup, enabled: bool, actor: str = "") -> None:

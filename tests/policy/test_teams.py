@@ -8,9 +8,10 @@ from django.contrib.auth.models import Group
 
 from audit.models import AuditEvent
 from handoff.models import HandoffRoute
+from policy.keys import key_split
 from policy.models import Agent, Rule, ServerGroup, Team, TeamGroup, TeamMember, default_team
 from policy.selectors import team_roles_list, teams_of, user_team_roles
-from policy.services import TeamRefused, team_group_map
+from policy.services import TeamRefused, agent_create, agent_key_revoke, team_group_map
 from registry.models import Upstream
 from registry.services import team_delete
 from tests.helpers import audit_mark, audit_since
@@ -162,3 +163,11 @@ def test_a_team_that_owns_nothing_is_deleted_with_its_members_and_mappings_and_a
     )
     (row,) = audit_since(mark)
     assert (row.actor, row.team, row.detail) == ("root", "payments", {"action": "team_deleted", "name": "Payments"})
+
+
+def test_a_key_revoked_by_its_prefix_is_audited_with_its_agents_team(payments):
+    issued = agent_create(name="payments-keyed", actor="root", team=payments)
+    mark = audit_mark()
+    agent_key_revoke(prefix=key_split(issued.key)[0], actor="root")
+    [row] = audit_since(mark)
+    assert (row.detail["action"], row.team, issued.agent.team.slug) == ("agent_key_revoked", "payments", "payments")
