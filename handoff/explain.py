@@ -6,6 +6,8 @@ is not part of the answer."""
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import QuerySet
+
 from handoff.snapshot import snapshot_compile
 from policy.decisions import Who
 from policy.models import Agent, Person
@@ -54,12 +56,20 @@ def _person(subject: str, issuer: str) -> Person | None:
 
 
 def call_explain(
-    *, agent: str, tool: str, person: str = "", issuer: str = "", groups: tuple[str, ...] = ()
+    *,
+    agent: str,
+    tool: str,
+    person: str = "",
+    issuer: str = "",
+    groups: tuple[str, ...] = (),
+    agents: QuerySet[Agent] | None = None,
 ) -> CallExplained:
     """The answer for `agent` (and the person with subject `person`, counted in the agent groups their IdP
-    `groups` map to, as their token would count them) calling the exposed name `tool`."""
+    `groups` map to, as their token would count them) calling the exposed name `tool`; `agents` are those the
+    asker may see (every one by default): another is as unknown as a name nobody has."""
     # PostgreSQL text holds no NUL: a name with one names nothing (and would fail the lookup itself).
-    found = Agent.objects.filter(name=agent).first() if "\x00" not in agent else None
+    agents = Agent.objects.all() if agents is None else agents
+    found = agents.filter(name=agent).first() if "\x00" not in agent else None
     if found is None:
         raise ExplainRefused(f"No agent is named {agent!r}.")
     someone = _person(person, issuer)

@@ -284,12 +284,12 @@ class AgentViewSet(AuditedViewSet):
         stance that decides it: the decision a call would get, without its limits."""
         if not request.user.has_perm("policy.view_rule"):  # the answer shows rules and their notes
             raise PermissionDenied("Explaining a decision needs the permission to view rules.")
-        self.get_object()  # another team's agent is 404 here too
         query = ExplainQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         asked = query.validated_data
         try:
             explained = call_explain(
+                agents=self.get_queryset(),  # another team's agent is as unknown as none
                 agent=name,
                 tool=asked["tool"],
                 person=asked["person"],
