@@ -6,11 +6,11 @@ from audit.admin import ReadOnlyAdminMixin
 from handoff.mcp.list_changed import tools_changed_everywhere
 from handoff.models import HandoffRoute, Tunnel
 from handoff.protocol.tunnels import index_session, tunnel_close_out
-from policy.admin import AuditedSaveMixin
+from policy.admin import AuditedSaveMixin, TeamScopedMixin
 
 
 @admin.register(HandoffRoute)
-class HandoffRouteAdmin(AuditedSaveMixin, admin.ModelAdmin):
+class HandoffRouteAdmin(TeamScopedMixin, AuditedSaveMixin, admin.ModelAdmin):
     list_display = ("domain", "target", "team", "enabled", "max_sessions", "idle_timeout")
     list_filter = ("enabled", "team")
     search_fields = ("domain", "description")

@@ -5,7 +5,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.db.models import Q
+from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import path
 
@@ -23,7 +24,9 @@ from policy.models import (
     Team,
     TeamGroup,
     TeamMember,
+    TeamRole,
 )
+from policy.selectors import teams_of
 from policy.services import (
     TeamRefused,
     admin_token_revoke,
@@ -51,6 +54,63 @@ class AgentPickerMixin:
         field = super().formfield_for_manytomany(db_field, request, **kwargs)
         if db_field.related_model is Agent:
             field.label_from_instance = agent_label
+        return field
+
+
+def admin_teams(request: HttpRequest) -> frozenset[str] | None:
+    """The slugs of the teams whose objects the console account manages (where it is `admin`), once per
+    request; None for a gateway admin (every team)."""
+    if not hasattr(request, "_admin_teams"):
+        request._admin_teams = teams_of(user=request.user, roles=[TeamRole.ADMIN])
+    return request._admin_teams
+
+
+def team_choices(model, teams: frozenset[str] | None, queryset):
+    """`queryset` of `model` cut to what teams `teams` may pick: their own objects (a team, an owned object,
+    an upstream of theirs or shared with them); unchanged for a gateway admin or what no team owns."""
+    if teams is None:
+        return queryset
+    if model is Team:
+        return queryset.filter(slug__in=teams)
+    if model._meta.label == "registry.Upstream":
+        shared = Q(team__slug__in=teams) | Q(shared_with__slug__in=teams) | Q(shared_with_all=True)
+        return queryset.filter(pk__in=model.objects.filter(shared).values("pk"))
+    if any(f.name == "team" for f in model._meta.fields):
+        return queryset.filter(team__slug__in=teams)
+    return queryset
+
+
+class TeamScopedMixin:
+    """A page of what teams own, for a team admin: the list, the change pages and every choice hold only the
+    objects of teams where the account is `admin` (docs/teams.md); another team's object by id is 404.
+    `team_path` reaches the owning team from the model."""
+
+    team_path = "team"
+    team_refused = "You may save only into a team you administer: pick one of yours."
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        teams = admin_teams(request)
+        return queryset if teams is None else queryset.filter(**{f"{self.team_path}__slug__in": teams})
+
+    def get_object(self, request, object_id, from_field=None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None and admin_teams(request) is not None:
+            raise Http404("No such object among your teams'.")
+        return obj
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if field is not None and hasattr(field, "queryset"):
+            field.queryset = team_choices(db_field.related_model, admin_teams(request), field.queryset)
+            if db_field.related_model is Team:
+                field.error_messages["invalid_choice"] = self.team_refused
+        return field
+
+    def formfield_for_manytomany(self, db_field, request, **kwargs):
+        field = super().formfield_for_manytomany(db_field, request, **kwargs)
+        if field is not None and hasattr(field, "queryset") and db_field.related_model is not Team:
+            field.queryset = team_choices(db_field.related_model, admin_teams(request), field.queryset)
         return field
 
 
@@ -94,7 +154,7 @@ class ExplainForm(forms.Form):
 
 
 @admin.register(Rule)
-class RuleAdmin(AgentPickerMixin, AuditedDeleteMixin, admin.ModelAdmin):
+class RuleAdmin(TeamScopedMixin, AgentPickerMixin, AuditedDeleteMixin, admin.ModelAdmin):
     """Deny wins over allow; with no matching rule, GATEWAY_POLICY_DEFAULT decides (see docs/policy.md)."""
 
     list_display = (
@@ -147,7 +207,7 @@ class RuleAdmin(AgentPickerMixin, AuditedDeleteMixin, admin.ModelAdmin):
 
 
 @admin.register(AgentGroup)
-class AgentGroupAdmin(AgentPickerMixin, AuditedSaveMixin, admin.ModelAdmin):
+class AgentGroupAdmin(TeamScopedMixin, AgentPickerMixin, AuditedSaveMixin, admin.ModelAdmin):
     list_display = ("name", "team", "idp_groups")
     list_filter = ("team",)
     filter_horizontal = ("agents",)
@@ -159,7 +219,7 @@ class AgentGroupAdmin(AgentPickerMixin, AuditedSaveMixin, admin.ModelAdmin):
 
 
 @admin.register(ServerGroup)
-class ServerGroupAdmin(AuditedSaveMixin, admin.ModelAdmin):
+class ServerGroupAdmin(TeamScopedMixin, AuditedSaveMixin, admin.ModelAdmin):
     list_display = ("name", "team", "isolation", "enabled", "upstream_list")
     list_filter = ("isolation", "enabled", "team")
     actions = ("enable", "disable")
@@ -208,7 +268,7 @@ class AgentKeyInline(admin.TabularInline):
 
 
 @admin.register(Agent)
-class AgentAdmin(AuditedSaveMixin, admin.ModelAdmin):
+class AgentAdmin(TeamScopedMixin, AuditedSaveMixin, admin.ModelAdmin):
     list_display = ("name", "team", "enabled", "calls_per_minute", "max_calls_per_session", "created_at", "built_in")
     list_filter = ("enabled", "team", "agent_groups")
     readonly_fields = ("built_in",)

@@ -16,6 +16,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from handoff.console import CONSOLE_AGENT, console_agent, console_call_from_sync
+from policy.admin import TeamScopedMixin
 from policy.limits.stores import limit_store
 from registry.forms import UpstreamForm
 from registry.models import PersonalCredential, Tool, Upstream
@@ -81,7 +82,7 @@ CAUSE_SHOWN = 120  # characters of a failing upstream's cause in the list
 
 
 @admin.register(Upstream)
-class UpstreamAdmin(admin.ModelAdmin):
+class UpstreamAdmin(TeamScopedMixin, admin.ModelAdmin):
     form = UpstreamForm
     list_display = (
         "slug",
@@ -218,10 +219,11 @@ class UpstreamAdmin(admin.ModelAdmin):
 
 
 @admin.register(Tool)
-class ToolAdmin(admin.ModelAdmin):
+class ToolAdmin(TeamScopedMixin, admin.ModelAdmin):
     """The catalog. A tool whose definition changed since its approval is offered to no agent until an
     administrator reviews the diff and approves it."""
 
+    team_path = "upstream__team"
     list_display = ("name", "upstream", approved, "title", "summary", "last_seen_at")
     list_filter = (PendingFilter, "upstream")
     search_fields = ("name", "description")
@@ -248,7 +250,7 @@ class ToolAdmin(admin.ModelAdmin):
         """Test this tool: the form its schema makes, a confirmation, then the call as an agent's would run."""
         if not self.has_test_permission(request):
             raise PermissionDenied
-        tool = get_object_or_404(Tool.objects.select_related("upstream"), pk=pk)
+        tool = get_object_or_404(self.get_queryset(request).select_related("upstream"), pk=pk)
         schema = (tool.definition or {}).get("inputSchema")
         page = {"tool": tool, "exposed": exposed_name(tool.upstream.namespace, tool.name), "agent": CONSOLE_AGENT}
         if not tool.is_approved:
@@ -297,7 +299,7 @@ class ToolAdmin(admin.ModelAdmin):
         """POST from the tool's page: approve the definition shown there."""
         if request.method != "POST" or not self.has_approve_permission(request):
             raise PermissionDenied
-        tool = get_object_or_404(Tool.objects.select_related("upstream"), pk=pk)
+        tool = get_object_or_404(self.get_queryset(request).select_related("upstream"), pk=pk)
         if not tool.is_approved:
             tool_approve(tool=tool, actor=request.user.get_username())
             self.message_user(request, f"{tool} approved: agents see this version now.", messages.SUCCESS)
@@ -330,9 +332,10 @@ class ToolAdmin(admin.ModelAdmin):
 
 
 @admin.register(PersonalCredential)
-class PersonalCredentialAdmin(admin.ModelAdmin):
+class PersonalCredentialAdmin(TeamScopedMixin, admin.ModelAdmin):
     """Who has connected what, and since when: never a value (those are sealed in the secret store)."""
 
+    team_path = "upstream__team"
     list_display = (
         "upstream",
         "person_name",

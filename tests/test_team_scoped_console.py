@@ -1,0 +1,150 @@
+"""The console by team (issue 36): a team admin sees, picks and changes only the objects of teams it administers;
+another team's object by id is 404, a save into another team is refused by the form; a gateway admin sees all."""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.utils import timezone
+
+from handoff.models import HandoffRoute
+from policy.models import Agent, Rule, ServerGroup, Team, TeamMember
+from registry.models import Tool, Upstream
+
+OWNED = ("registry", "policy", "handoff")
+
+
+@dataclass
+class TwoTeams:
+    payments: Team
+    support: Team
+    ledger: Upstream  # payments'
+    helpdesk: Upstream  # support's
+    vault: Upstream  # support's, shared with payments
+    pay_client: Client  # payments' admin
+    support_client: Client  # support's admin
+
+
+def team_admin(name: str, team: Team) -> Client:
+    """A staff account with every permission on owned objects, `admin` of `team` only."""
+    user = get_user_model().objects.create_user(name, password="pw-for-tests-only", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label__in=OWNED))
+    TeamMember.objects.create(team=team, user=user, role="admin")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def two_teams(db) -> Iterator[TwoTeams]:
+    payments = Team.objects.create(slug="payments", name="Payments")
+    support = Team.objects.create(slug="support", name="Support")
+    ledger = Upstream.objects.create(slug="ledger", team=payments, transport="stdio", command="ledger")
+    helpdesk = Upstream.objects.create(slug="helpdesk", team=support, transport="stdio", command="helpdesk")
+    vault = Upstream.objects.create(slug="vault", team=support, transport="stdio", command="vault")
+    vault.shared_with.add(payments)
+    yield TwoTeams(
+        payments, support, ledger, helpdesk, vault, team_admin("pay-admin", payments), team_admin("sup-admin", support)
+    )
+    teams = (payments, support)
+    HandoffRoute.objects.filter(team__in=teams).delete()
+    Rule.objects.filter(team__in=teams).delete()
+    Agent.objects.filter(team__in=teams).delete()
+    ServerGroup.objects.filter(team__in=teams).delete()
+    Upstream.objects.filter(team__in=teams).delete()
+    get_user_model().objects.filter(username__in=["pay-admin", "sup-admin"]).delete()
+    Team.objects.filter(pk__in=[t.pk for t in teams]).delete()
+
+
+def test_a_team_admin_lists_only_its_own_teams_upstreams(two_teams):
+    page = two_teams.pay_client.get("/admin/registry/upstream/").content.decode()
+    assert "ledger" in page and "helpdesk" not in page and "almanac" not in page
+    page = two_teams.support_client.get("/admin/registry/upstream/").content.decode()
+    assert "helpdesk" in page and "vault" in page and "ledger" not in page
+
+
+def test_a_gateway_admin_lists_every_teams_upstreams(two_teams, admin_client):
+    page = admin_client.get("/admin/registry/upstream/").content.decode()
+    assert "ledger" in page and "helpdesk" in page
+
+
+def test_another_teams_upstream_by_id_is_404_to_open_change_delete_and_a_crafted_post(two_teams):
+    client, helpdesk = two_teams.pay_client, two_teams.helpdesk
+    base = f"/admin/registry/upstream/{helpdesk.pk}"
+    for page in (f"{base}/change/", f"{base}/delete/", f"{base}/history/"):
+        assert client.get(page).status_code == 404, page
+    assert client.post(f"{base}/change/", {"slug": "stolen", "team": two_teams.payments.pk}).status_code == 404
+    assert client.post(f"{base}/delete/", {"post": "yes"}).status_code == 404
+    helpdesk.refresh_from_db()
+    assert helpdesk.slug == "helpdesk" and helpdesk.team == two_teams.support
+    assert client.get(f"/admin/registry/upstream/{two_teams.ledger.pk}/change/").status_code == 200
+
+
+def test_a_shared_upstream_is_not_changed_by_its_borrower(two_teams):
+    assert two_teams.pay_client.get(f"/admin/registry/upstream/{two_teams.vault.pk}/change/").status_code == 404
+
+
+def test_a_bulk_action_on_another_teams_upstream_does_nothing(two_teams):
+    form = {"action": "disable", "_selected_action": [two_teams.helpdesk.pk], "index": 0}
+    two_teams.pay_client.post("/admin/registry/upstream/", form)
+    two_teams.helpdesk.refresh_from_db()
+    assert two_teams.helpdesk.enabled
+
+
+def test_another_teams_tool_is_404(two_teams):
+    tool = Tool.objects.create(upstream=two_teams.helpdesk, name="ticket", definition={}, last_seen_at=timezone.now())
+    assert two_teams.pay_client.get(f"/admin/registry/tool/{tool.pk}/change/").status_code == 404
+    assert two_teams.pay_client.get(f"/admin/registry/tool/{tool.pk}/test/").status_code == 404
+    assert two_teams.support_client.get(f"/admin/registry/tool/{tool.pk}/change/").status_code == 200
+
+
+def test_another_teams_agent_rule_group_and_route_are_404(two_teams):
+    support = two_teams.support
+    agent = Agent.objects.create(name="support-bot", team=support)
+    group = ServerGroup.objects.create(name="support-tools", team=support)
+    rule = Rule.objects.create(team=support, agent=agent, effect="allow")
+    route = HandoffRoute.objects.create(domain="support.example", target=two_teams.helpdesk, team=support)
+    for page in (
+        f"/admin/policy/agent/{agent.pk}/change/",
+        f"/admin/policy/servergroup/{group.pk}/change/",
+        f"/admin/policy/rule/{rule.pk}/change/",
+        f"/admin/handoff/handoffroute/{route.pk}/change/",
+    ):
+        assert two_teams.pay_client.get(page).status_code == 404, page
+        assert two_teams.support_client.get(page).status_code == 200, page
+    assert two_teams.pay_client.post(f"/admin/policy/agent/{agent.pk}/delete/", {"post": "yes"}).status_code == 404
+    assert Agent.objects.filter(pk=agent.pk).exists()
+
+
+def test_a_team_admin_is_offered_only_its_teams_and_their_objects(two_teams):
+    Agent.objects.create(name="support-bot", team=two_teams.support)
+    Agent.objects.create(name="payments-bot", team=two_teams.payments)
+    form = two_teams.pay_client.get("/admin/policy/rule/add/").context["adminform"].form
+    assert list(form.fields["team"].queryset) == [two_teams.payments]
+    assert [a.name for a in form.fields["agent"].queryset] == ["payments-bot"]
+    assert {u.slug for u in form.fields["upstream"].queryset} == {"ledger", "vault"}  # its own and one shared
+
+
+def test_saving_into_another_team_is_refused_by_the_form(two_teams):
+    form = {"name": "sneaky", "team": two_teams.support.pk, "isolation": "open", "enabled": "on"}
+    response = two_teams.pay_client.post("/admin/policy/servergroup/add/", form)
+    assert response.status_code == 200
+    assert "You may save only into a team you administer" in response.content.decode()
+    assert not ServerGroup.objects.filter(name="sneaky").exists()
+
+
+def test_a_rule_naming_another_teams_upstream_is_refused_by_the_form(two_teams):
+    form = {"team": two_teams.payments.pk, "effect": "allow", "upstream": two_teams.helpdesk.pk, "enabled": "on"}
+    response = two_teams.pay_client.post("/admin/policy/rule/add/", form)
+    assert response.status_code == 200
+    assert "Select a valid choice" in response.content.decode()
+    assert not Rule.objects.filter(upstream=two_teams.helpdesk).exists()
+
+
+def test_recent_actions_hold_only_the_accounts_own(two_teams):
+    two_teams.support_client.post(f"/admin/registry/upstream/{two_teams.helpdesk.pk}/delete/", {"post": "yes"})
+    index = two_teams.pay_client.get("/admin/").content.decode()
+    assert "helpdesk" not in index
