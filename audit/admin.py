@@ -17,8 +17,18 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from audit.models import AuditCheckpoint, AuditEvent
-from audit.selectors import AuditFilter, audit_page, audit_stream, is_auditor, request_story, shown_detail
+from audit.selectors import (
+    AuditFilter,
+    audit_of_teams,
+    audit_page,
+    audit_stream,
+    is_auditor,
+    request_story,
+    shown_detail,
+)
 from audit.services import audit_record
+from policy.models import TeamRole
+from policy.selectors import teams_of
 
 # As stored, so that an export can be verified: a row of seal 0 (before teams) has no team and is the default team's.
 EXPORT_FIELDS = [
@@ -67,12 +77,23 @@ class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         self._require_view(request)
         return AuditFilter(request.GET)
 
+    def _teams(self, request: HttpRequest) -> frozenset[str] | None:
+        """The teams whose rows this account reads: where it is `auditor` or `admin` (None: a gateway admin)."""
+        return teams_of(user=request.user, roles=[TeamRole.AUDITOR, TeamRole.ADMIN])
+
+    def _events(self, request: HttpRequest, form: AuditFilter):
+        return audit_of_teams(rows=form.events(), teams=self._teams(request))
+
+    def _story_rows(self, request: HttpRequest, rows: list[AuditEvent]) -> list[AuditEvent]:
+        teams = self._teams(request)
+        return rows if teams is None else [row for row in rows if row.team_slug in teams]
+
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
         form = self._filters(request)
         page = None
         if form.is_valid():
             before, after = _int(request.GET.get("before")), _int(request.GET.get("after"))
-            page = audit_page(rows=form.events(), before=before, after=after)
+            page = audit_page(rows=self._events(request, form), before=before, after=after)
         query = request.GET.copy()
         for key in ("before", "after"):
             query.pop(key, None)
@@ -101,15 +122,16 @@ class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def request_view(self, request: HttpRequest, request_id: uuid.UUID) -> HttpResponse:
         self._require_view(request)
-        rows = request_story(request_id=request_id)
+        rows = self._story_rows(request, request_story(request_id=request_id))
         if not rows:
             raise Http404(f"No audit rows for request {request_id}")
         return self._story(request, rows, f"Request {request_id}")
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
         self._require_view(request)
-        event = get_object_or_404(AuditEvent, pk=_int(object_id) or 0)
-        rows = request_story(request_id=event.request_id) if event.request_id else [event]
+        mine = audit_of_teams(rows=AuditEvent.objects.all(), teams=self._teams(request))
+        event = get_object_or_404(mine, pk=_int(object_id) or 0)
+        rows = self._story_rows(request, request_story(request_id=event.request_id)) if event.request_id else [event]
         return self._story(request, rows, f"Audit event {event.pk}")
 
     def export_view(self, request: HttpRequest, fmt: str) -> StreamingHttpResponse:
@@ -122,7 +144,7 @@ class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             actor=request.user.get_username(),
             detail={"action": "audit_exported", "format": fmt, "filters": request.GET.dict(), "payloads": auditor},
         )
-        rows = audit_stream(rows=form.events(), fields=EXPORT_FIELDS)
+        rows = audit_stream(rows=self._events(request, form), fields=EXPORT_FIELDS)
         lines = _csv_lines(rows, auditor) if fmt == "csv" else _jsonl_lines(rows, auditor)
         content_type = "text/csv; charset=utf-8" if fmt == "csv" else "application/x-ndjson; charset=utf-8"
         response = StreamingHttpResponse(lines, content_type=content_type)

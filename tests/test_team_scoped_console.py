@@ -1,6 +1,8 @@
 """The console by team (issue 36): a team admin sees, picks and changes only the objects of teams it administers;
 another team's object by id is 404, a save into another team is refused by the form; a gateway admin sees all."""
 
+import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -10,6 +12,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
+from audit.services import audit_record
 from handoff.models import HandoffRoute
 from policy.models import Agent, Rule, ServerGroup, Team, TeamMember
 from registry.models import Tool, Upstream
@@ -148,3 +151,43 @@ def test_recent_actions_hold_only_the_accounts_own(two_teams):
     two_teams.support_client.post(f"/admin/registry/upstream/{two_teams.helpdesk.pk}/delete/", {"post": "yes"})
     index = two_teams.pay_client.get("/admin/").content.decode()
     assert "helpdesk" not in index
+
+
+@pytest.fixture
+def payments_auditor(two_teams) -> Iterator[Client]:
+    """A staff account that may view the audit trail, `auditor` of payments only."""
+    user = get_user_model().objects.create_user("pay-auditor", password="pw-for-tests-only", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename="view_auditevent"))
+    TeamMember.objects.create(team=two_teams.payments, user=user, role="auditor")
+    client = Client()
+    client.force_login(user)
+    yield client
+    user.delete()
+
+
+def test_an_auditor_reads_only_its_teams_rows_in_the_browser_by_id_request_and_export(payments_auditor):
+    tool = f"scoped-{uuid.uuid4().hex[:8]}"
+    ours = audit_record(kind="completed", request_id=uuid.uuid4(), upstream="ledger", tool=tool, team="payments")
+    theirs = audit_record(kind="completed", request_id=uuid.uuid4(), upstream="helpdesk", tool=tool, team="support")
+    page = payments_auditor.get("/admin/audit/auditevent/", {"tool": tool}).content.decode()
+    assert f"/admin/audit/auditevent/{ours.pk}/" in page and f"/admin/audit/auditevent/{theirs.pk}/" not in page
+    assert payments_auditor.get(f"/admin/audit/auditevent/{ours.pk}/change/").status_code == 200
+    assert payments_auditor.get(f"/admin/audit/auditevent/{theirs.pk}/change/").status_code == 404
+    assert payments_auditor.get(f"/admin/audit/auditevent/request/{ours.request_id}/").status_code == 200
+    assert payments_auditor.get(f"/admin/audit/auditevent/request/{theirs.request_id}/").status_code == 404
+    export = b"".join(payments_auditor.get("/admin/audit/auditevent/export.jsonl", {"tool": tool}).streaming_content)
+    assert [json.loads(line)["id"] for line in export.splitlines()] == [ours.pk]
+
+
+def test_a_gateway_admin_reads_every_teams_rows(two_teams, admin_client):
+    tool = f"scoped-{uuid.uuid4().hex[:8]}"
+    theirs = audit_record(kind="completed", request_id=uuid.uuid4(), upstream="helpdesk", tool=tool, team="support")
+    assert admin_client.get(f"/admin/audit/auditevent/{theirs.pk}/change/").status_code == 200
+
+
+def test_a_team_admin_reads_its_teams_rows_too(two_teams):
+    ours = audit_record(kind="completed", request_id=uuid.uuid4(), upstream="ledger", tool="t", team="payments")
+    admins = get_user_model().objects.filter(username__in=["pay-admin", "sup-admin"])
+    Permission.objects.get(codename="view_auditevent").user_set.add(*admins)
+    assert two_teams.pay_client.get(f"/admin/audit/auditevent/{ours.pk}/change/").status_code == 200
+    assert two_teams.support_client.get(f"/admin/audit/auditevent/{ours.pk}/change/").status_code == 404
