@@ -373,7 +373,8 @@ class PersonAdmin(AuditedSaveMixin, admin.ModelAdmin):
 
 
 class GatewayAdminOnly:
-    """Pages only a gateway admin (a superuser) opens: teams, who is in them, and which groups map to them."""
+    """Pages only a gateway admin (a superuser) opens: every team's group mappings in one list (a team's admin
+    manages its own on the team's page)."""
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return request.user.is_active and request.user.is_superuser
@@ -384,21 +385,40 @@ class GatewayAdminOnly:
     has_add_permission = has_change_permission = has_delete_permission = has_view_permission
 
 
-class TeamMemberInline(admin.TabularInline):
+def manages_team(request: HttpRequest, team: Team | None) -> bool:
+    """A gateway admin manages every team; a team's `admin` its own members and group mappings (team None:
+    any team of its own)."""
+    teams = admin_teams(request)
+    if teams is None:
+        return request.user.is_active and request.user.is_superuser
+    return request.user.is_active and request.user.is_staff and (team.slug in teams if team else bool(teams))
+
+
+class TeamMembersOnly:
+    """A team's people, on its page: changed by whoever manages the team (manages_team)."""
+
+    extra = 0
+
+    def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
+        return manages_team(request, obj)
+
+    has_add_permission = has_change_permission = has_delete_permission = has_view_permission
+
+
+class TeamMemberInline(TeamMembersOnly, admin.TabularInline):
     model = TeamMember
     raw_id_fields = ("user",)
-    extra = 0
 
 
-class TeamGroupInline(admin.TabularInline):
+class TeamGroupInline(TeamMembersOnly, admin.TabularInline):
     model = TeamGroup
-    extra = 0
 
 
 @admin.register(Team)
-class TeamAdmin(GatewayAdminOnly, AuditedSaveMixin, admin.ModelAdmin):
+class TeamAdmin(AuditedSaveMixin, admin.ModelAdmin):
     """Teams own upstreams, agents, groups, rules and routes (docs/teams.md); a team that owns anything, or
-    shares an upstream, is not deleted."""
+    shares an upstream, is not deleted. A gateway admin makes and changes teams; a team's `admin` opens its
+    own team's page to manage its members and group mappings, not its name or limits."""
 
     list_display = ("slug", "name", "calls_per_minute", "max_concurrent", "daily_calls", "created_at")
     search_fields = ("slug", "name")
@@ -417,6 +437,34 @@ class TeamAdmin(GatewayAdminOnly, AuditedSaveMixin, admin.ModelAdmin):
             "members": [f"{m.user.get_username()}: {m.role}" for m in members],
             "groups": [f"{g.group}: {g.role}" for g in team.idp_groups.all()],
         }
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return manages_team(request, None)
+
+    def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
+        return manages_team(request, obj)
+
+    has_change_permission = has_view_permission
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return self.has_add_permission(request)
+
+    def get_readonly_fields(self, request: HttpRequest, obj=None):
+        if admin_teams(request) is None:
+            return ()
+        return ("slug", "name", "calls_per_minute", "max_concurrent", "daily_calls")
+
+    def get_queryset(self, request: HttpRequest):
+        return team_choices(Team, admin_teams(request), super().get_queryset(request))
+
+    def get_object(self, request, object_id, from_field=None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None and admin_teams(request) is not None:
+            raise Http404("No such team among yours.")
+        return obj
 
     def delete_model(self, request, obj) -> None:
         try:

@@ -191,3 +191,47 @@ def test_a_team_admin_reads_its_teams_rows_too(two_teams):
     Permission.objects.get(codename="view_auditevent").user_set.add(*admins)
     assert two_teams.pay_client.get(f"/admin/audit/auditevent/{ours.pk}/change/").status_code == 200
     assert two_teams.support_client.get(f"/admin/audit/auditevent/{ours.pk}/change/").status_code == 404
+
+
+def team_page_form(team: Team, **fields: str) -> dict[str, object]:
+    return {
+        "members-TOTAL_FORMS": "0",
+        "members-INITIAL_FORMS": "0",
+        "idp_groups-TOTAL_FORMS": "0",
+        "idp_groups-INITIAL_FORMS": "0",
+        **fields,
+    }
+
+
+def test_a_team_admin_manages_its_own_teams_members_and_group_mappings_not_its_limits(two_teams):
+    page = f"/admin/policy/team/{two_teams.payments.pk}/change/"
+    assert two_teams.pay_client.get(page).status_code == 200
+    form = team_page_form(
+        two_teams.payments,
+        calls_per_minute="1",
+        **{"idp_groups-TOTAL_FORMS": "1", "idp_groups-0-group": "okta-payments", "idp_groups-0-role": "member"},
+    )
+    response = two_teams.pay_client.post(page, form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    two_teams.payments.refresh_from_db()
+    assert two_teams.payments.calls_per_minute is None
+    assert list(two_teams.payments.idp_groups.values_list("group", "role")) == [("okta-payments", "member")]
+
+
+def test_a_team_admin_opens_no_other_team_and_makes_or_deletes_none(two_teams):
+    other = f"/admin/policy/team/{two_teams.support.pk}"
+    assert two_teams.pay_client.get(f"{other}/change/").status_code == 404
+    crafted = team_page_form(
+        two_teams.support,
+        **{"members-TOTAL_FORMS": "1", "members-0-user": "1", "members-0-role": "admin"},
+    )
+    assert two_teams.pay_client.post(f"{other}/change/", crafted).status_code == 404
+    assert two_teams.pay_client.get("/admin/policy/team/add/").status_code == 403
+    assert (
+        two_teams.pay_client.post(f"/admin/policy/team/{two_teams.payments.pk}/delete/", {"post": "yes"}).status_code
+        == 403
+    )
+    assert two_teams.pay_client.get("/admin/policy/teamgroup/").status_code == 403
+    assert list(two_teams.support.members.values_list("user__username", flat=True)) == ["sup-admin"]
+    listed = two_teams.pay_client.get("/admin/policy/team/").content.decode()
+    assert "payments" in listed and "support" not in listed
