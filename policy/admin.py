@@ -60,6 +60,8 @@ class AgentPickerMixin:
 def admin_teams(request: HttpRequest) -> frozenset[str] | None:
     """The slugs of the teams whose objects the console account manages (where it is `admin`), once per
     request; None for a gateway admin (every team)."""
+    if not request.user.is_authenticated:
+        return frozenset()  # the sign-in page asks what the (anonymous) visitor may open
     if not hasattr(request, "_admin_teams"):
         request._admin_teams = teams_of(user=request.user, roles=[TeamRole.ADMIN])
     return request._admin_teams

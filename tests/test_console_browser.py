@@ -203,3 +203,54 @@ def test_an_operator_tests_a_tool_from_its_page_and_reads_the_result(request, se
             ]
         finally:
             Agent.objects.filter(name=CONSOLE_AGENT).delete()
+
+
+@contextmanager
+def team_admin_signed_in(browser: Browser, url: str, name: str, team) -> Iterator[Page]:
+    """A staff account with every permission on owned objects, `admin` of `team` only, signed in by the form."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    from policy.models import TeamMember
+
+    user = get_user_model().objects.create_user(name, password=PASSWORD, is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label__in=("registry", "policy")))
+    TeamMember.objects.create(team=team, user=user, role="admin")
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        page.goto(f"{url}/admin/login/")
+        page.fill("#id_username", name)
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_selector("#content-main")
+        yield page
+    finally:
+        context.close()
+        user.delete()
+
+
+def test_two_team_admins_each_see_only_their_own_upstreams_and_get_404_on_the_others(db, console, browser):
+    from policy.models import Team
+    from registry.models import Upstream
+
+    suffix = uuid.uuid4().hex[:6]
+    teams = [Team.objects.create(slug=f"{name}-{suffix}", name=name) for name in ("payments", "support")]
+    upstreams = [
+        Upstream.objects.create(slug=f"{name}-{suffix}", team=team, transport="stdio", command=name)
+        for name, team in zip(("ledger", "helpdesk"), teams, strict=True)
+    ]
+    try:
+        for mine, theirs, team in ((0, 1, teams[0]), (1, 0, teams[1])):
+            with team_admin_signed_in(browser, console.url, f"admin-{team.slug}", team) as page:
+                page.goto(f"{console.url}/admin/registry/upstream/")
+                listed = page.locator("#result_list tbody th a").all_inner_texts()
+                assert upstreams[mine].slug in listed and upstreams[theirs].slug not in listed
+                response = page.goto(f"{console.url}/admin/registry/upstream/{upstreams[theirs].pk}/change/")
+                assert response is not None and response.status == 404
+                response = page.goto(f"{console.url}/admin/registry/upstream/{upstreams[mine].pk}/change/")
+                assert response is not None and response.status == 200
+    finally:
+        Upstream.objects.filter(pk__in=[u.pk for u in upstreams]).delete()
+        Team.objects.filter(pk__in=[t.pk for t in teams]).delete()

@@ -235,3 +235,7 @@ def test_a_team_admin_opens_no_other_team_and_makes_or_deletes_none(two_teams):
     assert list(two_teams.support.members.values_list("user__username", flat=True)) == ["sup-admin"]
     listed = two_teams.pay_client.get("/admin/policy/team/").content.decode()
     assert "payments" in listed and "support" not in listed
+
+
+def test_the_sign_in_page_opens_for_a_visitor_not_yet_signed_in(db):
+    assert Client().get("/admin/login/").status_code == 200
