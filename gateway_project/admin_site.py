@@ -10,6 +10,8 @@ from django.urls import path
 from django.utils import timezone
 
 from gateway_project.dashboard import REFRESH_SECONDS, WINDOWS, gateway_state, window_stats
+from policy.models import TeamRole
+from policy.selectors import teams_of
 
 
 class ConsoleSite(admin.AdminSite):
@@ -43,7 +45,8 @@ class ConsoleSite(admin.AdminSite):
     def _dashboard(self, request: HttpRequest) -> dict:
         window = request.GET.get("window", "hour")
         window = window if window in WINDOWS else "hour"
-        stats = window_stats(window=window)
+        teams = teams_of(user=request.user, roles=[TeamRole.AUDITOR, TeamRole.ADMIN])
+        stats = window_stats(window=window, teams=teams)
         return {
             "window": window,
             "windows": list(WINDOWS),

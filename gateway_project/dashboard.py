@@ -115,7 +115,8 @@ def _aggregate_in_python(since: datetime, origin: datetime, step: timedelta) -> 
     ]
 
 
-def window_stats(*, window: str, now: datetime | None = None) -> WindowStats:
+def window_stats(*, window: str, now: datetime | None = None, teams: frozenset[str] | None = None) -> WindowStats:
+    """The window's figures; with `teams`, only the upstreams those teams own (None: every upstream)."""
     span, step, label_format = WINDOWS[window]
     now = now or timezone.now()
     origin = now - span
@@ -126,13 +127,19 @@ def window_stats(*, window: str, now: datetime | None = None) -> WindowStats:
             rows = cursor.fetchall()
     else:
         rows = _aggregate_in_python(origin, origin, step)
+    enabled = Upstream.objects.filter(enabled=True)
+    if teams is not None:
+        # The aggregate stays one pass over the window's index; other teams' upstreams are dropped after it.
+        shown = set(Upstream.objects.filter(team__slug__in=teams).values_list("slug", flat=True))
+        rows = [row for row in rows if row[0] in shown]
+        enabled = enabled.filter(team__slug__in=teams)
     for upstream, bucket, calls, errors, p50, p95 in rows:
         measure = Latency(calls=calls, errors=errors, p50=_ms(p50), p95=_ms(p95))
         if bucket is None:
             stats.totals[upstream] = measure
         else:
             stats.series.setdefault(upstream, {})[bucket] = measure
-    for slug in Upstream.objects.filter(enabled=True).values_list("slug", flat=True):
+    for slug in enabled.values_list("slug", flat=True):
         stats.totals.setdefault(slug, Latency())  # an idle upstream is listed too: it is there, with no calls
     stats.people = _busiest_people(origin)
     return stats
