@@ -17,8 +17,11 @@ class HandoffRouteAdmin(TeamScopedMixin, AuditedSaveMixin, admin.ModelAdmin):
 
 
 @admin.register(Tunnel)
-class TunnelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    """Live tunnels first; read-only, but an operator can close one (the agent's tools come back)."""
+class TunnelAdmin(TeamScopedMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Live tunnels first; read-only, but an operator can close one (the agent's tools come back). A team's
+    admin sees its own agents' tunnels."""
+
+    team_path = "agent__team"
 
     list_display = (
         "domain",

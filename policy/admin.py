@@ -188,6 +188,8 @@ class RuleAdmin(TeamScopedMixin, AgentPickerMixin, AuditedDeleteMixin, admin.Mod
         if not self.has_view_permission(request):
             raise PermissionDenied
         form = ExplainForm(request.GET if "tool" in request.GET else None)
+        agents = form.fields["agent"]
+        agents.queryset = team_choices(Agent, admin_teams(request), agents.queryset)  # another team's: 400
         context = self.admin_site.each_context(request) | {"opts": self.opts, "title": "Can this caller call it?"}
         status, explained = 200, None
         if form.is_bound and form.is_valid():

@@ -239,3 +239,19 @@ def test_a_team_admin_opens_no_other_team_and_makes_or_deletes_none(two_teams):
 
 def test_the_sign_in_page_opens_for_a_visitor_not_yet_signed_in(db):
     assert Client().get("/admin/login/").status_code == 200
+
+
+def test_the_dashboard_lists_only_the_upstreams_of_an_auditors_teams(payments_auditor):
+    Permission.objects.get(codename="view_auditevent").user_set.add(
+        get_user_model().objects.get(username="pay-auditor")
+    )
+    page = payments_auditor.get("/admin/").content.decode()
+    totals = page[page.index('id="upstream-totals"') :]
+    assert "ledger" in totals and "helpdesk" not in totals
+
+
+def test_the_explain_page_refuses_another_teams_agent(two_teams):
+    Agent.objects.create(name="support-bot", team=two_teams.support)
+    response = two_teams.pay_client.get("/admin/policy/rule/explain/", {"agent": "support-bot", "tool": "helpdesk__t"})
+    assert response.status_code == 400
+    assert "Select a valid choice" in response.content.decode()
