@@ -44,19 +44,28 @@ def logged_in(browser: Browser, url: str) -> Iterator[Page]:
     from django.contrib.auth import get_user_model
 
     user = get_user_model().objects.create_superuser("console-op", password=PASSWORD)
+    try:
+        with signed_in(browser, url, "console-op", ready="#dashboard") as page:
+            yield page
+    finally:
+        user.delete()
+
+
+@contextmanager
+def signed_in(browser: Browser, url: str, username: str, ready: str) -> Iterator[Page]:
+    """A browser page signed in as `username` through the login form, once `ready` is on the page after it."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     try:
         page.goto(f"{url}/admin/login/")
-        page.fill("#id_username", "console-op")
+        page.fill("#id_username", username)
         page.fill("#id_password", PASSWORD)
         page.click("input[type=submit]")
-        page.wait_for_selector("#dashboard")
+        page.wait_for_selector(ready)
         yield page
     finally:
         context.close()
-        user.delete()
 
 
 @pytest.fixture
@@ -216,18 +225,10 @@ def team_admin_signed_in(browser: Browser, url: str, name: str, team) -> Iterato
     user = get_user_model().objects.create_user(name, password=PASSWORD, is_staff=True)
     user.user_permissions.set(Permission.objects.filter(content_type__app_label__in=("registry", "policy")))
     TeamMember.objects.create(team=team, user=user, role="admin")
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
     try:
-        page.goto(f"{url}/admin/login/")
-        page.fill("#id_username", name)
-        page.fill("#id_password", PASSWORD)
-        page.click("input[type=submit]")
-        page.wait_for_selector("#content-main")
-        yield page
+        with signed_in(browser, url, name, ready="#content-main") as page:
+            yield page
     finally:
-        context.close()
         user.delete()
 
 
