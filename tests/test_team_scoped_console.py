@@ -255,3 +255,15 @@ def test_the_explain_page_refuses_another_teams_agent(two_teams):
     response = two_teams.pay_client.get("/admin/policy/rule/explain/", {"agent": "support-bot", "tool": "helpdesk__t"})
     assert response.status_code == 400
     assert "Select a valid choice" in response.content.decode()
+
+
+def test_an_upstream_and_an_agent_group_offer_only_the_admins_teams_groups_and_agents(two_teams):
+    ServerGroup.objects.create(name="payments-tools", team=two_teams.payments)
+    ServerGroup.objects.create(name="support-tools", team=two_teams.support)
+    Agent.objects.create(name="payments-bot", team=two_teams.payments)
+    Agent.objects.create(name="support-bot", team=two_teams.support)
+    upstream_form = two_teams.pay_client.get("/admin/registry/upstream/add/").context["adminform"].form
+    assert list(upstream_form.fields["team"].queryset) == [two_teams.payments]
+    assert [g.name for g in upstream_form.fields["group"].queryset] == ["payments-tools"]
+    group_form = two_teams.pay_client.get("/admin/policy/agentgroup/add/").context["adminform"].form
+    assert [a.name for a in group_form.fields["agents"].queryset] == ["payments-bot"]
