@@ -27,8 +27,7 @@ from audit.selectors import (
     shown_detail,
 )
 from audit.services import audit_record
-from policy.models import TeamRole
-from policy.selectors import teams_of
+from policy.selectors import auditing_teams
 
 # As stored, so that an export can be verified: a row of seal 0 (before teams) has no team and is the default team's.
 EXPORT_FIELDS = [
@@ -79,7 +78,7 @@ class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def _teams(self, request: HttpRequest) -> frozenset[str] | None:
         """The teams whose rows this account reads: where it is `auditor` or `admin` (None: a gateway admin)."""
-        return teams_of(user=request.user, roles=[TeamRole.AUDITOR, TeamRole.ADMIN])
+        return auditing_teams(user=request.user)
 
     def _events(self, request: HttpRequest, form: AuditFilter):
         return audit_of_teams(rows=form.events(), teams=self._teams(request))

@@ -12,8 +12,7 @@ from rest_framework.response import Response
 
 from audit.models import AuditEvent
 from audit.selectors import PAGE_SIZE, AuditFilter, audit_of_teams, audit_page, is_auditor, shown_detail
-from policy.models import TeamRole
-from policy.selectors import teams_of
+from policy.selectors import auditing_teams
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -61,9 +60,7 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     def _of_teams(self, rows: Any) -> Any:
         """The rows of the teams the caller audits or administers: another team's row is 404, and absent from
         every page and filter."""
-        return audit_of_teams(
-            rows=rows, teams=teams_of(user=self.request.user, roles=[TeamRole.AUDITOR, TeamRole.ADMIN])
-        )
+        return audit_of_teams(rows=rows, teams=auditing_teams(user=self.request.user))
 
     def get_serializer_context(self) -> dict[str, Any]:
         return super().get_serializer_context() | {"auditor": is_auditor(self.request)}

@@ -10,8 +10,7 @@ from django.urls import path
 from django.utils import timezone
 
 from gateway_project.dashboard import REFRESH_SECONDS, WINDOWS, gateway_state, window_stats
-from policy.models import TeamRole
-from policy.selectors import teams_of
+from policy.selectors import auditing_teams
 
 
 class ConsoleSite(admin.AdminSite):
@@ -45,7 +44,7 @@ class ConsoleSite(admin.AdminSite):
     def _dashboard(self, request: HttpRequest) -> dict:
         window = request.GET.get("window", "hour")
         window = window if window in WINDOWS else "hour"
-        teams = teams_of(user=request.user, roles=[TeamRole.AUDITOR, TeamRole.ADMIN])
+        teams = auditing_teams(user=request.user)
         stats = window_stats(window=window, teams=teams)
         return {
             "window": window,

@@ -5,7 +5,6 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q
 from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -24,9 +23,8 @@ from policy.models import (
     Team,
     TeamGroup,
     TeamMember,
-    TeamRole,
 )
-from policy.selectors import teams_of
+from policy.selectors import admin_teams, in_teams, team_choices
 from policy.services import (
     TeamRefused,
     admin_token_revoke,
@@ -57,31 +55,6 @@ class AgentPickerMixin:
         return field
 
 
-def admin_teams(request: HttpRequest) -> frozenset[str] | None:
-    """The slugs of the teams whose objects the console account manages (where it is `admin`), once per
-    request; None for a gateway admin (every team)."""
-    if not request.user.is_authenticated:
-        return frozenset()  # the sign-in page asks what the (anonymous) visitor may open
-    if not hasattr(request, "_admin_teams"):
-        request._admin_teams = teams_of(user=request.user, roles=[TeamRole.ADMIN])
-    return request._admin_teams
-
-
-def team_choices(model, teams: frozenset[str] | None, queryset):
-    """`queryset` of `model` cut to what teams `teams` may pick: their own objects (a team, an owned object,
-    an upstream of theirs or shared with them); unchanged for a gateway admin or what no team owns."""
-    if teams is None:
-        return queryset
-    if model is Team:
-        return queryset.filter(slug__in=teams)
-    if model._meta.label == "registry.Upstream":
-        shared = Q(team__slug__in=teams) | Q(shared_with__slug__in=teams) | Q(shared_with_all=True)
-        return queryset.filter(pk__in=model.objects.filter(shared).values("pk"))
-    if any(f.name == "team" for f in model._meta.fields):
-        return queryset.filter(team__slug__in=teams)
-    return queryset
-
-
 class TeamScopedMixin:
     """A page of what teams own, for a team admin: the list, the change pages and every choice hold only the
     objects of teams where the account is `admin` (docs/teams.md); another team's object by id is 404.
@@ -91,9 +64,7 @@ class TeamScopedMixin:
     team_refused = "You may save only into a team you administer: pick one of yours."
 
     def get_queryset(self, request):
-        queryset = super().get_queryset(request)
-        teams = admin_teams(request)
-        return queryset if teams is None else queryset.filter(**{f"{self.team_path}__slug__in": teams})
+        return in_teams(super().get_queryset(request), admin_teams(request), self.team_path)
 
     def get_object(self, request, object_id, from_field=None):
         obj = super().get_object(request, object_id, from_field)

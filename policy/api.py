@@ -13,8 +13,8 @@ from rest_framework.response import Response
 
 from audit.models import DEFAULT_TEAM
 from handoff.explain import ExplainRefused, call_explain
-from policy.models import Agent, AgentGroup, Rule, ServerGroup, Team, TeamRole
-from policy.selectors import teams_of
+from policy.models import Agent, AgentGroup, Rule, ServerGroup, Team
+from policy.selectors import admin_teams, in_teams, team_choices
 from policy.services import (
     agent_create,
     agent_key_issue,
@@ -48,24 +48,13 @@ class NameRelation(serializers.SlugRelatedField):
         return super().to_internal_value(data)
 
 
-def admin_teams(request: Request) -> frozenset[str] | None:
-    """The slugs of the teams whose objects the caller manages (an admin of them); None for a gateway admin."""
-    if not hasattr(request, "admin_teams"):
-        request.admin_teams = teams_of(user=request.user, roles=[TeamRole.ADMIN])
-    return request.admin_teams
-
-
-def in_teams(rows: Any, teams: frozenset[str] | None, lookup: str = "team__slug") -> Any:
-    """Only the rows of those teams (all for None)."""
-    return rows if teams is None else rows.filter(**{f"{lookup}__in": teams})
-
-
 class NamedInTeams(NameRelation):
     """A relation by name to an object of a team the caller administers: another team's is as unknown as a name
     that does not exist (a 400 naming the field, never which teams hold what)."""
 
     def get_queryset(self) -> Any:
-        return in_teams(super().get_queryset(), admin_teams(self.context["request"]))
+        queryset = super().get_queryset()
+        return team_choices(queryset.model, admin_teams(self.context["request"]), queryset)
 
 
 def by_name(model: Any, field: str = "name") -> NameRelation:
@@ -128,10 +117,10 @@ def team_check(request: Request, attrs: dict[str, Any], *, creating: bool) -> No
 class TeamScoped:
     """A viewset of teams' objects: to a caller, only its teams' exist (another team's is 404 by every route)."""
 
-    team_lookup = "team__slug"
+    team_path = "team"
 
     def get_queryset(self) -> Any:
-        return in_teams(super().get_queryset(), admin_teams(self.request), self.team_lookup)
+        return in_teams(super().get_queryset(), admin_teams(self.request), self.team_path)
 
 
 class AuditedViewSet(TeamScoped, viewsets.ModelViewSet):

@@ -4,12 +4,14 @@ team roles a person's groups give them."""
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 from oauth2_provider.models import get_access_token_model, get_application_model, get_refresh_token_model
 
-from policy.models import ROLE_ORDER, TeamGroup, TeamMember
+from policy.models import ROLE_ORDER, Team, TeamGroup, TeamMember, TeamRole
 
 
 @dataclass(frozen=True)
@@ -68,3 +70,38 @@ def teams_of(*, user: AbstractBaseUser, roles: Iterable[str]) -> frozenset[str] 
         return None
     wanted = set(roles)
     return frozenset(team for team, role in user_team_roles(user=user).items() if role in wanted)
+
+
+def auditing_teams(*, user: AbstractBaseUser) -> frozenset[str] | None:
+    """The teams whose audit rows the account reads: where it is `auditor` or `admin` (None: a gateway admin)."""
+    return teams_of(user=user, roles=[TeamRole.AUDITOR, TeamRole.ADMIN])
+
+
+def admin_teams(request: Any) -> frozenset[str] | None:
+    """The slugs of the teams whose objects the account of a console or REST API request manages (where it is
+    `admin`), once per request; None for a gateway admin (every team)."""
+    if not request.user.is_authenticated:
+        return frozenset()  # the sign-in page asks what the (anonymous) visitor may open
+    if not hasattr(request, "_admin_teams"):
+        request._admin_teams = teams_of(user=request.user, roles=[TeamRole.ADMIN])
+    return request._admin_teams
+
+
+def in_teams(rows: QuerySet, teams: frozenset[str] | None, path: str = "team") -> QuerySet:
+    """Only the rows owned (through `path`) by those teams; all of them for None."""
+    return rows if teams is None else rows.filter(**{f"{path}__slug__in": teams})
+
+
+def team_choices(model: Any, teams: frozenset[str] | None, queryset: QuerySet) -> QuerySet:
+    """`queryset` of `model` cut to what teams `teams` may pick: their own objects (a team, an owned object,
+    an upstream of theirs or shared with them); unchanged for a gateway admin or what no team owns."""
+    if teams is None:
+        return queryset
+    if model is Team:
+        return queryset.filter(slug__in=teams)
+    if model._meta.label == "registry.Upstream":
+        shared = Q(team__slug__in=teams) | Q(shared_with__slug__in=teams) | Q(shared_with_all=True)
+        return queryset.filter(pk__in=model.objects.filter(shared).values("pk"))
+    if any(f.name == "team" for f in model._meta.fields):
+        return in_teams(queryset, teams)
+    return queryset

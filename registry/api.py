@@ -167,7 +167,7 @@ class ToolViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
 
     queryset = Tool.objects.select_related("upstream").order_by("upstream__slug", "name")
     serializer_class = ToolSerializer
-    team_lookup = "upstream__team__slug"
+    team_path = "upstream__team"
 
     def get_permissions(self) -> list[Any]:
         # Approving is a change to a tool (as in the admin), not the adding a POST would otherwise ask for.
@@ -282,7 +282,7 @@ class ConnectionViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
 
     queryset = PersonalCredential.objects.select_related("upstream")
     serializer_class = ConnectionSerializer
-    team_lookup = "upstream__team__slug"
+    team_path = "upstream__team"
 
     def get_permissions(self) -> list[Any]:
         return [IsAuthenticated()] if self.action == "revoke" else super().get_permissions()
