@@ -335,6 +335,9 @@ def _policy() -> Policy:
     members: dict[int, set[int]] = {}
     for group_id, agent_id in AgentGroup.agents.through.objects.values_list("agentgroup_id", "agent_id"):
         members.setdefault(group_id, set()).add(agent_id)
+    teams: dict[int, set[int]] = {}
+    for team_id, agent_id in Agent.objects.values_list("team_id", "id"):
+        teams.setdefault(team_id, set()).add(agent_id)
     rules = []
     for rule in Rule.objects.filter(enabled=True).select_related("person"):
         agents = None
@@ -351,6 +354,7 @@ def _policy() -> Policy:
                 people=frozenset({(rule.person.issuer, rule.person.subject)} if rule.person else ()),
                 rule_id=rule.id,
                 note=rule.note,
+                team_agents=frozenset(teams.get(rule.team_id, ())),
             )
         )
     return Policy(rules=tuple(rules), default_allow=settings.GATEWAY_POLICY_DEFAULT == "allow")

@@ -98,16 +98,21 @@ class CompiledRule:
     people: frozenset[tuple[str, str]] = frozenset()
     rule_id: int | None = None  # the Rule it was compiled from, and its note: what a decision names
     note: str = ""
+    team_agents: frozenset[int] | None = None  # its team's agents, the only calls it governs (None: every agent's)
 
     @classmethod
     def build(cls, *, allow: bool, agents: frozenset[int] | None, upstream_id: int | None,
               server_group_id: int | None, tool_pattern: str, groups: frozenset[int] = frozenset(),
               people: frozenset[tuple[str, str]] = frozenset(), rule_id: int | None = None,
-              note: str = "") -> "CompiledRule":  # fmt: skip
+              note: str = "", team_agents: frozenset[int] | None = None) -> "CompiledRule":  # fmt: skip
         pattern = re.compile(fnmatch.translate(tool_pattern))
-        return cls(allow, agents, upstream_id, server_group_id, pattern, groups, people, rule_id, note)
+        return cls(allow, agents, upstream_id, server_group_id, pattern, groups, people, rule_id, note, team_agents)
 
     def names(self, who: Who) -> bool:
+        """Whether it is about this caller: one of its team's agents (a team's rules govern only its own agents'
+        calls), and its subject (anyone, the agent, an agent group they count in, the person)."""
+        if self.team_agents is not None and who.agent_id not in self.team_agents:
+            return False
         return (
             self.agents is None
             or who.agent_id in self.agents

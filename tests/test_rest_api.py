@@ -132,6 +132,31 @@ def test_a_team_admin_sees_and_changes_only_its_teams_objects_through_the_api(in
     assert (rule.status_code, rule.json()) == (400, {"agent": ["Object with name=alice does not exist."]})
 
 
+def test_a_borrower_calls_a_shared_upstream_under_its_own_rules_and_cannot_change_it(inline_gateway, world):
+    borrow = Team.objects.create(slug="borrow", name="Borrow")
+    demo = Upstream.objects.get(slug="demo")
+    demo.shared_with.add(borrow)  # the share goes with the team
+    rights = ("view_upstream", "change_upstream", "delete_upstream", "add_rule", "view_rule", "delete_rule")
+    bea, token = _operator("bea", borrow, "admin", *rights)
+    try:
+        changes = {
+            "read": api(inline_gateway, "GET", "upstreams/demo", token),
+            "change": api(inline_gateway, "PATCH", "upstreams/demo", token, json={"call_timeout": 1}),
+            "switch": api(inline_gateway, "POST", "upstreams/demo/enabled", token, json={"enabled": False}),
+            "sync": api(inline_gateway, "POST", "upstreams/demo/sync", token),
+            "delete": api(inline_gateway, "DELETE", "upstreams/demo", token),
+        }
+        rule = api(inline_gateway, "POST", "rules", token, json={"effect": "allow", "upstream": "demo", "note": "x"})
+        kept = Upstream.objects.get(slug="demo")
+    finally:
+        Rule.objects.filter(team=borrow).delete()
+        bea.delete()
+        borrow.delete()
+    assert {action: reply.status_code for action, reply in changes.items()} == dict.fromkeys(changes, 404)
+    assert (kept.enabled, kept.call_timeout) == (demo.enabled, demo.call_timeout)
+    assert (rule.status_code, rule.json()["team"], rule.json()["upstream"]) == (201, "borrow", "demo")
+
+
 def test_an_auditor_reads_only_its_teams_audit_rows_through_the_api(inline_gateway, world, admin_token):
     from audit.services import audit_record
 

@@ -247,3 +247,19 @@ def test_a_teams_handoff_route_is_offered_to_its_own_agents_only(db):
     denials = [snap.gateway_denial(agent_id, name) for agent_id in ids]
     assert [denial and denial.code for denial in denials] == [None, "TOOL_NOT_FOUND"]
     assert [name in {tool["name"] for tool in snap.visible_for(agent_id)} for agent_id in ids] == [True, False]
+
+
+def test_a_teams_rules_govern_only_its_own_agents_calls(db):
+    payments = Team.objects.create(slug="payments", name="Payments")
+    common = Upstream.objects.create(slug="snap-common", transport="stdio", command="x", shared_with_all=True)
+    try:
+        _tools(common, "read")
+        with agent("payer", team=payments) as (payer, _), agent("other") as (other, _):
+            Rule.objects.create(effect="deny", team=payments, upstream=common, note="payments keeps off it")
+            snap, ids = snapshot_compile(), (payer.id, other.id)
+    finally:
+        Rule.objects.filter(team=payments).delete()
+        common.delete()
+        payments.delete()
+    denials = [snap.decide(agent_id, "snap-common__read")[0] for agent_id in ids]
+    assert [denial and denial.code for denial in denials] == ["POLICY_DENIED", None]

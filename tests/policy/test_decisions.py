@@ -61,6 +61,18 @@ def test_a_tool_of_another_team_not_shared_with_the_agents_is_as_unknown_to_it_a
     assert decided(held, "ops").code == "TOOL_NOT_FOUND"
 
 
+def test_a_rule_of_a_team_names_only_that_teams_agents_whatever_its_subject():
+    anyone = CompiledRule.build(
+        allow=False, agents=None, upstream_id=None, server_group_id=None, tool_pattern="*", team_agents=frozenset({1})
+    )
+    person = replace(anyone, agents=frozenset(), people=frozenset({("iss", "ada")}))
+    assert [code(Policy((anyone,)), agent_id=agent_id) for agent_id in (1, 2)] == ["POLICY_DENIED", None]
+    assert [code(Policy((person,)), agent_id=Who(agent_id, ("iss", "ada"))) for agent_id in (1, 2)] == [
+        "POLICY_DENIED",
+        None,
+    ]
+
+
 def test_an_unknown_tool_is_invalid_params_and_a_policy_refusal_is_not():
     unknown = policy_decide(policy=Policy(), agent_id=1, agent_enabled=True, target=replace(ADD, tool_known=False))
     denied = policy_decide(policy=Policy(default_allow=False), agent_id=1, agent_enabled=True, target=ADD)
