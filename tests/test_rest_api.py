@@ -136,7 +136,7 @@ def test_a_borrower_calls_a_shared_upstream_under_its_own_rules_and_cannot_chang
     borrow = Team.objects.create(slug="borrow", name="Borrow")
     demo = Upstream.objects.get(slug="demo")
     demo.shared_with.add(borrow)  # the share goes with the team
-    rights = ("view_upstream", "change_upstream", "delete_upstream", "add_rule", "view_rule", "delete_rule")
+    rights = ("view_upstream", "add_upstream", "change_upstream", "delete_upstream", "add_rule", "view_rule")
     bea, token = _operator("bea", borrow, "admin", *rights)
     try:
         changes = {
