@@ -166,7 +166,7 @@ def world(db, everything_http) -> World:
 @pytest.fixture(scope="session")
 def traces() -> Iterator[Receiver]:
     """Where the shared gateways and worker export their spans, a call's stages among them (tests/otlp.py)."""
-    with otlp_receiver() as (receiver, _):
+    with otlp_receiver() as receiver:
         yield receiver
 
 

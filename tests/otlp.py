@@ -67,8 +67,8 @@ def attributes(span: Span) -> dict[str, Any]:
 
 
 @contextmanager
-def otlp_receiver() -> Iterator[tuple[Receiver, str]]:
-    """A receiver and the OTEL_EXPORTER_OTLP_ENDPOINT that reaches it."""
+def otlp_receiver() -> Iterator[Receiver]:
+    """A receiver listening on 127.0.0.1 (its `endpoint`)."""
     receiver = Receiver()
 
     class Handler(BaseHTTPRequestHandler):
@@ -90,7 +90,7 @@ def otlp_receiver() -> Iterator[tuple[Receiver, str]]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     receiver.endpoint = f"http://127.0.0.1:{server.server_port}"
     try:
-        yield receiver, receiver.endpoint
+        yield receiver
     finally:
         server.shutdown()
         server.server_close()

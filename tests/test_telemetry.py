@@ -19,7 +19,7 @@ from tests.otlp import CALLED, Receiver, attributes, otlp_receiver, stages_of
 
 
 @pytest.fixture(scope="module")
-def otlp() -> Iterator[tuple[Receiver, str]]:
+def otlp() -> Iterator[Receiver]:
     with otlp_receiver() as running:
         yield running
 
@@ -27,16 +27,16 @@ def otlp() -> Iterator[tuple[Receiver, str]]:
 @pytest.fixture(scope="module")
 def traced_gateway(server_env, world, logs, otlp) -> Iterator[servers.Running]:
     settings = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp[1],  # the exporter posts to <endpoint>/v1/traces
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,  # the exporter posts to <endpoint>/v1/traces
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: export spans at once rather than every 5 s
     }
     with servers.inline_gateway_with(server_env, logs / "gateway-traced.log", **settings) as running:
         yield running
 
 
-def span_of(otlp: tuple[Receiver, str], trace_id: str, name: str) -> Span:
+def span_of(otlp: Receiver, trace_id: str, name: str) -> Span:
     """The span of that name in that trace, once the gateway has exported it."""
-    received = otlp[0].received
+    received = otlp.received
 
     def found() -> Span | None:
         return next((s for s in received() if s.trace_id.hex() == trace_id and s.name == name), None)
@@ -183,9 +183,9 @@ def test_a_sampled_call_has_a_span_per_stage_and_an_unsampled_one_none(traced_ga
     mark = audit_mark()
     assert "result" in _echo_in_trace(traced_gateway, world.key, unsampled, "00")
     assert "result" in _echo_in_trace(traced_gateway, world.key, sampled, "01")
-    assert stages_of(otlp[0], sampled) == {"tools/call demo__echo": CALLED}
+    assert stages_of(otlp, sampled) == {"tools/call demo__echo": CALLED}
     # Spans are exported in the order they end: the unsampled call's, had it any, would have come first.
-    assert [span.name for span in otlp[0].received() if span.trace_id.hex() == unsampled] == []
+    assert [span.name for span in otlp.received() if span.trace_id.hex() == unsampled] == []
     assert {row.trace_id for row in audit_since(mark) if row.exposed_name == "demo__echo"} == {unsampled, sampled}
 
 

@@ -35,6 +35,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local group, ttl, window, fixed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[10]), ARGV[11] == '1'
 local team, share = ARGV[12] == '1', tonumber(ARGV[16])
+local DAY = DAY_SECONDS
 local function left(key)
   if not fixed then return '0' end
   return tostring(math.max(redis.call('PTTL', key), 0) / 1000)
@@ -58,11 +59,11 @@ end
 if tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[3]) then
   return {fixed and 'KEY_CALL_LIMIT' or 'SESSION_CALL_LIMIT', left(KEYS[2]), '0'}
 end
-local day, today = math.floor(now / 86400), {}
+local day, today = math.floor(now / DAY), {}
 if team then
   today = redis.call('HMGET', KEYS[9], 'day', 'calls')
   if tonumber(today[1]) == day and tonumber(today[2]) >= tonumber(ARGV[15]) then
-    return {'TEAM_DAILY_BUDGET', tostring((day + 1) * 86400 - now), '0'}
+    return {'TEAM_DAILY_BUDGET', tostring((day + 1) * DAY - now), '0'}
   end
 end
 local windows = {{KEYS[3], tonumber(ARGV[4]), 'AGENT_RATE_LIMITED'}}
@@ -99,12 +100,12 @@ if team then
   hold(KEYS[8])
   if tonumber(today[1]) == day then redis.call('HINCRBY', KEYS[9], 'calls', 1)
   else redis.call('HSET', KEYS[9], 'day', day, 'calls', 1) end
-  redis.call('EXPIRE', KEYS[9], math.ceil((day + 1) * 86400 - now) + 1)
+  redis.call('EXPIRE', KEYS[9], math.ceil((day + 1) * DAY - now) + 1)
 end
 if share > 0 then hold(KEYS[10]) end
 if probing == '1' then redis.call('HSET', KEYS[6], 'probe_until', now + tonumber(ARGV[9])) end
 return {'', '0', probing}
-"""
+""".replace("DAY_SECONDS", str(DAY_SECONDS))
 
 # KEYS: upstream busy, breaker, team busy, share busy. ARGV: health, failures that open, recovery seconds,
 # probing, first open seconds, team ('1': give the team's slot back too), share ('1': and the borrowed one).
