@@ -18,6 +18,11 @@ class AuditEvent(models.Model):
         HANDOFF = "handoff"
         SESSION = "session"
         SIGN_IN = "sign_in"  # a console sign-in locked after repeated failures
+        # A person's sign-off on one call (policy.models.SignOff): asked for, then granted, refused or expired.
+        SIGNOFF_ASKED = "signoff_asked"
+        SIGNOFF_GRANTED = "signoff_granted"
+        SIGNOFF_REFUSED = "signoff_refused"
+        SIGNOFF_EXPIRED = "signoff_expired"
 
     class Outcome(models.TextChoices):
         OK = "ok"

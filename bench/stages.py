@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from run import ARGUMENTS, setup_database  # noqa: E402  (bench/run.py: the same data and environment)
 
 REPEATS, ROUNDS = 7, 20_000
-ORDER = ["frame", "caller", "route", "decide", "admit", "before_execute", "approval_row", "execute", "result"]
-ORDER += ["completion_row", "answer"]
+ORDER = ["frame", "caller", "route", "decide", "sign_off", "admit", "before_execute", "approval_row", "execute"]
+ORDER += ["result", "completion_row", "answer"]
 
 
 async def stage_costs(key: str, calls: int) -> dict[str, dict[str, list[float]]]:

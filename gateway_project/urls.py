@@ -15,6 +15,7 @@ from policy.account_views import my_account
 from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet
 from policy.authorization_views import ConsentView, RegistrationView
 from policy.console_sign_in import ConsoleCallback, ConsoleSignIn
+from policy.sign_off_api import SignOffViewSet
 from registry.api import ConnectionViewSet, MyConnectionViewSet, ToolViewSet, UpstreamViewSet
 from registry.connection_views import connection, connection_disconnect, connections
 from registry.oauth_views import connection_callback, connection_client, connection_oauth
@@ -26,6 +27,7 @@ api.register("handoff-routes", HandoffRouteViewSet)
 api.register("groups", ServerGroupViewSet)
 api.register("agents", AgentViewSet)
 api.register("rules", RuleViewSet)
+api.register("signoffs", SignOffViewSet, basename="signoff")
 api.register("audit", AuditEventViewSet)
 api.register("connections", ConnectionViewSet)
 api.register("my/connections", MyConnectionViewSet, basename="my-connection")

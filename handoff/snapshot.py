@@ -26,16 +26,19 @@ from handoff.triage import TriageTool, triage_tools
 from policy.authorization import builtin_compile
 from policy.config_version import config_version
 from policy.decisions import (
+    READ_ONLY,
     RETRY_LATER,
+    UNSAID,
     CompiledRule,
     Denial,
     Explanation,
     Policy,
+    SignOffTerms,
     Target,
     Who,
-    policy_decide,
     policy_explain,
     reaches,
+    tool_classes,
     who_of,
 )
 from policy.identity import Provider, people_disabled, providers_compile
@@ -166,7 +169,7 @@ class Snapshot:
     people_disabled: frozenset[tuple[str, str]] = frozenset()  # (issuer, subject) of people refused
     instructions: tuple[tuple[str, str], ...] = ()  # (slug, cleaned text) of upstreams that give instructions
     # Per-agent results, filled on first use; bounded by agents × known tools.
-    _decisions: dict[tuple[int, str], Denial | None] = field(default_factory=dict, compare=False)
+    _decisions: dict[tuple[Who, str], Explanation] = field(default_factory=dict, compare=False)
     _visible: dict[Who, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
     memo: dict[str, Any] = field(default_factory=dict, compare=False)  # what others derive from it, once
 
@@ -193,11 +196,20 @@ class Snapshot:
         entry = self.tools.get(name)
         if entry is None:
             target = self._unknown(name)
-            return self._decide(who, target), None, target.upstream_slug or ""
-        key = (who, name)
+            return self._explain(who, target).denial, None, target.upstream_slug or ""
+        return self._explained(who, entry).denial, entry, entry.route.upstream_slug
+
+    def sign_off(self, principal: int | Who, name: str) -> SignOffTerms | None:
+        """What a sign-off rule asks of this call to an upstream's tool before it runs, if any."""
+        entry = self.tools.get(name)
+        grounds = self._explained(who_of(principal), entry).grounds if entry else None
+        return grounds.sign_off if grounds else None
+
+    def _explained(self, who: Who, entry: ToolEntry) -> Explanation:
+        key = (who, entry.target.exposed_name)
         if key not in self._decisions:
-            self._decisions[key] = self._decide(who, entry.target)
-        return self._decisions[key], entry, entry.route.upstream_slug
+            self._decisions[key] = self._explain(who, entry.target)
+        return self._decisions[key]
 
     def visible_for(self, principal: int | Who) -> tuple[dict[str, Any], ...]:
         """The tools/list payload for this agent (or person): only what it may call (in
@@ -220,14 +232,23 @@ class Snapshot:
         key = (who_of(principal), name)
         if key not in self._decisions:
             own = self.triage.get(name) or self.builtins[name]
-            self._decisions[key] = self._decide(key[0], own.policy_target)
-        return self._decisions[key]
+            self._decisions[key] = self._explain(key[0], own.policy_target)
+        return self._decisions[key].denial
 
     def permits(self, principal: int | Who, target: UpstreamInfo, name: str, tool: str) -> Denial | None:
-        """The static decision for what no catalog holds: a specialist's tool during a handoff, a resource
-        (`tool` its URI) or a prompt (its name). The same rules as for any tool."""
-        found = Target(name, target.slug, target.reachable, True, target.id, target.group_id, tool, teams=target.teams)
-        return self._decide(who_of(principal), found)
+        """The static decision for what no catalog holds: a resource (`tool` its URI) or a prompt (its name),
+        read-only; a specialist's tool during a handoff (`permitted`). The same rules as for any tool."""
+        return self.permitted(principal, target, name, tool, frozenset({READ_ONLY})).denial
+
+    def permitted(
+        self, principal: int | Who, target: UpstreamInfo, name: str, tool: str, classes: frozenset[str] = UNSAID
+    ) -> Explanation:
+        """`permits`, with what it rests on; a tool seen by name only is in the classes of one that says nothing."""
+        found = Target(
+            name, target.slug, target.reachable, True, target.id, target.group_id, tool, teams=target.teams,
+            classes=classes,
+        )  # fmt: skip
+        return self._explain(who_of(principal), found)
 
     def reachable(self, principal: int | Who, slug: str) -> bool:
         """Whether the agent's team may reach the upstream at all (its own, shared with it or with all)."""
@@ -253,10 +274,10 @@ class Snapshot:
         asks = team != DEFAULT_TEAM or team in self.mapped_teams
         return who.person is None or not asks or team in who.teams
 
-    def _decide(self, who: Who, target: Target) -> Denial | None:
+    def _explain(self, who: Who, target: Target) -> Explanation:
         enabled, team = who.agent_id in self.agents, self.agent_teams.get(who.agent_id, "")
         member = self.member(who, team)
-        return policy_decide(
+        return policy_explain(
             policy=self.policy, agent_id=who, agent_enabled=enabled, target=target, team=team, member=member
         )
 
@@ -325,6 +346,7 @@ def _tools(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) ->
             tool=tool.name,
             approved=tool.is_approved,
             teams=_teams(upstream),
+            classes=tool_classes(tool.annotations),
         )
         definition = manifest_sanitize(tool.definition) | {"name": name}
         tools[name] = ToolEntry(route, target, definition, tool.definition_sha256)
@@ -345,7 +367,7 @@ def _policy() -> Policy:
             agents = frozenset(({rule.agent_id} if rule.agent_id else set()) | members.get(rule.agent_group_id, set()))
         rules.append(
             CompiledRule.build(
-                allow=rule.effect == Rule.Effect.ALLOW,
+                allow=rule.effect != Rule.Effect.DENY,
                 agents=agents,
                 upstream_id=rule.upstream_id,
                 server_group_id=rule.server_group_id,
@@ -355,9 +377,25 @@ def _policy() -> Policy:
                 rule_id=rule.id,
                 note=rule.note,
                 team_agents=frozenset(teams.get(rule.team_id, ())),
+                tool_class=rule.tool_class,
+                sign_off=_sign_off_terms(rule),
             )
         )
     return Policy(rules=tuple(rules), default_allow=settings.GATEWAY_POLICY_DEFAULT == "allow")
+
+
+def _sign_off_terms(rule: Rule) -> SignOffTerms | None:
+    if rule.effect != Rule.Effect.SIGN_OFF:
+        return None
+    return SignOffTerms(
+        rule_id=rule.id,
+        rule_version=rule.version,
+        signers=rule.signers_id,
+        four_eyes=rule.four_eyes,
+        wait=float(rule.sign_off_wait or settings.GATEWAY_SIGN_OFF_WAIT_SECONDS),
+        valid=float(rule.sign_off_valid or settings.GATEWAY_SIGN_OFF_VALID_SECONDS),
+        by_form=rule.sign_off_by_form,
+    )
 
 
 def _idp_groups() -> dict[str, frozenset[int]]:

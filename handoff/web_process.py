@@ -1,8 +1,8 @@
 """What every web process runs beside requests: the change relay (list_changed.py), and in the embedded default,
 which has no Celery beat, the upstream pool on the serving loop (registry/upstreams/loop.py), the idle-tunnel
-sweep (tasks.py) and the audit trail's upkeep (audit/tasks.py) on timers of their own, and the upstreams' health
-probe (registry/tasks.py). The pool ends with the loop: the server's shutdown (after the drain, probes.py)
-cancels its task, which closes its sessions and so its stdio servers."""
+sweep (tasks.py), the audit trail's upkeep (audit/tasks.py), the sign-off sweep (policy/tasks.py) and the
+upstreams' health probe (registry/tasks.py) on timers of their own. The pool ends with the loop: the server's
+shutdown (after the drain, probes.py) cancels its task, which closes its sessions and so its stdio servers."""
 
 import asyncio
 import atexit
@@ -16,6 +16,7 @@ from handoff.loop_lag import loop_lag_watch
 from handoff.mcp.list_changed import change_relay
 from handoff.protocol.tunnels import tunnels_close_held
 from handoff.tasks import sweep_and_tell
+from policy.tasks import embedded_sign_off_keeper
 from registry.tasks import embedded_health_prober
 from registry.upstreams.loop import pool_on_this_loop
 
@@ -47,4 +48,5 @@ def background_start() -> None:
         pool_on_this_loop()
         embedded_sweeper.start()
         embedded_audit_keeper.start()
+        embedded_sign_off_keeper.start()
         embedded_health_prober.start()

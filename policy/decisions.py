@@ -15,17 +15,32 @@ RETRY_LATER = -32003
 
 
 @dataclass(frozen=True)
+class SignOffTerms:
+    """What a sign-off rule asks: who may sign off (a console group's members in the caller's team; None: the
+    caller themself), whether they must be someone else, how long a request waits and a sign-off stays usable."""
+
+    rule_id: int
+    rule_version: int
+    signers: int | None
+    four_eyes: bool
+    wait: float
+    valid: float
+    by_form: bool
+
+
+@dataclass(frozen=True)
 class Grounds:
     """What the rules' answer rests on: the rule that decided (its id and note), or, with none matching,
-    the deployment's stance."""
+    the deployment's stance. `sign_off`: the call may go ahead once a person signs it off."""
 
     allow: bool
     rule_id: int | None = None
     note: str = ""
+    sign_off: SignOffTerms | None = None
 
     def detail(self) -> dict[str, Any]:
         """As an audit row's `detail.policy` and the explain check's answer show it."""
-        effect = "allow" if self.allow else "deny"
+        effect = "sign_off" if self.sign_off else "allow" if self.allow else "deny"
         if self.rule_id is None:
             return {"stance": effect}
         return {"rule": self.rule_id, "note": self.note, "effect": effect}
@@ -39,9 +54,12 @@ class Denial:
     retry_after: float | None = None  # seconds, for refusals that lift with time
     connect_url: str = ""  # for refusals that lift once the person connects an account there
     grounds: Grounds | None = None  # a policy refusal's: for the audit and the operator, not the model
+    sign_off: str = ""  # the sign-off request the call waits for, or that refused it
 
     def data(self) -> dict[str, Any]:
         data: dict[str, Any] = {"code": self.code}
+        if self.sign_off:
+            data["signOffId"] = self.sign_off
         if self.retry_after is not None:
             data["retryAfter"] = round(self.retry_after, 3)
         if self.connect_url:
@@ -57,6 +75,20 @@ class ToolRefused(Exception):
         self.denial = denial
 
 
+READ_ONLY, WRITES, DESTRUCTIVE, UNANNOTATED = "read_only", "writes", "destructive", "unannotated"
+# MCP's defaults for a tool that says nothing: not read-only, destructive (a specialist's tool, seen by name only).
+UNSAID = frozenset({WRITES, DESTRUCTIVE, UNANNOTATED})
+
+
+def tool_classes(annotations: dict[str, Any] | None) -> frozenset[str]:
+    """The classes a rule's `tool_class` may name that a tool with these annotations is in."""
+    if not annotations:
+        return UNSAID
+    if annotations.get("readOnlyHint") is True:
+        return frozenset({READ_ONLY})
+    return frozenset({WRITES, DESTRUCTIVE} if annotations.get("destructiveHint") is not False else {WRITES})
+
+
 @dataclass(frozen=True)
 class Target:
     """What the router found for an exposed tool name (None fields: nothing found)."""
@@ -70,6 +102,7 @@ class Target:
     tool: str = ""  # the upstream's own name for it
     approved: bool = True
     teams: frozenset[str] | None = None  # whose agents may reach it (its owner's, those it is shared with); None: all
+    classes: frozenset[str] = UNSAID  # by its annotations (tool_classes)
 
 
 @dataclass(frozen=True)
@@ -99,14 +132,20 @@ class CompiledRule:
     rule_id: int | None = None  # the Rule it was compiled from, and its note: what a decision names
     note: str = ""
     team_agents: frozenset[int] | None = None  # its team's agents, the only calls it governs (None: every agent's)
+    tool_class: str = ""  # "": any tool
+    sign_off: SignOffTerms | None = None  # a sign-off rule's (which also allows)
 
     @classmethod
     def build(cls, *, allow: bool, agents: frozenset[int] | None, upstream_id: int | None,
               server_group_id: int | None, tool_pattern: str, groups: frozenset[int] = frozenset(),
               people: frozenset[tuple[str, str]] = frozenset(), rule_id: int | None = None,
-              note: str = "", team_agents: frozenset[int] | None = None) -> "CompiledRule":  # fmt: skip
+              note: str = "", team_agents: frozenset[int] | None = None, tool_class: str = "",
+              sign_off: SignOffTerms | None = None) -> "CompiledRule":  # fmt: skip
         pattern = re.compile(fnmatch.translate(tool_pattern))
-        return cls(allow, agents, upstream_id, server_group_id, pattern, groups, people, rule_id, note, team_agents)
+        return cls(
+            allow, agents, upstream_id, server_group_id, pattern, groups, people, rule_id, note, team_agents,
+            tool_class, sign_off,
+        )  # fmt: skip
 
     def names(self, who: Who) -> bool:
         """Whether it is about this caller: one of its team's agents (a team's rules govern only its own agents'
@@ -126,6 +165,7 @@ class CompiledRule:
             and (self.upstream_id is None or self.upstream_id == target.upstream_id)
             and (self.server_group_id is None or self.server_group_id == target.server_group_id)
             and self.pattern.match(target.tool) is not None
+            and (not self.tool_class or self.tool_class in target.classes)
         )
 
 
@@ -135,17 +175,21 @@ class Policy:
     default_allow: bool = True
 
     def grounds(self, principal: "int | Who", target: Target) -> Grounds:
-        """Deny wins (the first matching deny); an allow lets through (the first matching allow); with
-        neither, the deployment's stance decides."""
+        """Deny wins (the first matching deny); then a sign-off rule lets through once signed off (the first
+        matching); then an allow (the first matching); with none, the deployment's stance decides."""
         who = who_of(principal)
         allowed: CompiledRule | None = None
+        asked: CompiledRule | None = None
         for rule in self.rules:
             if rule.matches(who, target):
                 if not rule.allow:
                     return Grounds(False, rule.rule_id, rule.note)
-                allowed = allowed or rule
-        if allowed is not None:
-            return Grounds(True, allowed.rule_id, allowed.note)
+                if rule.sign_off:
+                    asked = asked or rule
+                else:
+                    allowed = allowed or rule
+        if chosen := asked or allowed:
+            return Grounds(True, chosen.rule_id, chosen.note, chosen.sign_off)
         return Grounds(self.default_allow)
 
 

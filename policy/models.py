@@ -1,9 +1,11 @@
 import unicodedata
+import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 from audit.models import DEFAULT_TEAM
 
@@ -253,14 +255,25 @@ class AgentGroup(models.Model):
 
 
 class Rule(models.Model):
-    """Allow or deny matching calls. Empty subject fields match everything; deny wins over allow, and with
-    no matching rule the deployment's stance (GATEWAY_POLICY_DEFAULT) decides."""
+    """Allow, deny or ask for sign-off on matching calls. Empty subject fields match everything; deny wins, then
+    sign-off (which also grants), then allow; with no matching rule the deployment's stance (GATEWAY_POLICY_DEFAULT)
+    decides."""
 
     class Effect(models.TextChoices):
         ALLOW = "allow", "Allow"
         DENY = "deny", "Deny"
+        SIGN_OFF = "sign_off", "Sign-off: a person signs off each call before it runs"
 
-    effect = models.CharField(max_length=5, choices=Effect.choices)
+    class ToolClass(models.TextChoices):
+        """Tools by their annotations. MCP takes a tool with none as neither read-only nor safe to repeat."""
+
+        ANY = "", "Any tool"
+        READ_ONLY = "read_only", "Read-only (readOnlyHint)"
+        WRITES = "writes", "Not read-only (no readOnlyHint: tools with no annotations too)"
+        DESTRUCTIVE = "destructive", "Destructive (not read-only, destructiveHint not false)"
+        UNANNOTATED = "unannotated", "No annotations"
+
+    effect = models.CharField(max_length=8, choices=Effect.choices)
     team = team_field("rules")
     agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
     agent_group = models.ForeignKey(AgentGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
@@ -276,8 +289,26 @@ class Rule(models.Model):
         default="*",
         help_text="Shell-style pattern over the upstream's own tool name, e.g. delete_* or get_?",
     )
+    tool_class = models.CharField(max_length=12, blank=True, choices=ToolClass.choices, default=ToolClass.ANY)
+    # Sign-off rules only (docs/policy.md, "Sign-off").
+    signers = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="sign_off_rules",
+        help_text="Who may sign off: members of this console group with a role in the caller's team; "
+        "empty: the caller themself",
+    )
+    four_eyes = models.BooleanField(default=False, help_text="Someone other than the caller must sign off")
+    sign_off_wait = limit_field("Seconds a request waits for sign-off; empty: GATEWAY_SIGN_OFF_WAIT_SECONDS")
+    sign_off_valid = limit_field("Seconds a sign-off stays usable; empty: GATEWAY_SIGN_OFF_VALID_SECONDS")
+    sign_off_by_form = models.BooleanField(
+        default=False, help_text="The caller may sign off in a form their own client shows (never four eyes)"
+    )
     enabled = models.BooleanField(default=True)
     note = models.CharField(max_length=256, blank=True, validators=[visible_name], help_text="Why this rule exists")
+    version = models.PositiveIntegerField(default=1, editable=False, help_text="Counts the rule's saves")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -289,11 +320,102 @@ class Rule(models.Model):
             raise ValidationError("Name an agent, an agent group or a person, only one: make several rules.")
         if self.upstream_id and self.server_group_id:
             raise ValidationError("Name an upstream or a server group, not both: make two rules.")
+        terms = self.signers_id or self.four_eyes or self.sign_off_wait or self.sign_off_valid or self.sign_off_by_form
+        if self.effect != self.Effect.SIGN_OFF and terms:
+            raise ValidationError("Only a sign-off rule says who signs off and for how long: clear those fields.")
+        if self.four_eyes and not self.signers_id:
+            raise ValidationError({"signers": "Four eyes needs someone other than the caller: name a console group."})
+        if self.four_eyes and self.sign_off_by_form:
+            raise ValidationError(
+                {"sign_off_by_form": "A form in the caller's own client is answered by the caller: never four eyes."}
+            )
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None:  # a sign-off names the version that asked for it: a changed rule asks again
+            self.version += 1
+        super().save(*args, **kwargs)
 
     def __str__(self) -> str:
         who = self.agent or self.agent_group or self.person or "any agent"
         where = self.upstream or self.server_group or "any service"
         return f"{self.effect} {who} → {where} / {self.tool_pattern}"
+
+
+class SignOff(models.Model):
+    """A person's sign-off on one call before it runs (docs/policy.md, "Sign-off"): asked for by a sign-off rule,
+    granted or refused in the console or the REST API, used by one call. It binds the caller, the upstream and
+    tool, the arguments' RFC 8785 digest, the rule's id and version and the tool's pinned definition."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        GRANTED = "granted"
+        REFUSED = "refused"
+        EXPIRED = "expired"
+        USED = "used"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="sign_offs", help_text="The caller's")
+    # The binding: who calls (the agent and its key, or the person and client), what, with which arguments.
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="sign_offs")
+    key_prefix = models.CharField(max_length=16, blank=True, help_text="The API key, when no person called")
+    person_issuer = models.CharField(max_length=255, blank=True)
+    person_subject = models.CharField(max_length=255, blank=True)
+    person_name = models.CharField(max_length=150, blank=True)
+    client_id = models.CharField(max_length=255, blank=True)
+    upstream = models.CharField(max_length=32)
+    tool = models.CharField(max_length=256, help_text="The upstream's own name")
+    exposed_name = models.CharField(max_length=256)
+    arguments_sha256 = models.CharField(max_length=64, help_text="Of their RFC 8785 canonical JSON")
+    definition_sha256 = models.CharField(max_length=64, blank=True, help_text="The tool's pinned definition")
+    rule_id = models.BigIntegerField()
+    rule_version = models.PositiveIntegerField()
+    # The terms, as the rule set them when asked.
+    signers = models.ForeignKey("auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    four_eyes = models.BooleanField(default=False)
+    by_form = models.BooleanField(default=False)
+    valid_seconds = models.PositiveIntegerField(help_text="How long a grant stays usable")
+    # As the upstream will receive them; shown to approvers only, and dropped once decided or expired.
+    arguments = models.JSONField(null=True, blank=True)
+    request_id = models.UUIDField(help_text="The call that asked")
+    asked_at = models.DateTimeField(default=timezone.now)
+    wait_until = models.DateTimeField(help_text="Expires unless decided by then")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.CharField(max_length=150, blank=True)
+    reason = models.CharField(max_length=500, blank=True)
+    usable_until = models.DateTimeField(null=True, blank=True)
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_by = models.UUIDField(null=True, blank=True, help_text="The call it let run")
+
+    class Meta:
+        ordering = ["-asked_at"]
+        indexes = [
+            models.Index(fields=["team", "state", "-asked_at"]),
+            models.Index(fields=["state", "wait_until"]),
+        ]
+        constraints = [
+            # An identical call attaches to the request already pending rather than opening another.
+            models.UniqueConstraint(
+                fields=[
+                    "agent",
+                    "key_prefix",
+                    "person_issuer",
+                    "person_subject",
+                    "client_id",
+                    "upstream",
+                    "tool",
+                    "arguments_sha256",
+                    "definition_sha256",
+                    "rule_id",
+                    "rule_version",
+                ],
+                condition=models.Q(state="pending"),
+                name="sign_off_one_pending",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"sign-off {self.id} ({self.state}): {self.exposed_name}"
 
 
 class AdminToken(models.Model):

@@ -33,8 +33,8 @@ class Receiver:
 
 
 # The stages of a call, as their spans name them (handoff/mcp/pipeline/run.py): one that runs, one refused.
-CALLED = ["frame", "caller", "route", "decide", "admit", "before_execute", "approval_row", "execute", "result"]
-CALLED += ["completion_row", "answer"]
+CALLED = ["frame", "caller", "route", "decide", "sign_off", "admit", "before_execute", "approval_row", "execute"]
+CALLED += ["result", "completion_row", "answer"]
 REFUSED_AT_ROUTE = ["frame", "caller", "route", "denial_row", "answer"]
 REFUSED_AT_DECIDE = ["frame", "caller", "route", "decide", "denial_row", "answer"]
 

@@ -13,7 +13,7 @@ from audit.telemetry import current_span, stage_spans_wanted
 from handoff.mcp.caller import Caller
 from handoff.protocol.tunnels import SessionTunnel
 from handoff.snapshot import Route, Snapshot, TriageEntry
-from policy.decisions import Denial
+from policy.decisions import Denial, SignOffTerms
 from policy.limits.admission import Admission
 from registry.personal import CredentialRef
 from registry.upstreams.outcome import Outcome
@@ -59,6 +59,9 @@ class Call:
     stage: str = ""  # the stage running
     extra_stage: str = ""  # the operator's stage that refused the call (handoff/stages.py)
     credential: CredentialRef | None = None  # a per-person upstream's: whose credential the call uses
+    sign_off: SignOffTerms | None = None  # what a sign-off rule asks before the call runs
+    definition_sha256: str = ""  # the tool's pinned definition, which a sign-off binds
+    signed_off: str = ""  # the id of the sign-off this call used
     admission: Admission | None = None  # held while the call runs; given back with the completion row
     probing: bool = False  # this call is the half-open circuit's one probe
     approved: bool = False

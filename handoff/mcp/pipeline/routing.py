@@ -107,10 +107,14 @@ async def decide_stage(call: Call) -> None:
     if call.tunnel is not None:
         target = snap.targets[call.tunnel.upstream_slug]
         assert call.route is not None
-        call.denial = snap.permits(caller.who, target, call.name, call.route.tool)
+        explained = snap.permitted(caller.who, target, call.name, call.route.tool)
+        call.denial, call.sign_off = explained.denial, explained.grounds and explained.grounds.sign_off
         return
     call.denial, entry, call.upstream = snap.decide(caller.who, call.name)
-    if call.denial or entry is None or not entry.route.per_person:
+    if call.denial or entry is None:
+        return
+    call.sign_off, call.definition_sha256 = snap.sign_off(caller.who, call.name), entry.sha256
+    if not entry.route.per_person:
         return
     credential = await credential_for(caller, entry.route, call.name)
     if isinstance(credential, Denial):

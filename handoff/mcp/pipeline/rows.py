@@ -79,6 +79,10 @@ def _detail(call: Call) -> dict[str, Any]:
         detail["execution"] = call.execution
     if call.credential and call.approved:  # named by id and kind, never by value
         detail["credential"] = call.credential.named()
+    if call.signed_off:
+        detail["sign_off"] = call.signed_off
+    elif call.denial and call.denial.sign_off:  # the request it waits for, or that refused it
+        detail["sign_off"] = call.denial.sign_off
     if call.extra_stage:
         detail["stage"] = call.extra_stage
     if call.stage_audit:

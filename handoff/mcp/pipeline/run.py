@@ -11,6 +11,7 @@ from handoff.mcp.pipeline.execute import execute_stage, result_stage
 from handoff.mcp.pipeline.extra import before_execute_stage
 from handoff.mcp.pipeline.routing import admit_stage, caller_stage, decide_stage, route_stage
 from handoff.mcp.pipeline.rows import admission_release, approval_row, completion_row, denial_row, refused_row
+from handoff.mcp.pipeline.sign_off import sign_off_stage
 from policy.decisions import ToolRefused
 
 T = TypeVar("T")
@@ -19,6 +20,7 @@ BEFORE: tuple[tuple[str, Stage], ...] = (
     ("caller", caller_stage),
     ("route", route_stage),
     ("decide", decide_stage),
+    ("sign_off", sign_off_stage),
     ("admit", admit_stage),
     ("before_execute", before_execute_stage),
 )

@@ -15,6 +15,7 @@ RAN = [
     "caller",
     "route",
     "decide",
+    "sign_off",
     "admit",
     "before_execute",
     "approval_row",

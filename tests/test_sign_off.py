@@ -1,0 +1,310 @@
+"""Sign-off: a sign-off rule lets a call run only once a person signed off this very call (its caller, tool,
+arguments by their RFC 8785 digest, the rule's version and the tool's definition), once. The call is asked for and
+told to come back (-32003 SIGNOFF_PENDING); approvers decide through the REST API; every step has its audit row."""
+
+import unicodedata
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+from mcp.shared.exceptions import MCPError
+
+from audit.models import DEFAULT_TEAM, AuditEvent
+from policy.decisions import READ_ONLY, UNSAID, WRITES, CompiledRule, Policy, SignOffTerms, Target, tool_classes
+from policy.models import Person, Rule, SignOff, Team, TeamMember
+from policy.services import admin_token_issue
+from policy.sign_off import (
+    Asking,
+    Binding,
+    SignOffRefused,
+    arguments_digest,
+    sign_off_decide,
+    sign_off_settle,
+    sign_offs_expire,
+)
+from registry.models import Upstream
+from tests.clients import api, call
+from tests.factories import agent, team
+from tests.helpers import audit_mark, audit_since, eventually, run
+
+MODES = ["legacy", "2026-07-28"]
+TERMS = SignOffTerms(rule_id=1, rule_version=1, signers=None, four_eyes=False, wait=60.0, valid=60.0, by_form=False)
+TARGET = Target("demo__add", "demo", True, True, upstream_id=1, tool="add")
+
+
+# The decision
+
+
+def rule(*, allow: bool = True, sign_off: SignOffTerms | None = None, tool_class: str = "", rule_id: int = 1):
+    return CompiledRule.build(
+        allow=allow, agents=None, upstream_id=None, server_group_id=None, tool_pattern="*", rule_id=rule_id,
+        tool_class=tool_class, sign_off=sign_off,
+    )  # fmt: skip
+
+
+def test_a_sign_off_rule_also_grants_deny_still_wins_and_it_wins_over_an_allow():
+    asks = rule(sign_off=TERMS, rule_id=2)
+    granted = Policy(rules=(asks,), default_allow=False).grounds(1, TARGET)
+    assert (granted.allow, granted.rule_id, granted.sign_off) == (True, 2, TERMS)
+    assert granted.detail() == {"rule": 2, "note": "", "effect": "sign_off"}
+    denied = Policy(rules=(asks, rule(allow=False, rule_id=3))).grounds(1, TARGET)
+    assert (denied.allow, denied.rule_id, denied.sign_off) == (False, 3, None)
+    over_allow = Policy(rules=(rule(rule_id=4), asks)).grounds(1, TARGET)
+    assert (over_allow.rule_id, over_allow.sign_off) == (2, TERMS)
+
+
+def test_tools_are_matched_by_their_annotations_and_one_with_none_is_taken_as_destructive():
+    assert tool_classes(None) == tool_classes({}) == UNSAID == {"writes", "destructive", "unannotated"}
+    assert tool_classes({"readOnlyHint": True}) == {READ_ONLY}
+    assert tool_classes({"readOnlyHint": False, "destructiveHint": False}) == {WRITES}
+    assert tool_classes({"title": "Add"}) == {"writes", "destructive"}
+    destructive = Policy(rules=(rule(sign_off=TERMS, tool_class="destructive"),))
+    assert destructive.grounds(1, TARGET).sign_off == TERMS  # no annotations: destructive
+    reading = Target("demo__echo", "demo", True, True, upstream_id=1, tool="echo", classes=frozenset({READ_ONLY}))
+    assert destructive.grounds(1, reading).sign_off is None
+
+
+def test_the_arguments_digest_is_rfc_8785_key_order_is_no_change_another_normalisation_is():
+    assert arguments_digest({"a": 1, "b": [1.0, "x"]}) == arguments_digest({"b": [1, "x"], "a": 1})
+    composed, decomposed = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    assert arguments_digest({"name": composed}) != arguments_digest({"name": decomposed})
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"effect": "allow", "four_eyes": True}, "Only a sign-off rule says who signs off and for how long"),
+        ({"effect": "sign_off", "four_eyes": True}, "Four eyes needs someone other than the caller"),
+        ({"effect": "sign_off", "four_eyes": True, "sign_off_by_form": True, "signers": True}, "never four eyes"),
+    ],
+)
+def test_a_sign_off_rule_that_cannot_work_is_refused(db, fields, error):
+    group = Group.objects.create(name="clean-approvers")
+    try:
+        if fields.pop("signers", False):
+            fields["signers"] = group
+        with pytest.raises(ValidationError, match=error):
+            Rule(**fields).clean()
+    finally:
+        group.delete()
+
+
+def test_a_saved_rule_counts_its_versions(db):
+    made = Rule.objects.create(effect="sign_off")
+    try:
+        made.note = "changed"
+        made.save()
+        assert made.version == 2
+    finally:
+        made.delete()
+
+
+# The requests themselves
+
+
+@pytest.fixture
+def approver(db) -> Iterator[tuple[object, Group]]:
+    """ann, a member of the default team in the console group `approvers`."""
+    group = Group.objects.create(name="approvers")
+    ann = get_user_model().objects.create_user("ann", password="pw-for-tests-only")
+    ann.groups.add(group)
+    TeamMember.objects.create(team=Team.objects.get(slug=DEFAULT_TEAM), user=ann, role="member")
+    yield ann, group
+    SignOff.objects.all().delete()
+    Rule.objects.filter(signers=group).delete()
+    ann.delete()
+    group.delete()
+
+
+def asking(agent_id: int, arguments: dict, terms: SignOffTerms = TERMS, **person: str) -> Asking:
+    binding = Binding(
+        agent_id=agent_id, key_prefix="" if person else "k1", person_issuer=person.get("issuer", ""),
+        person_subject=person.get("subject", ""), client_id="", upstream="demo", tool="add",
+        arguments_sha256=arguments_digest(arguments), definition_sha256="d" * 64, rule_id=terms.rule_id,
+        rule_version=terms.rule_version,
+    )  # fmt: skip
+    return Asking(
+        binding=binding, terms=terms, team_id=Team.objects.get(slug=DEFAULT_TEAM).id, exposed_name="demo__add",
+        arguments=arguments, request_id=uuid.uuid4(), audited={"agent_id": agent_id, "agent_name": "x"},
+    )  # fmt: skip
+
+
+def test_decisions_that_may_not_be_made_are_refused_each_with_its_status(approver):
+    ann, group = approver
+    terms = SignOffTerms(1, 1, group.id, True, 60.0, 60.0, False)
+    with agent("signoff-ivy") as (ivy, _key):
+        pending = sign_off_settle(asking(ivy.id, {"a": 1}, terms, issuer="https://idp", subject="ivy")).sign_off
+        with pytest.raises(SignOffRefused, match="No sign-off request 'nope'") as missing:
+            sign_off_decide(sign_off_id="nope", user=ann, grant=True)
+        assert missing.value.status == 404
+        outsider = get_user_model().objects.create_user("otto")
+        try:
+            with pytest.raises(SignOffRefused, match="No sign-off request") as other_team:
+                sign_off_decide(sign_off_id=str(pending.id), user=outsider, grant=True)  # in no team: unknown
+            assert other_team.value.status == 404
+            TeamMember.objects.create(team=pending.team, user=outsider, role="member")
+            with pytest.raises(SignOffRefused, match="Only members of the console group 'approvers'") as no_group:
+                sign_off_decide(sign_off_id=str(pending.id), user=outsider, grant=True)
+            assert no_group.value.status == 403
+        finally:
+            outsider.delete()
+        person = Person.objects.create(issuer="https://idp", subject="ivy", user=ann)  # ann made the call herself
+        with pytest.raises(SignOffRefused, match="four eyes: someone other than the caller") as own:
+            sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=True)
+        assert own.value.status == 403
+        person.delete()
+        with pytest.raises(SignOffRefused, match="Say why you refuse") as unexplained:
+            sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=False)
+        assert unexplained.value.status == 400
+        sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=False, reason="not today")
+        with pytest.raises(SignOffRefused, match="This request was already refused by ann.") as twice:
+            sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=True)
+        assert twice.value.status == 409
+
+
+def test_a_request_past_its_wait_expires_with_its_row_and_can_no_longer_be_decided(approver):
+    ann, group = approver
+    terms = SignOffTerms(1, 1, group.id, False, 60.0, 60.0, False)
+    with agent("signoff-jo") as (jo, _key):
+        pending = sign_off_settle(asking(jo.id, {"a": 2}, terms)).sign_off
+        SignOff.objects.filter(pk=pending.pk).update(wait_until=timezone.now() - timedelta(seconds=1))
+        mark = audit_mark()
+        with pytest.raises(SignOffRefused, match="This request expired before it was decided.") as late:
+            sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=True)
+        assert late.value.status == 409
+        [row] = audit_since(mark)
+        assert (row.kind, row.detail) == ("signoff_expired", {"sign_off": str(pending.id), "was": "pending"})
+        pending.refresh_from_db()
+        assert (pending.state, pending.arguments) == ("expired", None)
+
+
+def test_a_grant_no_call_used_in_time_is_not_taken_and_the_sweep_expires_it(approver):
+    ann, group = approver
+    terms = SignOffTerms(1, 1, group.id, False, 60.0, 60.0, False)
+    with agent("signoff-kim") as (kim, _key):
+        asked = asking(kim.id, {"a": 3}, terms)
+        pending = sign_off_settle(asked).sign_off
+        sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=True)
+        SignOff.objects.filter(pk=pending.pk).update(usable_until=timezone.now() - timedelta(seconds=1))
+        again = sign_off_settle(asked)
+        assert (again.state, again.sign_off.id) == ("pending", again.sign_off.id)
+        assert again.sign_off.id != pending.id  # asked anew, the stale grant untouched
+        mark = audit_mark()
+        assert sign_offs_expire() == 1
+        assert [(r.kind, r.detail["was"]) for r in audit_since(mark)] == [("signoff_expired", "granted")]
+
+
+def test_a_flood_of_calls_needing_sign_off_is_bounded_per_caller(approver, settings):
+    settings.GATEWAY_SIGN_OFF_PENDING_PER_CALLER = 3
+    with agent("signoff-lee") as (lee, _key), agent("signoff-max") as (other, _key2):
+        states = [sign_off_settle(asking(lee.id, {"a": n})).state for n in range(5)]
+        assert states == ["pending", "pending", "pending", "busy", "busy"]
+        assert sign_off_settle(asking(lee.id, {"a": 0})).state == "pending"  # the same call joins its request
+        assert sign_off_settle(asking(other.id, {"a": 9})).state == "pending"  # another caller is not held
+
+
+# End to end: an agent's calls through the gateway, an approver through the REST API
+
+
+@pytest.fixture
+def sign_off_rule(approver, world) -> Iterator[tuple[object, str, Rule]]:
+    ann, group = approver
+    with agent("signoff-carol") as (carol, key):
+        made = Rule.objects.create(
+            effect="sign_off", agent=carol, upstream=Upstream.objects.get(slug="demo"), tool_pattern="add",
+            signers=group,
+        )  # fmt: skip
+        yield carol, key, made
+
+
+def pending_call(gateway, key: str, arguments: dict, mode: str) -> MCPError:
+    """The call, once the gateway has seen the rule: refused as pending."""
+
+    def refused() -> MCPError | None:
+        answer = run(lambda: call(gateway.url, key, "demo__add", arguments, mode=mode))
+        pending = isinstance(answer, MCPError) and (answer.data or {}).get("code") == "SIGNOFF_PENDING"
+        return answer if pending else None  # else the gateway has not seen the new agent or rule yet
+
+    return eventually(refused)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ask_sign_off_run_then_a_replay_and_a_changed_argument_are_asked_again(gateway, sign_off_rule, mode):
+    carol, key, made = sign_off_rule
+    token = admin_token_issue(user=get_user_model().objects.get(username="ann"), actor="tests")
+    mark = audit_mark()
+    asked = pending_call(gateway, key, {"a": 2, "b": 3}, mode)
+    ident = asked.data["signOffId"]
+    assert asked.code == -32003 and 0 < asked.data["retryAfter"] <= 10
+    assert str(asked).startswith(
+        f"'demo__add' runs only once a person signs off this very call. It is asked for (sign-off request {ident})"
+    )  # noqa: E501
+    joined = run(lambda: call(gateway.url, key, "demo__add", {"b": 3, "a": 2}, mode=mode))  # key order: same call
+    assert joined.data["signOffId"] == ident
+    listed = api(gateway, "GET", "signoffs", token).json()
+    assert [(s["id"], s["arguments"], s["tool"], s["signers"]) for s in listed] == [
+        (ident, {"a": 2, "b": 3}, "add", "approvers")
+    ]
+    granted = api(gateway, "POST", f"signoffs/{ident}/grant", token, json={"reason": "fine"})
+    assert granted.status_code == 200 and granted.json()["state"] == "granted"
+    assert granted.json()["arguments"] is None  # kept only until decided
+    result = run(lambda: call(gateway.url, key, "demo__add", {"a": 2, "b": 3}, mode=mode))
+    assert not isinstance(result, MCPError), result
+    assert result.content[0].text == "5"
+    replay = run(lambda: call(gateway.url, key, "demo__add", {"a": 2, "b": 3}, mode=mode))
+    assert replay.data["code"] == "SIGNOFF_PENDING" and replay.data["signOffId"] != ident  # used once
+    changed = run(lambda: call(gateway.url, key, "demo__add", {"a": 2, "b": 4}, mode=mode))
+    assert changed.data["signOffId"] not in (ident, replay.data["signOffId"])
+    rows = [(r.kind, r.error_code, r.detail.get("sign_off"), r.actor) for r in audit_since(mark)]
+    asked_rows = [row for row in rows if row[0] == "signoff_asked"]
+    assert len(asked_rows) == 3
+    assert ("denied", "SIGNOFF_PENDING", ident, "") in rows
+    assert ("signoff_granted", "", ident, "ann") in rows
+    assert ("approved", "", ident, "") in rows and ("completed", "", ident, "") in rows
+    approved = AuditEvent.objects.get(id__gt=mark, kind="approved", detail__sign_off=ident)
+    assert approved.arguments_sha256 and approved.agent_name == "signoff-carol"
+
+
+def test_a_refused_call_is_told_who_refused_and_why(gateway, sign_off_rule):
+    carol, key, made = sign_off_rule
+    token = admin_token_issue(user=get_user_model().objects.get(username="ann"), actor="tests")
+    ident = pending_call(gateway, key, {"a": 7, "b": 7}, "legacy").data["signOffId"]
+    unexplained = api(gateway, "POST", f"signoffs/{ident}/refuse", token, json={})
+    assert (unexplained.status_code, unexplained.json()) == (400, {"detail": "Say why you refuse: the caller is told."})
+    refused = api(gateway, "POST", f"signoffs/{ident}/refuse", token, json={"reason": "Not on a Friday."})
+    assert refused.status_code == 200 and refused.json()["state"] == "refused"
+    answer = run(lambda: call(gateway.url, key, "demo__add", {"a": 7, "b": 7}))
+    assert answer.code == -32001 and answer.data == {
+        "code": "SIGNOFF_REFUSED", "signOffId": ident, "requestId": answer.data["requestId"]
+    }  # fmt: skip
+    assert str(answer) == (
+        "ann refused to sign off this call of 'demo__add': Not on a Friday. Do not retry it unchanged."
+    )
+    again = api(gateway, "POST", f"signoffs/{ident}/grant", token, json={})
+    assert (again.status_code, again.json()) == (409, {"detail": "This request was already refused by ann."})
+    missing = api(gateway, "POST", f"signoffs/{uuid.uuid4()}/grant", token, json={})
+    assert missing.status_code == 404
+
+
+def test_an_approver_of_another_team_neither_sees_nor_decides_a_request(inline_gateway, sign_off_rule):
+    carol, key, made = sign_off_rule
+    ident = pending_call(inline_gateway, key, {"a": 1, "b": 1}, "legacy").data["signOffId"]
+    with team("signoff-other") as other:
+        bob = get_user_model().objects.create_user("bob-approver")
+        try:
+            bob.groups.add(made.signers)
+            TeamMember.objects.create(team=other, user=bob, role="admin")
+            token = admin_token_issue(user=bob, actor="tests")
+            assert api(inline_gateway, "GET", "signoffs", token).json() == []
+            shown = api(inline_gateway, "GET", f"signoffs/{ident}", token)
+            assert (shown.status_code, shown.json()) == (404, {"detail": f"No sign-off request {ident!r}."})
+            decided = api(inline_gateway, "POST", f"signoffs/{ident}/grant", token, json={})
+            assert decided.status_code == 404
+        finally:
+            bob.delete()
+    assert SignOff.objects.get(pk=ident).state == "pending"
