@@ -385,11 +385,12 @@ GATEWAY_TEAM_CALLS_PER_MINUTE = env_int("GATEWAY_TEAM_CALLS_PER_MINUTE", 60_000,
 GATEWAY_TEAM_MAX_CONCURRENT = env_int("GATEWAY_TEAM_MAX_CONCURRENT", 1024, minimum=1, maximum=100_000)
 GATEWAY_TEAM_DAILY_CALLS = env_int("GATEWAY_TEAM_DAILY_CALLS", 100_000_000, minimum=1, maximum=1_000_000_000)
 # Sign-off (docs/policy.md): where a sign-off rule sets none, how long a request waits for a decision and how long a
-# granted sign-off stays usable; how many requests one caller may have waiting at once; how soon an agent told to
-# come back is asked to.
+# granted sign-off stays usable; how many requests one caller may have waiting at once; how long a 2025-11-25 call
+# waits for the decision within its request (0: never); how soon an agent told to come back is asked to.
 GATEWAY_SIGN_OFF_WAIT_SECONDS = env_int("GATEWAY_SIGN_OFF_WAIT_SECONDS", 900, minimum=1, maximum=604_800)
 GATEWAY_SIGN_OFF_VALID_SECONDS = env_int("GATEWAY_SIGN_OFF_VALID_SECONDS", 600, minimum=1, maximum=604_800)
 GATEWAY_SIGN_OFF_PENDING_PER_CALLER = env_int("GATEWAY_SIGN_OFF_PENDING_PER_CALLER", 10, minimum=1, maximum=10_000)
+GATEWAY_SIGN_OFF_HOLD_SECONDS = env_int("GATEWAY_SIGN_OFF_HOLD_SECONDS", 60, minimum=0, maximum=3600)
 GATEWAY_SIGN_OFF_RETRY_SECONDS = env_int("GATEWAY_SIGN_OFF_RETRY_SECONDS", 10, minimum=1, maximum=3600)
 GATEWAY_SIGN_OFF_SWEEP_SECONDS = env_float("GATEWAY_SIGN_OFF_SWEEP_SECONDS", 30.0, minimum=0.1, maximum=3600)
 GATEWAY_BREAKER_FAILURES = env_int("GATEWAY_BREAKER_FAILURES", 5, minimum=1, maximum=1000)

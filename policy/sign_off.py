@@ -5,6 +5,7 @@ rule's id and version and the tool's pinned definition; a grant lets exactly one
 
 import hashlib
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,6 +24,8 @@ from policy.selectors import teams_of
 
 State = SignOff.State
 REASON_CHARS = 500
+# Told the id of each request decided, once committed: the web processes wake the calls waiting for it.
+decided_hooks: list[Callable[[str], None]] = []
 
 
 def arguments_digest(arguments: Any) -> str:
@@ -183,6 +186,17 @@ def _expire(sign_off: SignOff) -> bool:
     return bool(changed)
 
 
+def sign_off_state(ident: str) -> str:
+    """Where one request stands now; a pending one past its wait is expired first (with its row)."""
+    found = SignOff.objects.select_related("agent", "team").filter(pk=ident).first()
+    if found is None:
+        return State.EXPIRED
+    if found.state == State.PENDING and found.wait_until <= timezone.now():
+        _expire(found)  # or a racing decision or sweep settled it first
+        found.refresh_from_db(fields=["state"])
+    return found.state
+
+
 def sign_offs_expire() -> int:
     """Expire every request past its wait and every grant past its use (the sweep: audit.settle_outcomes's beat)."""
     now = timezone.now()
@@ -260,6 +274,8 @@ def sign_off_decide(*, sign_off_id: str, user: AbstractBaseUser, grant: bool, re
         if not changed:  # decided by someone else a moment ago
             found.refresh_from_db()
             raise SignOffRefused(409, f"This request was already {found.state}{_by(found)}.")
+        for hook in decided_hooks:
+            transaction.on_commit(lambda hook=hook: hook(str(found.id)))
         kind = AuditEvent.Kind.SIGNOFF_GRANTED if grant else AuditEvent.Kind.SIGNOFF_REFUSED
         audit_record(
             kind=kind,

@@ -2,9 +2,11 @@
 arguments by their RFC 8785 digest, the rule's version and the tool's definition), once. The call is asked for and
 told to come back (-32003 SIGNOFF_PENDING); approvers decide through the REST API; every step has its audit row."""
 
+import json
 import unicodedata
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -28,11 +30,10 @@ from policy.sign_off import (
     sign_offs_expire,
 )
 from registry.models import Upstream
-from tests.clients import api, call
+from tests.clients import api, call, sdk_client
 from tests.factories import agent, team
 from tests.helpers import audit_mark, audit_since, eventually, run
 
-MODES = ["legacy", "2026-07-28"]
 TERMS = SignOffTerms(rule_id=1, rule_version=1, signers=None, four_eyes=False, wait=60.0, valid=60.0, by_form=False)
 TARGET = Target("demo__add", "demo", True, True, upstream_id=1, tool="add")
 
@@ -222,29 +223,58 @@ def sign_off_rule(approver, world) -> Iterator[tuple[object, str, Rule]]:
         yield carol, key, made
 
 
-def pending_call(gateway, key: str, arguments: dict, mode: str) -> MCPError:
-    """The call, once the gateway has seen the rule: refused as pending."""
+def pending_call(gateway, key: str, arguments: dict) -> MCPError:
+    """A 2026-07-28 call (told at once, never held), once the gateway has seen the agent and rule: pending."""
 
     def refused() -> MCPError | None:
-        answer = run(lambda: call(gateway.url, key, "demo__add", arguments, mode=mode))
+        answer = run(lambda: call(gateway.url, key, "demo__add", arguments, mode="2026-07-28"))
         pending = isinstance(answer, MCPError) and (answer.data or {}).get("code") == "SIGNOFF_PENDING"
         return answer if pending else None  # else the gateway has not seen the new agent or rule yet
 
     return eventually(refused)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_ask_sign_off_run_then_a_replay_and_a_changed_argument_are_asked_again(gateway, sign_off_rule, mode):
+def ann_token() -> str:
+    return admin_token_issue(user=get_user_model().objects.get(username="ann"), actor="tests")
+
+
+def asked_for(carol, arguments: dict, *, besides: tuple[str, ...] = ()) -> SignOff:
+    """The pending request of this call, once the gateway has asked for it."""
+    digest = arguments_digest(arguments)
+    found = SignOff.objects.filter(agent=carol, arguments_sha256=digest, state="pending").exclude(pk__in=besides)
+    return eventually(lambda: found.first())
+
+
+def waiting(gateway, key: str, arguments: dict, progress: list | None = None) -> Future:
+    """A 2025-11-25 call in the background: it waits within its request for the decision."""
+
+    async def scenario():
+        async def noted(done: float, total: float | None, message: str | None) -> None:
+            progress.append(message)
+
+        async with sdk_client(gateway.url, key, "legacy") as client:
+            try:
+                return await client.call_tool(
+                    "demo__add", arguments, progress_callback=noted if progress is not None else None
+                )
+            except MCPError as refused:
+                return refused
+
+    return ThreadPoolExecutor(1).submit(run, scenario)
+
+
+def test_ask_sign_off_run_then_a_replay_and_a_changed_argument_are_asked_again_2026(gateway, sign_off_rule):
     carol, key, made = sign_off_rule
-    token = admin_token_issue(user=get_user_model().objects.get(username="ann"), actor="tests")
+    token = ann_token()
     mark = audit_mark()
-    asked = pending_call(gateway, key, {"a": 2, "b": 3}, mode)
+    asked = pending_call(gateway, key, {"a": 2, "b": 3})
     ident = asked.data["signOffId"]
     assert asked.code == -32003 and 0 < asked.data["retryAfter"] <= 10
     assert str(asked).startswith(
         f"'demo__add' runs only once a person signs off this very call. It is asked for (sign-off request {ident})"
-    )  # noqa: E501
-    joined = run(lambda: call(gateway.url, key, "demo__add", {"b": 3, "a": 2}, mode=mode))  # key order: same call
+    )
+    modern = "2026-07-28"
+    joined = run(lambda: call(gateway.url, key, "demo__add", {"b": 3, "a": 2}, mode=modern))  # key order: same call
     assert joined.data["signOffId"] == ident
     listed = api(gateway, "GET", "signoffs", token).json()
     assert [(s["id"], s["arguments"], s["tool"], s["signers"]) for s in listed] == [
@@ -253,16 +283,15 @@ def test_ask_sign_off_run_then_a_replay_and_a_changed_argument_are_asked_again(g
     granted = api(gateway, "POST", f"signoffs/{ident}/grant", token, json={"reason": "fine"})
     assert granted.status_code == 200 and granted.json()["state"] == "granted"
     assert granted.json()["arguments"] is None  # kept only until decided
-    result = run(lambda: call(gateway.url, key, "demo__add", {"a": 2, "b": 3}, mode=mode))
+    result = run(lambda: call(gateway.url, key, "demo__add", {"a": 2, "b": 3}, mode=modern))
     assert not isinstance(result, MCPError), result
     assert result.content[0].text == "5"
-    replay = run(lambda: call(gateway.url, key, "demo__add", {"a": 2, "b": 3}, mode=mode))
+    replay = run(lambda: call(gateway.url, key, "demo__add", {"a": 2, "b": 3}, mode=modern))
     assert replay.data["code"] == "SIGNOFF_PENDING" and replay.data["signOffId"] != ident  # used once
-    changed = run(lambda: call(gateway.url, key, "demo__add", {"a": 2, "b": 4}, mode=mode))
+    changed = run(lambda: call(gateway.url, key, "demo__add", {"a": 2, "b": 4}, mode=modern))
     assert changed.data["signOffId"] not in (ident, replay.data["signOffId"])
     rows = [(r.kind, r.error_code, r.detail.get("sign_off"), r.actor) for r in audit_since(mark)]
-    asked_rows = [row for row in rows if row[0] == "signoff_asked"]
-    assert len(asked_rows) == 3
+    assert len([row for row in rows if row[0] == "signoff_asked"]) == 3
     assert ("denied", "SIGNOFF_PENDING", ident, "") in rows
     assert ("signoff_granted", "", ident, "ann") in rows
     assert ("approved", "", ident, "") in rows and ("completed", "", ident, "") in rows
@@ -270,15 +299,38 @@ def test_ask_sign_off_run_then_a_replay_and_a_changed_argument_are_asked_again(g
     assert approved.arguments_sha256 and approved.agent_name == "signoff-carol"
 
 
+def test_a_2025_session_waits_for_the_sign_off_with_progress_and_runs_at_once(gateway, sign_off_rule):
+    carol, key, made = sign_off_rule
+    token = ann_token()
+    pending_call(gateway, key, {"a": 0, "b": 0})  # the gateway has seen the rule
+    progress: list[str] = []
+    call_made = waiting(gateway, key, {"a": 4, "b": 5}, progress)
+    ident = str(asked_for(carol, {"a": 4, "b": 5}).id)
+    eventually(lambda: progress)  # told it waits, while it waits
+    assert progress[0] == f"Waiting for a person to sign off this call (request {ident})."
+    assert api(gateway, "POST", f"signoffs/{ident}/grant", token, json={}).status_code == 200
+    result = call_made.result(timeout=30)
+    assert not isinstance(result, MCPError), result
+    assert result.content[0].text == "9"
+    assert AuditEvent.objects.filter(kind="completed", detail__sign_off=ident).count() == 1
+    replay = waiting(gateway, key, {"a": 4, "b": 5})  # the grant is used: the same call asks again
+    again = asked_for(carol, {"a": 4, "b": 5}, besides=(ident,))
+    refused = api(gateway, "POST", f"signoffs/{again.id}/refuse", token, json={"reason": "Once is enough."})
+    assert refused.status_code == 200
+    answer = replay.result(timeout=30)
+    assert isinstance(answer, MCPError) and answer.data["code"] == "SIGNOFF_REFUSED"
+    assert str(answer) == "ann refused to sign off this call of 'demo__add': Once is enough. Do not retry it unchanged."
+
+
 def test_a_refused_call_is_told_who_refused_and_why(gateway, sign_off_rule):
     carol, key, made = sign_off_rule
-    token = admin_token_issue(user=get_user_model().objects.get(username="ann"), actor="tests")
-    ident = pending_call(gateway, key, {"a": 7, "b": 7}, "legacy").data["signOffId"]
+    token = ann_token()
+    ident = pending_call(gateway, key, {"a": 7, "b": 7}).data["signOffId"]
     unexplained = api(gateway, "POST", f"signoffs/{ident}/refuse", token, json={})
     assert (unexplained.status_code, unexplained.json()) == (400, {"detail": "Say why you refuse: the caller is told."})
     refused = api(gateway, "POST", f"signoffs/{ident}/refuse", token, json={"reason": "Not on a Friday."})
     assert refused.status_code == 200 and refused.json()["state"] == "refused"
-    answer = run(lambda: call(gateway.url, key, "demo__add", {"a": 7, "b": 7}))
+    answer = run(lambda: call(gateway.url, key, "demo__add", {"a": 7, "b": 7}))  # 2025-11-25: told at once
     assert answer.code == -32001 and answer.data == {
         "code": "SIGNOFF_REFUSED", "signOffId": ident, "requestId": answer.data["requestId"]
     }  # fmt: skip
@@ -291,9 +343,26 @@ def test_a_refused_call_is_told_who_refused_and_why(gateway, sign_off_rule):
     assert missing.status_code == 404
 
 
+def test_a_request_no_one_decides_expires_and_the_waiting_call_is_told(inline_gateway, sign_off_rule):
+    carol, key, made = sign_off_rule
+    made.sign_off_wait = 2
+    made.save()
+    pending_call(inline_gateway, key, {"a": 0, "b": 1})  # the gateway has seen the rule's new version
+    mark = audit_mark()
+    answer = waiting(inline_gateway, key, {"a": 1, "b": 2}).result(timeout=30)
+    assert isinstance(answer, MCPError) and (answer.code, answer.data["code"]) == (-32001, "SIGNOFF_EXPIRED")
+    ident = answer.data["signOffId"]
+    assert str(answer) == (
+        f"No one signed off this call of 'demo__add' in time: its request ({ident}) expired. Make the call again "
+        "to ask anew, or tell the user someone must sign it off."
+    )
+    kinds = [(r.kind, r.error_code) for r in audit_since(mark)]
+    assert kinds == [("signoff_asked", ""), ("signoff_expired", ""), ("denied", "SIGNOFF_EXPIRED")]
+
+
 def test_an_approver_of_another_team_neither_sees_nor_decides_a_request(inline_gateway, sign_off_rule):
     carol, key, made = sign_off_rule
-    ident = pending_call(inline_gateway, key, {"a": 1, "b": 1}, "legacy").data["signOffId"]
+    ident = pending_call(inline_gateway, key, {"a": 1, "b": 1}).data["signOffId"]
     with team("signoff-other") as other:
         bob = get_user_model().objects.create_user("bob-approver")
         try:
@@ -308,3 +377,20 @@ def test_an_approver_of_another_team_neither_sees_nor_decides_a_request(inline_g
         finally:
             bob.delete()
     assert SignOff.objects.get(pk=ident).state == "pending"
+
+
+def test_inside_code_mode_a_call_needing_sign_off_fails_at_once_naming_its_request(gateway, sign_off_rule):
+    carol, key, made = sign_off_rule
+    pending_call(gateway, key, {"a": 0, "b": 0})  # the gateway has seen the rule
+    code = """
+        try { return await tools.demo.add({ a: 5, b: 6 }); }
+        catch (e) { return [e.name, e.code, e.message]; }
+    """
+    result = run(lambda: call(gateway.url, key, "switchboard__execute", {"code": code}))
+    name, code_of, message = json.loads(result.content[0].text)
+    ident = str(asked_for(carol, {"a": 5, "b": 6}).id)
+    assert (name, code_of) == ("MCPToolError", "SIGNOFF_REQUIRED")
+    assert message == (
+        f"'demo__add' runs only once a person signs off this very call; it is asked for (sign-off request {ident})."
+        " Code cannot wait for it: call the tool directly, with the same arguments, once signed off."
+    )

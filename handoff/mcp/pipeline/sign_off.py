@@ -1,17 +1,51 @@
 """The sign-off stage: where a sign-off rule asks (policy/sign_off.py), a call runs only on a person's grant of this
-very call, which it then uses up. Without one it asks (or joins the request already open) and is told to come
-back: its denied row names the request; the approved row comes only with the grant. It runs before admission,
-so a call waiting for a person holds no share of any limit."""
+very call, which it then uses up. Without one it asks (or joins the request already open). A 2025-11-25 session's
+call then waits for the decision, up to GATEWAY_SIGN_OFF_HOLD_SECONDS within the request's wait, with progress
+notifications when it carries a progressToken; any other call, or one still undecided, is told to come back. The
+denied row names the request; the approved row comes only with the grant. It runs before admission, so a call
+waiting for a person holds no share of any limit, and a waiting call holds an event, not a thread nor a database
+connection: decisions wake it through the change relay, from whichever web process made them."""
 
+import asyncio
+import logging
+import time
+
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.utils import timezone
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway_project.lib.database import database_async
-from handoff.mcp.pipeline.call import CODE, Call
+from handoff.mcp.list_changed import change_relay, relay_everywhere, relay_handlers
+from handoff.mcp.pipeline.call import AGENT, CODE, Call
 from policy.decisions import POLICY_DENIED, RETRY_LATER, Denial
-from policy.sign_off import Asking, Binding, Settled, arguments_digest, sign_off_settle
+from policy.models import SignOff
+from policy.sign_off import Asking, Binding, Settled, arguments_digest, sign_off_settle, sign_off_state
 
+logger = logging.getLogger(__name__)
 PENDING, REFUSED, REQUIRED, BUSY = "SIGNOFF_PENDING", "SIGNOFF_REFUSED", "SIGNOFF_REQUIRED", "SIGNOFF_BUSY"
+EXPIRED = "SIGNOFF_EXPIRED"
+DECIDED = "sign_off.decided"  # the relay's message: {"type": DECIDED, "id": <sign-off id>}
+PROGRESS_SECONDS = 10.0  # between progress notifications to a waiting call
+RECHECK_SECONDS = 60.0  # a waiting call reads its request again this often, should a wake-up be lost
+_waiting: dict[str, set[asyncio.Event]] = {}  # this process's waiting calls, by sign-off id
+
+
+async def _decided_here(message: dict) -> None:
+    for event in _waiting.get(str(message.get("id")), ()):
+        event.set()
+
+
+relay_handlers[DECIDED] = _decided_here
+
+
+def decided_tell(ident: str) -> None:
+    """Wake the calls waiting for this request, in every web process (policy.sign_off.decided_hooks). A wake-up
+    lost (the channel layer down) delays the call until its next read of the request, never loses the decision."""
+    try:
+        async_to_sync(relay_everywhere)({"type": DECIDED, "id": ident})
+    except Exception:
+        logger.exception("sign-off %s decided, but the waiting calls could not be woken", ident)
 
 
 async def sign_off_stage(call: Call) -> None:
@@ -44,25 +78,81 @@ async def sign_off_stage(call: Call) -> None:
         audited=caller.audited,
     )
     settled = await database_async(sign_off_settle)(asking)
-    if settled.state == "granted":
+    if settled.state == SignOff.State.PENDING and _holds(call):
+        settled = await _wait(call, asking, settled)
+    if settled.state == SignOff.State.GRANTED:
         assert settled.sign_off is not None
         call.signed_off = str(settled.sign_off.id)
         return
     call.denial = _denial(call, settled)
 
 
+def _holds(call: Call) -> bool:
+    """Whether the call may wait for the decision: an agent's, in a 2025-11-25 session."""
+    ctx = call.ctx
+    return (
+        call.origin == AGENT
+        and ctx is not None
+        and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        and settings.GATEWAY_SIGN_OFF_HOLD_SECONDS > 0
+    )
+
+
+async def _wait(call: Call, asking: Asking, settled: Settled) -> Settled:
+    """Wait for the request's decision, then settle again: take the grant, or learn of the refusal. Undecided at
+    the end of the hold: still pending; past the request's wait: expired."""
+    assert settled.sign_off is not None and call.ctx is not None
+    ident, waits_until = str(settled.sign_off.id), settled.sign_off.wait_until
+    hold = min(settings.GATEWAY_SIGN_OFF_HOLD_SECONDS, (waits_until - timezone.now()).total_seconds())
+    started = time.monotonic()
+    event = asyncio.Event()
+    _waiting.setdefault(ident, set()).add(event)
+    try:
+        await change_relay.ensure_running()  # heard from now on; a decision made before is read below
+        checked = 0.0
+        while True:
+            waited = time.monotonic() - started
+            if event.is_set() or waited - checked >= RECHECK_SECONDS or waited >= hold:
+                event.clear()
+                checked = waited
+                state = await database_async(sign_off_state)(ident)
+                if state == SignOff.State.EXPIRED:
+                    return Settled(EXPIRED, settled.sign_off)
+                if state != SignOff.State.PENDING:
+                    return await database_async(sign_off_settle)(asking)
+                if waited >= hold:
+                    return settled
+            left = hold - waited
+            message = f"Waiting for a person to sign off this call (request {ident})."
+            await call.ctx.session.report_progress(waited, hold, message)  # only if the agent asked for progress
+            try:
+                await asyncio.wait_for(event.wait(), min(PROGRESS_SECONDS, left, RECHECK_SECONDS))
+            except TimeoutError:
+                pass
+    finally:
+        _waiting[ident].discard(event)
+        if not _waiting[ident]:
+            del _waiting[ident]
+
+
 def _denial(call: Call, settled: Settled) -> Denial:
     sign_off = settled.sign_off
     assert sign_off is not None
     name, ident = call.name, str(sign_off.id)
-    if settled.state == "refused":
+    if settled.state == EXPIRED:
+        message = (
+            f"No one signed off this call of {name!r} in time: its request ({ident}) expired. Make the call again "
+            "to ask anew, or tell the user someone must sign it off."
+        )
+        return Denial(EXPIRED, message, POLICY_DENIED, sign_off=ident)
+    if settled.state == SignOff.State.REFUSED:
         message = (
             f"{sign_off.decided_by} refused to sign off this call of {name!r}: {sign_off.reason} "
             "Do not retry it unchanged."
         )
         return Denial(REFUSED, message, POLICY_DENIED, sign_off=ident)
     left = max((sign_off.wait_until - timezone.now()).total_seconds(), 0.0)
-    if settled.state == "busy":
+    if settled.state == "busy":  # policy.sign_off.Settled
         message = (
             f"You have {settings.GATEWAY_SIGN_OFF_PENDING_PER_CALLER} calls waiting for sign-off already: "
             f"{name!r} was not asked for. Retry once one of them is decided."
