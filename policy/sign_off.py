@@ -175,14 +175,15 @@ def _caller_row(sign_off: SignOff) -> dict[str, Any]:
 def _expire(sign_off: SignOff) -> bool:
     """Expire a request no one decided in time, or a grant no call used in time (once: a racing sweep loses)."""
     was = sign_off.state
-    changed = SignOff.objects.filter(pk=sign_off.pk, state=was).update(state=State.EXPIRED, arguments=None)
-    if changed:
-        audit_record(
-            kind=AuditEvent.Kind.SIGNOFF_EXPIRED,
-            **_row(sign_off),
-            **_caller_row(sign_off),
-            detail={"sign_off": str(sign_off.id), "was": was},
-        )
+    with transaction.atomic():
+        changed = SignOff.objects.filter(pk=sign_off.pk, state=was).update(state=State.EXPIRED, arguments=None)
+        if changed:
+            audit_record(
+                kind=AuditEvent.Kind.SIGNOFF_EXPIRED,
+                **_row(sign_off),
+                **_caller_row(sign_off),
+                detail={"sign_off": str(sign_off.id), "was": was},
+            )
     return bool(changed)
 
 
