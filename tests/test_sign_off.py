@@ -30,7 +30,7 @@ from policy.sign_off import (
     sign_offs_expire,
 )
 from registry.models import Upstream
-from tests.clients import api, call, sdk_client
+from tests.clients import api, call, sdk_client, tool_names
 from tests.factories import agent, team
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -394,3 +394,30 @@ def test_inside_code_mode_a_call_needing_sign_off_fails_at_once_naming_its_reque
         f"'demo__add' runs only once a person signs off this very call; it is asked for (sign-off request {ident})."
         " Code cannot wait for it: call the tool directly, with the same arguments, once signed off."
     )
+
+
+def test_a_specialists_call_during_a_handoff_needs_sign_off_too(inline_gateway, specialists, approver):
+    ann, group = approver
+    finance = Upstream.objects.get(slug="finance")
+    with agent("signoff-handed") as (handed, key):
+        Rule.objects.create(
+            effect="sign_off", agent=handed, upstream=finance, tool_pattern="handoff_context", signers=group
+        )
+        eventually(lambda: "switchboard__handoff_to_finance" in run(lambda: tool_names(inline_gateway.url, key)))
+
+        async def scenario():
+            async with sdk_client(inline_gateway.url, key, "legacy") as client:
+                await client.call_tool("switchboard__handoff_to_finance", {"reason": "a refund"})
+                return await client.call_tool("finance__handoff_context", {})
+
+        held = ThreadPoolExecutor(1).submit(run, scenario)
+        asked = eventually(lambda: SignOff.objects.filter(agent=handed, state="pending").first())
+        assert (asked.upstream, asked.tool, asked.exposed_name) == (
+            "finance",
+            "handoff_context",
+            "finance__handoff_context",
+        )
+        assert api(inline_gateway, "POST", f"signoffs/{asked.id}/grant", ann_token(), json={}).status_code == 200
+        result = held.result(timeout=30)
+    assert not result.is_error and "refund" in result.content[0].text
+    assert AuditEvent.objects.filter(kind="completed", detail__sign_off=str(asked.id), upstream="finance").count() == 1
