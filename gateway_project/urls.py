@@ -11,7 +11,7 @@ from audit.api import AuditEventViewSet
 from gateway_project.metrics import metrics_view
 from handoff.api import HandoffRouteViewSet
 from handoff.views import claim_redeem, protected_resource
-from policy.account_views import my_account
+from policy.account_views import my_account, my_sign_off
 from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet
 from policy.authorization_views import ConsentView, RegistrationView
 from policy.console_sign_in import ConsoleCallback, ConsoleSignIn
@@ -71,6 +71,7 @@ urlpatterns = [
         name="login",
     ),
     path("account/", my_account, name="my-account"),
+    path("account/sign-offs/<uuid:ident>/", my_sign_off, name="my-sign-off"),
     path("account/connections/", connections, name="connections"),
     path("account/connections/<slug:slug>/", connection, name="connection"),
     path("account/connections/<slug:slug>/disconnect/", connection_disconnect, name="connection-disconnect"),

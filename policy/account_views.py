@@ -2,19 +2,21 @@
 they allowed. A personal key acts as the agent of the built-in authorization server's people
 (GATEWAY_AUTH_SERVER_AGENT) and its calls are audited as its owner."""
 
+import json
 from datetime import timedelta
 
 from django import forms
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from policy.models import Agent, AgentKey
+from policy.models import Agent, AgentKey, SignOff
 from policy.selectors import oauth_clients_allowed
 from policy.services import agent_key_issue, agent_key_revoke, oauth_client_revoke
+from policy.sign_off import SignOffRefused, approver_refusal, sign_off_decide
 
 LIFETIMES = [(7, "7 days"), (30, "30 days"), (90, "90 days"), (365, "a year")]
 
@@ -52,3 +54,28 @@ def my_account(request: HttpRequest) -> HttpResponse:
     clients = oauth_clients_allowed(user=request.user)
     context = {"agent": agent, "form": form, "keys": keys, "made": made, "now": timezone.now(), "clients": clients}
     return render(request, "account/my_account.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def my_sign_off(request: HttpRequest, ident: str) -> HttpResponse:
+    """A call the signed-in person may sign off (their own, where the rule names no group; or as an approver):
+    the link a refusal for sign-off carries, and a URL elicitation opens."""
+    found = SignOff.objects.select_related("agent", "team", "signers").filter(pk=ident).first()
+    refusal = approver_refusal(request.user, found) if found is not None else None
+    if found is None or (refusal is not None and refusal.status == 404):
+        raise Http404("No such sign-off request.")
+    error = str(refusal) if refusal is not None else ""
+    if request.method == "POST" and refusal is None:
+        grant = request.POST.get("decision") == "grant"
+        try:
+            found = sign_off_decide(
+                sign_off_id=ident, user=request.user, grant=grant, reason=request.POST.get("reason", "")
+            )
+        except SignOffRefused as refused:
+            error = str(refused)
+    arguments = json.dumps(found.arguments, indent=2, ensure_ascii=False) if found.arguments is not None else None
+    status = 403 if refusal is not None else 400 if error else 200
+    may = refusal is None
+    context = {"sign_off": found, "arguments": arguments if may else None, "error": error, "may": may}
+    return render(request, "account/sign_off.html", context, status=status)

@@ -52,7 +52,7 @@ class Denial:
     message: str
     jsonrpc_code: int = POLICY_DENIED
     retry_after: float | None = None  # seconds, for refusals that lift with time
-    connect_url: str = ""  # for refusals that lift once the person connects an account there
+    connect_url: str = ""  # for refusals that lift once the person acts there (connects an account, signs off)
     grounds: Grounds | None = None  # a policy refusal's: for the audit and the operator, not the model
     sign_off: str = ""  # the sign-off request the call waits for, or that refused it
 

@@ -359,6 +359,14 @@ class SignOff(models.Model):
     # The binding: who calls (the agent and its key, or the person and client), what, with which arguments.
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="sign_offs")
     key_prefix = models.CharField(max_length=16, blank=True, help_text="The API key, when no person called")
+    caller_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The caller's console account, where known: who signs off when the rule names no group",
+    )
     person_issuer = models.CharField(max_length=255, blank=True)
     person_subject = models.CharField(max_length=255, blank=True)
     person_name = models.CharField(max_length=150, blank=True)

@@ -64,6 +64,7 @@ class Asking:
     arguments: dict[str, Any]
     request_id: uuid.UUID
     audited: dict[str, Any]  # who calls, as the call's own audit rows name them
+    caller_user: int | None = None  # the console account a personal key or the built-in server names
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ def _ask(asking: Asking, now: Any) -> SignOff:
     with transaction.atomic():
         made = SignOff.objects.create(
             **asking.binding.lookup(),
+            caller_user_id=asking.caller_user or _account_of(asking.binding),
             team_id=asking.team_id,
             person_name=asking.audited.get("person_name", ""),
             exposed_name=asking.exposed_name,
@@ -147,6 +149,14 @@ def _ask(asking: Asking, now: Any) -> SignOff:
             },
         )
     return made
+
+
+def _account_of(binding: Binding) -> int | None:
+    """The console account of a person an identity provider named, once they signed in to My account."""
+    if not binding.person_subject:
+        return None
+    found = Person.objects.filter(issuer=binding.person_issuer, subject=binding.person_subject)
+    return found.values_list("user_id", flat=True).first()
 
 
 def _row(sign_off: SignOff) -> dict[str, Any]:
@@ -216,9 +226,7 @@ class SignOffRefused(Exception):
 
 
 def _is_caller(user: AbstractBaseUser, sign_off: SignOff) -> bool:
-    if not sign_off.person_subject:
-        return False
-    return Person.objects.filter(issuer=sign_off.person_issuer, subject=sign_off.person_subject, user=user).exists()
+    return sign_off.caller_user_id is not None and sign_off.caller_user_id == user.pk
 
 
 def approver_refusal(user: AbstractBaseUser, sign_off: SignOff) -> SignOffRefused | None:

@@ -9,17 +9,21 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
+import anyio
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
+from django.http import HttpResponse
+from django.test import Client
 from django.utils import timezone
+from mcp import UrlElicitationRequiredError, types
 from mcp.shared.exceptions import MCPError
 
 from audit.models import DEFAULT_TEAM, AuditEvent
 from policy.decisions import READ_ONLY, UNSAID, WRITES, CompiledRule, Policy, SignOffTerms, Target, tool_classes
 from policy.models import Person, Rule, SignOff, Team, TeamMember
-from policy.services import admin_token_issue
+from policy.services import admin_token_issue, agent_key_issue
 from policy.sign_off import (
     Asking,
     Binding,
@@ -138,13 +142,16 @@ def asking(agent_id: int, arguments: dict, terms: SignOffTerms = TERMS, **person
 def test_decisions_that_may_not_be_made_are_refused_each_with_its_status(approver):
     ann, group = approver
     terms = SignOffTerms(1, 1, group.id, True, 60.0, 60.0, False)
-    with agent("signoff-ivy") as (ivy, _key):
-        pending = sign_off_settle(asking(ivy.id, {"a": 1}, terms, issuer="https://idp", subject="ivy")).sign_off
-        with pytest.raises(SignOffRefused, match="No sign-off request 'nope'") as missing:
-            sign_off_decide(sign_off_id="nope", user=ann, grant=True)
-        assert missing.value.status == 404
-        outsider = get_user_model().objects.create_user("otto")
-        try:
+    ivy_account = get_user_model().objects.create_user("ivy-account")
+    outsider = get_user_model().objects.create_user("otto")
+    person = Person.objects.create(issuer="https://idp", subject="ivy", user=ivy_account)  # signed in to My account
+    try:
+        with agent("signoff-ivy") as (ivy, _key):
+            pending = sign_off_settle(asking(ivy.id, {"a": 1}, terms, issuer="https://idp", subject="ivy")).sign_off
+            assert pending.caller_user_id == ivy_account.pk
+            with pytest.raises(SignOffRefused, match="No sign-off request 'nope'") as missing:
+                sign_off_decide(sign_off_id="nope", user=ann, grant=True)
+            assert missing.value.status == 404
             with pytest.raises(SignOffRefused, match="No sign-off request") as other_team:
                 sign_off_decide(sign_off_id=str(pending.id), user=outsider, grant=True)  # in no team: unknown
             assert other_team.value.status == 404
@@ -152,20 +159,22 @@ def test_decisions_that_may_not_be_made_are_refused_each_with_its_status(approve
             with pytest.raises(SignOffRefused, match="Only members of the console group 'approvers'") as no_group:
                 sign_off_decide(sign_off_id=str(pending.id), user=outsider, grant=True)
             assert no_group.value.status == 403
-        finally:
-            outsider.delete()
-        person = Person.objects.create(issuer="https://idp", subject="ivy", user=ann)  # ann made the call herself
-        with pytest.raises(SignOffRefused, match="four eyes: someone other than the caller") as own:
-            sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=True)
-        assert own.value.status == 403
+            ivy_account.groups.add(group)  # the caller is an approver too, but four eyes are asked
+            TeamMember.objects.create(team=pending.team, user=ivy_account, role="member")
+            with pytest.raises(SignOffRefused, match="four eyes: someone other than the caller") as own:
+                sign_off_decide(sign_off_id=str(pending.id), user=ivy_account, grant=True)
+            assert own.value.status == 403
+            with pytest.raises(SignOffRefused, match="Say why you refuse") as unexplained:
+                sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=False)
+            assert unexplained.value.status == 400
+            sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=False, reason="not today")
+            with pytest.raises(SignOffRefused, match="This request was already refused by ann.") as twice:
+                sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=True)
+            assert twice.value.status == 409
+    finally:
         person.delete()
-        with pytest.raises(SignOffRefused, match="Say why you refuse") as unexplained:
-            sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=False)
-        assert unexplained.value.status == 400
-        sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=False, reason="not today")
-        with pytest.raises(SignOffRefused, match="This request was already refused by ann.") as twice:
-            sign_off_decide(sign_off_id=str(pending.id), user=ann, grant=True)
-        assert twice.value.status == 409
+        ivy_account.delete()
+        outsider.delete()
 
 
 def test_a_request_past_its_wait_expires_with_its_row_and_can_no_longer_be_decided(approver):
@@ -421,3 +430,86 @@ def test_a_specialists_call_during_a_handoff_needs_sign_off_too(inline_gateway, 
         result = held.result(timeout=30)
     assert not result.is_error and "refund" in result.content[0].text
     assert AuditEvent.objects.filter(kind="completed", detail__sign_off=str(asked.id), upstream="finance").count() == 1
+
+
+# The caller signs off themself: a link, opened by URL elicitation where the client declared it
+
+
+@pytest.fixture
+def own_sign_off(gateway, world) -> Iterator[tuple[object, str]]:
+    """pat, who calls with a personal key (its owner is the person), under a rule that pat signs off alone."""
+    pat = get_user_model().objects.create_user("pat-self", first_name="Pat")
+    with agent("signoff-own") as (own, _agent_key):
+        key = agent_key_issue(agent=own, owner=pat, actor="tests").key
+        demo = Upstream.objects.get(slug="demo")
+        Rule.objects.create(effect="sign_off", agent=own, upstream=demo, tool_pattern="add")
+        pending_call(gateway, key, {"a": 0, "b": 0})  # the gateway has seen the agent and the rule
+        yield pat, key
+        SignOff.objects.filter(agent=own).delete()
+    pat.delete()
+
+
+def signed_off_by(user, ident: str, decision: str = "grant", reason: str = "") -> HttpResponse:
+    browser = Client()
+    browser.force_login(user)
+    return browser.post(f"/account/sign-offs/{ident}/", {"decision": decision, "reason": reason})
+
+
+def test_a_2025_client_is_sent_to_sign_off_its_own_call_and_its_retry_runs(gateway, own_sign_off):
+    pat, key = own_sign_off
+
+    async def elicited(context, params):  # declares URL-mode elicitation; a 2025-11-25 session is told by -32042
+        raise AssertionError("not asked at 2025-11-25")
+
+    async def scenario():
+        async with sdk_client(gateway.url, key, "legacy", elicitation_callback=elicited) as client:
+            try:
+                await client.call_tool("demo__add", {"a": 20, "b": 22})
+            except MCPError as asked:
+                return asked
+
+    asked = run(scenario)
+    assert asked.error.code == -32042
+    (elicitation,) = UrlElicitationRequiredError.from_error(asked.error).elicitations
+    ident = elicitation.url.rstrip("/").rsplit("/", 1)[1]
+    assert elicitation.url == f"{gateway.url}/account/sign-offs/{ident}/"
+    assert elicitation.message.startswith(
+        f"'demo__add' runs only once you sign off this very call: open {elicitation.url}"
+    )
+    stranger = get_user_model().objects.create_user("stranger")
+    try:
+        browser = Client()
+        browser.force_login(stranger)
+        page = browser.get(f"/account/sign-offs/{ident}/")
+        assert page.status_code == 403 and b"Only the person who made this call may sign it off." in page.content
+        assert b'id="arguments"' not in page.content and b"demo__add" not in page.content  # nor what was called
+    finally:
+        stranger.delete()
+    own = Client()
+    own.force_login(pat)
+    shown = own.get(f"/account/sign-offs/{ident}/")
+    assert shown.status_code == 200 and b"&quot;a&quot;: 20" in shown.content  # escaped: untrusted text
+    granted = signed_off_by(pat, ident)
+    assert granted.status_code == 200 and b"This request is granted by pat-self." in granted.content
+    result = run(lambda: call(gateway.url, key, "demo__add", {"a": 20, "b": 22}))
+    assert not isinstance(result, MCPError) and result.content[0].text == "42"
+
+
+def test_a_2026_client_is_asked_by_url_elicitation_and_its_retry_runs_once_signed_off(gateway, own_sign_off):
+    pat, key = own_sign_off
+    asked: list = []
+
+    async def elicited(context, params):
+        asked.append(params.url)
+        ident = params.url.rstrip("/").rsplit("/", 1)[1]
+        reply = await anyio.to_thread.run_sync(signed_off_by, pat, ident)
+        assert reply.status_code == 200
+        return types.ElicitResult(action="accept")
+
+    async def scenario():
+        async with sdk_client(gateway.url, key, "2026-07-28", elicitation_callback=elicited) as client:
+            return await client.call_tool("demo__add", {"a": 1, "b": 41})
+
+    result = run(scenario)
+    assert result.content[0].text == "42"
+    assert asked[-1].startswith(f"{gateway.url}/account/sign-offs/")

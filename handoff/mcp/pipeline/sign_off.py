@@ -16,6 +16,7 @@ from django.utils import timezone
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway_project.lib.database import database_async
+from handoff.mcp.caller import Caller
 from handoff.mcp.list_changed import change_relay, relay_everywhere, relay_handlers
 from handoff.mcp.pipeline.call import AGENT, CODE, Call
 from policy.decisions import POLICY_DENIED, RETRY_LATER, Denial
@@ -76,15 +77,22 @@ async def sign_off_stage(call: Call) -> None:
         arguments=call.arguments,
         request_id=call.request_id,
         audited=caller.audited,
+        caller_user=_account(caller),
     )
     settled = await database_async(sign_off_settle)(asking)
-    if settled.state == SignOff.State.PENDING and _holds(call):
+    if settled.state == SignOff.State.PENDING and terms.signers is not None and _holds(call):
         settled = await _wait(call, asking, settled)
     if settled.state == SignOff.State.GRANTED:
         assert settled.sign_off is not None
         call.signed_off = str(settled.sign_off.id)
         return
     call.denial = _denial(call, settled)
+
+
+def _account(caller: Caller) -> int | None:
+    """The console account a personal key or the built-in server's token names: its own issuer, a user's id."""
+    own = caller.person_issuer and caller.person_issuer == caller.public_url
+    return int(caller.person_subject) if own and caller.person_subject.isdigit() else None
 
 
 def _holds(call: Call) -> bool:
@@ -164,10 +172,17 @@ def _denial(call: Call, settled: Settled) -> Denial:
             f"{ident}). Code cannot wait for it: call the tool directly, with the same arguments, once signed off."
         )
         return Denial(REQUIRED, message, POLICY_DENIED, sign_off=ident)
+    retry = min(float(settings.GATEWAY_SIGN_OFF_RETRY_SECONDS), left)
+    if sign_off.signers_id is None:  # the caller signs off: a link they open (URL elicitation where declared)
+        assert call.caller is not None
+        link = f"{call.caller.public_url}/account/sign-offs/{ident}/"
+        message = (
+            f"{name!r} runs only once you sign off this very call: open {link}, sign in, and sign it off within "
+            f"{round(left)} seconds; then make the same call again, with the same arguments."
+        )
+        return Denial(PENDING, message, RETRY_LATER, retry, connect_url=link, sign_off=ident)
     message = (
         f"{name!r} runs only once a person signs off this very call. It is asked for (sign-off request {ident}), "
         f"for {round(left)} more seconds: make the same call again, with the same arguments, after `retryAfter`."
     )
-    return Denial(
-        PENDING, message, RETRY_LATER, min(float(settings.GATEWAY_SIGN_OFF_RETRY_SECONDS), left), sign_off=ident
-    )
+    return Denial(PENDING, message, RETRY_LATER, retry, sign_off=ident)
