@@ -263,10 +263,24 @@ def sign_off_decide(*, sign_off_id: str, user: AbstractBaseUser, grant: bool, re
         raise SignOffRefused(404, f"No sign-off request {sign_off_id!r}.") from None
     if refusal := approver_refusal(user, found):
         raise refusal
-    if len(reason) > REASON_CHARS:
-        raise SignOffRefused(400, f"Give a reason of at most {REASON_CHARS} characters.")
     if not grant and not reason.strip():
         raise SignOffRefused(400, "Say why you refuse: the caller is told.")
+    return _decided(found, grant, reason, by=user.get_username(), actor=user.get_username())
+
+
+def sign_off_form_answer(*, sign_off_id: str, grant: bool, reason: str = "") -> SignOff:
+    """The caller's answer to the form their own client showed, where the rule allows it (never four eyes: the
+    agent's channel answered). Audited as a form's, with no console account acting."""
+    found = SignOff.objects.select_related("agent", "team", "signers").get(pk=sign_off_id)
+    if not found.by_form or found.signers_id is not None or found.four_eyes:
+        raise SignOffRefused(403, "This rule does not let the caller sign off in their own client.")
+    by = f"{found.person_name or found.agent.name} (a form in their client)"[:150]
+    return _decided(found, grant, reason or ("" if grant else "refused in their client"), by=by, form=True)
+
+
+def _decided(found: SignOff, grant: bool, reason: str, *, by: str, actor: str = "", form: bool = False) -> SignOff:
+    if len(reason) > REASON_CHARS:
+        raise SignOffRefused(400, f"Give a reason of at most {REASON_CHARS} characters.")
     now = timezone.now()
     if found.state != State.PENDING:
         raise SignOffRefused(409, f"This request was already {found.state}{_by(found)}.")
@@ -277,22 +291,20 @@ def sign_off_decide(*, sign_off_id: str, user: AbstractBaseUser, grant: bool, re
     usable = now + timedelta(seconds=found.valid_seconds) if grant else None
     with transaction.atomic():
         changed = SignOff.objects.filter(pk=found.pk, state=State.PENDING).update(
-            state=state, decided_at=now, decided_by=user.get_username(), reason=reason, usable_until=usable,
-            arguments=None,
-        )  # fmt: skip
+            state=state, decided_at=now, decided_by=by, reason=reason, usable_until=usable, arguments=None
+        )
         if not changed:  # decided by someone else a moment ago
             found.refresh_from_db()
             raise SignOffRefused(409, f"This request was already {found.state}{_by(found)}.")
         for hook in decided_hooks:
             transaction.on_commit(lambda hook=hook: hook(str(found.id)))
-        kind = AuditEvent.Kind.SIGNOFF_GRANTED if grant else AuditEvent.Kind.SIGNOFF_REFUSED
+        detail = {"sign_off": str(found.id), "reason": reason} | ({"by": "form"} if form else {})
         audit_record(
-            kind=kind,
+            kind=AuditEvent.Kind.SIGNOFF_GRANTED if grant else AuditEvent.Kind.SIGNOFF_REFUSED,
             **_row(found),
             **_caller_row(found),
-            actor=user.get_username(),
-            detail={"sign_off": str(found.id), "reason": reason}
-            | ({"usable_until": usable.isoformat()} if usable else {}),
+            actor=actor,
+            detail=detail | ({"usable_until": usable.isoformat()} if usable else {}),
         )
     found.refresh_from_db()
     return found
