@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from gateway_project.dashboard import REFRESH_SECONDS, WINDOWS, gateway_state, window_stats
 from policy.selectors import auditing_teams
+from policy.sign_off_views import sign_offs_live, sign_offs_page
 
 
 class ConsoleSite(admin.AdminSite):
@@ -27,7 +28,11 @@ class ConsoleSite(admin.AdminSite):
 
     def get_urls(self):
         live = path("dashboard/", self.admin_view(self.dashboard_live), name="dashboard_live")
-        return [live, *super().get_urls()]
+        sign_offs = [
+            path("sign-offs/", self.admin_view(sign_offs_page), name="sign_offs"),
+            path("sign-offs/live/", self.admin_view(sign_offs_live), name="sign_offs_live"),
+        ]
+        return [live, *sign_offs, *super().get_urls()]
 
     def index(self, request: HttpRequest, extra_context: dict | None = None) -> TemplateResponse:
         context = extra_context or {}

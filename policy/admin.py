@@ -137,7 +137,11 @@ class RuleAdmin(TeamScopedMixin, AgentPickerMixin, AuditedDeleteMixin, admin.Mod
     fieldsets = (
         (None, {"fields": ("effect", "enabled", "note", "team")}),
         ("Who: empty means anyone", {"fields": ("agent", "agent_group", "person")}),
-        ("Where: empty means any upstream", {"fields": ("upstream", "server_group", "tool_pattern")}),
+        ("Where: empty means any upstream", {"fields": ("upstream", "server_group", ("tool_pattern", "tool_class"))}),
+        (
+            "Sign-off: a sign_off rule only (docs/policy.md)",
+            {"fields": ("signers", "four_eyes", ("sign_off_wait", "sign_off_valid"), "sign_off_by_form")},
+        ),
     )
 
     def changelist_view(self, request, extra_context=None):

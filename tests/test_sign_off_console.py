@@ -1,0 +1,219 @@
+"""The approver's console queue (/admin/sign-offs/): the pending requests the signed-in account may decide, with
+the arguments as the upstream will receive them (escaped: they are the caller's text), and their decision, made
+here or in the REST API only; the list refreshes itself. And the Rule admin's sign-off fields."""
+
+import re
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx2
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.test import Client
+
+from audit.models import AuditEvent
+from policy.decisions import SignOffTerms
+from policy.models import Rule, SignOff, Team, TeamMember, default_team
+from policy.sign_off import sign_off_settle
+from tests.clients import call
+from tests.factories import agent, team
+from tests.helpers import audit_mark, audit_since, run
+from tests.test_console_browser import PASSWORD, signed_in
+from tests.test_sign_off import approver, asking, pending_call, sign_off_rule  # noqa: F401 (fixtures)
+
+QUEUE = "/admin/sign-offs/"
+LIVE = "/admin/sign-offs/live/"
+
+
+@pytest.fixture
+def queue(approver) -> Iterator[tuple[Client, Group, SignOff]]:  # noqa: F811
+    """ann, staff and in the console group `approvers`, on the test client; one request she may decide."""
+    ann, group = approver
+    ann.is_staff = True
+    ann.save()
+    terms = SignOffTerms(1, 1, group.id, False, 60.0, 60.0, False)
+    with agent("queue-dora") as (dora, _key):
+        arguments = {"note": "<script>alert('owned')</script>", "amount": 900}
+        pending = sign_off_settle(asking(dora.id, arguments, terms, issuer="https://idp", subject="dora")).sign_off
+        client = Client()
+        client.force_login(ann)
+        yield client, group, pending
+
+
+def decide(client: Client, sign_off: SignOff | str, decision: str, reason: str = "") -> list[str]:
+    """Post a decision as the page's form does; the messages the queue then shows."""
+    form = {"sign_off": str(getattr(sign_off, "id", sign_off)), "decision": decision, "reason": reason}
+    page = client.post(QUEUE, form, follow=True)
+    assert page.redirect_chain == [(QUEUE, 302)]
+    return [str(message) for message in page.context["messages"]]
+
+
+def test_the_queue_lists_the_requests_the_approver_may_decide_with_their_arguments_escaped(queue):
+    client, group, pending = queue
+    with agent("queue-eli") as (eli, _key):
+        own = sign_off_settle(asking(eli.id, {"a": 1})).sign_off  # signed off by the caller only: not ann's
+        page = client.get(QUEUE)
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert f'id="sign-off-{pending.id}"' in html and f'id="sign-off-{own.id}"' not in html
+    assert "&lt;script&gt;alert(&#x27;owned&#x27;)&lt;/script&gt;" in html and "<script>alert" not in html
+    assert "&quot;amount&quot;: 900" in html and pending.arguments_sha256 in html
+    assert "queue-dora" in html and "dora at https://idp" in html and "demo__add" in html
+    assert "rule 1</a>" not in html and "rule 1, version 1" in html  # ann may not open rules: no link
+    assert 'name="csrfmiddlewaretoken"' in html and "/static/policy/sign_offs." in html
+    live = client.get(LIVE).content.decode()
+    assert f'data-sign-off="{pending.id}"' in live and "<html" not in live
+
+
+def test_an_approver_of_another_team_sees_no_request_and_cannot_decide_one(queue):
+    _client, group, pending = queue
+    with team("queue-other") as other:
+        bob = get_user_model().objects.create_user("queue-bob", is_staff=True)
+        try:
+            bob.groups.add(group)
+            TeamMember.objects.create(team=other, user=bob, role="admin")
+            client = Client()
+            client.force_login(bob)
+            assert "No request waits for you." in client.get(QUEUE).content.decode()
+            assert f"sign-off-{pending.id}" not in client.get(LIVE).content.decode()
+            assert decide(client, pending, "grant") == [f"No sign-off request {str(pending.id)!r}."]
+        finally:
+            bob.delete()
+    pending.refresh_from_db()
+    assert pending.state == "pending"
+
+
+def test_a_decision_by_someone_outside_the_console_group_is_refused_with_the_exact_message(queue):
+    _client, _group, pending = queue
+    cleo = get_user_model().objects.create_user("queue-cleo", is_staff=True)
+    try:
+        TeamMember.objects.create(team=Team.objects.get(pk=pending.team_id), user=cleo, role="admin")
+        client = Client()
+        client.force_login(cleo)
+        assert "No request waits for you." in client.get(QUEUE).content.decode()
+        refused = decide(client, pending, "grant")
+        assert refused == ["Only members of the console group 'approvers' may sign off this call."]
+    finally:
+        cleo.delete()
+    pending.refresh_from_db()
+    assert pending.state == "pending"
+
+
+def test_a_refusal_must_say_why_and_is_audited_with_the_approver_and_the_reason(queue):
+    client, _group, pending = queue
+    assert decide(client, pending, "refuse", "  ") == ["Say why you refuse: the caller is told."]
+    mark = audit_mark()
+    assert decide(client, pending, "refuse", "Not on a Friday.") == [
+        "Refused demo__add for dora: the caller is told why."
+    ]
+    [row] = audit_since(mark)
+    assert (row.kind, row.actor, row.detail["reason"]) == ("signoff_refused", "ann", "Not on a Friday.")
+    assert f"sign-off-{pending.id}" not in client.get(LIVE).content.decode()
+    assert decide(client, pending, "grant") == ["This request was already refused by ann."]
+
+
+def test_a_grant_writes_its_audit_row_naming_the_approver_and_drops_the_arguments(queue):
+    client, _group, pending = queue
+    mark = audit_mark()
+    assert decide(client, pending, "grant") == ["Signed off demo__add for dora: its next identical call runs."]
+    [row] = audit_since(mark)
+    assert (row.kind, row.actor, row.detail["sign_off"]) == ("signoff_granted", "ann", str(pending.id))
+    assert (row.arguments_sha256, row.person_subject) == (pending.arguments_sha256, "dora")
+    pending.refresh_from_db()
+    assert (pending.state, pending.decided_by, pending.arguments) == ("granted", "ann", None)
+
+
+def test_a_decision_the_form_does_not_carry_is_refused_and_nothing_changes(queue):
+    client, _group, pending = queue
+    assert decide(client, pending, "maybe") == [
+        "This decision was not understood (decision: Select a valid choice. maybe is not one of the available "
+        "choices.)."
+    ]
+    assert decide(client, str(uuid.uuid4()) + "x", "grant")[0].startswith("No sign-off request ")
+    pending.refresh_from_db()
+    assert pending.state == "pending"
+
+
+def test_the_queue_asks_a_visitor_to_sign_in_first(db):
+    for page in (QUEUE, LIVE):
+        answer = Client().get(page)
+        assert answer.status_code == 302 and answer["Location"].startswith("/admin/login/")
+
+
+def test_the_rule_form_holds_the_sign_off_fields_and_lists_console_groups_as_signers(admin_client, approver):  # noqa: F811
+    _ann, group = approver
+    html = admin_client.get("/admin/policy/rule/add/").content.decode()
+    assert "Sign-off: a sign_off rule only" in html and 'name="tool_class"' in html
+    assert f'<option value="{group.pk}">approvers</option>' in html
+    form = {"effect": "sign_off", "tool_pattern": "*", "tool_class": "destructive", "signers": group.pk,
+            "four_eyes": "on", "sign_off_wait": "120", "enabled": "on", "team": default_team(),
+            "note": "two people"}  # fmt: skip
+    saved = admin_client.post("/admin/policy/rule/add/", form)
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    made = Rule.objects.get(note="two people")
+    assert (made.signers, made.four_eyes, made.sign_off_wait, made.tool_class) == (group, True, 120, "destructive")
+
+
+# Through a live gateway: over HTTP (the page's own requests, with its CSRF tokens), and in Chromium
+
+
+def staff_approver() -> None:
+    """ann (the `approver` fixture's) made console staff with a password, as console sign-in makes a team member."""
+    ann = get_user_model().objects.get(username="ann")
+    ann.is_staff = True
+    ann.set_password(PASSWORD)
+    ann.save()
+
+
+def csrf_of(html: str) -> str:
+    return re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)[1]
+
+
+def test_over_http_the_live_list_shows_a_new_request_whose_sign_off_lets_the_call_run(inline_gateway, sign_off_rule):  # noqa: F811
+    _carol, key, _made = sign_off_rule
+    staff_approver()
+    with httpx2.Client(base_url=inline_gateway.url, timeout=10, follow_redirects=True) as http:
+        login = http.get(f"/admin/login/?next={QUEUE}")
+        form = {"username": "ann", "password": PASSWORD, "next": QUEUE, "csrfmiddlewaretoken": csrf_of(login.text)}
+        page = http.post(f"/admin/login/?next={QUEUE}", data=form)
+        assert (page.url.path, "No request waits for you." in page.text) == (QUEUE, True)
+        script = re.search(r'src="(/static/policy/sign_offs\.[0-9a-f]+\.js)"', page.text)[1]
+        assert "setInterval" in http.get(script).text
+        ident = pending_call(inline_gateway, key, {"a": 1, "b": 2}, "legacy").data["signOffId"]
+        live = http.get(LIVE).text
+        assert f'data-sign-off="{ident}"' in live
+        decision = {"sign_off": ident, "decision": "grant", "reason": "", "csrfmiddlewaretoken": csrf_of(live)}
+        decided = http.post(QUEUE, data=decision)
+        assert "Signed off demo__add for signoff-carol: its next identical call runs." in decided.text
+        assert f'data-sign-off="{ident}"' not in decided.text
+    result = run(lambda: call(inline_gateway.url, key, "demo__add", {"a": 1, "b": 2}))
+    assert result.content[0].text == "3"
+
+
+def test_in_chromium_an_approver_sees_a_new_request_appear_signs_it_off_and_the_call_runs(
+    inline_gateway,
+    sign_off_rule,  # noqa: F811
+    browser,
+):
+    _carol, key, _made = sign_off_rule
+    staff_approver()
+    with signed_in(browser, inline_gateway.url, "ann", ready="#sign-offs-link") as page:
+        page.click("#sign-offs-link")
+        page.wait_for_selector("#sign-off-none")
+        with ThreadPoolExecutor(1) as thread:  # this thread holds Playwright's event loop
+            asked = thread.submit(pending_call, inline_gateway, key, {"a": 20, "b": 22}, "legacy").result()
+        ident = asked.data["signOffId"]
+        item = page.wait_for_selector(f"#sign-off-{ident}")  # no reload: the list refreshed itself
+        assert '"a": 20' in item.inner_text() and page.locator("#sign-off-none").count() == 0
+        mark = audit_mark()
+        page.click(f"#sign-off-{ident} .sign-off-grant")
+        message = page.wait_for_selector(".messagelist .success").inner_text()
+        assert message == "Signed off demo__add for signoff-carol: its next identical call runs."
+        with ThreadPoolExecutor(1) as thread:
+            result = thread.submit(run, lambda: call(inline_gateway.url, key, "demo__add", {"a": 20, "b": 22})).result()
+    assert result.content[0].text == "42"
+    kinds = [(row.kind, row.actor) for row in audit_since(mark)]
+    assert ("signoff_granted", "ann") in kinds and ("completed", "") in kinds
+    assert AuditEvent.objects.get(id__gt=mark, kind="approved").detail["sign_off"] == ident
