@@ -6,6 +6,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx2
 import pytest
@@ -67,36 +68,36 @@ def test_the_queue_lists_the_requests_the_approver_may_decide_with_their_argumen
     assert f'data-sign-off="{pending.id}"' in live and "<html" not in live
 
 
+@contextmanager
+def console_member(name: str, team: Team, groups: tuple[Group, ...] = ()) -> Iterator[Client]:
+    """A staff account, `admin` of `team` and in `groups`, signed in on the test client."""
+    user = get_user_model().objects.create_user(name, is_staff=True)
+    try:
+        user.groups.set(groups)
+        TeamMember.objects.create(team=team, user=user, role="admin")
+        client = Client()
+        client.force_login(user)
+        yield client
+    finally:
+        user.delete()
+
+
 def test_an_approver_of_another_team_sees_no_request_and_cannot_decide_one(queue):
     _client, group, pending = queue
-    with team("queue-other") as other:
-        bob = get_user_model().objects.create_user("queue-bob", is_staff=True)
-        try:
-            bob.groups.add(group)
-            TeamMember.objects.create(team=other, user=bob, role="admin")
-            client = Client()
-            client.force_login(bob)
-            assert "No request waits for you." in client.get(QUEUE).content.decode()
-            assert f"sign-off-{pending.id}" not in client.get(LIVE).content.decode()
-            assert decide(client, pending, "grant") == [f"No sign-off request {str(pending.id)!r}."]
-        finally:
-            bob.delete()
+    with team("queue-other") as other, console_member("queue-bob", other, (group,)) as bob:
+        assert "No request waits for you." in bob.get(QUEUE).content.decode()
+        assert f"sign-off-{pending.id}" not in bob.get(LIVE).content.decode()
+        assert decide(bob, pending, "grant") == [f"No sign-off request {str(pending.id)!r}."]
     pending.refresh_from_db()
     assert pending.state == "pending"
 
 
 def test_a_decision_by_someone_outside_the_console_group_is_refused_with_the_exact_message(queue):
     _client, _group, pending = queue
-    cleo = get_user_model().objects.create_user("queue-cleo", is_staff=True)
-    try:
-        TeamMember.objects.create(team=Team.objects.get(pk=pending.team_id), user=cleo, role="admin")
-        client = Client()
-        client.force_login(cleo)
-        assert "No request waits for you." in client.get(QUEUE).content.decode()
-        refused = decide(client, pending, "grant")
-        assert refused == ["Only members of the console group 'approvers' may sign off this call."]
-    finally:
-        cleo.delete()
+    with console_member("queue-cleo", Team.objects.get(pk=pending.team_id)) as cleo:
+        assert "No request waits for you." in cleo.get(QUEUE).content.decode()
+        refused = decide(cleo, pending, "grant")
+    assert refused == ["Only members of the console group 'approvers' may sign off this call."]
     pending.refresh_from_db()
     assert pending.state == "pending"
 
