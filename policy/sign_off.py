@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import rfc8785
@@ -21,6 +22,7 @@ from audit.services import audit_record
 from policy.decisions import SignOffTerms
 from policy.models import Person, SignOff, TeamRole
 from policy.selectors import teams_of
+from policy.sign_off_listeners import sign_off_asked_tell
 
 State = SignOff.State
 REASON_CHARS = 500
@@ -148,6 +150,7 @@ def _ask(asking: Asking, now: Any) -> SignOff:
                 "wait_until": made.wait_until.isoformat(),
             },
         )
+        transaction.on_commit(partial(sign_off_asked_tell, str(made.id)), robust=True)
     return made
 
 
