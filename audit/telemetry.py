@@ -49,6 +49,12 @@ AUDIT_FAILURES = Counter(
     "Call rows the audit could not write (the call refused, or its result withheld), by row kind",
     ["kind"],
 )
+SIGN_OFF_NOTIFICATIONS = Counter(
+    "switchboard_sign_off_notifications",
+    "Sign-off notifications to approvers (registry/sign_off_notify.py), by outcome: delivered, failed (after its "
+    "retries, or an answer not worth retrying) or refused (by the egress guard)",
+    ["outcome"],
+)
 SESSIONS = Gauge("switchboard_open_sessions", "Stateful MCP sessions open in this process", ["transport"])
 HTTP_REQUESTS = Counter(
     "switchboard_http_requests", "HTTP requests answered, by route, method and status", ["route", "method", "status"]

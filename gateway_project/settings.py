@@ -1,10 +1,13 @@
 """Settings, read from the environment. Defaults run on a laptop: SQLite, in-memory channel layer,
 inline executor. DATABASE_URL switches to PostgreSQL; REDIS_URL to Redis and the Celery executor."""
 
+import base64
+import binascii
 import json
 import re
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -393,6 +396,41 @@ GATEWAY_SIGN_OFF_PENDING_PER_CALLER = env_int("GATEWAY_SIGN_OFF_PENDING_PER_CALL
 GATEWAY_SIGN_OFF_HOLD_SECONDS = env_int("GATEWAY_SIGN_OFF_HOLD_SECONDS", 60, minimum=0, maximum=3600)
 GATEWAY_SIGN_OFF_RETRY_SECONDS = env_int("GATEWAY_SIGN_OFF_RETRY_SECONDS", 10, minimum=1, maximum=3600)
 GATEWAY_SIGN_OFF_SWEEP_SECONDS = env_float("GATEWAY_SIGN_OFF_SWEEP_SECONDS", 30.0, minimum=0.1, maximum=3600)
+# Each new sign-off request is told to one deployment-wide URL in the Standard Webhooks format, signed with its
+# `whsec_` secret (docs/policy.md, "Notification"): each attempt waits at most the timeout, and one that failed is
+# tried again this many times, 1 s later, then twice as long after each. Empty URL: no notification.
+GATEWAY_SIGN_OFF_WEBHOOK_URL = env_str("GATEWAY_SIGN_OFF_WEBHOOK_URL")
+GATEWAY_SIGN_OFF_WEBHOOK_SECRET = env_str("GATEWAY_SIGN_OFF_WEBHOOK_SECRET")
+GATEWAY_SIGN_OFF_WEBHOOK_TIMEOUT = env_float("GATEWAY_SIGN_OFF_WEBHOOK_TIMEOUT", 5.0, minimum=0.1, maximum=60)
+GATEWAY_SIGN_OFF_WEBHOOK_RETRIES = env_int("GATEWAY_SIGN_OFF_WEBHOOK_RETRIES", 3, minimum=0, maximum=10)
+
+
+def _sign_off_webhook_check() -> None:
+    """A notification URL needs a secret to sign with and the public URL its console link starts with; the secret
+    is never named in the message."""
+    url = GATEWAY_SIGN_OFF_WEBHOOK_URL
+    if not url:
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ImproperlyConfigured("GATEWAY_SIGN_OFF_WEBHOOK_URL must be an http:// or https:// URL")
+    secret = GATEWAY_SIGN_OFF_WEBHOOK_SECRET.removeprefix("whsec_")
+    try:
+        key = base64.b64decode(secret, validate=True)
+    except binascii.Error:
+        key = b""
+    if not GATEWAY_SIGN_OFF_WEBHOOK_SECRET.startswith("whsec_") or not 24 <= len(key) <= 64:
+        raise ImproperlyConfigured(
+            "GATEWAY_SIGN_OFF_WEBHOOK_SECRET must be `whsec_` and the base64 of 24 to 64 random bytes "
+            "(GATEWAY_SIGN_OFF_WEBHOOK_URL is set)"
+        )
+    if not GATEWAY_PUBLIC_URL:
+        raise ImproperlyConfigured(
+            "GATEWAY_SIGN_OFF_WEBHOOK_URL needs GATEWAY_PUBLIC_URL: each notification links to the console there"
+        )
+
+
+_sign_off_webhook_check()
 GATEWAY_BREAKER_FAILURES = env_int("GATEWAY_BREAKER_FAILURES", 5, minimum=1, maximum=1000)
 GATEWAY_BREAKER_RECOVERY_SECONDS = env_float("GATEWAY_BREAKER_RECOVERY_SECONDS", 30.0, minimum=0.1, maximum=3600)
 # A circuit first opens this long (a crash a restart cures is over by then); each failed probe doubles it, up

@@ -14,6 +14,7 @@ from gateway_project.lib.database import database_async
 from gateway_project.lib.process_task import ProcessTask
 from registry.executor import held_by, is_reply_key, reply_after, reply_now
 from registry.services import upstream_health_probe
+from registry.sign_off_notify import sign_off_notify_attempt, sign_off_notify_publish
 from registry.upstreams.loop import held_tunnel_close, pool_thread
 from registry.upstreams.outcome import Outcome, failure
 from registry.upstreams.relay import ChannelRelay, Relay, cancellable
@@ -159,3 +160,18 @@ def oauth_finish_task(
         upstream_id, material, sealed_code, redirect_uri, person_issuer, person_subject, person_name
     )
     pool_thread().submit(reply_after(reply_to, finishing)).result()
+
+
+@shared_task(
+    name="registry.notify_sign_off",
+    base=Checked,
+    ignore_result=True,
+    time_limit=settings.GATEWAY_SIGN_OFF_WEBHOOK_TIMEOUT + 30,
+)
+def notify_sign_off_task(*, sign_off_id: str, attempt: int = 0) -> None:
+    """One attempt to tell approvers of a new sign-off request (registry/sign_off_notify.py); the next, if one is
+    due, is a task of its own after its countdown, so no worker thread waits out the backoff."""
+    attempting = sign_off_notify_attempt(sign_off_id=sign_off_id, attempt=attempt)
+    delay = pool_thread().submit(attempting).result()
+    if delay is not None:
+        sign_off_notify_publish(sign_off_id=sign_off_id, attempt=attempt + 1, countdown=delay)
