@@ -27,7 +27,7 @@ class HandoffConfig(AppConfig):
         from handoff.mcp.list_changed import upstream_changed_tell
         from handoff.mcp.pipeline.sign_off import decided_tell
         from policy.config_version import on_routing_row_changed
-        from policy.sign_off import decided_hooks
+        from policy.sign_off_listeners import on_sign_off_decided
         from registry.upstreams.loop import on_upstream_change
 
         # In its own transaction, whatever saved the row (a service, an admin form, a shell); queryset updates
@@ -41,7 +41,7 @@ class HandoffConfig(AppConfig):
         m2m_changed.connect(on_routing_row_changed, sender=agent_members, dispatch_uid="snapshot-members")
         m2m_changed.connect(on_routing_row_changed, sender=shares, dispatch_uid="snapshot-shares")
         on_upstream_change(upstream_changed_tell)  # after registry's resync (INSTALLED_APPS order)
-        decided_hooks.append(decided_tell)  # a sign-off decided wakes the calls waiting for it
+        on_sign_off_decided(decided_tell)  # a sign-off decided wakes the calls waiting for it
         autodiscover_modules("triage")  # Python triage tools (handoff/triage.py)
         import handoff.result_filter  # noqa: F401  the built-in after-execute stage, first of its chain
 

@@ -5,7 +5,6 @@ rule's id and version and the tool's pinned definition; a grant lets exactly one
 
 import hashlib
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from functools import partial
@@ -22,12 +21,10 @@ from audit.services import audit_record
 from policy.decisions import SignOffTerms
 from policy.models import Person, SignOff, TeamRole
 from policy.selectors import teams_of
-from policy.sign_off_listeners import sign_off_asked_tell
+from policy.sign_off_listeners import sign_off_asked_tell, sign_off_decided_tell
 
 State = SignOff.State
 REASON_CHARS = 500
-# Told the id of each request decided, once committed: the web processes wake the calls waiting for it.
-decided_hooks: list[Callable[[str], None]] = []
 
 
 def arguments_digest(arguments: Any) -> str:
@@ -299,8 +296,7 @@ def _decided(found: SignOff, grant: bool, reason: str, *, by: str, actor: str = 
         if not changed:  # decided by someone else a moment ago
             found.refresh_from_db()
             raise SignOffRefused(409, f"This request was already {found.state}{_by(found)}.")
-        for hook in decided_hooks:
-            transaction.on_commit(lambda hook=hook: hook(str(found.id)))
+        transaction.on_commit(partial(sign_off_decided_tell, str(found.id)), robust=True)
         detail = {"sign_off": str(found.id), "reason": reason} | ({"by": "form"} if form else {})
         audit_record(
             kind=AuditEvent.Kind.SIGNOFF_GRANTED if grant else AuditEvent.Kind.SIGNOFF_REFUSED,

@@ -182,7 +182,7 @@ def test_over_http_the_live_list_shows_a_new_request_whose_sign_off_lets_the_cal
         assert (page.url.path, "No request waits for you." in page.text) == (QUEUE, True)
         script = re.search(r'src="(/static/policy/sign_offs\.[0-9a-f]+\.js)"', page.text)[1]
         assert "setInterval" in http.get(script).text
-        ident = pending_call(inline_gateway, key, {"a": 1, "b": 2}, "legacy").data["signOffId"]
+        ident = pending_call(inline_gateway, key, {"a": 1, "b": 2}).data["signOffId"]
         live = http.get(LIVE).text
         assert f'data-sign-off="{ident}"' in live
         decision = {"sign_off": ident, "decision": "grant", "reason": "", "csrfmiddlewaretoken": csrf_of(live)}
@@ -204,7 +204,7 @@ def test_in_chromium_an_approver_sees_a_new_request_appear_signs_it_off_and_the_
         page.click("#sign-offs-link")
         page.wait_for_selector("#sign-off-none")
         with ThreadPoolExecutor(1) as thread:  # this thread holds Playwright's event loop
-            asked = thread.submit(pending_call, inline_gateway, key, {"a": 20, "b": 22}, "legacy").result()
+            asked = thread.submit(pending_call, inline_gateway, key, {"a": 20, "b": 22}).result()
         ident = asked.data["signOffId"]
         item = page.wait_for_selector(f"#sign-off-{ident}")  # no reload: the list refreshed itself
         assert '"a": 20' in item.inner_text() and page.locator("#sign-off-none").count() == 0

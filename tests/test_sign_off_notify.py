@@ -36,6 +36,8 @@ SECRET = "whsec_" + base64.b64encode(b"a key for sign-off notifications!").decod
 PUBLIC = "https://switchboard.example.test"
 HANG = 0  # in a receiver's script: hold the request until released
 
+MODERN = "2026-07-28"  # told at once: a 2025-11-25 call would wait for the decision
+
 
 class Receiver:
     """A webhook endpoint: it answers each POST with the next status of its script (200 once the script is done);
@@ -149,7 +151,7 @@ def verified(message: tuple[dict[str, str], bytes]) -> dict[str, Any]:
 
 def test_a_new_request_is_told_once_signed_with_its_console_link_and_never_its_arguments(notifying_gateway, dana, hook):
     made, key = dana
-    ident = pending_call(notifying_gateway, key, {"a": 40, "b": 2}, "legacy").data["signOffId"]
+    ident = pending_call(notifying_gateway, key, {"a": 40, "b": 2}).data["signOffId"]
     [message] = hook.wait_for(1)
     asked = SignOff.objects.select_related("team").get(pk=ident)
     assert verified(message) == {
@@ -170,9 +172,9 @@ def test_a_new_request_is_told_once_signed_with_its_console_link_and_never_its_a
         },
     }
     assert message[0]["webhook-id"] == f"sign_off_{ident}" and message[0]["content-type"] == "application/json"
-    joined = run(lambda: call(notifying_gateway.url, key, "demo__add", {"b": 2, "a": 40}))
+    joined = run(lambda: call(notifying_gateway.url, key, "demo__add", {"b": 2, "a": 40}, mode=MODERN))
     assert joined.data["signOffId"] == ident  # the same call: it joins the request, and nobody is told again
-    other = run(lambda: call(notifying_gateway.url, key, "demo__add", {"a": 40, "b": 3})).data["signOffId"]
+    other = run(lambda: call(notifying_gateway.url, key, "demo__add", {"a": 40, "b": 3}, mode=MODERN)).data["signOffId"]
     first, second = hook.wait_for(2)
     assert (first, verified(second)["data"]["id"]) == (message, other)
     assert len(hook.messages) == 2
@@ -181,7 +183,7 @@ def test_a_new_request_is_told_once_signed_with_its_console_link_and_never_its_a
 def test_a_receiver_that_fails_is_tried_again_with_the_same_message(notifying_gateway, dana, hook):
     made, key = dana
     hook.reset(500)
-    ident = pending_call(notifying_gateway, key, {"a": 50, "b": 1}, "legacy").data["signOffId"]
+    ident = pending_call(notifying_gateway, key, {"a": 50, "b": 1}).data["signOffId"]
     failed, taken = hook.wait_for(2)
     assert verified(failed) == verified(taken) and verified(taken)["data"]["id"] == ident
     assert failed[0]["webhook-id"] == taken[0]["webhook-id"] == f"sign_off_{ident}"
@@ -196,7 +198,7 @@ def test_a_receiver_that_never_answers_does_not_hold_the_agents_answer(notifying
 
     async def bounded() -> Any:
         with anyio.fail_after(10):  # the gateway would wait 30 s for the receiver
-            return await call(notifying_gateway.url, key, "demo__add", {"a": 60, "b": 1})
+            return await call(notifying_gateway.url, key, "demo__add", {"a": 60, "b": 1}, mode=MODERN)
 
     answer = run(bounded)
     assert answer.data["code"] == "SIGNOFF_PENDING"
@@ -278,13 +280,13 @@ def test_with_celery_a_worker_sends_it_and_retries_it(server_env, world, dana, r
     """A worker and a gateway of their own, on a broker of their own: the shared worker has no notification URL."""
     needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Redis, so no Celery executor")
     made, key = dana
-    broker = urlsplit(os.environ["REDIS_URL"])._replace(path="/11").geturl()
+    broker = urlsplit(os.environ["REDIS_URL"])._replace(path="/14").geturl()
     env = server_env | notifying(receiver) | {"GATEWAY_EXECUTOR": "celery", "CELERY_BROKER_URL": broker}
     worker = servers.start_worker(env, logs / "worker-sign-off-notify.log")
     gateway = servers.start_gateway(servers.web_env(env, "celery"), logs / "gateway-celery-sign-off-notify.log")
     try:
         receiver.reset(503)
-        ident = pending_call(gateway, key, {"a": 70, "b": 1}, "2026-07-28").data["signOffId"]
+        ident = pending_call(gateway, key, {"a": 70, "b": 1}).data["signOffId"]
         failed, taken = receiver.wait_for(2)
         assert verified(failed) == verified(taken)
         assert verified(taken)["data"]["console_url"] == f"{PUBLIC}/admin/sign-offs/#{ident}"

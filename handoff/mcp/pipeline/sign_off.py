@@ -7,7 +7,6 @@ waiting for a person holds no share of any limit, and a waiting call holds an ev
 connection: decisions wake it through the change relay, from whichever web process made them."""
 
 import asyncio
-import logging
 import time
 
 from asgiref.sync import async_to_sync
@@ -23,7 +22,6 @@ from policy.decisions import POLICY_DENIED, RETRY_LATER, Denial
 from policy.models import SignOff
 from policy.sign_off import Asking, Binding, Settled, arguments_digest, sign_off_settle, sign_off_state
 
-logger = logging.getLogger(__name__)
 PENDING, REFUSED, REQUIRED, BUSY = "SIGNOFF_PENDING", "SIGNOFF_REFUSED", "SIGNOFF_REQUIRED", "SIGNOFF_BUSY"
 EXPIRED = "SIGNOFF_EXPIRED"
 DECIDED = "sign_off.decided"  # the relay's message: {"type": DECIDED, "id": <sign-off id>}
@@ -41,12 +39,10 @@ relay_handlers[DECIDED] = _decided_here
 
 
 def decided_tell(ident: str) -> None:
-    """Wake the calls waiting for this request, in every web process (policy.sign_off.decided_hooks). A wake-up
-    lost (the channel layer down) delays the call until its next read of the request, never loses the decision."""
-    try:
-        async_to_sync(relay_everywhere)({"type": DECIDED, "id": ident})
-    except Exception:
-        logger.exception("sign-off %s decided, but the waiting calls could not be woken", ident)
+    """Wake the calls waiting for this request, in every web process (policy/sign_off_listeners.py). A wake-up
+    lost (the channel layer down: logged by the decision's on_commit) delays a call until its next read of the
+    request, never loses the decision."""
+    async_to_sync(relay_everywhere)({"type": DECIDED, "id": ident})
 
 
 async def sign_off_stage(call: Call) -> None:
