@@ -513,3 +513,40 @@ def test_a_2026_client_is_asked_by_url_elicitation_and_its_retry_runs_once_signe
     result = run(scenario)
     assert result.content[0].text == "42"
     assert asked[-1].startswith(f"{gateway.url}/account/sign-offs/")
+
+
+@pytest.mark.parametrize(("action", "text"), [("accept", "42"), ("decline", None)])
+def test_where_the_rule_allows_a_2025_client_answers_a_form_and_it_is_audited_as_such(
+    gateway, own_sign_off, action, text
+):
+    pat, key = own_sign_off
+    rule = Rule.objects.get(agent__name="signoff-own")
+    rule.sign_off_by_form = True
+    rule.save()
+    asked: list[str] = []
+
+    async def answered(context, params):
+        asked.append(params.message)
+        return types.ElicitResult(action=action, content={"reason": "no"} if action == "decline" else None)
+
+    async def scenario():
+        async with sdk_client(gateway.url, key, "legacy", elicitation_callback=answered) as client:
+            try:
+                return await client.call_tool("demo__add", {"a": 40, "b": 2})
+            except MCPError as refused:
+                return refused
+
+    mark = audit_mark()
+    answer = eventually(lambda: (found := run(scenario)) and asked and found)
+    assert (
+        asked[-1]
+        == 'Sign off this call of \'demo__add\' with {"a": 40, "b": 2}? Accept runs it, once; decline refuses it.'
+    )
+    decided = [r for r in audit_since(mark) if r.kind in ("signoff_granted", "signoff_refused")][-1]
+    assert (decided.actor, decided.detail["by"]) == ("", "form")
+    if text:
+        assert answer.content[0].text == text and decided.kind == "signoff_granted"
+    else:
+        assert answer.data["code"] == "SIGNOFF_REFUSED" and str(answer).startswith(
+            "Pat (a form in their client) refused"
+        )

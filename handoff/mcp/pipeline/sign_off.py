@@ -7,11 +7,13 @@ waiting for a person holds no share of any limit, and a waiting call holds an ev
 connection: decisions wake it through the change relay, from whichever web process made them."""
 
 import asyncio
+import json
 import time
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.utils import timezone
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway_project.lib.database import database_async
@@ -20,12 +22,22 @@ from handoff.mcp.list_changed import change_relay, relay_everywhere, relay_handl
 from handoff.mcp.pipeline.call import AGENT, CODE, Call
 from policy.decisions import POLICY_DENIED, RETRY_LATER, Denial
 from policy.models import SignOff
-from policy.sign_off import Asking, Binding, Settled, arguments_digest, sign_off_settle, sign_off_state
+from policy.sign_off import (
+    Asking,
+    Binding,
+    Settled,
+    SignOffRefused,
+    arguments_digest,
+    sign_off_form_answer,
+    sign_off_settle,
+    sign_off_state,
+)
 
 PENDING, REFUSED, REQUIRED, BUSY = "SIGNOFF_PENDING", "SIGNOFF_REFUSED", "SIGNOFF_REQUIRED", "SIGNOFF_BUSY"
 EXPIRED = "SIGNOFF_EXPIRED"
 DECIDED = "sign_off.decided"  # the relay's message: {"type": DECIDED, "id": <sign-off id>}
 PROGRESS_SECONDS = 10.0  # between progress notifications to a waiting call
+FORM = {"type": "object", "properties": {"reason": {"type": "string", "title": "Why", "maxLength": 500}}}
 RECHECK_SECONDS = 60.0  # a waiting call reads its request again this often, should a wake-up be lost
 _waiting: dict[str, set[asyncio.Event]] = {}  # this process's waiting calls, by sign-off id
 
@@ -78,6 +90,8 @@ async def sign_off_stage(call: Call) -> None:
     settled = await database_async(sign_off_settle)(asking)
     if settled.state == SignOff.State.PENDING and terms.signers is not None and _holds(call):
         settled = await _wait(call, asking, settled)
+    elif settled.state == SignOff.State.PENDING and terms.by_form and _holds(call) and _asks_forms(call):
+        settled = await _by_form(call, asking, settled)
     if settled.state == SignOff.State.GRANTED:
         assert settled.sign_off is not None
         call.signed_off = str(settled.sign_off.id)
@@ -89,6 +103,35 @@ def _account(caller: Caller) -> int | None:
     """The console account a personal key or the built-in server's token names: its own issuer, a user's id."""
     own = caller.person_issuer and caller.person_issuer == caller.public_url
     return int(caller.person_subject) if own and caller.person_subject.isdigit() else None
+
+
+def _asks_forms(call: Call) -> bool:
+    """Whether the agent's client shows forms: it declared elicitation, in form mode (an empty declaration is)."""
+    assert call.ctx is not None
+    capabilities = call.ctx.session.client_capabilities
+    elicitation = capabilities.elicitation if capabilities else None
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
+
+
+async def _by_form(call: Call, asking: Asking, settled: Settled) -> Settled:
+    """Ask the caller in their own client, where the rule allows it: accepted, the call runs; declined, refused;
+    dismissed, still pending (the link is in the refusal)."""
+    assert settled.sign_off is not None and call.ctx is not None
+    ident = str(settled.sign_off.id)
+    arguments = json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)
+    message = f"Sign off this call of {call.name!r} with {arguments}? Accept runs it, once; decline refuses it."
+    try:
+        answer = await call.ctx.session.elicit_form(message, FORM, related_request_id=call.ctx.request_id)
+    except MCPError:  # the client could not show it (NoBackChannelError among them): the link stands
+        return settled
+    if answer.action == "cancel":
+        return settled
+    reason = str((answer.content or {}).get("reason", ""))[:500]
+    try:
+        await database_async(sign_off_form_answer)(sign_off_id=ident, grant=answer.action == "accept", reason=reason)
+    except SignOffRefused:  # decided or expired meanwhile: as it stands now
+        pass
+    return await database_async(sign_off_settle)(asking)
 
 
 def _holds(call: Call) -> bool:
