@@ -430,3 +430,34 @@ class ConnectAttempt(models.Model):
     person_name = models.CharField(max_length=150, blank=True)
     material = models.JSONField(default=dict, help_text="Endpoints, client, the PKCE verifier sealed")
     expires_at = models.DateTimeField()
+
+
+class LocalPrefix(models.Model):
+    """A team's own name for another team's upstream: its agents see that upstream's tools as
+    `<prefix><separator><tool>` and its resources as `<prefix>+<uri>`, in place of the upstream's own namespace.
+    Given by the borrowing team (issue 36: names across teams), so that a share whose names the team already
+    uses can go ahead; it takes effect while the upstream is shared with the team."""
+
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="local_prefixes")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="local_prefixes")
+    prefix = models.CharField(
+        max_length=32, validators=[slug_validator], help_text="Namespace of the upstream's tools for this team"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team__slug", "prefix"]
+        constraints = [
+            models.UniqueConstraint(fields=["upstream", "team"], name="local_prefix_one_per_team"),
+            models.UniqueConstraint(fields=["team", "prefix"], name="local_prefix_unique_in_team"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug}: {self.prefix} ({self.upstream.slug})"
+
+    def clean(self) -> None:
+        if self.prefix == settings.GATEWAY_NAME:
+            raise ValidationError({"prefix": f"{self.prefix!r} is the gateway's own namespace (GATEWAY_NAME)."})
+        if self.upstream_id and self.team_id and self.upstream.team_id == self.team_id:
+            raise ValidationError({"prefix": "A team names its own upstream by its slug: change the slug instead."})

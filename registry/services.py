@@ -6,6 +6,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -19,9 +20,10 @@ from policy.models import Team, team_slug_of
 from policy.services import TeamRefused
 from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
-from registry.models import Tool, Upstream, query_split
+from registry.models import LocalPrefix, Tool, Upstream, query_split
 from registry.naming import exposed_name, split_exposed_name
 from registry.package_pins import package_pin
+from registry.selectors import name_collisions, namespace_of, share_collisions, team_names, teams_seeing
 from registry.upstreams.health import command_missing
 from registry.upstreams.loop import pool_thread
 from registry.upstreams.outcome import DOCUMENT_REFUSED
@@ -169,10 +171,32 @@ def _taken_names(upstream: Upstream) -> dict[str, str]:
     return {exposed_name(tool.upstream.namespace, tool.name): tool.upstream.slug for tool in others}
 
 
-def _collision(upstream: Upstream, name: str, taken: dict[str, str]) -> str | None:
+@dataclass(frozen=True)
+class TeamView:
+    """What one team that sees the upstream calls it, and the names its agents see from other upstreams."""
+
+    team: str
+    namespace: str
+    taken: dict[str, str]
+
+
+def _team_views(upstream: Upstream) -> list[TeamView]:
+    """Each team seeing the upstream, under the name it gives it: a team's local prefix for another upstream
+    may already hold a name this upstream would expose to it."""
+    return [
+        TeamView(team.slug, namespace_of(upstream=upstream, team=team), team_names(team=team, leave_out=upstream))
+        for team in teams_seeing(upstream=upstream)
+    ]
+
+
+def _collision(upstream: Upstream, name: str, taken: dict[str, str], views: list[TeamView]) -> str | None:
     exposed = exposed_name(upstream.namespace, name)
     if owner := taken.get(exposed):
         return f"its name {exposed!r} is already exposed by upstream {owner!r}"
+    for view in views:
+        seen = exposed_name(view.namespace, name)
+        if owner := view.taken.get(seen):
+            return f"team {view.team!r} already sees {seen!r} from upstream {owner!r}"
     if upstream.prefixed or (parts := split_exposed_name(name)) is None:
         return None
     # An unprefixed tool named `github__delete_repo` would pass for github's tool, out of reach of the rules
@@ -205,7 +229,7 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
     existing = {tool.name: tool for tool in upstream.tools.all()}
     first_sync = upstream.last_synced_at is None and not existing
     seen: set[str] = set()
-    taken, collisions, colliding = _taken_names(upstream), [], set()
+    taken, views, collisions, colliding = _taken_names(upstream), _team_views(upstream), [], set()
     for definition in definitions:
         if problem := _refusal(definition, seen):
             name = definition.get("name") if isinstance(definition, dict) else None
@@ -213,7 +237,7 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
             continue
         name = definition["name"]
         seen.add(name)
-        if collision := _collision(upstream, name, taken):
+        if collision := _collision(upstream, name, taken, views):
             collisions.append(f"{name!r}: {collision}")
             colliding.add(name)
             continue
@@ -372,3 +396,65 @@ def team_delete(*, team: Team, actor: str) -> None:
         detail = {"action": "team_deleted", "name": team.name}
         team.delete()
         audit_record(kind="admin_change", actor=actor, team=team.slug, detail=detail)
+
+
+def share_refusal(*, upstream: Upstream, teams: list[Team], shared_with_all: bool) -> str:
+    """Why sharing the upstream with `teams` (or with all) is refused, or "": a borrower already uses one of the
+    names it would expose (its own upstreams' or another borrowed one's), unless a local prefix of its tells
+    them apart."""
+    borrowers = list(Team.objects.exclude(pk=upstream.team_id).order_by("slug")) if shared_with_all else teams
+    found = share_collisions(upstream=upstream, teams=borrowers)
+    return " ".join(
+        f"Team {team!r} already uses {', '.join(names)}: sharing {upstream.slug!r} with it would expose "
+        f"{'it' if len(names) == 1 else 'them'} twice. Its admin can give {upstream.slug!r} a local prefix "
+        "first, then share it again."
+        for team, names in found.items()
+    )
+
+
+def upstream_share(*, upstream: Upstream, teams: list[Team], shared_with_all: bool, actor: str) -> None:
+    """Share the upstream with exactly `teams` (and with all, or not): refused (ValidationError) when a borrower
+    would see a name twice. Audited; every process sees it with the configuration version."""
+    if upstream.team in teams:
+        raise ValidationError({"shared_with": f"Team {upstream.team.slug!r} owns this upstream: share it with others."})
+    if problem := share_refusal(upstream=upstream, teams=teams, shared_with_all=shared_with_all):
+        raise ValidationError({"shared_with": problem})
+    with transaction.atomic():
+        before = {"shared_with": sorted(upstream.shared_with.values_list("slug", flat=True))}
+        before["shared_with_all"] = upstream.shared_with_all
+        Upstream.objects.filter(pk=upstream.pk).update(shared_with_all=shared_with_all, updated_at=timezone.now())
+        upstream.shared_with_all = shared_with_all
+        upstream.shared_with.set(teams)
+        after = {"shared_with": sorted(team.slug for team in teams), "shared_with_all": shared_with_all}
+        config_changed()
+        detail = {"action": "upstream_shared", "before": before, "after": after}
+        audit_record(
+            kind="admin_change", actor=actor, upstream=upstream.slug, team=team_slug_of(upstream), detail=detail
+        )
+
+
+def local_prefix_set(*, upstream: Upstream, team: Team, prefix: str, actor: str) -> LocalPrefix | None:
+    """Give the borrowed upstream a local prefix for the team's agents ("" takes it away: its own namespace again).
+    The team's exposed names change, so it is refused (ValidationError) if one would be a name the team already
+    sees from another upstream, and it is an audit row of the team's naming both prefixes."""
+    row = LocalPrefix.objects.filter(upstream=upstream, team=team).first()
+    before = row.prefix if row else ""
+    candidate = row or LocalPrefix(upstream=upstream, team=team)
+    candidate.prefix = prefix
+    if prefix:
+        candidate.full_clean(validate_constraints=False)
+        if LocalPrefix.objects.filter(team=team, prefix=prefix).exclude(upstream=upstream).exists():
+            raise ValidationError({"prefix": f"Team {team.slug!r} already gives {prefix!r} to another upstream."})
+    if names := name_collisions(upstream=upstream, team=team, namespace=prefix or upstream.namespace):
+        raise ValidationError(
+            {"prefix": f"Team {team.slug!r} already uses {', '.join(names)}: choose another local prefix."}
+        )
+    with transaction.atomic():
+        if prefix:
+            candidate.save()
+        elif row:
+            row.delete()
+        config_changed()
+        detail = {"action": "local_prefix_set", "team": team.slug, "before": before, "after": prefix}
+        audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, team=team.slug, detail=detail)
+    return candidate if prefix else None
