@@ -16,6 +16,7 @@ ROUTING_MODELS = (
     "registry.Upstream",
     "registry.Tool",
     "handoff.HandoffRoute",
+    "registry.LocalPrefix",  # a team's names for a borrowed upstream
 )
 
 

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.conf import settings
@@ -46,7 +46,7 @@ from policy.keys import key_matches, key_split
 from policy.limits.admission import AgentLimits, TeamLimits, UpstreamLimits
 from policy.manifest import clean_text, manifest_sanitize
 from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup, Team, TeamGroup, TeamRole
-from registry.models import Tool, Upstream
+from registry.models import LocalPrefix, Tool, Upstream
 from registry.naming import exposed_name, gateway_tool_name, split_exposed_name
 
 logger = logging.getLogger(__name__)
@@ -154,6 +154,10 @@ class Snapshot:
     agents: dict[int, AgentLimits] = field(default_factory=dict)  # enabled agents
     agent_teams: dict[int, str] = field(default_factory=dict)  # enabled agent -> its team's slug
     tools: dict[str, ToolEntry] = field(default_factory=dict)  # exposed name -> every upstream's tools
+    # A team's local prefixes for upstreams shared with it: its agents see those tools under local names instead.
+    local: dict[str, dict[str, ToolEntry]] = field(default_factory=dict)  # team -> local name -> tool
+    renamed: dict[str, frozenset[str]] = field(default_factory=dict)  # team -> exposed names it sees renamed
+    prefixes: dict[str, dict[str, str]] = field(default_factory=dict)  # team -> local prefix -> upstream slug
     upstreams: dict[str, bool] = field(default_factory=dict)  # slug -> reachable
     policy: Policy = Policy()
     targets: dict[str, UpstreamInfo] = field(default_factory=dict)  # slug -> every upstream, as handoff target
@@ -193,7 +197,7 @@ class Snapshot:
         """The static decision for this agent (or person) and exposed name (policy/decisions.py), the tool
         when the name is known, and the upstream the name points at (for the audit)."""
         who = who_of(principal)
-        entry = self.tools.get(name)
+        entry = self.tool(who, name)
         if entry is None:
             target = self._unknown(name)
             return self._explain(who, target).denial, None, target.upstream_slug or ""
@@ -224,7 +228,43 @@ class Snapshot:
         return self._visible[who]
 
     def allowed_tools(self, principal: int | Who) -> tuple[ToolEntry, ...]:
-        return tuple(entry for name, entry in self.tools.items() if self.decide(principal, name)[0] is None)
+        tools = self.tools_for(principal)
+        return tuple(entry for name, entry in tools.items() if self.decide(principal, name)[0] is None)
+
+    def team_of(self, principal: int | Who) -> str:
+        return self.agent_teams.get(who_of(principal).agent_id, "")
+
+    def tool(self, principal: int | Who, name: str) -> ToolEntry | None:
+        """The upstream tool this exposed name leads to for the agent's team: a borrowed upstream's tools under
+        the team's local prefix for it, if it gave one, and no longer under the upstream's own namespace."""
+        team = self.team_of(principal)
+        if (entry := self.local.get(team, {}).get(name)) is not None:
+            return entry
+        return None if name in self.renamed.get(team, ()) else self.tools.get(name)
+
+    def tools_for(self, principal: int | Who) -> dict[str, ToolEntry]:
+        """Exposed name -> tool, as the agent's team names them (see `tool`)."""
+        team = self.team_of(principal)
+        if team not in self.local:
+            return self.tools
+        renamed = self.renamed[team]
+        return {name: entry for name, entry in self.tools.items() if name not in renamed} | self.local[team]
+
+    def namespace_for(self, principal: int | Who, target: "UpstreamInfo") -> str:
+        """What the upstream's resource URIs and prompt names start with for the agent's team."""
+        for prefix, slug in self.prefixes.get(self.team_of(principal), {}).items():
+            if slug == target.slug:
+                return prefix
+        return target.namespace
+
+    def target_named(self, principal: int | Who, namespace: str) -> "UpstreamInfo | None":
+        """The prefixed upstream whose namespace (or the team's local prefix for it) this is, for the agent's team."""
+        team = self.team_of(principal)
+        if (slug := self.prefixes.get(team, {}).get(namespace)) is not None:
+            return self.targets.get(slug)
+        target = self.targets.get(namespace)
+        renamed = target is not None and target.slug in self.prefixes.get(team, {}).values()
+        return target if target is not None and target.namespace and not renamed else None
 
     def gateway_denial(self, principal: int | Who, name: str) -> Denial | None:
         """Rules apply to the gateway's own tools too: a route's by its target upstream (and the tool name
@@ -260,7 +300,7 @@ class Snapshot:
         stance it rests on: uncached, for an operator's question rather than a call."""
         who = who_of(principal)
         own = self.triage.get(name) or self.builtins.get(name)
-        entry = self.tools.get(name)
+        entry = self.tool(who, name)
         target = own.policy_target if own else entry.target if entry else self._unknown(name)
         enabled, team = who.agent_id in self.agents, self.agent_teams.get(who.agent_id, "")
         member = self.member(who, team)
@@ -351,6 +391,37 @@ def _tools(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) ->
         definition = manifest_sanitize(tool.definition) | {"name": name}
         tools[name] = ToolEntry(route, target, definition, tool.definition_sha256)
     return tools
+
+
+@dataclass
+class LocalNames:
+    local: dict[str, dict[str, ToolEntry]] = field(default_factory=dict)
+    renamed: dict[str, frozenset[str]] = field(default_factory=dict)
+    prefixes: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def _local_names(upstreams: dict[int, Upstream], tools: dict[str, ToolEntry]) -> LocalNames:
+    """Each team's local prefixes for the upstreams shared with it (registry.models.LocalPrefix), and its tools
+    under them; a prefix for an upstream not shared with the team (or its own) does nothing."""
+    by_upstream: dict[int, list[tuple[str, ToolEntry]]] = {}
+    for name, entry in tools.items():
+        by_upstream.setdefault(entry.route.upstream_id, []).append((name, entry))
+    names = LocalNames()
+    for row in LocalPrefix.objects.select_related("team").order_by("team__slug", "prefix"):
+        upstream, team = upstreams[row.upstream_id], row.team.slug
+        teams = _teams(upstream)
+        if upstream.team_id == row.team_id or (teams is not None and team not in teams):
+            continue
+        names.prefixes.setdefault(team, {})[row.prefix] = upstream.slug
+        local = names.local.setdefault(team, {})
+        renamed = set(names.renamed.get(team, ()))
+        for name, entry in by_upstream.get(upstream.id, ()):
+            own = exposed_name(row.prefix, entry.route.tool)
+            definition = entry.definition | {"name": own}
+            local[own] = ToolEntry(entry.route, replace(entry.target, exposed_name=own), definition, entry.sha256)
+            renamed.add(name)
+        names.renamed[team] = frozenset(renamed)
+    return names
 
 
 def _policy() -> Policy:
@@ -505,6 +576,8 @@ def snapshot_compile() -> Snapshot:
     for route in HandoffRoute.objects.filter(enabled=True).select_related("target").order_by("id"):
         routes.setdefault(route.target.slug, _route_settings(route))
     anonymous = settings.GATEWAY_ANONYMOUS_AGENT and agents.filter(name=settings.GATEWAY_ANONYMOUS_AGENT).first()
+    tools = _tools(upstreams, limits)
+    local = _local_names(upstreams, tools)
     return Snapshot(
         version=version,
         anonymous=KeyEntry("", anonymous.id, anonymous.name, ANONYMOUS_KEY) if anonymous else None,
@@ -524,7 +597,10 @@ def snapshot_compile() -> Snapshot:
             for a in agents
         },
         agent_teams={a.id: a.team.slug for a in agents},
-        tools=_tools(upstreams, limits),
+        tools=tools,
+        local=local.local,
+        renamed=local.renamed,
+        prefixes=local.prefixes,
         upstreams={u.slug: u.is_reachable for u in upstreams.values()},
         policy=_policy(),
         targets={

@@ -36,7 +36,7 @@ from handoff.mcp.pipeline.routing import admission_take
 from handoff.mcp.pipeline.rows import CANCELLED_DETAIL, approval, denial_error, denial_record, request_audit
 from handoff.protocol.tunnels import index_session
 from handoff.snapshot import Route, Snapshot, UpstreamInfo, snapshot
-from policy.decisions import Denial
+from policy.decisions import Denial, Who
 from policy.limits.admission import Admission, health_of
 from policy.limits.stores import limit_store
 from policy.manifest import manifest_sanitize
@@ -54,20 +54,17 @@ NOT_FOUND = "NOT_FOUND"
 AUDIT_TEXT = 256  # the audit's name columns; the whole URI goes in the row's detail
 
 
-def _owner_of_uri(snap: Snapshot, uri: str) -> tuple[UpstreamInfo, str] | None:
+def _owner_of_uri(snap: Snapshot, who: Who, uri: str) -> tuple[UpstreamInfo, str] | None:
+    """The upstream a URI leads to for the agent's team (its local prefix for a borrowed upstream included)."""
     namespace, mark, own = uri.partition(URI_MARK)
-    target = snap.targets.get(namespace) if mark else None
-    if target is not None and target.namespace:
-        return target, own
-    return _unprefixed(snap, uri)
+    target = snap.target_named(who, namespace) if mark else None
+    return (target, own) if target is not None else _unprefixed(snap, uri)
 
 
-def _owner_of_name(snap: Snapshot, name: str) -> tuple[UpstreamInfo, str] | None:
+def _owner_of_name(snap: Snapshot, who: Who, name: str) -> tuple[UpstreamInfo, str] | None:
     parts = split_exposed_name(name)
-    target = snap.targets.get(parts[0]) if parts else None
-    if parts and target is not None and target.namespace:
-        return target, parts[1]
-    return _unprefixed(snap, name)
+    target = snap.target_named(who, parts[0]) if parts else None
+    return (target, parts[1]) if parts and target is not None else _unprefixed(snap, name)
 
 
 def _unprefixed(snap: Snapshot, own: str) -> tuple[UpstreamInfo, str] | None:
@@ -128,7 +125,7 @@ async def _aggregated(ctx: ServerRequestContext, method: str, params: types.Pagi
             own = entry.get(field)
             if not isinstance(own, str):
                 continue
-            exposed = expose(target.namespace, own)
+            exposed = expose(snap.namespace_for(caller.who, target), own)
             if snap.permits(caller.who, target, exposed, own) is None:
                 items.append(manifest_sanitize(entry) | {field: exposed})
     page, following = list_page(method, items, params.cursor if params else None)
@@ -260,8 +257,8 @@ async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceReq
 
 
 async def _read_resource(ctx: ServerRequestContext, params: types.ReadResourceRequestParams) -> Any:
-    snap = await snapshot.get()
-    owner = _owner_of_uri(snap, params.uri)
+    snap, who = await snapshot.get(), caller_of(ctx).who
+    owner = _owner_of_uri(snap, who, params.uri)
     not_found = _not_found("resource", params.uri, "resources/list")
     rounds = await _rounds(ctx, params.uri, owner, params)
     forwarded = {"uri": owner[1] if owner else ""}
@@ -269,8 +266,9 @@ async def _read_resource(ctx: ServerRequestContext, params: types.ReadResourceRe
     assert owner is not None
     if result.get("resultType") == "input_required":
         return result
+    namespace = snap.namespace_for(who, owner[0])
     contents = [
-        item | {"uri": exposed_uri(owner[0].namespace, item["uri"])} if isinstance(item.get("uri"), str) else item
+        item | {"uri": exposed_uri(namespace, item["uri"])} if isinstance(item.get("uri"), str) else item
         for item in result.get("contents") or []
     ]
     return finish(ctx, result | {"contents": contents})
@@ -278,7 +276,7 @@ async def _read_resource(ctx: ServerRequestContext, params: types.ReadResourceRe
 
 async def get_prompt(ctx: ServerRequestContext, params: types.GetPromptRequestParams) -> Any:
     with request_span(ctx, "prompts/get", prompt=params.name):
-        owner = _owner_of_name(await snapshot.get(), params.name)
+        owner = _owner_of_name(await snapshot.get(), caller_of(ctx).who, params.name)
         forwarded = {"name": owner[1] if owner else "", "arguments": params.arguments or {}}
         not_found = _not_found("prompt", params.name, "prompts/list")
         rounds = await _rounds(ctx, params.name, owner, params)
@@ -286,14 +284,14 @@ async def get_prompt(ctx: ServerRequestContext, params: types.GetPromptRequestPa
 
 
 async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParams) -> Any:
-    snap = await snapshot.get()
+    snap, who = await snapshot.get(), caller_of(ctx).who
     wire = params.model_dump(mode="json", by_alias=True, exclude_none=True)
     wire.pop("_meta", None)
     if isinstance(params.ref, types.PromptReference):
-        exposed, owner, field = params.ref.name, _owner_of_name(snap, params.ref.name), "name"
+        exposed, owner, field = params.ref.name, _owner_of_name(snap, who, params.ref.name), "name"
         not_found = _not_found("prompt", exposed, "prompts/list")
     else:
-        exposed, owner, field = params.ref.uri, _owner_of_uri(snap, params.ref.uri), "uri"
+        exposed, owner, field = params.ref.uri, _owner_of_uri(snap, who, params.ref.uri), "uri"
         not_found = _not_found("resource template", exposed, "resources/templates/list")
     wire["ref"][field] = owner[1] if owner else ""
     return finish(ctx, await _forward(ctx, "completion/complete", exposed, owner, wire, not_found))
@@ -309,7 +307,7 @@ async def unsubscribe_resource(ctx: ServerRequestContext, params: types.Unsubscr
 
 async def _subscription(ctx: ServerRequestContext, uri: str, subscribed: bool) -> types.EmptyResult:
     """(Un)subscribe at the upstream, and remember who hears of the resource's updates (list_changed.py)."""
-    owner = _owner_of_uri(await snapshot.get(), uri)
+    owner = _owner_of_uri(await snapshot.get(), caller_of(ctx).who, uri)
     method = "resources/subscribe" if subscribed else "resources/unsubscribe"
     await _forward(
         ctx, method, uri, owner, {"uri": owner[1] if owner else ""}, _not_found("resource", uri, "resources/list")
@@ -325,7 +323,7 @@ async def subscriptions_listen(
     """A 2026-07-28 agent subscribes to resources on its listen stream: each resource's upstream is asked
     for its updates (decided and audited like resources/subscribe), then the stream is served (list_changed.py)."""
     for uri in params.notifications.resource_subscriptions or ():
-        owner = _owner_of_uri(await snapshot.get(), uri)
+        owner = _owner_of_uri(await snapshot.get(), caller_of(ctx).who, uri)
         not_found = _not_found("resource", uri, "resources/list")
         await _forward(ctx, "resources/subscribe", uri, owner, {"uri": owner[1] if owner else ""}, not_found)
     return await listen(ctx, params)

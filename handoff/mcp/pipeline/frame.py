@@ -41,7 +41,7 @@ async def agent_call(
     log_fields_add(trace_id=trace_id, agent=caller.agent_name, tool=params.name)
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return await call_serve(call, agent_answer)
-    entry = (await snapshot.get()).tools.get(params.name)
+    entry = (await snapshot.get()).tool(caller.who, params.name)
     upstream = entry.route.upstream_slug if entry else ""
     # Answers the agent sends unasked go to the upstream too (it may know what to do with them).
     call.rounds = {"inputResponses": responses_of(params)} if params.input_responses else {}

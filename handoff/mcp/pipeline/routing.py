@@ -66,7 +66,7 @@ async def route_stage(call: Call) -> None:
         call.own, call.triage, call.upstream = ACTIVATE, triage, settings.GATEWAY_NAME
     elif (builtin := snap.builtins.get(name)) and builtin.policy_target.tool in call.own_tools:
         call.own, call.upstream = builtin.policy_target.tool, settings.GATEWAY_NAME
-    elif entry := snap.tools.get(name):
+    elif entry := (snap.tool(call.caller.who, name) if call.caller else snap.tools.get(name)):
         call.route, call.upstream = entry.route, entry.route.upstream_slug
 
 
