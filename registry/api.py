@@ -4,9 +4,12 @@ Credentials (env values, headers, query values; a query typed into `url` moves t
 read shows each stored one as a mask, and a write that sends the mask keeps what is stored under that name.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import F
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
@@ -16,24 +19,34 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from policy.api import AuditedModelSerializer, EnabledSerializer, TeamScoped, by_name, enabled_from, team_shown
+from policy.api import (
+    AuditedModelSerializer,
+    EnabledSerializer,
+    TeamScoped,
+    by_name,
+    enabled_from,
+    team_check,
+    team_shown,
+)
 from policy.api_auth import AdminTokenAuthentication, PersonalKeyAuthentication
 from policy.limits.stores import limit_store
-from policy.models import ServerGroup
+from policy.models import ServerGroup, Team
 from registry.connection_views import MAX_TOKEN_CHARS, people_of
 from registry.forms import MASK, unmasked
-from registry.models import PersonalCredential, Tool, Upstream
+from registry.models import LocalPrefix, PersonalCredential, Tool, Upstream
 from registry.package_pins import package_summary
 from registry.personal import personal_connect, personal_disconnect, personal_revoke
 from registry.secret_store import SecretStoreUnavailable
 from registry.services import (
     SyncReport,
+    local_prefix_set,
     tool_approve,
     upstream_catalog_sync,
     upstream_delete,
     upstream_register,
     upstream_save,
     upstream_set_enabled,
+    upstream_share,
 )
 from registry.upstreams.outcome import DOCUMENT_REFUSED
 
@@ -110,6 +123,20 @@ class SyncReportSerializer(serializers.Serializer):
     summary = serializers.CharField()
 
 
+class ShareSerializer(serializers.Serializer):
+    shared_with = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all(), many=True)
+    shared_with_all = serializers.BooleanField(default=False)
+
+
+@contextmanager
+def refused_as_400() -> Iterator[None]:
+    """A service's ValidationError as the API's 400, by field."""
+    try:
+        yield
+    except DjangoValidationError as exc:
+        raise ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages) from None
+
+
 def _report(report: SyncReport) -> Response:
     return Response(SyncReportSerializer(asdict(report) | {"summary": report.summary()}).data)
 
@@ -150,6 +177,20 @@ class UpstreamViewSet(TeamScoped, viewsets.ModelViewSet):
     def sync(self, request: Request, slug: str) -> Response:
         """Sync the upstream's tool catalog now (through the pins) and say what changed."""
         return _report(upstream_catalog_sync(upstream=self.get_object()))
+
+    @extend_schema(request=ShareSerializer, responses=ShareSerializer)
+    @action(detail=True, methods=["post"])
+    def share(self, request: Request, slug: str) -> Response:
+        """Share the upstream with exactly these teams (or with all): refused while a team already uses one of
+        the names it would expose, unless that team gave the upstream a local prefix (`local-prefixes`)."""
+        upstream = self.get_object()
+        given = ShareSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        teams, everyone = given.validated_data["shared_with"], given.validated_data["shared_with_all"]
+        actor = request.user.get_username()
+        with refused_as_400():
+            upstream_share(upstream=upstream, teams=teams, shared_with_all=everyone, actor=actor)
+        return Response(ShareSerializer({"shared_with": teams, "shared_with_all": everyone}).data)
 
 
 class ToolSerializer(serializers.ModelSerializer):
@@ -296,3 +337,41 @@ class ConnectionViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
         personal_revoke(credential, actor=request.user.get_username())
         credential.refresh_from_db()
         return Response(ConnectionSerializer(credential).data)
+
+
+class LocalPrefixSerializer(serializers.ModelSerializer):
+    upstream = serializers.SlugRelatedField(slug_field="slug", queryset=Upstream.objects.all())
+    team = team_shown()
+
+    class Meta:
+        model = LocalPrefix
+        fields = ("id", "upstream", "team", "prefix", "created_at", "updated_at")
+        read_only_fields = ("created_at", "updated_at")
+        validators = []  # one per upstream and team, one prefix per team: local_prefix_set says so in words
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is not None:  # a local prefix is renamed, never moved to another upstream or team
+            attrs |= {"upstream": self.instance.upstream, "team": self.instance.team}
+        team_check(self.context["request"], attrs, creating=self.instance is None)
+        return attrs
+
+    def save(self, **kwargs: Any) -> LocalPrefix:
+        data, actor = self.validated_data, self.context["request"].user.get_username()
+        with refused_as_400():
+            self.instance = local_prefix_set(
+                upstream=data["upstream"], team=data["team"], prefix=data["prefix"], actor=actor
+            )
+        return self.instance
+
+
+class LocalPrefixViewSet(TeamScoped, viewsets.ModelViewSet):
+    """A team's local prefixes for upstreams other teams share with it: its agents see such an upstream's tools as
+    `<prefix><separator><tool>`. Every change is audited; deleting one gives the upstream its own namespace back."""
+
+    queryset = LocalPrefix.objects.select_related("upstream", "team")
+    serializer_class = LocalPrefixSerializer
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def perform_destroy(self, row: LocalPrefix) -> None:
+        with refused_as_400():
+            local_prefix_set(upstream=row.upstream, team=row.team, prefix="", actor=self.request.user.get_username())

@@ -2,13 +2,16 @@
 browser. Each shows as MASK; a MASK sent back keeps the stored value, anything else replaces it. A form
 shown again after an error masks newly typed values too: they have to be typed again."""
 
+import copy
 from typing import Any
 
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from policy.models import Team
 from registry.models import PersonalCredential, Upstream
+from registry.services import share_refusal
 
 MASK = "********"
 
@@ -79,7 +82,19 @@ class UpstreamForm(forms.ModelForm):
         owner = cleaned.get("team")
         if owner is not None and owner in (cleaned.get("shared_with") or ()):
             self.add_error("shared_with", f"Team {owner.slug!r} owns this upstream: share it with other teams.")
+        elif owner is not None and self.instance.pk and (problem := self._share_refusal(owner, cleaned)):
+            self.add_error("shared_with", problem)
         return cleaned
+
+    def _share_refusal(self, owner: Team, cleaned: dict[str, Any]) -> str:
+        """A share whose names a borrower already uses is refused (a new upstream has no names yet: its first
+        sync refuses those that collide)."""
+        upstream = copy.copy(self.instance)
+        upstream.team = owner
+        for name in ("slug", "prefixed", "handoff_only"):
+            setattr(upstream, name, cleaned.get(name, getattr(upstream, name)))
+        teams = list(cleaned.get("shared_with") or ())
+        return share_refusal(upstream=upstream, teams=teams, shared_with_all=bool(cleaned.get("shared_with_all")))
 
     def clean_env(self) -> dict[str, str]:
         return self._unmask("env")
