@@ -18,7 +18,7 @@ from policy.models import Team, TeamMember
 from policy.services import admin_token_issue
 from registry.models import LocalPrefix, Tool, Upstream
 from registry.services import local_prefix_set, upstream_share
-from tests.clients import api, call, tool_names
+from tests.clients import api, call, sdk_client, tool_names
 from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -189,3 +189,28 @@ def test_a_borrower_lists_and_calls_a_shared_upstream_by_its_local_prefix_over_m
     assert "demo__echo" in owners and not {name for name in owners if name.startswith("mirror__")}
     assert "'echo': team 'ops' already sees 'mirror__echo' from upstream 'demo'" in rejected
     assert "echo" not in kept
+
+
+def test_a_borrower_reads_resources_and_gets_prompts_under_its_local_prefix(inline_gateway, world, ops):
+    every = Upstream.objects.get(slug="every")
+    every.shared_with.add(ops)
+    local_prefix_set(upstream=every, team=ops, prefix="all", actor="olga")
+
+    async def scenario(key: str):
+        async with sdk_client(inline_gateway.url, key, "legacy") as client:
+            resources = await client.list_resources(cache_mode="bypass")
+            prompts = await client.list_prompts(cache_mode="bypass")
+            read = await client.read_resource("all+demo://resource/static/document/architecture.md")
+            return {r.uri for r in resources.resources}, {p.name for p in prompts.prompts}, read
+
+    try:
+        with agent("ops-reader", team=ops) as (_, key):
+            eventually(lambda: "all__echo" in run(lambda: tool_names(inline_gateway.url, key)), timeout=10)
+            uris, prompts, read = run(lambda: scenario(key))
+    finally:
+        every.shared_with.remove(ops)
+
+    assert "all+demo://resource/static/document/architecture.md" in uris
+    assert not {uri for uri in uris if uri.startswith("every+")}
+    assert "all__simple-prompt" in prompts and not {name for name in prompts if name.startswith("every__")}
+    assert [c.uri for c in read.contents] == ["all+demo://resource/static/document/architecture.md"]
