@@ -203,10 +203,9 @@ class Snapshot:
             return self._explain(who, target).denial, None, target.upstream_slug or ""
         return self._explained(who, entry).denial, entry, entry.route.upstream_slug
 
-    def sign_off(self, principal: int | Who, name: str) -> SignOffTerms | None:
-        """What a sign-off rule asks of this call to an upstream's tool before it runs, if any."""
-        entry = self.tools.get(name)
-        grounds = self._explained(who_of(principal), entry).grounds if entry else None
+    def sign_off(self, principal: int | Who, entry: ToolEntry) -> SignOffTerms | None:
+        """What a sign-off rule asks of a call to this tool (as `decide` found it) before it runs, if any."""
+        grounds = self._explained(who_of(principal), entry).grounds
         return grounds.sign_off if grounds else None
 
     def _explained(self, who: Who, entry: ToolEntry) -> Explanation:

@@ -113,7 +113,7 @@ async def decide_stage(call: Call) -> None:
     call.denial, entry, call.upstream = snap.decide(caller.who, call.name)
     if call.denial or entry is None:
         return
-    call.sign_off, call.definition_sha256 = snap.sign_off(caller.who, call.name), entry.sha256
+    call.sign_off, call.definition_sha256 = snap.sign_off(caller.who, entry), entry.sha256
     if not entry.route.per_person:
         return
     credential = await credential_for(caller, entry.route, call.name)
