@@ -57,7 +57,7 @@ class ConsoleSite(admin.AdminSite):
             "totals": sorted(stats.totals.items()),
             "people": stats.people,
             "chart": stats.chart_data(),
-            "state": gateway_state(),
+            "state": gateway_state(teams=teams),
             "now": timezone.now(),
             "refresh_seconds": REFRESH_SECONDS,
         }

@@ -1,7 +1,8 @@
 """What the console's front page shows: per-upstream calls, error rate and latency over a window, as totals
 (every enabled upstream's, an idle one's zero too) and as a series of buckets for the charts, and the gateway's
 state right now (circuits, sessions, tunnels, tools waiting for approval, live workers). It reads across apps;
-it writes nothing."""
+it writes nothing. Given the teams an account audits or administers (None: a gateway admin's, every team), each
+figure holds only what concerns those teams (docs/teams.md)."""
 
 import logging
 import statistics
@@ -16,9 +17,11 @@ from django.db.models import Count, F, Max, Q
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from audit.selectors import audit_of_teams
 from gateway_project.lib import redis_clients
 from handoff.models import Tunnel
 from policy.limits.stores import limit_store
+from policy.selectors import in_teams
 from registry.models import Tool, Upstream
 from registry.worker import workers_alive_sync
 
@@ -141,18 +144,20 @@ def window_stats(*, window: str, now: datetime | None = None, teams: frozenset[s
             stats.series.setdefault(upstream, {})[bucket] = measure
     for slug in enabled.values_list("slug", flat=True):
         stats.totals.setdefault(slug, Latency())  # an idle upstream is listed too: it is there, with no calls
-    stats.people = _busiest_people(origin)
+    stats.people = _busiest_people(origin, teams)
     return stats
 
 
 BUSIEST = 10
 
 
-def _busiest_people(since: datetime) -> list[dict[str, Any]]:
-    """The people who made the most calls in the window, with their errors (the console lists them)."""
+def _busiest_people(since: datetime, teams: frozenset[str] | None) -> list[dict[str, Any]]:
+    """The people who made the most calls in the window through those teams' agents, with their errors (the
+    console lists them)."""
     completed = AuditEvent.objects.filter(kind=AuditEvent.Kind.COMPLETED, created_at__gte=since).exclude(
         person_subject=""
     )
+    completed = audit_of_teams(rows=completed, teams=teams)
     return list(
         completed.values("person_issuer", "person_subject")
         .annotate(name=Max("person_name"), calls=Count("id"), errors=Count("id", filter=Q(outcome="error")))
@@ -187,27 +192,29 @@ def _workers_alive() -> int | None:
         return None
 
 
-def gateway_state(*, now: datetime | None = None) -> GatewayState:
+def gateway_state(*, now: datetime | None = None, teams: frozenset[str] | None = None) -> GatewayState:
+    """The gateway now; with `teams`, only those teams' upstreams, their tools, their agents' tunnels and their
+    sessions (the workers and the sandbox switch are the gateway's, shown to all)."""
     now = now or timezone.now()
     store = limit_store()
-    circuits = [(u, store.breaker(u.id)) for u in Upstream.objects.filter(enabled=True).order_by("slug")]
+    upstreams = in_teams(Upstream.objects.all(), teams)
+    circuits = [(u, store.breaker(u.id)) for u in upstreams.filter(enabled=True).order_by("slug")]
     # Sessions with anything recorded within the idle timeout (the point at which an idle one is closed)
     # and no closing row: an estimate across every web process, from the trail they all write.
     recent = AuditEvent.objects.filter(created_at__gte=now - timedelta(seconds=settings.GATEWAY_SESSION_IDLE_SECONDS))
-    recent = recent.exclude(session_id="")
+    recent = audit_of_teams(rows=recent.exclude(session_id=""), teams=teams)
     closed = recent.filter(kind=AuditEvent.Kind.SESSION, detail__action="session_closed").values("session_id")
+    tunnels = in_teams(Tunnel.objects.filter(state__in=Tunnel.LIVE), teams, "agent__team")
     return GatewayState(
         open_circuits=[(u, status) for u, status in circuits if status.state != "closed"],
         failing_upstreams=[u for u, _ in circuits if u.health == Upstream.Health.FAILING],
-        live_tunnels=list(
-            Tunnel.objects.filter(state__in=Tunnel.LIVE).select_related("agent", "upstream").order_by("-opened_at")[:20]
-        ),
+        live_tunnels=list(tunnels.select_related("agent", "upstream").order_by("-opened_at")[:20]),
         active_sessions=recent.exclude(session_id__in=closed).values("session_id").distinct().count(),
-        pending_tools=Tool.objects.exclude(approved_sha256=F("definition_sha256")).count(),
+        pending_tools=in_teams(Tool.objects.all(), teams, "upstream__team")
+        .exclude(approved_sha256=F("definition_sha256"))
+        .count(),
         workers_alive=_workers_alive(),
         sandbox_off=settings.GATEWAY_STDIO_SANDBOX == "off",
-        host_network=list(
-            Upstream.objects.filter(transport="stdio", sandbox__network="host").values_list("slug", flat=True)
-        ),
-        held_packages=list(Upstream.objects.filter(package__has_key="held").values_list("slug", flat=True)),
+        host_network=list(upstreams.filter(transport="stdio", sandbox__network="host").values_list("slug", flat=True)),
+        held_packages=list(upstreams.filter(package__has_key="held").values_list("slug", flat=True)),
     )

@@ -13,7 +13,8 @@ from django.test import Client
 from django.utils import timezone
 
 from audit.services import audit_record
-from handoff.models import HandoffRoute
+from gateway_project.dashboard import gateway_state
+from handoff.models import HandoffRoute, Tunnel
 from policy.models import Agent, Rule, ServerGroup, Team, TeamMember
 from registry.models import Tool, Upstream
 
@@ -267,3 +268,42 @@ def test_an_upstream_and_an_agent_group_offer_only_the_admins_teams_groups_and_a
     assert [g.name for g in upstream_form.fields["group"].queryset] == ["payments-tools"]
     group_form = two_teams.pay_client.get("/admin/policy/agentgroup/add/").context["adminform"].form
     assert [a.name for a in group_form.fields["agents"].queryset] == ["payments-bot"]
+
+
+def pending_tool(upstream: Upstream) -> Tool:
+    return Tool.objects.create(
+        upstream=upstream, name="t", definition={}, definition_sha256="new", approved_sha256="old",
+        last_seen_at=timezone.now(),
+    )  # fmt: skip
+
+
+def test_the_dashboards_people_and_tiles_hold_only_the_auditors_teams(two_teams, payments_auditor, admin_client):
+    support, helpdesk = two_teams.support, two_teams.helpdesk
+    pay_bot = Agent.objects.create(name="payments-bot", team=two_teams.payments)
+    sup_bot = Agent.objects.create(name="support-bot", team=support)
+    for agent, upstream in ((pay_bot, two_teams.ledger), (sup_bot, helpdesk)):
+        Tunnel.objects.create(agent=agent, session_key=agent.name, domain=upstream.slug, upstream=upstream,
+                              idle_timeout=60, state="open")  # fmt: skip
+        pending_tool(upstream)
+    Upstream.objects.filter(pk=helpdesk.pk).update(
+        health="failing", health_cause="refused", package={"held": {"name": "h", "version": "2", "integrity": "x"}}
+    )
+    ours, theirs = (f"{team}-{uuid.uuid4().hex[:8]}" for team in ("pay", "sup"))
+    for person, team, upstream in ((ours, "payments", "ledger"), (theirs, "support", "helpdesk")):
+        audit_record(kind="completed", request_id=uuid.uuid4(), upstream=upstream, tool="t", outcome="ok",
+                     person_subject=person, person_name=person, team=team, session_id=person)  # fmt: skip
+
+    state = gateway_state(teams=frozenset({"payments"}))
+    assert (state.failing_upstreams, state.held_packages, state.pending_tools) == ([], [], 1)
+    assert [t.agent.name for t in state.live_tunnels] == ["payments-bot"] and state.active_sessions == 1
+    page = payments_auditor.get("/admin/").content.decode()
+    assert ours in page and theirs not in page
+    assert '<strong id="pending-tools">1</strong>' in page and '<strong id="live-tunnels">1</strong>' in page
+    assert '<strong id="failing-upstreams">0</strong>' in page and "held-packages" not in page
+
+    every = gateway_state()
+    assert [u.slug for u in every.failing_upstreams] == ["helpdesk"] and "helpdesk" in every.held_packages
+    assert {"payments-bot", "support-bot"} <= {t.agent.name for t in every.live_tunnels}
+    assert every.pending_tools >= 2 and every.active_sessions >= 2
+    page = admin_client.get("/admin/").content.decode()
+    assert ours in page and theirs in page and "held-packages" in page
