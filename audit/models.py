@@ -75,6 +75,8 @@ class AuditEvent(models.Model):
             models.Index(fields=["outcome", "-id"], condition=~Q(outcome__in=["", "ok"]), name="audit_failure_idx"),
             models.Index(fields=["trace_id"], condition=~Q(trace_id=""), name="audit_trace_idx"),
             models.Index(fields=["person_subject", "-id"], condition=~Q(person_subject=""), name="audit_person_idx"),
+            # A team's auditor reads the trail newest first through audit_of_teams (team = x, seal >= SEAL_TEAMS).
+            models.Index(fields=["team", "-id"], name="audit_team_idx"),
         ]
         # One outcome per call: a late completion and the sweep's outcome-unknown row race, the first wins.
         constraints = [
