@@ -1,3 +1,5 @@
+from typing import Any
+
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
@@ -5,6 +7,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
+from django.db.models import Model
 from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -55,6 +58,20 @@ class AgentPickerMixin:
         return field
 
 
+class TeamRelatedFilter(admin.RelatedFieldListFilter):
+    """A list filter on a related object (a group, an upstream, an agent, a team) that names only what the
+    account's teams may pick, as the form's choices do (team_choices); every one for a gateway admin."""
+
+    def field_choices(self, field, request, model_admin):
+        teams = admin_teams(request)
+        if teams is None:
+            return super().field_choices(field, request, model_admin)
+        related = field.related_model
+        allowed = team_choices(related, teams, related._default_manager.all()).values("pk")
+        ordering = self.field_admin_ordering(field, request, model_admin)
+        return field.get_choices(include_blank=False, limit_choices_to={"pk__in": allowed}, ordering=ordering)
+
+
 class TeamScopedMixin:
     """A page of what teams own, for a team admin: the list, the change pages and every choice hold only the
     objects of teams where the account is `admin` (docs/teams.md); another team's object by id is 404.
@@ -65,6 +82,9 @@ class TeamScopedMixin:
 
     def get_queryset(self, request):
         return in_teams(super().get_queryset(request), admin_teams(request), self.team_path)
+
+    def get_list_filter(self, request):
+        return [_team_filter(self.model, entry) for entry in super().get_list_filter(request)]
 
     def get_object(self, request, object_id, from_field=None):
         obj = super().get_object(request, object_id, from_field)
@@ -85,6 +105,13 @@ class TeamScopedMixin:
         if field is not None and hasattr(field, "queryset") and db_field.related_model is not Team:
             field.queryset = team_choices(db_field.related_model, admin_teams(request), field.queryset)
         return field
+
+
+def _team_filter(model: type[Model], entry: Any) -> Any:
+    """`entry` of a list_filter, with TeamRelatedFilter for a field naming a related object."""
+    if isinstance(entry, str) and "__" not in entry and model._meta.get_field(entry).is_relation:
+        return (entry, TeamRelatedFilter)
+    return entry
 
 
 class AuditedDeleteMixin:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from django.contrib.admin import RelatedFieldListFilter
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
@@ -15,7 +16,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from gateway_project.dashboard import gateway_state
 from handoff.models import HandoffRoute, Tunnel
-from policy.models import Agent, Rule, ServerGroup, Team, TeamMember
+from policy.models import Agent, AgentGroup, Rule, ServerGroup, Team, TeamMember
 from registry.models import Tool, Upstream
 
 OWNED = ("registry", "policy", "handoff")
@@ -56,6 +57,7 @@ def two_teams(db) -> Iterator[TwoTeams]:
     teams = (payments, support)
     HandoffRoute.objects.filter(team__in=teams).delete()
     Rule.objects.filter(team__in=teams).delete()
+    AgentGroup.objects.filter(team__in=teams).delete()
     Agent.objects.filter(team__in=teams).delete()
     ServerGroup.objects.filter(team__in=teams).delete()
     Upstream.objects.filter(team__in=teams).delete()
@@ -307,3 +309,29 @@ def test_the_dashboards_people_and_tiles_hold_only_the_auditors_teams(two_teams,
     assert every.pending_tools >= 2 and every.active_sessions >= 2
     page = admin_client.get("/admin/").content.decode()
     assert ours in page and theirs in page and "held-packages" in page
+
+
+def filter_choices(client: Client, changelist: str) -> dict[str, set[str]]:
+    """The names each list filter on a related object offers, by the filter's parameter."""
+    specs = client.get(changelist).context["cl"].filter_specs
+    related = [spec for spec in specs if isinstance(spec, RelatedFieldListFilter)]
+    return {spec.lookup_kwarg: {name for _, name in spec.lookup_choices} for spec in related}
+
+
+def test_list_filters_on_a_related_object_name_only_the_admins_teams_objects(two_teams, admin_client):
+    for team in (two_teams.payments, two_teams.support):
+        ServerGroup.objects.create(name=f"{team.slug}-tools", team=team)
+        Agent.objects.create(name=f"{team.slug}-bot", team=team)
+        AgentGroup.objects.create(name=f"{team.slug}-crew", team=team)
+    rules = filter_choices(two_teams.pay_client, "/admin/policy/rule/")
+    assert rules["agent__id__exact"] == {"payments-bot"}
+    assert rules["upstream__id__exact"] == {"ledger", "vault"}  # its own and one shared with it, as the form's
+    assert rules["server_group__id__exact"] == {"payments-tools"}
+    assert "team__id__exact" not in rules  # one team to pick: no filter at all, rather than every team's names
+    upstreams = filter_choices(two_teams.pay_client, "/admin/registry/upstream/")
+    assert upstreams["group__id__exact"] == {"payments-tools"} and "team__id__exact" not in upstreams
+    assert filter_choices(two_teams.pay_client, "/admin/policy/agent/")["agent_groups__id__exact"] == {"payments-crew"}
+    every = filter_choices(admin_client, "/admin/policy/rule/")
+    assert {"payments-bot", "support-bot"} <= every["agent__id__exact"]
+    assert {"ledger", "helpdesk", "vault"} <= every["upstream__id__exact"]
+    assert {"Payments", "Support"} <= every["team__id__exact"]
