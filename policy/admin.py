@@ -81,7 +81,11 @@ class TeamScopedMixin:
     team_refused = "You may save only into a team you administer: pick one of yours."
 
     def get_queryset(self, request):
-        return in_teams(super().get_queryset(request), admin_teams(request), self.team_path)
+        return self.team_rows(super().get_queryset(request), admin_teams(request))
+
+    def team_rows(self, rows, teams: frozenset[str] | None):
+        """What the account's teams may see of `rows`: their own objects (None: every one)."""
+        return in_teams(rows, teams, self.team_path)
 
     def get_list_filter(self, request):
         return [_team_filter(self.model, entry) for entry in super().get_list_filter(request)]

@@ -6,7 +6,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
-from django.db.models import F
+from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.template.defaultfilters import truncatechars
@@ -18,6 +18,7 @@ from django.utils.text import Truncator
 from handoff.console import CONSOLE_AGENT, console_agent, console_call_from_sync
 from policy.admin import TeamScopedMixin
 from policy.limits.stores import limit_store
+from policy.selectors import admin_teams, in_teams, team_choices
 from registry.forms import UpstreamForm
 from registry.models import PersonalCredential, Tool, Upstream
 from registry.naming import exposed_name
@@ -78,7 +79,18 @@ class ToolInline(admin.TabularInline):
         return False
 
 
+class BorrowedToolInline(ToolInline):
+    show_change_link = False  # a shared upstream's tools are its owner's to open and approve
+
+
 CAUSE_SHOWN = 120  # characters of a failing upstream's cause in the list
+
+# What a team admin sees of an upstream another team shares with its teams: what its agents call, how it is
+# doing; never how it is reached (command, URL, headers, credentials) nor whom else it is shared with.
+BORROWED_FIELDS = (
+    "slug", "name", "team", "transport", "enabled", "health_status", "health_cause", "health_checked_at", "circuit",
+    "protocol_version", "instructions", "timeout", "per_person", "prefixed", "handoff_only", "last_synced_at",
+)  # fmt: skip
 
 
 @admin.register(Upstream)
@@ -89,7 +101,7 @@ class UpstreamAdmin(TeamScopedMixin, admin.ModelAdmin):
         "team",
         "health_status",
         "transport",
-        "group",
+        "own_group",
         "enabled",
         "per_person",
         "prefixed",
@@ -101,6 +113,7 @@ class UpstreamAdmin(TeamScopedMixin, admin.ModelAdmin):
         "last_sync_error",
     )
     list_filter = ("health", "transport", "enabled", "per_person", "prefixed", "handoff_only", "group", "team")
+    list_select_related = ("team", "group")
     search_fields = ("slug", "name")
     readonly_fields = (
         "health_status",
@@ -117,6 +130,45 @@ class UpstreamAdmin(TeamScopedMixin, admin.ModelAdmin):
     inlines = (ToolInline,)
     filter_horizontal = ("shared_with",)
     actions = ("enable", "disable", "sync_catalog", "close_circuit", "update_packages", "approve_packages")
+
+    def team_rows(self, rows, teams: frozenset[str] | None):
+        """Its teams' upstreams and those shared with them, these marked `borrowed`: listed and shown read-only
+        (docs/teams.md), never changed, deleted or acted on by a borrower."""
+        if teams is None:
+            return rows.annotate(borrowed=Value(False))
+        borrowed = ExpressionWrapper(~Q(team__slug__in=teams), output_field=BooleanField())
+        return team_choices(Upstream, teams, rows).annotate(borrowed=borrowed)
+
+    def is_borrowed(self, request: HttpRequest, upstream: Upstream | None) -> bool:
+        teams = admin_teams(request)
+        return upstream is not None and teams is not None and upstream.team.slug not in teams
+
+    def has_change_permission(self, request: HttpRequest, obj: Upstream | None = None) -> bool:
+        return super().has_change_permission(request, obj) and not self.is_borrowed(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Upstream | None = None) -> bool:
+        return super().has_delete_permission(request, obj) and not self.is_borrowed(request, obj)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Upstream | None = None):
+        if self.is_borrowed(request, obj):
+            return [(None, {"fields": BORROWED_FIELDS})]
+        return super().get_fieldsets(request, obj)
+
+    def get_inlines(self, request: HttpRequest, obj: Upstream | None):
+        return (BorrowedToolInline,) if self.is_borrowed(request, obj) else super().get_inlines(request, obj)
+
+    def history_view(self, request, object_id, extra_context=None):
+        if self.is_borrowed(request, self.get_object(request, object_id)):
+            raise PermissionDenied  # who changed it, and how, is its owner's
+        return super().history_view(request, object_id, extra_context)
+
+    def response_action(self, request, queryset):
+        return super().response_action(request, in_teams(queryset, admin_teams(request)))
+
+    @admin.display(description="Group", ordering="group")
+    def own_group(self, upstream: Upstream) -> str:
+        """Its server group, unless another team's: a borrower sees the upstream, not how its owner groups it."""
+        return "-" if getattr(upstream, "borrowed", False) or upstream.group is None else str(upstream.group)
 
     @admin.display(description="Package")
     def package_status(self, upstream: Upstream) -> str:

@@ -255,3 +255,31 @@ def test_two_team_admins_each_see_only_their_own_upstreams_and_get_404_on_the_ot
     finally:
         Upstream.objects.filter(pk__in=[u.pk for u in upstreams]).delete()
         Team.objects.filter(pk__in=[t.pk for t in teams]).delete()
+
+
+def test_a_borrowing_team_admin_opens_a_shared_upstream_read_only_and_cannot_save_it(db, console, browser):
+    from policy.models import Team
+    from registry.models import Upstream
+
+    suffix = uuid.uuid4().hex[:6]
+    owner, borrower = (Team.objects.create(slug=f"{name}-{suffix}", name=name) for name in ("support", "payments"))
+    vault = Upstream.objects.create(slug=f"vault-{suffix}", team=owner, transport="stdio", command="vault-server")
+    vault.shared_with.add(borrower)
+    change = f"{console.url}/admin/registry/upstream/{vault.pk}/change/"
+    try:
+        with team_admin_signed_in(browser, console.url, f"admin-{borrower.slug}", borrower) as page:
+            page.goto(f"{console.url}/admin/registry/upstream/")
+            assert vault.slug in page.locator("#result_list tbody th a").all_inner_texts()
+            page.click(f"#result_list a:has-text('{vault.slug}')")
+            page.wait_for_selector("#content-main")
+            assert page.url == change and page.locator("input[name=_save]").count() == 0
+            assert page.locator("text=vault-server").count() == 0  # how it is reached is its owner's
+            screenshot(page, "team-borrowed-upstream.png")
+            token = page.locator("input[name=csrfmiddlewaretoken]").first.input_value()
+            refused = page.request.post(change, form={"csrfmiddlewaretoken": token, "slug": "stolen"})
+            assert refused.status == 403 and "CSRF" not in refused.text()  # refused as a borrower, not as a forgery
+        vault.refresh_from_db()
+        assert vault.slug == f"vault-{suffix}"
+    finally:
+        Upstream.objects.filter(pk=vault.pk).delete()
+        Team.objects.filter(pk__in=[owner.pk, borrower.pk]).delete()

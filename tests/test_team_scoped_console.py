@@ -2,6 +2,7 @@
 another team's object by id is 404, a save into another team is refused by the form; a gateway admin sees all."""
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,8 +90,34 @@ def test_another_teams_upstream_by_id_is_404_to_open_change_delete_and_a_crafted
     assert client.get(f"/admin/registry/upstream/{two_teams.ledger.pk}/change/").status_code == 200
 
 
-def test_a_shared_upstream_is_not_changed_by_its_borrower(two_teams):
-    assert two_teams.pay_client.get(f"/admin/registry/upstream/{two_teams.vault.pk}/change/").status_code == 404
+def test_a_shared_upstream_is_listed_to_its_borrower_and_shown_read_only(two_teams):
+    Upstream.objects.filter(pk=two_teams.vault.pk).update(env={"VAULT_TOKEN": "s3cret"}, command="vault-server")
+    Tool.objects.create(upstream=two_teams.vault, name="unseal", definition={}, last_seen_at=timezone.now())
+    client, base = two_teams.pay_client, f"/admin/registry/upstream/{two_teams.vault.pk}"
+    listed = client.get("/admin/registry/upstream/").content.decode()
+    assert f'href="{base}/change/"' in listed and "helpdesk" not in listed
+    response = client.get(f"{base}/change/")
+    page = response.content.decode()
+    assert response.status_code == 200 and "vault" in page and "unseal" in page
+    assert 'name="_save"' not in page and 'name="_continue"' not in page and "/delete/" not in page
+    assert "VAULT_TOKEN" not in page and "vault-server" not in page and 'name="shared_with"' not in page
+    assert not re.search(r"/admin/registry/tool/\d+/change/", page)  # its tools are its owner's to open
+    own = client.get(f"/admin/registry/upstream/{two_teams.ledger.pk}/change/").content.decode()
+    assert 'name="_save"' in own
+
+
+def test_a_borrower_changes_deletes_and_acts_on_a_shared_upstream_never(two_teams):
+    client, vault, base = two_teams.pay_client, two_teams.vault, f"/admin/registry/upstream/{two_teams.vault.pk}"
+    form = {"slug": "stolen", "team": two_teams.payments.pk, "transport": "stdio", "command": "x"}
+    assert client.post(f"{base}/change/", form).status_code == 403
+    assert client.post(f"{base}/delete/", {"post": "yes"}).status_code == 403
+    assert client.get(f"{base}/delete/").status_code == 403
+    assert client.get(f"{base}/history/").status_code == 403
+    for action in ({"action": "disable", "index": 0}, {"action": "delete_selected", "post": "yes"}):
+        client.post("/admin/registry/upstream/", {**action, "_selected_action": [vault.pk]})
+    vault.refresh_from_db()
+    assert (vault.slug, vault.team, vault.enabled) == ("vault", two_teams.support, True)
+    assert two_teams.support_client.get(f"{base}/change/").content.decode().count('name="_save"') == 1
 
 
 def test_a_bulk_action_on_another_teams_upstream_does_nothing(two_teams):
