@@ -27,7 +27,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY cannot run inside a transaction
 
     dependencies = [
-        ("audit", "0008_teams"),
+        ("audit", "0009_sign_off_kinds"),
     ]
 
     operations = [
