@@ -1,8 +1,8 @@
 """What the console's front page shows: per-upstream calls, error rate and latency over a window, as totals
 (every enabled upstream's, an idle one's zero too) and as a series of buckets for the charts, and the gateway's
-state right now (circuits, sessions, tunnels, tools waiting for approval, live workers). It reads across apps;
-it writes nothing. Given the teams an account audits or administers (None: a gateway admin's, every team), each
-figure holds only what concerns those teams (docs/teams.md)."""
+state right now (circuits, sessions, tunnels, tools waiting for approval, calls waiting for sign-off, live
+workers). It reads across apps; it writes nothing. Given the teams an account audits or administers (None: a
+gateway admin's, every team), each figure holds only what concerns those teams (docs/teams.md)."""
 
 import logging
 import statistics
@@ -21,6 +21,7 @@ from audit.selectors import audit_of_teams
 from gateway_project.lib import redis_clients
 from handoff.models import Tunnel
 from policy.limits.stores import limit_store
+from policy.models import SignOff
 from policy.selectors import in_teams
 from registry.models import Tool, Upstream
 from registry.worker import workers_alive_sync
@@ -180,6 +181,9 @@ class GatewayState:
     sandbox_off: bool  # GATEWAY_STDIO_SANDBOX=off: every stdio server runs unconfined
     host_network: list[str]  # stdio upstreams whose sandbox shares the host's network
     held_packages: list[str]  # npx and uvx upstreams whose re-installed package waits for approval
+    sign_offs_pending: int = 0  # calls waiting for a person's sign-off
+    sign_off_oldest: datetime | None = None  # when the longest-waiting one was asked
+    sign_off_median: int | None = None  # seconds from asked to decided, over the last day's decisions
 
 
 def _workers_alive() -> int | None:
@@ -217,4 +221,21 @@ def gateway_state(*, now: datetime | None = None, teams: frozenset[str] | None =
         sandbox_off=settings.GATEWAY_STDIO_SANDBOX == "off",
         host_network=list(upstreams.filter(transport="stdio", sandbox__network="host").values_list("slug", flat=True)),
         held_packages=list(upstreams.filter(package__has_key="held").values_list("slug", flat=True)),
+        **_sign_offs(now, teams),
     )
+
+
+def _sign_offs(now: datetime, teams: frozenset[str] | None) -> dict[str, Any]:
+    """Calls waiting for sign-off, the longest wait, and how long a decision took (median, the last day)."""
+    pending = in_teams(SignOff.objects.filter(state=SignOff.State.PENDING, wait_until__gt=now), teams)
+    oldest = pending.order_by("asked_at").values_list("asked_at", flat=True).first()
+    decided = in_teams(SignOff.objects.filter(decided_at__gte=now - timedelta(days=1)), teams)
+    waits = [
+        (decided_at - asked_at).total_seconds()
+        for asked_at, decided_at in decided.values_list("asked_at", "decided_at")
+    ]
+    return {
+        "sign_offs_pending": pending.count(),
+        "sign_off_oldest": oldest,
+        "sign_off_median": round(statistics.median(waits)) if waits else None,
+    }

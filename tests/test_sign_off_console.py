@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import timedelta
 
 import httpx2
 import pytest
@@ -218,3 +219,22 @@ def test_in_chromium_an_approver_sees_a_new_request_appear_signs_it_off_and_the_
     kinds = [(row.kind, row.actor) for row in audit_since(mark)]
     assert ("signoff_granted", "ann") in kinds and ("completed", "") in kinds
     assert AuditEvent.objects.get(id__gt=mark, kind="approved").detail["sign_off"] == ident
+
+
+def test_the_dashboard_counts_the_calls_waiting_for_sign_off_the_oldest_wait_and_the_decisions_time(
+    queue, admin_client
+):
+    client, group, pending = queue
+    SignOff.objects.filter(pk=pending.pk).update(asked_at=pending.asked_at - timedelta(minutes=5))
+    with agent("queue-fay") as (fay, _key):
+        decided = sign_off_settle(asking(fay.id, {"a": 2}, SignOffTerms(1, 1, group.id, False, 60.0, 60.0, False)))
+        SignOff.objects.filter(pk=decided.sign_off.pk).update(
+            state="granted", decided_at=decided.sign_off.asked_at + timedelta(seconds=42)
+        )
+        page = admin_client.get("/admin/dashboard/").content.decode()
+        other = SignOff.objects.exclude(pk__in=[pending.pk, decided.sign_off.pk]).filter(state="pending").count()
+    tile = re.search(r'<a class="tile warn" href="/admin/sign-offs/" id="sign-offs">(.*?)</a>', page, re.S)
+    assert tile, page
+    assert f'<strong id="sign-offs-pending">{1 + other}</strong> calls waiting for sign-off' in tile.group(1)
+    assert "<small>the oldest for 5\xa0minutes</small>" in tile.group(1)
+    assert "<small>decided in 42 s (median, a day)</small>" in tile.group(1)
