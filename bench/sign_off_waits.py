@@ -13,12 +13,15 @@ bench agent's `demo__add`. In one run, after a warm-up (sessions, pending calls,
 
 At each step: the Daphne process's VmRSS once settled, its threads (/proc/<pid>/task), its TCP connections to
 PostgreSQL and Redis (its sockets in /proc/<pid>/fd), and those PostgreSQL backends' states (pg_stat_activity by
-client port). GATEWAY_SIGN_OFF_PENDING_PER_CALLER is raised so that one agent may have all of them pending.
+client port). GATEWAY_SIGN_OFF_PENDING_PER_CALLER is raised so that one agent may have all of them pending, and
+GATEWAY_MAX_IN_FLIGHT (256) above 2N: a held call is a POST in flight. Held calls start --concurrency at a time,
+the next once the last are rows.
 
+`--server uvicorn` measures the gateway under uvicorn instead (the attribution stays under Daphne).
 `--attribute M` then holds M calls on a second gateway under tracemalloc and says which code's allocations the
 Python heap grew by.
 
-    bench/run sign_off_waits [--calls 1000] [--concurrency 50] [--attribute 1000]
+    bench/run sign_off_waits [--calls 1000] [--concurrency 50] [--attribute 1000] [--server uvicorn]
 """
 
 import argparse
@@ -334,6 +337,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1000, help="sessions, pending calls and held calls each")
     parser.add_argument("--concurrency", type=int, default=50, help="connections opening sessions, pending calls")
     parser.add_argument("--attribute", type=int, default=0, help="then hold this many under tracemalloc")
+    parser.add_argument("--server", choices=("daphne", "uvicorn"), default="daphne", help="the measured gateway's")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/sign_off_waits.json")
     args = parser.parse_args()
     if 2 * args.calls + args.attribute + 2 * WARMUP > 10_000:
@@ -342,7 +346,11 @@ def main() -> None:
     signer = rule_setup()
     env = gateway_env(max(args.calls, args.attribute))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    gateway = servers.start_gateway(env, args.out.parent / "sign_off_waits.log")
+    log = args.out.parent / "sign_off_waits.log"
+    if args.server == "uvicorn":
+        gateway = servers.start_gateway_under(servers.UVICORN, env, log)
+    else:
+        gateway = servers.start_gateway(env, log)
     try:
         url, pid = f"{gateway.url}/mcp", gateway.process.pid
         result = asyncio.run(measure(url, key, pid, signer, args.calls, args.concurrency))
