@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.run import setup_database  # noqa: E402  (bench/run.py puts the repository on sys.path)
-from bench.traced import growth, growth_table, traced_command, traced_snapshot  # noqa: E402
+from bench.traced import growth_report, traced_gateway, traced_snapshot  # noqa: E402
 from tests import servers  # noqa: E402
 
 MIB = 1024 * 1024
@@ -140,28 +140,15 @@ def table(rows: list[dict]) -> str:
 
 def attribute(key: str, sessions: int, concurrency: int, env: dict[str, str], work: Path) -> None:
     """Python heap growth per session under tracemalloc, by the package whose code allocated it."""
-    port, out = servers.free_port(), work / "trace"
-    for stale in work.glob("trace.*"):  # a snapshot of an earlier run would be taken for this one's
-        stale.unlink()
-    command = traced_command("daphne", ["-b", "127.0.0.1", "-p", str(port), "gateway_project.asgi:application"])
-    process = servers.start(command, env | {"TRACE_OUT": str(out)}, work / "idle_sessions_traced.log")
-    gateway = servers.Running(process, work / "idle_sessions_traced.log", f"http://127.0.0.1:{port}")
+    gateway, out = traced_gateway(env, work, "idle_sessions")
     try:
-        servers.wait_for_port(port, process, gateway.log)
         asyncio.run(open_many(f"{gateway.url}/mcp", key, -WARMUP, WARMUP, concurrency))
-        before = traced_snapshot(process.pid, Path(f"{out}.1"))
+        before = traced_snapshot(gateway.process.pid, Path(f"{out}.1"))
         asyncio.run(open_many(f"{gateway.url}/mcp", key, 0, sessions, concurrency))
-        after = traced_snapshot(process.pid, Path(f"{out}.2"))
+        after = traced_snapshot(gateway.process.pid, Path(f"{out}.2"))
     finally:
         gateway.stop()
-    per_owner, per_line = growth(before, after)
-    total = sum(per_owner.values())
-    print(
-        f"\nPython heap growth under tracemalloc for {sessions} sessions: {total / MIB:.1f} MiB "
-        f"({total / sessions / 1024:.1f} KiB per session), by the code that allocated it:\n"
-    )
-    for title, sizes in (("package", per_owner), ("line", per_line)):
-        print(growth_table(sizes, title, sessions, "session") + "\n")
+    print(growth_report(before, after, sessions, "session"))
 
 
 def main() -> None:

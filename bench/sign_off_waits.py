@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.idle_sessions import ACCEPT, MIB, VERSION, WARMUP, open_session, settled_rss  # noqa: E402
 from bench.run import setup_database  # noqa: E402
-from bench.traced import growth, growth_table, traced_command, traced_malloc, traced_snapshot  # noqa: E402
+from bench.traced import growth_report, traced_gateway, traced_malloc, traced_snapshot  # noqa: E402
 from tests import servers  # noqa: E402
 from tests.clients import reply_of, stateless_body, stateless_headers  # noqa: E402
 
@@ -219,7 +219,8 @@ def session_client(key: str, connections: int) -> httpx2.AsyncClient:
 async def warm_up(http: httpx2.AsyncClient, url: str, key: str, signer: object, concurrency: int) -> None:
     """The first sessions, pending requests and held calls start the process's tasks and fill its caches."""
     sessions = await open_sessions(http, url, WARMUP, concurrency)
-    assert (await pending_calls(url, key, WARMUP, WARM_PENDING, concurrency)) == {"SIGNOFF_PENDING": WARMUP}
+    answers = await pending_calls(url, key, WARMUP, WARM_PENDING, concurrency)
+    assert answers == {"SIGNOFF_PENDING": WARMUP}, answers
     held = await hold(http, url, sessions[:WARM_HELD_CALLS], WARM_HELD, concurrency)
     assert (await release(signer, WARM_HELD, held)) == {"SIGNOFF_REFUSED": WARM_HELD_CALLS}
 
@@ -292,27 +293,14 @@ def attribute(key: str, signer: object, calls: int, concurrency: int, env: dict[
     from policy.models import SignOff
 
     SignOff.objects.filter(agent__name="bench").delete()  # else the same arguments are answered as refused before
-    port, out = servers.free_port(), work / "trace"
-    for stale in work.glob("trace.*"):  # a snapshot of an earlier run would be taken for this one's
-        stale.unlink()
-    command = traced_command("daphne", ["-b", "127.0.0.1", "-p", str(port), "gateway_project.asgi:application"])
-    process = servers.start(command, env | {"TRACE_OUT": str(out)}, work / "sign_off_waits_traced.log")
-    gateway = servers.Running(process, work / "sign_off_waits_traced.log", f"http://127.0.0.1:{port}")
+    gateway, out = traced_gateway(env, work, "sign_off_waits")
     try:
-        servers.wait_for_port(port, process, gateway.log)
         before, after = asyncio.run(
-            traced_hold(f"{gateway.url}/mcp", key, process.pid, signer, calls, out, concurrency)
+            traced_hold(f"{gateway.url}/mcp", key, gateway.process.pid, signer, calls, out, concurrency)
         )
     finally:
         gateway.stop()
-    per_owner, per_line = growth(before, after)
-    total = sum(per_owner.values())
-    print(
-        f"\nPython heap growth under tracemalloc for {calls} held calls: {total / MIB:.1f} MiB "
-        f"({total / calls / 1024:.1f} KiB a call), by the code that allocated it:\n"
-    )
-    for title, sizes in (("package", per_owner), ("line", per_line)):
-        print(growth_table(sizes, title, calls, "call", top=20) + "\n")
+    print(growth_report(before, after, calls, "held call", top=20))
     print(beyond_python(Path(f"{out}.1"), Path(f"{out}.2"), calls))
 
 

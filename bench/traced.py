@@ -10,6 +10,8 @@ import tracemalloc
 from collections import defaultdict
 from pathlib import Path
 
+from tests import servers
+
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
 
@@ -148,4 +150,37 @@ def growth_table(sizes: dict[str, int], title: str, per: int, unit: str, top: in
     lines = [f"| allocated by ({title}) | MiB | KiB / {unit} |", "|---|---:|---:|"]
     for name, size in sorted(sizes.items(), key=lambda item: -item[1])[:top]:
         lines.append(f"| {name} | {size / MIB:.2f} | {size / max(per, 1) / 1024:.1f} |")
+    return "\n".join(lines)
+
+
+def traced_gateway(env: dict[str, str], work: Path, name: str) -> tuple[servers.Running, Path]:
+    """A Daphne gateway under tracemalloc, its log `work`/<name>_traced.log; and where its snapshots go
+    (`work`/trace.<n>, an earlier run's removed: they would be taken for this one's)."""
+    port, out = servers.free_port(), work / "trace"
+    for stale in work.glob("trace.*"):
+        stale.unlink()
+    command = traced_command("daphne", ["-b", "127.0.0.1", "-p", str(port), "gateway_project.asgi:application"])
+    log = work / f"{name}_traced.log"
+    process = servers.start(command, env | {"TRACE_OUT": str(out)}, log)
+    gateway = servers.Running(process, log, f"http://127.0.0.1:{port}")
+    try:
+        servers.wait_for_port(port, process, log)
+    except RuntimeError:
+        gateway.stop()
+        raise
+    return gateway, out
+
+
+def growth_report(
+    before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, count: int, unit: str, top: int = 12
+) -> str:
+    """What the heap grew by for `count` of `unit` (a session, a held call), by package and by line."""
+    per_owner, per_line = growth(before, after)
+    total = sum(per_owner.values())
+    lines = [
+        f"\nPython heap growth under tracemalloc for {count} {unit}s: {total / MIB:.1f} MiB "
+        f"({total / max(count, 1) / 1024:.1f} KiB per {unit}), by the code that allocated it:\n"
+    ]
+    for title, sizes in (("package", per_owner), ("line", per_line)):
+        lines.append(growth_table(sizes, title, count, unit, top) + "\n")
     return "\n".join(lines)
