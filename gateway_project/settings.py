@@ -396,6 +396,10 @@ GATEWAY_SIGN_OFF_PENDING_PER_CALLER = env_int("GATEWAY_SIGN_OFF_PENDING_PER_CALL
 GATEWAY_SIGN_OFF_HOLD_SECONDS = env_int("GATEWAY_SIGN_OFF_HOLD_SECONDS", 60, minimum=0, maximum=3600)
 GATEWAY_SIGN_OFF_RETRY_SECONDS = env_int("GATEWAY_SIGN_OFF_RETRY_SECONDS", 10, minimum=1, maximum=3600)
 GATEWAY_SIGN_OFF_SWEEP_SECONDS = env_float("GATEWAY_SIGN_OFF_SWEEP_SECONDS", 30.0, minimum=0.1, maximum=3600)
+# A 2025-11-25 client's calls made as tasks while they wait for sign-off: how many tasks one web process holds, and
+# the longest a task is kept from its creation (a client may ask for less).
+GATEWAY_SIGN_OFF_TASKS_MAX = env_int("GATEWAY_SIGN_OFF_TASKS_MAX", 1000, minimum=1, maximum=100_000)
+GATEWAY_SIGN_OFF_TASK_TTL_SECONDS = env_int("GATEWAY_SIGN_OFF_TASK_TTL_SECONDS", 3600, minimum=1, maximum=604_800)
 # Each new sign-off request is told to one deployment-wide URL in the Standard Webhooks format, signed with its
 # `whsec_` secret (docs/policy.md, "Notification"): each attempt waits at most the timeout, and one that failed is
 # tried again this many times, 1 s later, then twice as long after each. Empty URL: no notification.

@@ -1,11 +1,13 @@
 """The gateway's handler table, an SDK `Server`: tools and handoffs (tools.py), resources, prompts and
-completions (passthrough.py), change subscriptions (list_changed.py). `handle` (handle.py) runs it for
+completions (passthrough.py), change subscriptions (list_changed.py), tasks of calls waiting for sign-off
+(task_calls.py). `handle` (handle.py) runs it for
 `/mcp/ws` and for `/mcp` (handoff/endpoints/streamable_http/)."""
 
 import warnings
 from typing import Any
 
 from django.conf import settings
+from mcp import types
 from mcp.server import NotificationOptions, Server
 from mcp.server.caching import CacheHint
 from mcp.server.models import InitializationOptions
@@ -16,6 +18,7 @@ from handoff.mcp import passthrough
 from handoff.mcp.agent_relay import set_logging_level
 from handoff.mcp.caller import answering
 from handoff.mcp.list_changed import RememberSessions
+from handoff.mcp.task_calls import CAPABILITY, TaskAnswers, cancel_task, get_task, task_result
 from handoff.mcp.tools import call_tool, list_tools
 from handoff.snapshot import snapshot
 
@@ -53,14 +56,19 @@ class GatewayServer(Server):
         options = notification_options or NotificationOptions(
             tools_changed=True, prompts_changed=True, resources_changed=True
         )
-        return super().create_initialization_options(options, experimental_capabilities, extensions)
+        initialization = super().create_initialization_options(options, experimental_capabilities, extensions)
+        initialization.capabilities.tasks = CAPABILITY  # calls waiting for sign-off (task_calls.py)
+        return initialization
 
 
 def build_server() -> Server:
     with warnings.catch_warnings():  # logging is gone from 2026-07-28, but 2025-11-25 agents still set levels
         warnings.simplefilter("ignore", MCPDeprecationWarning)
         gateway = _gateway_server()
-    gateway.middleware.append(RememberSessions())
+    gateway.middleware.extend((RememberSessions(), TaskAnswers()))
+    gateway.add_request_handler("tasks/get", types.GetTaskRequestParams, get_task)
+    gateway.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, task_result)
+    gateway.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, cancel_task)
     return gateway
 
 

@@ -14,6 +14,7 @@ from handoff.mcp.paging import list_page
 from handoff.mcp.pipeline.answer import finish
 from handoff.mcp.pipeline.frame import agent_call
 from handoff.mcp.pipeline.routing import state_unavailable
+from handoff.mcp.task_calls import tools_marked
 from handoff.protocol.tunnels import SessionStateUnavailable, index_session, session_index
 from handoff.snapshot import snapshot
 
@@ -38,6 +39,8 @@ async def _list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestP
     if tunnel is not None and tunnel.is_open:
         tools: list[Any] | tuple[Any, ...] = tunnel.definitions
     else:
-        tools = [tool for tool in (await snapshot.get()).visible_for(caller.who) if caller.may_call(tool["name"])]
+        snap = await snapshot.get()
+        allowed = [tool for tool in snap.visible_for(caller.who) if caller.may_call(tool["name"])]
+        tools = tools_marked(ctx, snap, allowed)
     page, following = list_page("tools/list", tools, params.cursor if params else None)
     return finish(ctx, {"tools": page} | ({"nextCursor": following} if following else {}))

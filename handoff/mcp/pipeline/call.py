@@ -4,7 +4,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import ServerRequestContext
 from opentelemetry.trace import Span
@@ -18,6 +18,9 @@ from policy.limits.admission import Admission
 from registry.personal import CredentialRef
 from registry.upstreams.outcome import Outcome
 from registry.upstreams.relay import Relay
+
+if TYPE_CHECKING:
+    from handoff.mcp.pipeline.task_state import CallTask
 
 # Who made the call, which decides how it is answered: an agent (a JSON-RPC result or error), code in an
 # execution (what the sandbox resolves `await tools.x.y()` to), an operator's console test (a ConsoleCall).
@@ -46,6 +49,7 @@ class Call:
     execution: str = ""  # the request id of the code mode execution that made the call
     actor: str = ""  # the operator of a console test
     own_tools: Mapping[str, OwnRun] = field(default_factory=dict)  # code mode's tools, where the frame offers them
+    task: "CallTask | None" = None  # the task a 2025-11-25 client asked the call be made as (task_state.py)
     # caller
     snap: Snapshot | None = None
     tunnel: SessionTunnel | None = None  # the handoff the session is in

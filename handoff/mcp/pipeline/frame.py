@@ -2,7 +2,7 @@
 input-required rounds sorted out before the call runs (input_required.py). A retry that answers a parked call
 is no new call: it resumes that one. A retry after connecting an account runs the call afresh; one that answers
 an upstream's own round carries its answers to it. A call that an upstream might ask something runs parked, as
-a task that outlives this request."""
+a task that outlives this request. A 2025-11-25 client's call made as a task may become one (as_task.py)."""
 
 import time
 from collections.abc import Mapping
@@ -26,6 +26,7 @@ from handoff.mcp.input_required import (
 )
 from handoff.mcp.personal_access import CONNECT_ROUND
 from handoff.mcp.pipeline.answer import agent_answer
+from handoff.mcp.pipeline.as_task import call_as_task, tasks_declared
 from handoff.mcp.pipeline.call import Call, OwnRun
 from handoff.mcp.pipeline.rows import call_audit, call_logged
 from handoff.mcp.pipeline.run import call_serve
@@ -40,6 +41,8 @@ async def agent_call(
     call = Call(params.name, params.arguments or {}, trace_id, caller=caller, ctx=ctx, relay=relay, own_tools=own_tools)
     log_fields_add(trace_id=trace_id, agent=caller.agent_name, tool=params.name)
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        if params.task is not None and tasks_declared(ctx):
+            return await call_as_task(call, params.task.ttl)
         return await call_serve(call, agent_answer)
     entry = (await snapshot.get()).tool(caller.who, params.name)
     upstream = entry.route.upstream_slug if entry else ""

@@ -20,6 +20,7 @@ from gateway_project.lib.database import database_async
 from handoff.mcp.caller import Caller
 from handoff.mcp.list_changed import change_relay, relay_everywhere, relay_handlers
 from handoff.mcp.pipeline.call import AGENT, CODE, Call
+from handoff.mcp.pipeline.task_state import TaskCancelled
 from policy.decisions import POLICY_DENIED, RETRY_LATER, Denial
 from policy.models import SignOff
 from policy.sign_off import (
@@ -88,8 +89,13 @@ async def sign_off_stage(call: Call) -> None:
         caller_user=_account(caller),
     )
     settled = await database_async(sign_off_settle)(asking)
-    if settled.state == SignOff.State.PENDING and terms.signers is not None and _holds(call):
-        settled = await _wait(call, asking, settled)
+    if settled.state == SignOff.State.PENDING and terms.signers is not None:
+        assert settled.sign_off is not None
+        if call.task is not None:  # answered now as a task, which waits as long as the request does
+            wait = (settled.sign_off.wait_until - timezone.now()).total_seconds()
+            settled = await _wait(call, asking, settled, wait)
+        elif _holds(call):
+            settled = await _wait(call, asking, settled, settings.GATEWAY_SIGN_OFF_HOLD_SECONDS)
     elif settled.state == SignOff.State.PENDING and terms.by_form and _holds(call) and _asks_forms(call):
         settled = await _by_form(call, asking, settled)
     if settled.state == SignOff.State.GRANTED:
@@ -145,19 +151,24 @@ def _holds(call: Call) -> bool:
     )
 
 
-async def _wait(call: Call, asking: Asking, settled: Settled) -> Settled:
+async def _wait(call: Call, asking: Asking, settled: Settled, hold: float) -> Settled:
     """Wait for the request's decision, then settle again: take the grant, or learn of the refusal. Undecided at
-    the end of the hold: still pending; past the request's wait: expired."""
+    the end of the hold: still pending; past the request's wait: expired. A task's wait ends when it is cancelled
+    (TaskCancelled), the request left pending."""
     assert settled.sign_off is not None and call.ctx is not None
     ident, waits_until = str(settled.sign_off.id), settled.sign_off.wait_until
-    hold = min(settings.GATEWAY_SIGN_OFF_HOLD_SECONDS, (waits_until - timezone.now()).total_seconds())
+    hold = min(hold, (waits_until - timezone.now()).total_seconds())
     started = time.monotonic()
     event = asyncio.Event()
     _waiting.setdefault(ident, set()).add(event)
+    if call.task is not None:
+        call.task.waits(f"Waiting for a person to sign off this call (sign-off request {ident}).", event)
     try:
         await change_relay.ensure_running()  # heard from now on; a decision made before is read below
         checked = 0.0
         while True:
+            if call.task is not None and call.task.ended:
+                raise TaskCancelled(ident)
             waited = time.monotonic() - started
             if event.is_set() or waited - checked >= RECHECK_SECONDS or waited >= hold:
                 event.clear()

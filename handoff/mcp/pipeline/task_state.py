@@ -1,0 +1,124 @@
+"""The tasks of calls made as tasks (as_task.py), as this process holds them: bounded in number
+(GATEWAY_SIGN_OFF_TASKS_MAX), each bound to its caller and kept for its ttl (at most
+GATEWAY_SIGN_OFF_TASK_TTL_SECONDS)."""
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from mcp import types
+
+from handoff.mcp.caller import Caller
+
+logger = logging.getLogger(__name__)
+WORKING, COMPLETED, FAILED, CANCELLED = "working", "completed", "failed", "cancelled"
+RELATED_TASK = "io.modelcontextprotocol/related-task"  # the _meta key naming a result's task
+
+
+@dataclass(eq=False)
+class CallTask:
+    """One task: whose it is (agent, person, session), where it stands, and its outcome once it ends."""
+
+    task_id: str
+    owner: tuple[int, str, str, str]
+    ttl_ms: int
+    created: datetime = field(default_factory=timezone.now)
+    updated: datetime = field(default_factory=timezone.now)
+    status: str = WORKING
+    message: str = ""
+    result: dict[str, Any] | None = None
+    error: types.ErrorData | None = None
+    asked: asyncio.Event = field(default_factory=asyncio.Event)  # set once the call waits for a sign-off
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: asyncio.Event | None = None  # the sign-off wait's, while the call waits: cancelling wakes it
+    runner: asyncio.Task | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.status in (COMPLETED, FAILED, CANCELLED)
+
+    def waits(self, message: str, wake: asyncio.Event) -> None:
+        """The call waits for a sign-off: the task is answered now, `working`."""
+        self.message, self.wake, self.updated = message, wake, timezone.now()
+        self.asked.set()
+
+    def end(self, status: str, message: str, result: dict[str, Any] | None = None, error: Any = None) -> None:
+        """The task's last state; a task that has ended already (cancelled) keeps its own."""
+        if self.ended:
+            return
+        self.status, self.message, self.result, self.error = status, message, result, error
+        self.updated, self.wake = timezone.now(), None
+        self.done.set()
+
+    def cancel(self) -> None:
+        wake = self.wake
+        self.end(CANCELLED, "Cancelled by its client.")
+        if wake is not None:
+            wake.set()
+
+    def wire(self) -> dict[str, Any]:
+        """The task as 2025-11-25's `Task`."""
+        task = {
+            "taskId": self.task_id,
+            "status": self.status,
+            "createdAt": self.created.isoformat(),
+            "lastUpdatedAt": self.updated.isoformat(),
+            "ttl": self.ttl_ms,
+            "pollInterval": settings.GATEWAY_SIGN_OFF_RETRY_SECONDS * 1000,
+        }
+        return task | ({"statusMessage": self.message} if self.message else {})
+
+    def expired(self, now: datetime) -> bool:
+        return self.ended and now - self.created > timedelta(milliseconds=self.ttl_ms)
+
+
+class TaskCreated(Exception):
+    """The call became a task: its request is answered with this CreateTaskResult (handoff/mcp/task_calls.py
+    turns it into the answer, past the SDK's check that a tools/call answers a CallToolResult)."""
+
+    def __init__(self, task: CallTask) -> None:
+        super().__init__(task.task_id)
+        self.result = {"task": task.wire()}
+
+
+class TaskCancelled(Exception):
+    """The task was cancelled while its call waited for a sign-off: the call ends there, with no row (as a 2025-11-25
+    call whose client cancels its wait); the sign-off request stays pending."""
+
+
+_tasks: dict[str, CallTask] = {}  # this process's, by id
+
+
+def owner_of(caller: Caller) -> tuple[int, str, str, str]:
+    return (caller.agent_id, caller.person_issuer, caller.person_subject, caller.session_id)
+
+
+def task_open(caller: Caller, ttl_ms: int | None) -> CallTask | None:
+    """A new task for the caller, or None when this process holds as many as it may."""
+    now = timezone.now()
+    for ident in [ident for ident, task in _tasks.items() if task.expired(now)]:
+        del _tasks[ident]
+    if len(_tasks) >= settings.GATEWAY_SIGN_OFF_TASKS_MAX:
+        logger.warning("%s tasks held: a call asking for one is served without", len(_tasks))
+        return None
+    longest = settings.GATEWAY_SIGN_OFF_TASK_TTL_SECONDS * 1000
+    task = CallTask(secrets.token_urlsafe(16), owner_of(caller), min(ttl_ms or longest, longest))
+    _tasks[task.task_id] = task
+    return task
+
+
+def task_find(caller: Caller, task_id: str) -> CallTask | None:
+    """The caller's task of that id; another caller's, or one gone, is none."""
+    task = _tasks.get(task_id)
+    if task is None or task.owner != owner_of(caller) or task.expired(timezone.now()):
+        return None
+    return task
+
+
+def forget(task: CallTask) -> None:
+    _tasks.pop(task.task_id, None)

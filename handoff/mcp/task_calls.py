@@ -1,0 +1,98 @@
+"""2025-11-25's experimental tasks as the gateway serves them, for calls that wait for sign-off
+(handoff/mcp/pipeline/as_task.py): the `tasks` capability (tools/call only, and tasks/cancel), tools/list marking
+the tools a sign-off rule governs for the caller, and `tasks/get`, `tasks/result` and `tasks/cancel`, each for the
+caller's own tasks only."""
+
+from collections.abc import Callable
+from typing import Any
+
+from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from handoff.mcp.caller import caller_of, request_span
+from handoff.mcp.pipeline.as_task import tasks_declared
+from handoff.mcp.pipeline.task_state import CANCELLED, RELATED_TASK, CallTask, TaskCreated, task_find
+from handoff.snapshot import Snapshot
+
+CAPABILITY = types.ServerTasksCapability(
+    cancel=types.TasksCancelCapability(),
+    requests=types.ServerTasksRequestsCapability(tools=types.TasksToolsCapability(call=types.TasksCallCapability())),
+)
+OPTIONAL = {"taskSupport": "optional"}
+
+
+class TaskAnswers:
+    """Server middleware: a tools/call that became a task answers its CreateTaskResult (which the SDK's check of a
+    handler's tools/call result, made for CallToolResult only, would refuse)."""
+
+    async def __call__(self, ctx: ServerRequestContext, call_next: Callable[[ServerRequestContext], Any]) -> Any:
+        try:
+            return await call_next(ctx)
+        except TaskCreated as created:
+            return created.result
+
+
+def tools_marked(ctx: ServerRequestContext, snap: Snapshot, tools: list[Any]) -> list[Any]:
+    """The tools as a client that declared tasks sees them: those a person signs off may be called as tasks, and
+    no other (the gateway makes no task of an upstream's, whatever the upstream says of its own)."""
+    if not tasks_declared(ctx):
+        return tools
+    who = caller_of(ctx).who
+    return [_marked(tool, _signed_off_by_others(snap, who, tool["name"])) for tool in tools]
+
+
+def _signed_off_by_others(snap: Snapshot, who: Any, name: str) -> bool:
+    entry = snap.tool(who, name)  # none for the gateway's own tools
+    terms = snap.sign_off(who, entry) if entry is not None else None
+    return terms is not None and terms.signers is not None
+
+
+def _marked(tool: dict[str, Any], task: bool) -> dict[str, Any]:
+    execution = {key: value for key, value in (tool.get("execution") or {}).items() if key != "taskSupport"}
+    execution |= OPTIONAL if task else {}
+    return {key: value for key, value in tool.items() if key != "execution"} | (
+        {"execution": execution} if execution else {}
+    )
+
+
+async def get_task(ctx: ServerRequestContext, params: types.GetTaskRequestParams) -> dict[str, Any]:
+    with request_span(ctx, "tasks/get"):
+        return _task(ctx, params.task_id).wire()
+
+
+async def task_result(ctx: ServerRequestContext, params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
+    """The call's own answer once the task has ended (waiting for it until then)."""
+    with request_span(ctx, "tasks/result"):
+        task = _task(ctx, params.task_id)
+        await task.done.wait()
+        related = {RELATED_TASK: {"taskId": task.task_id}}
+        if task.status == CANCELLED:
+            message = f"Task {task.task_id!r} was cancelled: it has no result."
+            raise MCPError(types.INVALID_PARAMS, message, {"_meta": related})
+        if task.error is not None:
+            raise MCPError(task.error.code, task.error.message, task.error.data)
+        assert task.result is not None
+        return task.result | {"_meta": (task.result.get("_meta") or {}) | related}
+
+
+async def cancel_task(ctx: ServerRequestContext, params: types.CancelTaskRequestParams) -> dict[str, Any]:
+    """Ends the task. A call still waiting for its sign-off stops (the request stays pending until it expires); one
+    already signed off runs to its end, its outcome in the audit trail, its result dropped."""
+    with request_span(ctx, "tasks/cancel"):
+        task = _task(ctx, params.task_id)
+        if task.ended:
+            message = f"Task {task.task_id!r} has ended already ({task.status}): it cannot be cancelled."
+            raise MCPError(types.INVALID_PARAMS, message)
+        task.cancel()
+        return task.wire()
+
+
+def _task(ctx: ServerRequestContext, task_id: str) -> CallTask:
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        raise MCPError(types.METHOD_NOT_FOUND, "Method not found")
+    task = task_find(caller_of(ctx), task_id)
+    if task is None:
+        raise MCPError(types.INVALID_PARAMS, f"Unknown task {task_id!r}: none of yours has this id.")
+    return task

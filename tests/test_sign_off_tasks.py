@@ -1,0 +1,179 @@
+"""Sign-off as a task (2025-11-25's experimental tasks): a client that declared `tasks` and makes a call needing
+sign-off as a task gets the task at once, `working` while a person decides, then the result through tasks/result;
+refused, it fails with the refusal; cancelled, its wait ends and the request stays pending; a task is its caller's
+only. Raw JSON-RPC over HTTP: the SDK client has no tasks."""
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import httpx2
+
+from audit.models import AuditEvent
+from policy.models import SignOff
+from tests.clients import ACCEPT, api, reply_of
+from tests.helpers import audit_mark, audit_since, eventually
+from tests.test_sign_off import ann_token, approver, asked_for, pending_call, sign_off_rule  # noqa: F401 (fixtures)
+
+VERSION = "2025-11-25"
+ADD = {"a": 4, "b": 5}
+
+
+class Session:
+    """One 2025-11-25 session, request by request."""
+
+    def __init__(self, http: httpx2.Client, url: str) -> None:
+        self.http, self.url, self.ids = http, url, iter(range(2, 10_000))
+
+    def request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = {"jsonrpc": "2.0", "id": next(self.ids), "method": method} | ({"params": params} if params else {})
+        return reply_of(self.http.post(self.url, json=body))
+
+    def result(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        reply = self.request(method, params)
+        assert "result" in reply, reply
+        return reply["result"]
+
+    def call(self, arguments: dict[str, Any], **task: int) -> dict[str, Any]:
+        return self.request(
+            "tools/call", {"name": "demo__add", "arguments": arguments} | ({"task": task} if task else {})
+        )
+
+
+@contextmanager
+def session(gateway, key: str, *, tasks: bool = True, timeout: float = 30.0) -> Iterator[Session]:
+    """A session opened by initialize, declaring the `tasks` capability or not."""
+    capabilities = {"tasks": {"cancel": {}}} if tasks else {}
+    headers = {"authorization": f"Bearer {key}", "accept": ACCEPT}
+    with httpx2.Client(headers=headers, timeout=timeout) as http:
+        url = f"{gateway.url}/mcp"
+        client = {"name": "tasks-test", "version": "1"}
+        params = {"protocolVersion": VERSION, "capabilities": capabilities, "clientInfo": client}
+        opened = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
+        assert opened.status_code == 200, opened.text
+        assert reply_of(opened)["result"]["capabilities"]["tasks"] == {
+            "cancel": {},
+            "requests": {"tools": {"call": {}}},
+        }
+        http.headers.update({"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": VERSION})
+        assert http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}).status_code == 202
+        yield Session(http, url)
+
+
+def made_as_task(agent, mcp: Session, arguments: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The call made as a task: answered at once, `working`, naming its sign-off request."""
+    task = mcp.call(arguments, ttl=60_000)["result"]["task"]
+    ident = str(asked_for(agent, arguments).id)
+    assert task["status"] == "working" and task["ttl"] == 60_000 and task["pollInterval"] == 10_000
+    assert task["statusMessage"] == f"Waiting for a person to sign off this call (sign-off request {ident})."
+    return task, ident
+
+
+def ended(mcp: Session, task_id: str) -> dict[str, Any]:
+    return eventually(lambda: (got := mcp.result("tasks/get", {"taskId": task_id}))["status"] != "working" and got)
+
+
+def test_a_task_is_working_while_it_waits_then_completed_with_the_result(inline_gateway, sign_off_rule):  # noqa: F811
+    carol, key, made = sign_off_rule
+    pending_call(inline_gateway, key, {"a": 0, "b": 0})  # the gateway has seen the rule
+    mark = audit_mark()
+    with session(inline_gateway, key) as mcp:
+        listed = {tool["name"]: tool for tool in mcp.result("tools/list")["tools"]}
+        assert listed["demo__add"]["execution"] == {"taskSupport": "optional"}
+        assert [name for name, tool in listed.items() if "execution" in tool] == ["demo__add"], listed
+        task, ident = made_as_task(carol, mcp, ADD)
+        assert mcp.result("tasks/get", {"taskId": task["taskId"]})["status"] == "working"
+        assert not AuditEvent.objects.filter(id__gt=mark, kind__in=("denied", "approved")).exists()
+        assert api(inline_gateway, "POST", f"signoffs/{ident}/grant", ann_token(), json={}).status_code == 200
+        assert ended(mcp, task["taskId"])["status"] == "completed"
+        result = mcp.result("tasks/result", {"taskId": task["taskId"]})
+    assert result["content"] == [{"type": "text", "text": "9"}]
+    assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task["taskId"]}
+    rows = [(r.kind, r.detail.get("sign_off")) for r in audit_since(mark) if r.kind in ("approved", "completed")]
+    assert rows == [("approved", ident), ("completed", ident)]  # exactly one completion row
+    assert not AuditEvent.objects.filter(id__gt=mark, kind="denied").exists()
+
+
+def test_a_refused_task_fails_with_the_refusal_and_its_denied_row(inline_gateway, sign_off_rule):  # noqa: F811
+    carol, key, made = sign_off_rule
+    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+    mark = audit_mark()
+    arguments = {"a": 40, "b": 2}
+    with session(inline_gateway, key) as mcp:
+        task, ident = made_as_task(carol, mcp, arguments)
+        refusal = {"reason": "Not on a Sunday."}
+        assert api(inline_gateway, "POST", f"signoffs/{ident}/refuse", ann_token(), json=refusal).status_code == 200
+        failed = ended(mcp, task["taskId"])
+        result = mcp.request("tasks/result", {"taskId": task["taskId"]})
+    message = "ann refused to sign off this call of 'demo__add': Not on a Sunday. Do not retry it unchanged."
+    assert (failed["status"], failed["statusMessage"]) == ("failed", message)
+    assert result["error"]["message"] == message and result["error"]["data"]["code"] == "SIGNOFF_REFUSED"
+    [denied] = [r for r in audit_since(mark) if r.kind == "denied"]
+    assert (denied.error_code, denied.detail["sign_off"]) == ("SIGNOFF_REFUSED", ident)
+    assert not AuditEvent.objects.filter(id__gt=mark, kind="approved").exists()
+
+
+def test_a_task_no_one_decides_fails_once_its_request_expires(inline_gateway, sign_off_rule):  # noqa: F811
+    carol, key, made = sign_off_rule
+    made.sign_off_wait = 2
+    made.save()
+    pending_call(inline_gateway, key, {"a": 0, "b": 1})  # the gateway has seen the rule's new version
+    mark = audit_mark()
+    with session(inline_gateway, key) as mcp:
+        task, ident = made_as_task(carol, mcp, {"a": 1, "b": 3})
+        failed = ended(mcp, task["taskId"])
+    assert (failed["status"], failed["statusMessage"]) == (
+        "failed",
+        f"No one signed off this call of 'demo__add' in time: its request ({ident}) expired. Make the call again "
+        "to ask anew, or tell the user someone must sign it off.",
+    )
+    kinds = [(r.kind, r.error_code) for r in audit_since(mark)]
+    assert kinds == [("signoff_asked", ""), ("signoff_expired", ""), ("denied", "SIGNOFF_EXPIRED")]
+
+
+def test_a_cancelled_task_ends_its_wait_and_the_request_stays_pending(inline_gateway, sign_off_rule):  # noqa: F811
+    carol, key, made = sign_off_rule
+    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+    arguments = {"a": 7, "b": 1}
+    with session(inline_gateway, key) as mcp:
+        task, ident = made_as_task(carol, mcp, arguments)
+        cancelled = mcp.result("tasks/cancel", {"taskId": task["taskId"]})
+        assert (cancelled["status"], cancelled["statusMessage"]) == ("cancelled", "Cancelled by its client.")
+        assert mcp.result("tasks/get", {"taskId": task["taskId"]})["status"] == "cancelled"
+        again = mcp.request("tasks/cancel", {"taskId": task["taskId"]})["error"]
+        no_result = mcp.request("tasks/result", {"taskId": task["taskId"]})["error"]
+    assert again == {
+        "code": -32602,
+        "message": f"Task {task['taskId']!r} has ended already (cancelled): it cannot be cancelled.",
+    }
+    assert (no_result["code"], no_result["message"]) == (
+        -32602,
+        f"Task {task['taskId']!r} was cancelled: it has no result.",
+    )
+    assert SignOff.objects.get(pk=ident).state == "pending"
+
+
+def test_another_session_knows_nothing_of_the_task(inline_gateway, sign_off_rule):  # noqa: F811
+    carol, key, made = sign_off_rule
+    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+    with session(inline_gateway, key) as mcp, session(inline_gateway, key) as other:
+        task, ident = made_as_task(carol, mcp, {"a": 2, "b": 2})
+        unknown = other.request("tasks/get", {"taskId": task["taskId"]})["error"]
+        assert unknown == {"code": -32602, "message": f"Unknown task {task['taskId']!r}: none of yours has this id."}
+        assert mcp.result("tasks/get", {"taskId": task["taskId"]})["status"] == "working"
+        mcp.result("tasks/cancel", {"taskId": task["taskId"]})
+
+
+def test_a_client_without_tasks_waits_within_its_request_as_before(inline_gateway, sign_off_rule):  # noqa: F811
+    carol, key, made = sign_off_rule
+    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+    arguments = {"a": 3, "b": 6}
+    with session(inline_gateway, key, tasks=False) as mcp:
+        assert {tool["name"]: tool.get("execution") for tool in mcp.result("tools/list")["tools"]}["demo__add"] is None
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(mcp.call, arguments, ttl=60_000)  # a task it may not ask for is not made
+            ident = str(asked_for(carol, arguments).id)
+            assert api(inline_gateway, "POST", f"signoffs/{ident}/grant", ann_token(), json={}).status_code == 200
+            result = answer.result(timeout=30)["result"]
+    assert result["content"] == [{"type": "text", "text": "9"}] and "task" not in result
