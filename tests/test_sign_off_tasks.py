@@ -165,6 +165,20 @@ def test_another_session_knows_nothing_of_the_task(inline_gateway, sign_off_rule
         mcp.result("tasks/cancel", {"taskId": task["taskId"]})
 
 
+def test_a_task_ends_with_its_session_and_leaves_the_grant_to_the_next_call(inline_gateway, sign_off_rule):  # noqa: F811
+    carol, key, made = sign_off_rule
+    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+    arguments = {"a": 5, "b": 5}
+    with session(inline_gateway, key) as mcp:
+        task, ident = made_as_task(carol, mcp, arguments)
+        assert mcp.http.delete(mcp.url).status_code in (200, 204)
+    assert api(inline_gateway, "POST", f"signoffs/{ident}/grant", ann_token(), json={}).status_code == 200
+    with session(inline_gateway, key, tasks=False) as mcp:  # had the task still waited, it would have taken it
+        result = mcp.call(arguments)["result"]
+    assert result["content"] == [{"type": "text", "text": "10"}]
+    assert AuditEvent.objects.filter(kind="completed", detail__sign_off=ident).count() == 1
+
+
 def test_a_client_without_tasks_waits_within_its_request_as_before(inline_gateway, sign_off_rule):  # noqa: F811
     carol, key, made = sign_off_rule
     pending_call(inline_gateway, key, {"a": 0, "b": 0})

@@ -30,6 +30,7 @@ from mcp.types import SubscriptionsListenRequestParams, SubscriptionsListenResul
 
 from gateway_project.lib.process_task import ProcessTask
 from handoff.mcp.caller import Caller, caller_of
+from handoff.mcp.pipeline.task_state import tasks_forget
 from handoff.protocol.tunnels import index_session
 from handoff.snapshot import snapshot
 from registry.naming import exposed_uri
@@ -171,6 +172,7 @@ def session_forget(caller: Caller) -> None:
         table.pop(session, None)
     for uri in [uri for uri, sessions in _subscribers.items() if session in sessions]:
         resource_subscription(session, uri, subscribed=False)
+    tasks_forget(caller.session_id)
 
 
 async def resource_updated_here(uri: str) -> None:

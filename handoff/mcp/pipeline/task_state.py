@@ -55,9 +55,9 @@ class CallTask:
         self.updated, self.wake = timezone.now(), None
         self.done.set()
 
-    def cancel(self) -> None:
+    def cancel(self, message: str = "Cancelled by its client.") -> None:
         wake = self.wake
-        self.end(CANCELLED, "Cancelled by its client.")
+        self.end(CANCELLED, message)
         if wake is not None:
             wake.set()
 
@@ -122,3 +122,11 @@ def task_find(caller: Caller, task_id: str) -> CallTask | None:
 
 def forget(task: CallTask) -> None:
     _tasks.pop(task.task_id, None)
+
+
+def tasks_forget(session_id: str) -> None:
+    """The session ended, or this process no longer holds it: its tasks end (a call waiting for its sign-off stops
+    waiting, the request left pending) and are dropped."""
+    for task in [task for task in _tasks.values() if session_id and task.owner[3] == session_id]:
+        task.cancel("Cancelled: its session ended.")
+        forget(task)
