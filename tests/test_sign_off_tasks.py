@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx2
+import pytest
 
 from audit.models import AuditEvent
 from policy.models import SignOff
@@ -61,6 +62,14 @@ def session(gateway, key: str, *, tasks: bool = True, timeout: float = 30.0) -> 
         yield Session(http, url)
 
 
+@pytest.fixture
+def rule_seen(inline_gateway, sign_off_rule) -> tuple[object, str]:  # noqa: F811
+    """carol and her key, once the gateway has seen her sign-off rule."""
+    carol, key, made = sign_off_rule
+    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+    return carol, key
+
+
 def made_as_task(agent, mcp: Session, arguments: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The call made as a task: answered at once, `working`, naming its sign-off request."""
     task = mcp.call(arguments, ttl=60_000)["result"]["task"]
@@ -74,9 +83,8 @@ def ended(mcp: Session, task_id: str) -> dict[str, Any]:
     return eventually(lambda: (got := mcp.result("tasks/get", {"taskId": task_id}))["status"] != "working" and got)
 
 
-def test_a_task_is_working_while_it_waits_then_completed_with_the_result(inline_gateway, sign_off_rule):  # noqa: F811
-    carol, key, made = sign_off_rule
-    pending_call(inline_gateway, key, {"a": 0, "b": 0})  # the gateway has seen the rule
+def test_a_task_is_working_while_it_waits_then_completed_with_the_result(inline_gateway, rule_seen):
+    carol, key = rule_seen
     mark = audit_mark()
     with session(inline_gateway, key) as mcp:
         listed = {tool["name"]: tool for tool in mcp.result("tools/list")["tools"]}
@@ -95,9 +103,8 @@ def test_a_task_is_working_while_it_waits_then_completed_with_the_result(inline_
     assert not AuditEvent.objects.filter(id__gt=mark, kind="denied").exists()
 
 
-def test_a_refused_task_fails_with_the_refusal_and_its_denied_row(inline_gateway, sign_off_rule):  # noqa: F811
-    carol, key, made = sign_off_rule
-    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+def test_a_refused_task_fails_with_the_refusal_and_its_denied_row(inline_gateway, rule_seen):
+    carol, key = rule_seen
     mark = audit_mark()
     arguments = {"a": 40, "b": 2}
     with session(inline_gateway, key) as mcp:
@@ -132,9 +139,8 @@ def test_a_task_no_one_decides_fails_once_its_request_expires(inline_gateway, si
     assert kinds == [("signoff_asked", ""), ("signoff_expired", ""), ("denied", "SIGNOFF_EXPIRED")]
 
 
-def test_a_cancelled_task_ends_its_wait_and_the_request_stays_pending(inline_gateway, sign_off_rule):  # noqa: F811
-    carol, key, made = sign_off_rule
-    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+def test_a_cancelled_task_ends_its_wait_and_the_request_stays_pending(inline_gateway, rule_seen):
+    carol, key = rule_seen
     arguments = {"a": 7, "b": 1}
     with session(inline_gateway, key) as mcp:
         task, ident = made_as_task(carol, mcp, arguments)
@@ -154,9 +160,8 @@ def test_a_cancelled_task_ends_its_wait_and_the_request_stays_pending(inline_gat
     assert SignOff.objects.get(pk=ident).state == "pending"
 
 
-def test_another_session_knows_nothing_of_the_task(inline_gateway, sign_off_rule):  # noqa: F811
-    carol, key, made = sign_off_rule
-    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+def test_another_session_knows_nothing_of_the_task(inline_gateway, rule_seen):
+    carol, key = rule_seen
     with session(inline_gateway, key) as mcp, session(inline_gateway, key) as other:
         task, ident = made_as_task(carol, mcp, {"a": 2, "b": 2})
         unknown = other.request("tasks/get", {"taskId": task["taskId"]})["error"]
@@ -165,9 +170,8 @@ def test_another_session_knows_nothing_of_the_task(inline_gateway, sign_off_rule
         mcp.result("tasks/cancel", {"taskId": task["taskId"]})
 
 
-def test_a_task_ends_with_its_session_and_leaves_the_grant_to_the_next_call(inline_gateway, sign_off_rule):  # noqa: F811
-    carol, key, made = sign_off_rule
-    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+def test_a_task_ends_with_its_session_and_leaves_the_grant_to_the_next_call(inline_gateway, rule_seen):
+    carol, key = rule_seen
     arguments = {"a": 5, "b": 5}
     with session(inline_gateway, key) as mcp:
         task, ident = made_as_task(carol, mcp, arguments)
@@ -179,9 +183,8 @@ def test_a_task_ends_with_its_session_and_leaves_the_grant_to_the_next_call(inli
     assert AuditEvent.objects.filter(kind="completed", detail__sign_off=ident).count() == 1
 
 
-def test_a_client_without_tasks_waits_within_its_request_as_before(inline_gateway, sign_off_rule):  # noqa: F811
-    carol, key, made = sign_off_rule
-    pending_call(inline_gateway, key, {"a": 0, "b": 0})
+def test_a_client_without_tasks_waits_within_its_request_as_before(inline_gateway, rule_seen):
+    carol, key = rule_seen
     arguments = {"a": 3, "b": 6}
     with session(inline_gateway, key, tasks=False) as mcp:
         assert {tool["name"]: tool.get("execution") for tool in mcp.result("tools/list")["tools"]}["demo__add"] is None
