@@ -13,7 +13,7 @@ import pytest
 
 from audit.models import AuditEvent
 from policy.models import SignOff
-from tests.clients import ACCEPT, api, reply_of
+from tests.clients import ACCEPT, STATELESS_META, api, reply_of, stateless_headers
 from tests.helpers import audit_mark, audit_since, eventually
 from tests.test_sign_off import ann_token, approver, asked_for, pending_call, sign_off_rule  # noqa: F401 (fixtures)
 
@@ -194,3 +194,16 @@ def test_a_client_without_tasks_waits_within_its_request_as_before(inline_gatewa
             assert api(inline_gateway, "POST", f"signoffs/{ident}/grant", ann_token(), json={}).status_code == 200
             result = answer.result(timeout=30)["result"]
     assert result["content"] == [{"type": "text", "text": "9"}] and "task" not in result
+
+
+def test_to_a_2026_request_the_tasks_methods_do_not_exist(inline_gateway, rule_seen):
+    carol, key = rule_seen
+    params = {"taskId": "any", "_meta": STATELESS_META}
+    for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        headers = stateless_headers(key, "any") | {"mcp-method": method}
+        answer = httpx2.post(f"{inline_gateway.url}/mcp", json=body, headers=headers, timeout=5)
+        assert (answer.status_code, reply_of(answer)["error"]) == (
+            404,
+            {"code": -32601, "message": "Method not found", "data": method},
+        )

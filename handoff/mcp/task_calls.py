@@ -21,13 +21,17 @@ CAPABILITY = types.ServerTasksCapability(
     requests=types.ServerTasksRequestsCapability(tools=types.TasksToolsCapability(call=types.TasksCallCapability())),
 )
 OPTIONAL = {"taskSupport": "optional"}
+METHODS = frozenset({"tasks/get", "tasks/result", "tasks/cancel"})
 
 
 class TaskAnswers:
     """Server middleware: a tools/call that became a task answers its CreateTaskResult (which the SDK's check of a
-    handler's tools/call result, made for CallToolResult only, would refuse)."""
+    handler's tools/call result, made for CallToolResult only, would refuse). The tasks/* methods are 2025-11-25's:
+    to a 2026-07-28 request they do not exist, before their params are read (as the SDK says of any unserved one)."""
 
     async def __call__(self, ctx: ServerRequestContext, call_next: Callable[[ServerRequestContext], Any]) -> Any:
+        if ctx.method in METHODS and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            raise MCPError(types.METHOD_NOT_FOUND, "Method not found", ctx.method)
         try:
             return await call_next(ctx)
         except TaskCreated as created:
@@ -90,8 +94,6 @@ async def cancel_task(ctx: ServerRequestContext, params: types.CancelTaskRequest
 
 
 def _task(ctx: ServerRequestContext, task_id: str) -> CallTask:
-    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        raise MCPError(types.METHOD_NOT_FOUND, "Method not found")
     task = task_find(caller_of(ctx), task_id)
     if task is None:
         raise MCPError(types.INVALID_PARAMS, f"Unknown task {task_id!r}: none of yours has this id.")
