@@ -83,17 +83,18 @@ def ended(mcp: Session, task_id: str) -> dict[str, Any]:
     return eventually(lambda: (got := mcp.result("tasks/get", {"taskId": task_id}))["status"] != "working" and got)
 
 
-def test_a_task_is_working_while_it_waits_then_completed_with_the_result(inline_gateway, rule_seen):
-    carol, key = rule_seen
+def test_a_task_is_working_while_it_waits_then_completed_with_the_result(gateway, sign_off_rule):  # noqa: F811
+    carol, key, made = sign_off_rule
+    pending_call(gateway, key, {"a": 0, "b": 0})  # the gateway has seen the rule
     mark = audit_mark()
-    with session(inline_gateway, key) as mcp:
+    with session(gateway, key) as mcp:
         listed = {tool["name"]: tool for tool in mcp.result("tools/list")["tools"]}
         assert listed["demo__add"]["execution"] == {"taskSupport": "optional"}
         assert [name for name, tool in listed.items() if "execution" in tool] == ["demo__add"], listed
         task, ident = made_as_task(carol, mcp, ADD)
         assert mcp.result("tasks/get", {"taskId": task["taskId"]})["status"] == "working"
         assert not AuditEvent.objects.filter(id__gt=mark, kind__in=("denied", "approved")).exists()
-        assert api(inline_gateway, "POST", f"signoffs/{ident}/grant", ann_token(), json={}).status_code == 200
+        assert api(gateway, "POST", f"signoffs/{ident}/grant", ann_token(), json={}).status_code == 200
         assert ended(mcp, task["taskId"])["status"] == "completed"
         result = mcp.result("tasks/result", {"taskId": task["taskId"]})
     assert result["content"] == [{"type": "text", "text": "9"}]
