@@ -71,13 +71,12 @@ async def task_result(ctx: ServerRequestContext, params: types.GetTaskPayloadReq
     with request_span(ctx, "tasks/result"):
         task = _task(ctx, params.task_id)
         await task.done.wait()
-        related = {RELATED_TASK: {"taskId": task.task_id}}
         if task.status == CANCELLED:
-            message = f"Task {task.task_id!r} was cancelled: it has no result."
-            raise MCPError(types.INVALID_PARAMS, message, {"_meta": related})
+            raise MCPError(types.INVALID_PARAMS, f"Task {task.task_id!r} was cancelled: it has no result.")
         if task.error is not None:
             raise MCPError(task.error.code, task.error.message, task.error.data)
         assert task.result is not None
+        related = {RELATED_TASK: {"taskId": task.task_id}}
         return task.result | {"_meta": (task.result.get("_meta") or {}) | related}
 
 
