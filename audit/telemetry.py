@@ -5,10 +5,11 @@ and described by the OpenTelemetry MCP semantic conventions (`mcp.method.name`, 
 status ERROR with `error.type` the gateway's stable code when it fails. A call's trace id is the one its
 audit rows store, so a trace in a tracing backend and a request in the audit browser find each other. The
 span continues the agent's trace when the request's `_meta` carries a W3C `traceparent`, and the upstream's
-call carries the span's own `traceparent` in its `_meta` in turn (both executors). Spans go to an OTLP collector when
-OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set; without one they are made (for their ids)
-and dropped. A call exported and sampled (OTEL_TRACES_SAMPLER) also gets a span per pipeline stage, "stage <name>",
-children of its own span; every call's stages are timed into a histogram whatever is exported.
+call carries the span's own `traceparent` in its `_meta` in turn (both executors). Spans go to an OTLP collector
+when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set; without one they are made for their ids and not
+recorded (unless the agent's traceparent is sampled). A call exported and sampled (OTEL_TRACES_SAMPLER) also gets a
+span per pipeline stage, "stage <name>", children of its own span; every call's stages are timed into a histogram
+whatever is exported.
 
 Prometheus metrics are per web process, which is where every call completes, whichever executor ran it.
 """
@@ -26,6 +27,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import Counter, Gauge, Histogram
@@ -96,7 +98,10 @@ _NO_SPAN = nullcontext()
 
 def _provider() -> TracerProvider:
     service = os.environ.get("OTEL_SERVICE_NAME", "switchboard")
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    # Nothing exported: a call's span is made for its ids alone, not recorded (each held call's would cost ~8 KiB),
+    # unless the agent's trace asks for it (a sampled traceparent).
+    sampler = None if _EXPORTING else ParentBased(ALWAYS_OFF)
+    provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     if _EXPORTING:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

@@ -84,7 +84,8 @@ class EventStream:
             if self.done:
                 return
             try:
-                await asyncio.wait_for(self._changed.wait(), idle)
+                async with asyncio.timeout(idle):  # no task of its own, as wait_for would make, per waiting stream
+                    await self._changed.wait()
             except TimeoutError:
                 yield None
 

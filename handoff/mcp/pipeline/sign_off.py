@@ -184,7 +184,8 @@ async def _wait(call: Call, asking: Asking, settled: Settled, hold: float) -> Se
             message = f"Waiting for a person to sign off this call (request {ident})."
             await call.ctx.session.report_progress(waited, hold, message)  # only if the agent asked for progress
             try:
-                await asyncio.wait_for(event.wait(), min(PROGRESS_SECONDS, left, RECHECK_SECONDS))
+                async with asyncio.timeout(min(PROGRESS_SECONDS, left, RECHECK_SECONDS)):  # no task per waiting call
+                    await event.wait()
             except TimeoutError:
                 pass
     finally:
