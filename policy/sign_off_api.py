@@ -46,7 +46,7 @@ class SignOffViewSet(viewsets.ViewSet):
 
     authentication_classes = (AdminTokenAuthentication, PersonalKeyAuthentication)
     permission_classes = (IsAuthenticated,)
-    lookup_value_regex = "[0-9a-fA-F-]{36}"
+    lookup_value_regex = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 
     @extend_schema(responses=SignOffSerializer(many=True))
     def list(self, request: Request) -> Response:

@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from policy.api import (
     AuditedModelSerializer,
     EnabledSerializer,
+    NameRelation,
     TeamScoped,
     by_name,
     enabled_from,
@@ -340,7 +341,7 @@ class ConnectionViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
 
 
 class LocalPrefixSerializer(serializers.ModelSerializer):
-    upstream = serializers.SlugRelatedField(slug_field="slug", queryset=Upstream.objects.all())
+    upstream = NameRelation(slug_field="slug", queryset=Upstream.objects.all())  # shared or not yet (docs/teams.md)
     team = team_shown()
 
     class Meta:

@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from audit.services import audit_record
-from gateway_project.dashboard import gateway_state
+from gateway_project.dashboard import gateway_state, window_stats
 from handoff.models import HandoffRoute, Tunnel
 from policy.models import Agent, AgentGroup, Rule, ServerGroup, Team, TeamMember
 from registry.models import Tool, Upstream
@@ -335,7 +335,9 @@ def test_the_dashboards_people_and_tiles_hold_only_the_auditors_teams(two_teams,
     assert {"payments-bot", "support-bot"} <= {t.agent.name for t in every.live_tunnels}
     assert every.pending_tools >= 2 and every.active_sessions >= 2
     page = admin_client.get("/admin/").content.decode()
-    assert ours in page and theirs in page and "held-packages" in page
+    assert "held-packages" in page  # its busiest people are every team's: these two may be outrun by others'
+    both = window_stats(window="hour", teams=frozenset({"payments", "support"})).people
+    assert {ours, theirs} <= {person["name"] for person in both}
 
 
 def filter_choices(client: Client, changelist: str) -> dict[str, set[str]]:
