@@ -1,25 +1,34 @@
 """Console sign-in with the organisation's IdP (mozilla-django-oidc does the OIDC): its endpoints come from
 the issuer's discovery document, and each sign-in sets the operator's role from their IdP groups: admin,
-auditor (reads everything, argument payloads included) or reader (reads everything else). Someone in none of
-the groups is not let into the console; they may sign in to their own account's pages (My account, Connections),
-as any person may, and nowhere else."""
+auditor (reads everything, argument payloads included) or reader (reads everything else). The same groups are
+kept on the account's person (Person.signed_in_groups, replaced at each sign-in) and give it team roles through
+the team group mappings (docs/teams.md): someone with no console role who is a team's `admin` or `auditor` is let
+in, scoped to their teams, with the permissions of the Team admin or Team auditor group. Someone with neither is
+not let into the console; they may sign in to their own account's pages (My account, Connections), as any person
+may, and nowhere else."""
 
 import time
 from urllib.parse import urlsplit
 
 import requests
 from django.conf import settings
+from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
+from django.contrib.contenttypes.models import ContentType
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.utils import import_from_settings
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from audit.selectors import AUDITOR_GROUP
-from policy.models import Person
+from policy.admin import TeamScopedMixin
+from policy.models import Person, TeamMember, TeamRole
+from policy.selectors import team_roles_list
 
 READER_GROUP = "Reader"  # every view permission, nothing else
 ACCOUNT_PAGES = "/account/"  # where someone without a console role may sign in to
+TEAM_GROUPS = {TeamRole.ADMIN: "Team admin", TeamRole.AUDITOR: "Team auditor"}  # console groups of team roles
+CONSOLE_TEAM_ROLES = set(TEAM_GROUPS)
 ENDPOINTS = {
     "OIDC_OP_AUTHORIZATION_ENDPOINT": "authorization_endpoint",
     "OIDC_OP_TOKEN_ENDPOINT": "token_endpoint",
@@ -46,9 +55,15 @@ def _setting(attr: str, *default):
     return import_from_settings(attr, *default)
 
 
+def groups_of(claims: dict) -> list[str]:
+    """The person's IdP groups, as the claim names them (a single group may come as a string)."""
+    groups = claims.get(settings.GATEWAY_CONSOLE_GROUPS_CLAIM) or []
+    return sorted({str(group) for group in ([groups] if isinstance(groups, str) else groups)})
+
+
 def role_of(claims: dict) -> str:
     """admin, auditor or reader, by the person's IdP groups (the first that matches wins), or ""."""
-    groups = set(claims.get(settings.GATEWAY_CONSOLE_GROUPS_CLAIM) or [])
+    groups = set(groups_of(claims))
     for role, names in (
         ("admin", settings.GATEWAY_CONSOLE_ADMIN_GROUPS),
         ("auditor", settings.GATEWAY_CONSOLE_AUDITOR_GROUPS),
@@ -59,9 +74,35 @@ def role_of(claims: dict) -> str:
     return ""
 
 
+def console_team_roles(*, claims: dict, username: str) -> set[str]:
+    """The team roles that open the console (admin, auditor) the account has in any team: by its IdP groups now
+    through the team group mappings, or by its memberships."""
+    held = {*team_roles_list(groups=groups_of(claims)).values()}
+    held.update(TeamMember.objects.filter(user__username=username).values_list("role", flat=True))
+    return held & CONSOLE_TEAM_ROLES
+
+
 def _reader_group() -> Group:
     group, _ = Group.objects.get_or_create(name=READER_GROUP)
     group.permissions.set(Permission.objects.filter(codename__startswith="view_"))
+    return group
+
+
+def _team_scoped_models() -> list[type]:
+    """The models of the console's pages scoped by team (TeamScopedMixin), with their inlines' (an agent's keys)."""
+    scoped = [(model, page) for model, page in admin.site._registry.items() if isinstance(page, TeamScopedMixin)]
+    return [model for model, page in scoped for model in (model, *(inline.model for inline in page.inlines))]
+
+
+def _team_group(role: str) -> Group:
+    """Team admin: every permission on what teams own, and reading the audit trail; Team auditor: reading the
+    trail. What a team role lets one see and change is cut to its teams by the console (TeamScopedMixin)."""
+    group, _ = Group.objects.get_or_create(name=TEAM_GROUPS[role])
+    audit = Permission.objects.filter(content_type__app_label="audit", codename="view_auditevent")
+    if role == TeamRole.ADMIN:
+        types = ContentType.objects.get_for_models(*_team_scoped_models()).values()
+        audit = audit | Permission.objects.filter(content_type__in=types)
+    group.permissions.set(audit)
     return group
 
 
@@ -77,8 +118,14 @@ class ConsoleBackend(OIDCAuthenticationBackend):
     def verify_claims(self, claims: dict) -> bool:
         if not claims.get("sub"):
             return False
+        # The IdP's word on their groups counts even when it lets them in nowhere: a team role it took away is
+        # gone from their account (and its REST API tokens) now, not at a sign-in that may never succeed again.
+        people = Person.objects.filter(issuer=settings.GATEWAY_OIDC_ISSUER, subject=claims["sub"])
+        people.update(signed_in_groups=groups_of(claims))
         going = str(self.request.session.get("oidc_login_next") or "")
-        return bool(role_of(claims)) or going.startswith(ACCOUNT_PAGES)
+        if role_of(claims) or console_team_roles(claims=claims, username=self.username(claims)):
+            return True
+        return going.startswith(ACCOUNT_PAGES)
 
     def filter_users_by_claims(self, claims: dict):
         return get_user_model().objects.filter(username=self.username(claims))
@@ -90,20 +137,24 @@ class ConsoleBackend(OIDCAuthenticationBackend):
 
     def update_user(self, user, claims: dict):
         role = role_of(claims)
+        team_roles = console_team_roles(claims=claims, username=user.get_username())
         name = str(claims.get("name") or "")
         user.first_name, _, user.last_name = (claims.get("given_name") or name).partition(" ")
         user.last_name = claims.get("family_name") or user.last_name
         user.email = str(claims.get("email") or "")
-        user.is_staff, user.is_superuser = bool(role), role == "admin"
+        user.is_staff, user.is_superuser = bool(role or team_roles), role == "admin"
         user.save()
         # The person the IdP's tokens name is this account: what its Connections act as (registry/connection_views.py).
         person, _ = Person.objects.get_or_create(
             issuer=settings.GATEWAY_OIDC_ISSUER, subject=claims["sub"], defaults={"name": name or claims["sub"]}
         )
-        if person.user_id != user.pk:
-            Person.objects.filter(pk=person.pk).update(user=user)
+        # Replaced at every sign-in, so a group removed at the IdP gives no team role from the next one on.
+        Person.objects.filter(pk=person.pk).update(user=user, signed_in_groups=groups_of(claims))
         roles = {"auditor": [AUDITOR_GROUP, READER_GROUP], "reader": [READER_GROUP]}.get(role, [])
-        user.groups.set([_reader_group() if n == READER_GROUP else Group.objects.get(name=n) for n in roles])
+        groups = [_reader_group() if n == READER_GROUP else Group.objects.get(name=n) for n in roles]
+        if role != "admin":  # a gateway admin needs no team's permissions
+            groups += [_team_group(team_role) for team_role in sorted(team_roles)]
+        user.groups.set(groups)
         return user
 
 

@@ -224,6 +224,8 @@ class Person(models.Model):
     )
     first_seen = models.DateTimeField(null=True, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
+    # Their IdP groups at their last console sign-in, replaced at each: what team group mappings give their account.
+    signed_in_groups = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["name", "subject"]

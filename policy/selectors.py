@@ -11,7 +11,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from oauth2_provider.models import get_access_token_model, get_application_model, get_refresh_token_model
 
-from policy.models import ROLE_ORDER, Team, TeamGroup, TeamMember, TeamRole
+from policy.models import ROLE_ORDER, Person, Team, TeamGroup, TeamMember, TeamRole
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,11 @@ def team_roles_list(*, groups: Iterable[str]) -> dict[str, str]:
 
 def user_team_roles(*, user: AbstractBaseUser) -> dict[str, str]:
     """A console account's role in each team, by team slug: its own memberships (TeamMember) and what its console
-    groups give by the team group mappings, the strongest winning. A gateway admin (superuser) needs none."""
-    groups = user.groups.values_list("name", flat=True)
+    groups and its IdP groups at its last console sign-in (Person.signed_in_groups) give by the team group
+    mappings, the strongest winning. A gateway admin (superuser) needs none."""
+    groups = {*user.groups.values_list("name", flat=True)}
+    for signed_in in Person.objects.filter(user=user).values_list("signed_in_groups", flat=True):
+        groups.update(str(group) for group in signed_in or ())
     mapped = TeamGroup.objects.filter(group__in=groups).values_list("team__slug", "role")
     return _strongest([*mapped, *TeamMember.objects.filter(user=user).values_list("team__slug", "role")])
 

@@ -327,12 +327,14 @@ def idp_gateway(server_env, world, people, logs) -> Iterator[tuple]:
     console = {"client_id": "console", "client_secret": CONSOLE_SECRET, "grant_types": ["authorization_code"]}
     console |= {"redirect_uris": [f"http://127.0.0.1:{port}/oidc/callback/"], "response_types": ["code"]}
     clients = [*CLIENTS, console]
-    provider = servers.start_oidc_provider(resource, {"keys": [jwk]}, clients, logs / "oidc-provider.log")
+    groups = logs / "idp-groups.json"
+    groups.write_text("{}")
+    provider = servers.start_oidc_provider(resource, {"keys": [jwk]}, clients, logs / "oidc-provider.log", groups)
     settings = {"GATEWAY_OIDC_ISSUER": provider.url, "GATEWAY_OIDC_AGENT": people, "GATEWAY_OIDC_SCOPES": "mcp"}
     settings |= {"GATEWAY_CONSOLE_OIDC_CLIENT_ID": "console", "GATEWAY_CONSOLE_OIDC_CLIENT_SECRET": CONSOLE_SECRET}
     try:
         with servers.inline_gateway_with(server_env, logs / "gateway-oidc.log", port, **settings) as gateway:
-            yield Idp(provider.url, resource, key), gateway
+            yield Idp(provider.url, resource, key, groups), gateway
     finally:
         provider.stop()
 

@@ -8,6 +8,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import httpx2
@@ -39,6 +40,12 @@ class Idp:
     issuer: str
     resource: str
     key: rsa.RSAPrivateKey  # the provider's signing key, kid idp-1
+    groups: Path | None = None  # the provider's OIDC_GROUPS_FILE
+
+    def give_groups(self, login: str, groups: list[str]) -> None:
+        """From the next sign-in on, `login` is in `groups` at the IdP (and only those)."""
+        given = json.loads(self.groups.read_text()) | {login: groups}
+        self.groups.write_text(json.dumps(given))
 
     def forge(self, key=None, kid: str | None = "idp-1", algorithm: str = "RS256", **claims) -> str:
         """A token as the provider would sign it, with any claim changed (None removes it)."""

@@ -193,10 +193,14 @@ def start_everything(mode: str, log: Path) -> Running:
     return Running(process, log, f"http://127.0.0.1:{port}/{'sse' if mode == 'sse' else 'mcp'}")
 
 
-def start_oidc_provider(resource: str, jwks: dict, clients: list[dict], log: Path) -> Running:
-    """An external OIDC identity provider (npm's oidc-provider) signing with `jwks`; its url is its issuer."""
+def start_oidc_provider(
+    resource: str, jwks: dict, clients: list[dict], log: Path, groups: Path | None = None
+) -> Running:
+    """An external OIDC identity provider (npm's oidc-provider) signing with `jwks`; its url is its issuer. The
+    JSON file `groups` ({login: [group, ...]}), read at every sign-in, gives those logins other groups."""
     port = free_port()
     settings = {"OIDC_PORT": str(port), "OIDC_RESOURCE": resource}
+    settings |= {"OIDC_GROUPS_FILE": str(groups)} if groups else {}
     env = os.environ | settings | {"OIDC_JWKS": json.dumps(jwks), "OIDC_CLIENTS": json.dumps(clients)}
     process = start([str(NODE_22), str(OIDC_PROVIDER_JS)], env, log)
     wait_for_port(port, process, log)

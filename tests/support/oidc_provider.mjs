@@ -11,6 +11,7 @@
 // Refusing: the login and consent pages of devInteractions link "[ Cancel ]" to GET /interaction/<uid>/abort,
 // which finishes the interaction with access_denied ("End-User aborted interaction"); following the redirects
 // from there lands on the client's redirect_uri with error=access_denied.
+import { readFileSync } from "node:fs";
 import Provider, { errors } from "oidc-provider";
 import { createLocalJWKSet, jwtVerify } from "jose"; // oidc-provider's own JOSE library (its dependency)
 
@@ -24,7 +25,12 @@ const resourceServers = new Map([[resource, jwtAccess("mcp", resource, 300)]]);
 if (upstream) {
   resourceServers.set(upstream, jwtAccess("upstream", upstream, Number(process.env.OIDC_UPSTREAM_TTL || 300)));
 }
+// OIDC_GROUPS_FILE, read at every sign-in, may give a login other groups ({"sub": ["group", ...]}): the test changes
+// a person's groups at the IdP between two sign-ins.
+const groupsGiven = () => (process.env.OIDC_GROUPS_FILE ? JSON.parse(readFileSync(process.env.OIDC_GROUPS_FILE)) : {});
 const groupsOf = (sub) => {
+  const given = groupsGiven();
+  if (Object.hasOwn(given, sub)) return given[sub];
   const role = sub.split("-")[0];
   return ["admin", "auditor", "reader"].includes(role) ? [`switchboard-${role}s`] : ["engineers"];
 };
