@@ -510,7 +510,7 @@ def _triage() -> dict[str, TriageEntry]:
     for tool in triage_tools().values():
         name = gateway_tool_name(tool.name)
         definition = {"name": name, "description": tool.description, "inputSchema": tool.input_schema}
-        found = Target(name, settings.GATEWAY_NAME, True, True, tool=tool.name)
+        found = Target(name, settings.GATEWAY_NAME, True, True, tool=tool.name, teams=tool.teams)
         entries[name] = TriageEntry(manifest_sanitize(definition), found, tool=tool)
     return entries
 
