@@ -26,7 +26,7 @@ from audit.selectors import (
     request_story,
     shown_detail,
 )
-from audit.services import audit_record
+from audit.services import audit_record_per_team
 from policy.selectors import auditing_teams
 
 # As stored, so that an export can be verified: a row of seal 0 (before teams) has no team and is the default team's.
@@ -138,11 +138,11 @@ class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         if fmt not in ("csv", "jsonl") or not form.is_valid():
             return HttpResponse("Unknown format or invalid filters.", status=400, content_type="text/plain")
         auditor = is_auditor(request)
-        audit_record(
-            kind=AuditEvent.Kind.ADMIN_CHANGE,
-            actor=request.user.get_username(),
-            detail={"action": "audit_exported", "format": fmt, "filters": request.GET.dict(), "payloads": auditor},
-        )
+        detail = {"action": "audit_exported", "format": fmt, "filters": request.GET.dict(), "payloads": auditor}
+        # A row for each team whose trail it holds; a gateway admin's holds every team's: one row of no team.
+        details = {team: detail for team in self._teams(request) or ()}
+        actor = request.user.get_username()
+        audit_record_per_team(kind=AuditEvent.Kind.ADMIN_CHANGE, actor=actor, details=details, gateway_wide=detail)
         rows = audit_stream(rows=self._events(request, form), fields=EXPORT_FIELDS)
         lines = _csv_lines(rows, auditor) if fmt == "csv" else _jsonl_lines(rows, auditor)
         content_type = "text/csv; charset=utf-8" if fmt == "csv" else "application/x-ndjson; charset=utf-8"

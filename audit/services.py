@@ -52,3 +52,15 @@ def audit_record(*, kind: str, detail: dict[str, Any] | None = None, **fields: A
     event = audit_event(kind=kind, detail=detail, **fields)
     event.save()
     return event
+
+
+def audit_record_per_team(
+    *, kind: str, details: dict[str, dict[str, Any]], gateway_wide: dict[str, Any], **fields: Any
+) -> None:
+    """A change that concerns several teams at once (credentials resealed, an export): one row for each team, with
+    `details[team]`, so that each team's auditors read theirs; one row of no team (`gateway_wide`, a gateway
+    admin's) when it concerns none."""
+    for team, detail in sorted(details.items()):
+        audit_record(kind=kind, team=team, detail=detail, **fields)
+    if not details:
+        audit_record(kind=kind, detail=gateway_wide, **fields)

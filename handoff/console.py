@@ -25,7 +25,7 @@ from handoff.mcp.pipeline.run import call_serve
 from handoff.snapshot import snapshot
 from policy.builtin_agents import CONSOLE_AGENT
 from policy.config_version import config_version
-from policy.models import Agent
+from policy.models import Agent, team_slug_of
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ def console_agent(*, actor: str) -> tuple[int, int]:
         agent, created = Agent.objects.get_or_create(name=CONSOLE_AGENT)
         if created:
             detail = {"action": "agent_created", "reason": "the console's calls"}
-            audit_record(kind="admin_change", actor=actor, agent_id=agent.id, agent_name=agent.name, detail=detail)
+            mine = {"agent_id": agent.id, "agent_name": agent.name, "team": team_slug_of(agent)}
+            audit_record(kind="admin_change", actor=actor, detail=detail, **mine)
     return agent.id, config_version()
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import audit_record
+from policy.models import team_slug_of
 from registry.models import Upstream
 from registry.upstreams.packages import PackageProblem, asked, install
 
@@ -31,7 +32,9 @@ def _store(upstream: Upstream, package: dict[str, Any], actor: str, detail: dict
         if runs:
             upstream.revision += 1
         upstream.save(update_fields=["package", "revision", "updated_at"])
-        audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, detail=detail)
+        audit_record(
+            kind="admin_change", actor=actor, upstream=upstream.slug, team=team_slug_of(upstream), detail=detail
+        )
 
 
 def package_pin(*, upstream: Upstream, actor: str) -> str:

@@ -6,6 +6,7 @@ credential: the executor reads and opens it, and reconnects when its version cha
 """
 
 import hashlib
+from collections import Counter
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
@@ -14,7 +15,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from audit.services import audit_record
+from audit.services import audit_record, audit_record_per_team
 from policy.identity import person_digest
 from registry.models import PersonalCredential, Upstream
 from registry.secret_store import secret_path, secret_store, secrets_open, secrets_seal
@@ -155,7 +156,7 @@ def personal_credentials_move(*, actor: str) -> int:
     private keys are, like the executor. Re-runnable: a credential in place is left alone, and one stopped midway
     still reads from the path its row names (the new copy is written first, the row changed next, the old copy
     deleted last)."""
-    moved = 0
+    per_team: Counter[str] = Counter()
     stray = PersonalCredential.objects.select_related("upstream__team").exclude(secret_team=F("upstream__team__slug"))
     for credential in stray:
         upstream = credential.upstream
@@ -166,9 +167,11 @@ def personal_credentials_move(*, actor: str) -> int:
         PersonalCredential.objects.filter(pk=credential.pk).update(secret_team=upstream.team.slug)
         if values:
             secret_store().delete(old)
-        moved += 1
-    audit_record(kind="admin_change", actor=actor, detail={"action": "credentials_moved", "credentials": moved})
-    return moved
+        per_team[upstream.team.slug] += 1
+    details = {team: {"action": "credentials_moved", "credentials": n} for team, n in per_team.items()}
+    gateway_wide = {"action": "credentials_moved", "credentials": 0}
+    audit_record_per_team(kind="admin_change", actor=actor, details=details, gateway_wide=gateway_wide)
+    return per_team.total()
 
 
 def personal_state(upstream_id: int, issuer: str, subject: str) -> tuple[int, str, int, str] | None:

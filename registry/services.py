@@ -1,6 +1,7 @@
 """Everything that writes upstreams and their catalog."""
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.changes import change_detail, object_state
-from audit.services import audit_record, canonical_sha256
+from audit.services import audit_record, audit_record_per_team, canonical_sha256
 from policy.config_version import config_changed
 from policy.limits.stores import limit_store
 from policy.manifest import schema_problem, tool_name_problem
@@ -361,15 +362,18 @@ def upstream_breaker_reset(*, upstream: Upstream, actor: str) -> None:
 def upstream_credentials_reseal(*, actor: str) -> int:
     """Seal every stored credential again with the newest key (after a rotation); the number of upstreams.
     Opens each value, so it runs where the private keys are, like the executor."""
-    count = 0
+    per_team: Counter[str] = Counter()
     with transaction.atomic():
-        for upstream in Upstream.objects.select_for_update().exclude(env={}, headers={}, query={}):
+        sealed = Upstream.objects.select_for_update(of=("self",)).select_related("team")
+        for upstream in sealed.exclude(env={}, headers={}, query={}):
             resealed = {name: credentials_reseal(getattr(upstream, name)) for name in Upstream.SECRET_MAPS}
             # Same plaintext, same connection: no revision bump, no reconnect.
             Upstream.objects.filter(pk=upstream.pk).update(**resealed)
-            count += 1
-        audit_record(kind="admin_change", actor=actor, detail={"action": "credentials_resealed", "upstreams": count})
-    return count
+            per_team[upstream.team.slug] += 1
+        details = {team: {"action": "credentials_resealed", "upstreams": n} for team, n in per_team.items()}
+        gateway_wide = {"action": "credentials_resealed", "upstreams": 0}
+        audit_record_per_team(kind="admin_change", actor=actor, details=details, gateway_wide=gateway_wide)
+    return per_team.total()
 
 
 # What a team owns, by relation (policy.models.team_field): a team that owns any of it is not deleted.

@@ -14,11 +14,13 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
+from audit.models import AuditEvent
 from audit.services import audit_record
 from gateway_project.dashboard import gateway_state, window_stats
 from handoff.models import HandoffRoute, Tunnel
 from policy.models import Agent, AgentGroup, Rule, ServerGroup, Team, TeamMember
 from registry.models import Tool, Upstream
+from tests.helpers import audit_mark
 
 OWNED = ("registry", "policy", "handoff")
 
@@ -205,8 +207,11 @@ def test_an_auditor_reads_only_its_teams_rows_in_the_browser_by_id_request_and_e
     assert payments_auditor.get(f"/admin/audit/auditevent/{theirs.pk}/change/").status_code == 404
     assert payments_auditor.get(f"/admin/audit/auditevent/request/{ours.request_id}/").status_code == 200
     assert payments_auditor.get(f"/admin/audit/auditevent/request/{theirs.request_id}/").status_code == 404
+    mark = audit_mark()
     export = b"".join(payments_auditor.get("/admin/audit/auditevent/export.jsonl", {"tool": tool}).streaming_content)
     assert [json.loads(line)["id"] for line in export.splitlines()] == [ours.pk]
+    exported = AuditEvent.objects.filter(id__gt=mark, detail__action="audit_exported")
+    assert [(row.actor, row.team) for row in exported] == [("pay-auditor", "payments")]  # the trail it concerns
 
 
 def test_a_gateway_admin_reads_every_teams_rows(two_teams, admin_client):

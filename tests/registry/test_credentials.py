@@ -22,8 +22,8 @@ from registry.credentials import (
 from registry.models import Upstream
 from registry.services import upstream_save
 from tests.clients import call, sdk_client, tool_names
-from tests.factories import demo_upstream
-from tests.helpers import eventually, run, until
+from tests.factories import demo_upstream, team
+from tests.helpers import audit_mark, eventually, run, until
 
 CANARY = "canary-7f3a9c-do-not-log"
 
@@ -48,20 +48,26 @@ def test_a_process_with_the_public_key_alone_seals_but_cannot_open():
         assert credential_open(sealed, name="API_TOKEN") == CANARY
 
 
-def test_rotation_reseals_every_credential_with_the_newest_key(db, settings, capsys):
+def test_rotation_reseals_every_credential_with_the_newest_key_audited_under_each_team(db, settings, capsys):
     current, newest = settings.GATEWAY_CREDENTIAL_KEYS[0], key_generate()
-    upstream = Upstream(slug="rotated", transport="stdio", command="true", env={"API_TOKEN": CANARY})
-    upstream_save(upstream=upstream, created=True)
-    try:
-        with override_settings(GATEWAY_CREDENTIAL_KEYS=[newest, current], GATEWAY_CREDENTIAL_PUBLIC_KEY=""):
-            call_command("rotate_credentials")
-        upstream.refresh_from_db()
-        with override_settings(GATEWAY_CREDENTIAL_KEYS=[newest], GATEWAY_CREDENTIAL_PUBLIC_KEY=""):
-            assert credentials_open(upstream.env) == {"API_TOKEN": CANARY}
-        assert upstream.revision == 1, "the same secret: no reconnect"
-        assert "resealed the credentials of 1 upstream(s) with the newest key" in capsys.readouterr().out
-    finally:
-        upstream.delete()
+    with team("rotators") as rotators:
+        upstream = Upstream(slug="rotated", transport="stdio", command="true", env={"API_TOKEN": CANARY})
+        upstream_save(upstream=upstream, created=True)
+        theirs = Upstream(slug="rotated-too", transport="stdio", command="true", env={"T": CANARY}, team=rotators)
+        upstream_save(upstream=theirs, created=True)
+        mark = audit_mark()
+        try:
+            with override_settings(GATEWAY_CREDENTIAL_KEYS=[newest, current], GATEWAY_CREDENTIAL_PUBLIC_KEY=""):
+                call_command("rotate_credentials")
+            upstream.refresh_from_db()
+            with override_settings(GATEWAY_CREDENTIAL_KEYS=[newest], GATEWAY_CREDENTIAL_PUBLIC_KEY=""):
+                assert credentials_open(upstream.env) == {"API_TOKEN": CANARY}
+            assert upstream.revision == 1, "the same secret: no reconnect"
+            assert "resealed the credentials of 2 upstream(s) with the newest key" in capsys.readouterr().out
+            rows = AuditEvent.objects.filter(id__gt=mark, detail__action="credentials_resealed").order_by("team")
+            assert [(row.team, row.detail["upstreams"]) for row in rows] == [("default", 1), ("rotators", 1)]
+        finally:
+            upstream.delete()
 
 
 def test_a_credential_reaches_the_upstream_and_nothing_else(gateway, world, logs, admin_client, capfd):

@@ -217,9 +217,9 @@ def test_a_credential_stored_before_teams_is_used_where_it_is_until_the_command_
     assert _opened(upstream, PersonalCredential.objects.get(pk=credential.pk)) == f"Bearer {TOKEN}"
     assert _moved() == "moved 0 credential(s) to their upstream's team's path"  # re-runnable
     rows = AuditEvent.objects.filter(id__gt=mark, detail__action="credentials_moved").order_by("id")
-    assert [(row.actor, row.detail["credentials"]) for row in rows] == [
-        ("manage.py move_credentials", 1),
-        ("manage.py move_credentials", 0),
+    assert [(row.actor, row.team, row.detail["credentials"]) for row in rows] == [
+        ("manage.py move_credentials", "default", 1),  # under the team whose credentials moved
+        ("manage.py move_credentials", "", 0),  # none moved: concerns no team
     ]
 
 
