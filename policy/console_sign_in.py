@@ -94,7 +94,7 @@ def _team_scoped_models() -> list[type]:
     return [model for model, page in scoped for model in (model, *(inline.model for inline in page.inlines))]
 
 
-def _team_group(role: str) -> Group:
+def team_role_group(role: str) -> Group:
     """Team admin: every permission on what teams own, and reading the audit trail; Team auditor: reading the
     trail. What a team role lets one see and change is cut to its teams by the console (TeamScopedMixin)."""
     group, _ = Group.objects.get_or_create(name=TEAM_GROUPS[role])
@@ -153,7 +153,7 @@ class ConsoleBackend(OIDCAuthenticationBackend):
         roles = {"auditor": [AUDITOR_GROUP, READER_GROUP], "reader": [READER_GROUP]}.get(role, [])
         groups = [_reader_group() if n == READER_GROUP else Group.objects.get(name=n) for n in roles]
         if role != "admin":  # a gateway admin needs no team's permissions
-            groups += [_team_group(team_role) for team_role in sorted(team_roles)]
+            groups += [team_role_group(team_role) for team_role in sorted(team_roles)]
         user.groups.set(groups)
         return user
 

@@ -18,7 +18,7 @@ import httpx2
 import pytest
 
 from tests import servers
-from tests.clients import call
+from tests.clients import call, tool_names
 
 pytestmark = pytest.mark.e2e  # it runs manage.py processes, and serve_demo serves with its upstreams
 MANAGE = [sys.executable, str(servers.ROOT / "manage.py")]
@@ -147,6 +147,20 @@ def test_the_embedded_defaults_start_loads_no_store_client_it_does_not_use_and_d
     assert done.stdout.strip() == "[]"
 
 
+def _demo_teams(var: Path) -> dict[str, tuple]:
+    """What the demo's database says of its teams: their upstreams, those shared with them, agents and admins."""
+    query = {
+        "owns": "SELECT t.slug, u.slug FROM registry_upstream u JOIN policy_team t ON t.id = u.team_id",
+        "borrows": "SELECT t.slug, u.slug FROM registry_upstream_shared_with s JOIN policy_team t ON t.id = s.team_id "
+        "JOIN registry_upstream u ON u.id = s.upstream_id",
+        "agents": "SELECT t.slug, a.name FROM policy_agent a JOIN policy_team t ON t.id = a.team_id",
+        "admins": "SELECT t.slug, u.username FROM policy_teammember m JOIN policy_team t ON t.id = m.team_id "
+        "JOIN auth_user u ON u.id = m.user_id WHERE m.role = 'admin' AND NOT u.is_superuser",
+    }
+    with sqlite3.connect(var / "switchboard.sqlite3") as db:
+        return {what: tuple(sorted(db.execute(sql).fetchall())) for what, sql in query.items()}
+
+
 def test_serve_demo_answers_in_one_process_and_a_restart_prints_the_same_key(tmp_path):
     var, port = tmp_path / "var", servers.free_port()
     for log, text in [(tmp_path / "start.log", "cold"), (tmp_path / "restart.log", "warm")]:
@@ -154,13 +168,26 @@ def test_serve_demo_answers_in_one_process_and_a_restart_prints_the_same_key(tmp
         try:
             echoed = asyncio.run(call(running.url, key, "demo__echo", {"text": text}))
             login = httpx2.get(f"{running.url}/admin/login/", timeout=10)  # its static files compressed or not yet
+            payments = (var / "payments_key").read_text()
+            borrowed = asyncio.run(call(running.url, payments, "demo__echo", {"text": text}))  # shared with it
+            offered = asyncio.run(tool_names(running.url, payments))
         finally:
             running.stop()
-        assert [c.text for c in echoed.content] == [text]
+        assert [c.text for c in echoed.content] == [[c.text for c in borrowed.content][0]] == [text]
+        assert "demo__echo" in offered and not any(name.startswith("time__") for name in offered)  # platform's own
         assert login.status_code == 200 and re.search(r"/static/admin/css/base\.[0-9a-f]{12}\.css", login.text)
         assert key == (var / "demo_key").read_text()
-    assert len(re.findall("Admin console login", (tmp_path / "start.log").read_text())) == 1
-    assert "Admin console login" not in (tmp_path / "restart.log").read_text()
+    assert _demo_teams(var) == {
+        "owns": (("default", "demo"), ("default", "time"), ("payments", "finance")),
+        "borrows": (("default", "finance"), ("payments", "demo")),
+        "agents": (("default", "demo"), ("default", "people"), ("payments", "payments-bot")),
+        "admins": (("default", "platform-admin"), ("payments", "payments-admin")),
+    }
+    started, restarted = (tmp_path / "start.log").read_text(), (tmp_path / "restart.log").read_text()
+    assert len(re.findall("Admin console login", started)) == 1 and "Admin console login" not in restarted
+    assert re.search(r"console admin payments-admin / \S+", started)  # its password shown once
+    assert "console admin payments-admin\n" in restarted
+    assert f"Agent 'payments-bot' API key (team payments, kept in {var / 'payments_key'}):\n  {payments}" in restarted
 
 
 def _readme_client_commands() -> list[list[str]]:

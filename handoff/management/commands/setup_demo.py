@@ -10,8 +10,9 @@ from django.db import connection
 from django.utils import timezone
 
 from handoff.config_import import mcp_config_import
+from handoff.management.demo_teams import PAYMENTS_AGENT, demo_teams_setup
 from policy.keys import key_matches, key_split
-from policy.models import Agent
+from policy.models import Agent, Team
 from policy.services import agent_create, agent_key_issue
 from registry.models import Upstream
 from registry.services import SyncReport, upstream_catalog_sync
@@ -49,33 +50,21 @@ class Command(BaseCommand):
         never_synced = Upstream.objects.filter(slug__in=DEMO_UPSTREAMS, enabled=True, last_synced_at=None)
         with ThreadPoolExecutor(max_workers=len(DEMO_UPSTREAMS)) as threads:
             syncs = [threads.submit(sync_in_thread, upstream) for upstream in never_synced]
-            key = self._demo_key()
+            key = _kept_key(DEMO_AGENT, _key_file())
             people = settings.GATEWAY_AUTH_SERVER_AGENT
             if settings.GATEWAY_AUTH_SERVER and not Agent.objects.filter(name=people).exists():
                 agent_create(name=people, actor="setup_demo")  # OAuth sign-ins act as it; its key goes unused
             admin_login = self._admin_user()
+            teams = demo_teams_setup()
+            payments_key = _kept_key(PAYMENTS_AGENT, settings.VAR_DIR / "payments_key", team=teams.payments)
         for sync in syncs:
             self.stdout.write(sync.result().summary())
         self.stdout.write(f"\nAgent '{DEMO_AGENT}' API key (kept in {_key_file()}):\n  {key}\n")
         if admin_login:
             self.stdout.write(f"Admin console login (shown once): {admin_login}\n")
-
-    def _demo_key(self) -> str:
-        """The key kept in the var dir while it still opens the demo agent, else a new one kept there. It is
-        kept so that a restart prints the key the client was given, rather than one more valid key."""
-        key_file = _key_file()
-        agent = Agent.objects.filter(name=DEMO_AGENT).first()
-        kept = key_file.read_text().strip() if key_file.exists() else ""
-        if agent and _key_opens(agent, kept):
-            return kept
-        issued = (
-            agent_key_issue(agent=agent, actor="setup_demo")
-            if agent
-            else agent_create(name=DEMO_AGENT, actor="setup_demo")
-        )
-        key_file.touch(mode=0o600)
-        key_file.write_text(issued.key)
-        return issued.key
+        self.stdout.write(teams.about())
+        where = settings.VAR_DIR / "payments_key"
+        self.stdout.write(f"Agent '{PAYMENTS_AGENT}' API key (team payments, kept in {where}):\n  {payments_key}\n")
 
     def _admin_user(self) -> str:
         """The login of the admin made now, or "" if there is one already."""
@@ -89,6 +78,23 @@ class Command(BaseCommand):
 
 def _key_file() -> Path:
     return settings.VAR_DIR / "demo_key"
+
+
+def _kept_key(name: str, key_file: Path, team: Team | None = None) -> str:
+    """The key kept in `key_file` while it still opens the agent `name`, else a new one kept there (the agent
+    made in `team` if need be). It is kept so that a restart prints the key the client was given, rather than
+    one more valid key."""
+    agent = Agent.objects.filter(name=name).first()
+    kept = key_file.read_text().strip() if key_file.exists() else ""
+    if agent and _key_opens(agent, kept):
+        return kept
+    if agent:
+        issued = agent_key_issue(agent=agent, actor="setup_demo")
+    else:
+        issued = agent_create(name=name, actor="setup_demo", team=team)
+    key_file.touch(mode=0o600)
+    key_file.write_text(issued.key)
+    return issued.key
 
 
 def _key_opens(agent: Agent, key: str) -> bool:
