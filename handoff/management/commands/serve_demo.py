@@ -2,7 +2,8 @@
 
 The database is made current (handoff/management/commands/schema_ready.py), the static files collected
 (audit/management/commands/static_ready.py), the demo set up
-(setup_demo.py: a restart changes nothing and prints the same key), the example finance specialist started
+(setup_demo.py, its two teams in handoff/management/demo_teams.py: a restart changes nothing and prints the same
+keys), the example finance specialist started
 beside it, and Daphne serves the gateway from this very process. The upstream pool is a thread of this process
 that outlives the setup: the stdio servers the catalog syncs started are the ones the first calls use.
 """
