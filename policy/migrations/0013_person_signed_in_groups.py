@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('policy', '0011_team_limits'),
+        ('policy', '0012_sign_off'),
     ]
 
     operations = [
