@@ -505,7 +505,7 @@ def test_an_agent_that_leaves_cancels_the_execution_and_the_calls_it_has_in_flig
 def test_the_search_index_is_built_again_only_when_a_tool_changes():
     from handoff.codemode.run import search_index
     from handoff.snapshot import Route, Snapshot, ToolEntry
-    from policy.decisions import Target
+    from policy.decisions import Target, Who
     from tests.factories import admission
 
     limits = admission().upstream
@@ -515,6 +515,7 @@ def test_the_search_index_is_built_again_only_when_a_tool_changes():
         entry = ToolEntry(route, target, {"name": "t__a", "description": "Say a."}, digest)
         return Snapshot(version, tools={"t__a": entry})
 
-    first = anyio.run(search_index, snapshot_with(1, "one"))
-    assert anyio.run(search_index, snapshot_with(2, "one")) is first, "only keys or rules changed"
-    assert anyio.run(search_index, snapshot_with(3, "two")) is not first, "the tool's definition changed"
+    who = Who(1)
+    first = anyio.run(search_index, snapshot_with(1, "one"), who)
+    assert anyio.run(search_index, snapshot_with(2, "one"), who) is first, "only keys or rules changed"
+    assert anyio.run(search_index, snapshot_with(3, "two"), who) is not first, "the tool's definition changed"

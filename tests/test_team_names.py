@@ -176,6 +176,9 @@ def test_a_borrower_lists_and_calls_a_shared_upstream_by_its_local_prefix_over_m
         eventually(lambda: "mirror__echo" in run(lambda: tool_names(inline_gateway.url, key)), timeout=10)
         listed = run(lambda: tool_names(inline_gateway.url, key))
         answered = run(lambda: call(inline_gateway.url, key, "mirror__echo", {"text": "by my name"}))
+        searched = run(lambda: call(inline_gateway.url, key, "switchboard__search_tools", {"query": "echo", "k": 20}))
+        code = 'return await tools.mirror.echo({ text: "from code" });'
+        coded = run(lambda: call(inline_gateway.url, key, "switchboard__execute", {"code": code}))
         old_name = run(lambda: call(inline_gateway.url, key, "demo__echo", {"text": "by its own"}))
         owners = run(lambda: tool_names(inline_gateway.url, world.key))
         # The team's own upstream may not take a name it already sees from the shared one: refused at sync.
@@ -185,6 +188,9 @@ def test_a_borrower_lists_and_calls_a_shared_upstream_by_its_local_prefix_over_m
 
     assert "mirror__echo" in listed and not {name for name in listed if name.startswith("demo__")}
     assert answered.content[0].text == "by my name"
+    found = {tool["name"]: tool["call"] for tool in searched.structured_content["tools"]}
+    assert found.get("mirror__echo") == "tools.mirror.echo" and "demo__echo" not in found  # code mode names it so too
+    assert "from code" in coded.content[0].text
     assert isinstance(old_name, MCPError) and old_name.data["code"] == "TOOL_NOT_FOUND"
     assert "demo__echo" in owners and not {name for name in owners if name.startswith("mirror__")}
     assert "'echo': team 'ops' already sees 'mirror__echo' from upstream 'demo'" in rejected

@@ -29,10 +29,10 @@ from handoff.mcp.pipeline.call import CODE, Call, OwnRun
 from handoff.mcp.pipeline.execute import completed
 from handoff.mcp.pipeline.results import error_text
 from handoff.mcp.pipeline.run import call_serve
-from handoff.snapshot import Snapshot, snapshot
-from policy.decisions import INVALID_PARAMS, Denial, ToolRefused
+from handoff.snapshot import Snapshot, ToolEntry, snapshot
+from policy.decisions import INVALID_PARAMS, Denial, ToolRefused, Who
 from registry.executor import publish_call
-from registry.naming import gateway_tool_name
+from registry.naming import gateway_tool_name, split_exposed_name
 from registry.upstreams.outcome import Outcome, failure
 
 logger = logging.getLogger(__name__)
@@ -41,12 +41,21 @@ MAX_QUERY_CHARS = 1000
 DEFAULT_RESULTS = 5
 
 
-def code_bindings(snap: Snapshot) -> Bindings:
-    """Every tool of the snapshot as code sees it, made once per snapshot (each caller gets its permitted part)."""
-    if "bindings" not in snap.memo:
-        tools = [(name, entry.route.upstream_slug, entry.route.tool) for name, entry in snap.tools.items()]
-        snap.memo["bindings"] = bindings_build(tools)
-    return snap.memo["bindings"]
+def code_bindings(snap: Snapshot, who: Who) -> Bindings:
+    """Every tool as code of the caller's team sees it (a borrowed upstream under the team's local prefix), made
+    once per snapshot and team (each caller gets its permitted part)."""
+    key = f"bindings:{snap.team_of(who)}"
+    if key not in snap.memo:
+        snap.memo[key] = bindings_build(
+            [(name, _space(snap, name, e), e.route.tool) for name, e in snap.tools_for(who).items()]
+        )
+    return snap.memo[key]
+
+
+def _space(snap: Snapshot, name: str, entry: ToolEntry) -> str:
+    """What code calls the tool's upstream: its slug, or the team's local prefix for a borrowed one."""
+    parts = split_exposed_name(name)
+    return entry.route.upstream_slug if snap.tools.get(name) is entry or parts is None else parts[0]
 
 
 @cache
@@ -57,23 +66,28 @@ def _embedder() -> Embedder | None:
     return Embedder(StoredVectors(model_id()))
 
 
-_last_index: dict[tuple[tuple[str, str], ...], SearchIndex] = {}  # the catalog it was built from -> index
+# The catalogs indexed last -> their index: one per way teams name the tools (most teams share the first).
+_last_index: dict[tuple[tuple[str, str], ...], SearchIndex] = {}
+INDEXES_KEPT = 8
 
 
-async def search_index(snap: Snapshot) -> SearchIndex:
-    """The index of the snapshot's catalog: the last one while no tool changed (a new snapshot may change
-    only keys or rules, which search applies per query), else built off the event loop, its embeddings
+async def search_index(snap: Snapshot, who: Who) -> SearchIndex:
+    """The index of the catalog as the caller's team names it: the last one while no tool changed (a new snapshot
+    may change only keys or rules, which search applies per query), else built off the event loop, its embeddings
     following in the background."""
-    if "index" not in snap.memo:
-        catalog = tuple((name, entry.sha256) for name, entry in snap.tools.items())
+    key = f"index:{snap.team_of(who)}"
+    if key not in snap.memo:
+        tools = snap.tools_for(who)
+        catalog = tuple((name, entry.sha256) for name, entry in tools.items())
         if (index := _last_index.get(catalog)) is None:
-            index = await asyncio.to_thread(SearchIndex, [entry.definition for entry in snap.tools.values()])
+            index = await asyncio.to_thread(SearchIndex, [entry.definition for entry in tools.values()])
             if (embedder := _embedder()) is not None:
                 embedder.start(index)
-            _last_index.clear()
+            while len(_last_index) >= INDEXES_KEPT:
+                del _last_index[next(iter(_last_index))]
             _last_index[catalog] = index
-        snap.memo.setdefault("index", index)
-    return snap.memo["index"]
+        snap.memo.setdefault(key, index)
+    return snap.memo[key]
 
 
 def _invalid(message: str, code: str = "INVALID_ARGUMENTS") -> ToolRefused:
@@ -87,16 +101,17 @@ async def tools_search(snap: Snapshot, caller: Caller, arguments: dict[str, Any]
         raise _invalid(f"`query` must be a non-empty string of at most {MAX_QUERY_CHARS} characters.")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= most:
         raise _invalid(f"`k` must be a whole number from 1 to {most}.")
-    index, embedder = await search_index(snap), _embedder()
+    index, embedder = await search_index(snap, caller.who), _embedder()
     vector = await asyncio.to_thread(embedder.query, query) if embedder and index.vectors is not None else None
     hits = index.search(query, k, lambda name: snap.decide(caller.who, name)[0] is None, vector)
-    found = [_found(snap, code_bindings(snap), name) for name in hits]
+    found = [_found(snap, caller, code_bindings(snap, caller.who), name) for name in hits]
     structured = {"tools": found, "ranking": "lexical+semantic" if vector is not None else "lexical"}
     return {"content": [{"type": "text", "text": _listing(query, found)}], "structuredContent": structured}
 
 
-def _found(snap: Snapshot, bindings: Bindings, name: str) -> dict[str, Any]:
-    entry, binding = snap.tools[name], bindings.by_name.get(name)
+def _found(snap: Snapshot, caller: Caller, bindings: Bindings, name: str) -> dict[str, Any]:
+    entry, binding = snap.tool(caller.who, name), bindings.by_name.get(name)
+    assert entry is not None  # the index holds the team's names
     found = {"name": name, "description": entry.definition.get("description") or ""}
     if binding is None:
         return found | {"call": None, "note": f"Not callable from code: {bindings.refused[name]}."}
@@ -174,7 +189,7 @@ async def execution_run(execution: dict[str, Any]) -> Outcome:
 async def _sandboxed(execution: dict[str, Any]) -> Outcome:
     caller = Caller.from_wire(execution["caller"])
     snap = await snapshot.at_least(execution.get("version", 0))
-    permitted = code_bindings(snap).only(lambda name: snap.decide(caller.who, name)[0] is None)
+    permitted = code_bindings(snap, caller.who).only(lambda name: snap.decide(caller.who, name)[0] is None)
 
     async def call(binding: Any, arguments: dict[str, Any]) -> dict[str, Any]:
         return await code_call(caller, execution, binding.exposed_name, arguments)
