@@ -256,6 +256,11 @@ class Snapshot:
                 return prefix
         return target.namespace
 
+    def namespaces_of(self, target: "UpstreamInfo") -> list[str]:
+        """Every name teams see the upstream's resources under: its own namespace, and each local prefix for it."""
+        local = [prefix for named in self.prefixes.values() for prefix, slug in named.items() if slug == target.slug]
+        return [target.namespace, *local]
+
     def target_named(self, principal: int | Who, namespace: str) -> "UpstreamInfo | None":
         """The prefixed upstream whose namespace (or the team's local prefix for it) this is, for the agent's team."""
         team = self.team_of(principal)

@@ -6,11 +6,13 @@ that would take a name shared into it is refused at sync; every local prefix cha
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import anyio
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.exceptions import ValidationError
 from django.utils import timezone
+from mcp import types
 from mcp.shared.exceptions import MCPError
 
 from handoff.snapshot import snapshot_compile
@@ -197,16 +199,33 @@ def test_a_borrower_lists_and_calls_a_shared_upstream_by_its_local_prefix_over_m
     assert "echo" not in kept
 
 
+DOCUMENT = "all+demo://resource/static/document/architecture.md"
+
+
 def test_a_borrower_reads_resources_and_gets_prompts_under_its_local_prefix(inline_gateway, world, ops):
     every = Upstream.objects.get(slug="every")
     every.shared_with.add(ops)
     local_prefix_set(upstream=every, team=ops, prefix="all", actor="olga")
 
+    updates: list[str] = []
+
+    async def on_message(message) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(str(message.params.uri))
+
     async def scenario(key: str):
-        async with sdk_client(inline_gateway.url, key, "legacy") as client:
+        async with sdk_client(inline_gateway.url, key, "legacy", message_handler=on_message) as client:
             resources = await client.list_resources(cache_mode="bypass")
             prompts = await client.list_prompts(cache_mode="bypass")
-            read = await client.read_resource("all+demo://resource/static/document/architecture.md")
+            read = await client.read_resource(DOCUMENT)
+            await client.subscribe_resource(DOCUMENT)
+            await client.call_tool("all__toggle-subscriber-updates", {})  # server-everything: every 5 s
+            try:
+                with anyio.fail_after(10):
+                    while not updates:
+                        await anyio.sleep(0.1)
+            finally:
+                await client.call_tool("all__toggle-subscriber-updates", {})  # off again
             return {r.uri for r in resources.resources}, {p.name for p in prompts.prompts}, read
 
     try:
@@ -219,4 +238,5 @@ def test_a_borrower_reads_resources_and_gets_prompts_under_its_local_prefix(inli
     assert "all+demo://resource/static/document/architecture.md" in uris
     assert not {uri for uri in uris if uri.startswith("every+")}
     assert "all__simple-prompt" in prompts and not {name for name in prompts if name.startswith("every__")}
-    assert [c.uri for c in read.contents] == ["all+demo://resource/static/document/architecture.md"]
+    assert [c.uri for c in read.contents] == [DOCUMENT]
+    assert set(updates) == {DOCUMENT}  # its updates come under the name it subscribed by

@@ -233,9 +233,10 @@ async def _relay(ready: asyncio.Future) -> None:
             if message.get("type") == "tools.changed":
                 await tools_changed_here(message["session"])
             elif message.get("type") == "resource.updated":
-                target = next((t for t in (await snapshot.get()).targets.values() if t.id == message["upstream"]), None)
-                if target is not None:
-                    await resource_updated_here(exposed_uri(target.namespace, message["uri"]))
+                snap = await snapshot.get()
+                target = next((t for t in snap.targets.values() if t.id == message["upstream"]), None)
+                for namespace in snap.namespaces_of(target) if target is not None else ():  # a borrower's name too
+                    await resource_updated_here(exposed_uri(namespace, message["uri"]))
             elif message.get("type") == "list.changed" and message.get("kind") in LISTS:
                 snapshot.invalidate()  # agents refetch at once: they must see the new catalog
                 await list_changed_here(message["kind"])
