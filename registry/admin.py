@@ -19,12 +19,13 @@ from handoff.console import CONSOLE_AGENT, console_agent, console_call_from_sync
 from policy.admin import TeamScopedMixin
 from policy.limits.stores import limit_store
 from policy.selectors import admin_teams, in_teams, team_choices
-from registry.forms import UpstreamForm
-from registry.models import PersonalCredential, Tool, Upstream
+from registry.forms import LocalPrefixForm, UpstreamForm
+from registry.models import LocalPrefix, PersonalCredential, Tool, Upstream
 from registry.naming import exposed_name
 from registry.package_pins import package_approve, package_update
 from registry.personal import personal_revoke
 from registry.services import (
+    local_prefix_set,
     tool_approve,
     upstream_breaker_reset,
     upstream_catalog_sync,
@@ -420,3 +421,26 @@ class PersonalCredentialAdmin(TeamScopedMixin, admin.ModelAdmin):
         for credential in queryset.select_related("upstream"):
             personal_revoke(credential, actor=request.user.get_username())
         self.message_user(request, f"{queryset.count()} connection(s) revoked.")
+
+
+@admin.register(LocalPrefix)
+class LocalPrefixAdmin(TeamScopedMixin, admin.ModelAdmin):
+    """A team's own names for upstreams shared with it (docs/teams.md, "Names across teams"), through the service:
+    each change is checked against the names the team sees, and audited."""
+
+    form = LocalPrefixForm
+    list_display = ("prefix", "upstream", "team", "updated_at")
+    list_filter = ("team",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("upstream", "team") if obj else ()  # renamed, never moved to another upstream or team
+
+    def save_model(self, request, obj, form, change) -> None:
+        local_prefix_set(upstream=obj.upstream, team=obj.team, prefix=obj.prefix, actor=request.user.get_username())
+
+    def delete_model(self, request, obj) -> None:
+        local_prefix_set(upstream=obj.upstream, team=obj.team, prefix="", actor=request.user.get_username())
+
+    def delete_queryset(self, request, queryset) -> None:
+        for row in queryset.select_related("upstream", "team"):
+            self.delete_model(request, row)

@@ -10,8 +10,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from policy.models import Team
-from registry.models import PersonalCredential, Upstream
-from registry.services import share_refusal
+from registry.models import LocalPrefix, PersonalCredential, Upstream
+from registry.services import local_prefix_check, share_refusal
 
 MASK = "********"
 
@@ -116,3 +116,18 @@ class UpstreamForm(forms.ModelForm):
         if unknown:
             raise ValidationError(f"Enter a value for {', '.join(unknown)}: nothing is stored for it yet.")
         return merged
+
+
+class LocalPrefixForm(forms.ModelForm):
+    class Meta:
+        model = LocalPrefix
+        fields = ("upstream", "team", "prefix")
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        kept = self.instance.pk is not None  # on change, upstream and team are read-only: the row's own
+        upstream = self.instance.upstream if kept else cleaned.get("upstream")
+        team = self.instance.team if kept else cleaned.get("team")
+        if upstream is not None and team is not None and cleaned.get("prefix"):
+            local_prefix_check(upstream=upstream, team=team, prefix=cleaned["prefix"])  # the service's own words
+        return cleaned

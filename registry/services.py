@@ -437,12 +437,11 @@ def upstream_share(*, upstream: Upstream, teams: list[Team], shared_with_all: bo
         )
 
 
-def local_prefix_set(*, upstream: Upstream, team: Team, prefix: str, actor: str) -> LocalPrefix | None:
-    """Give the borrowed upstream a local prefix for the team's agents ("" takes it away: its own namespace again).
-    The team's exposed names change, so it is refused (ValidationError) if one would be a name the team already
-    sees from another upstream, and it is an audit row of the team's naming both prefixes."""
+def local_prefix_check(*, upstream: Upstream, team: Team, prefix: str) -> LocalPrefix:
+    """The team's local prefix row for the upstream as it would be saved, or ValidationError: a
+    prefix taken by another of the team's upstreams, or one (or the upstream's own namespace, for "") that would
+    make a name the team already sees from another upstream."""
     row = LocalPrefix.objects.filter(upstream=upstream, team=team).first()
-    before = row.prefix if row else ""
     candidate = row or LocalPrefix(upstream=upstream, team=team)
     candidate.prefix = prefix
     if prefix:
@@ -453,6 +452,16 @@ def local_prefix_set(*, upstream: Upstream, team: Team, prefix: str, actor: str)
         raise ValidationError(
             {"prefix": f"Team {team.slug!r} already uses {', '.join(names)}: choose another local prefix."}
         )
+    return candidate
+
+
+def local_prefix_set(*, upstream: Upstream, team: Team, prefix: str, actor: str) -> LocalPrefix | None:
+    """Give the borrowed upstream a local prefix for the team's agents ("" takes it away: its own namespace again).
+    The team's exposed names change, so it is refused (ValidationError, `local_prefix_check`) if one would be a name
+    the team already sees from another upstream, and it is an audit row of the team's naming both prefixes."""
+    row = LocalPrefix.objects.filter(upstream=upstream, team=team).first()
+    before = row.prefix if row else ""
+    candidate = local_prefix_check(upstream=upstream, team=team, prefix=prefix)
     with transaction.atomic():
         if prefix:
             candidate.save()

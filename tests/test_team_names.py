@@ -129,6 +129,20 @@ def test_the_console_form_refuses_a_share_whose_names_the_borrower_uses(admin_cl
     assert not names.books.shared_with.exists()
 
 
+def test_the_console_gives_renames_and_takes_away_a_local_prefix_through_the_service(admin_client, names):
+    row = LocalPrefix.objects.get(team=names.ops)  # "books", for snap-ledger
+    taken = admin_client.post(f"/admin/registry/localprefix/{row.pk}/change/", {"prefix": "mine"})
+    assert taken.status_code == 200  # the form again, with the service's words
+    assert "Team &#x27;ops&#x27; already uses mine__read: choose another local prefix." in taken.content.decode()
+    mark = audit_mark()
+    renamed = admin_client.post(f"/admin/registry/localprefix/{row.pk}/change/", {"prefix": "ledger"})
+    assert renamed.status_code == 302 and LocalPrefix.objects.get(pk=row.pk).prefix == "ledger"
+    gone = admin_client.post(f"/admin/registry/localprefix/{row.pk}/delete/", {"post": "yes"})
+    assert gone.status_code == 302 and not LocalPrefix.objects.filter(pk=row.pk).exists()
+    rows = [row.detail for row in audit_since(mark) if row.detail.get("action") == "local_prefix_set"]
+    assert [(detail["before"], detail["after"]) for detail in rows] == [("books", "ledger"), ("ledger", "")]
+
+
 def _operator(name: str, team: Team, *codenames: str) -> tuple[object, str]:
     user = get_user_model().objects.create_user(name, password=f"{name}-pw-for-tests")
     user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
