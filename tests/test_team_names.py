@@ -222,10 +222,12 @@ def test_a_borrower_reads_resources_and_gets_prompts_under_its_local_prefix(inli
     local_prefix_set(upstream=every, team=ops, prefix="all", actor="olga")
 
     updates: list[str] = []
+    heard = anyio.Event()
 
     async def on_message(message) -> None:
         if isinstance(message, types.ResourceUpdatedNotification):
             updates.append(str(message.params.uri))
+            heard.set()
 
     async def scenario(key: str):
         async with sdk_client(inline_gateway.url, key, "legacy", message_handler=on_message) as client:
@@ -236,8 +238,7 @@ def test_a_borrower_reads_resources_and_gets_prompts_under_its_local_prefix(inli
             await client.call_tool("all__toggle-subscriber-updates", {})  # server-everything: every 5 s
             try:
                 with anyio.fail_after(10):
-                    while not updates:
-                        await anyio.sleep(0.1)
+                    await heard.wait()
             finally:
                 await client.call_tool("all__toggle-subscriber-updates", {})  # off again
             return {r.uri for r in resources.resources}, {p.name for p in prompts.prompts}, read
