@@ -6,10 +6,10 @@ status ERROR with `error.type` the gateway's stable code when it fails. A call's
 audit rows store, so a trace in a tracing backend and a request in the audit browser find each other. The
 span continues the agent's trace when the request's `_meta` carries a W3C `traceparent`, and the upstream's
 call carries the span's own `traceparent` in its `_meta` in turn (both executors). Spans go to an OTLP collector
-when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set; without one they are made for their ids and not
-recorded (unless the agent's traceparent is sampled). A call exported and sampled (OTEL_TRACES_SAMPLER) also gets a
-span per pipeline stage, "stage <name>", children of its own span; every call's stages are timed into a histogram
-whatever is exported.
+when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set; without one a request's span is only its ids
+(a child's of the agent's trace, its sampled flag passed on), never recorded. A call exported and sampled
+(OTEL_TRACES_SAMPLER) also gets a span per pipeline stage, "stage <name>", children of its own span; every call's
+stages are timed into a histogram whatever is exported.
 
 Prometheus metrics are per web process, which is where every call completes, whichever executor ran it.
 """
@@ -23,12 +23,13 @@ from contextvars import ContextVar
 from typing import Any
 
 from mcp.shared.exceptions import MCPError
-from opentelemetry import trace
+from opentelemetry import context, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -98,9 +99,8 @@ _NO_SPAN = nullcontext()
 
 def _provider() -> TracerProvider:
     service = os.environ.get("OTEL_SERVICE_NAME", "switchboard")
-    # Nothing exported: a call's span is made for its ids alone, not recorded (each held call's would cost ~8 KiB),
-    # unless the agent's trace asks for it (a sampled traceparent).
-    sampler = None if _EXPORTING else ParentBased(ALWAYS_OFF)
+    # Nothing exported: nothing recorded (mcp_span makes a request's span without the tracer).
+    sampler = None if _EXPORTING else ALWAYS_OFF
     provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     if _EXPORTING:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -112,7 +112,27 @@ def _provider() -> TracerProvider:
 _tracer = _provider().get_tracer("switchboard")
 
 
-@contextmanager
+class _Current:
+    """Makes a span the current one for a block. A request's span when nothing is exported: its ids alone, set
+    without the tracer's three generator context managers (a call held for sign-off keeps them for its whole wait:
+    about 5 KiB a call)."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self, span: Span) -> None:
+        self._span = span
+
+    def __enter__(self) -> Span:
+        self._token = context.attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(self, *exc: object) -> None:
+        context.detach(self._token)
+
+
+_ids = RandomIdGenerator()
+
+
 def mcp_span(
     method: str,
     *,
@@ -122,11 +142,17 @@ def mcp_span(
     session_id: str,
     transport: str,
     **names: str,
-) -> Iterator[Span]:
+) -> AbstractContextManager[Span]:
     """The SERVER span of one MCP request, child of the agent's trace if its `_meta` names one. `names` are
     the semantic conventions' `tool`, `prompt` or `uri`; a JSON-RPC error raised inside fails the span."""
     meta = meta or {}
     carrier = {"traceparent": meta["traceparent"]} if isinstance(meta.get("traceparent"), str) else {}
+    parent = _propagator.extract(carrier)
+    if not _EXPORTING:
+        agents = trace.get_current_span(parent).get_span_context()
+        trace_id = agents.trace_id if agents.is_valid else _ids.generate_trace_id()
+        own = SpanContext(trace_id, _ids.generate_span_id(), is_remote=False, trace_flags=agents.trace_flags)
+        return _Current(NonRecordingSpan(own))
     target = names.get("tool") or names.get("prompt")  # a URI would make span names unbounded
     attributes = {
         "mcp.method.name": method,
@@ -140,11 +166,17 @@ def mcp_span(
         "mcp.session.id": session_id or None,
         "jsonrpc.request.id": None if request_id is None else str(request_id),
     }
+    name = f"{method} {target}" if target else method
+    return _recorded(name, parent, {key: value for key, value in attributes.items() if value is not None})
+
+
+@contextmanager
+def _recorded(name: str, parent: context.Context, attributes: dict[str, Any]) -> Iterator[Span]:
     with _tracer.start_as_current_span(
-        f"{method} {target}" if target else method,
-        context=_propagator.extract(carrier),
+        name,
+        context=parent,
         kind=SpanKind.SERVER,
-        attributes={name: value for name, value in attributes.items() if value is not None},
+        attributes=attributes,
         set_status_on_exception=False,  # the conventions want the JSON-RPC message, not the exception's repr
     ) as span:
         try:

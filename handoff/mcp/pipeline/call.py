@@ -32,7 +32,7 @@ ACTIVATE, RETURN, EXECUTE = "activate", "return", "execute"
 OwnRun = Callable[["Call"], Awaitable[Outcome]]
 
 
-@dataclass
+@dataclass(slots=True)  # no dict per call: a call held for sign-off keeps it for its whole wait
 class Call:
     """One tools/call. The frame fills who asks and what; each stage after adds what it found (route, decision,
     admission, credential, outcome, result), and the timers note how long each stage took."""
