@@ -157,7 +157,7 @@ class McpSession:
             await aclose_shielded(self.connection)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots and a lazy event: a call held for sign-off keeps its exchange
 class Exchange:
     """One message's back channel (the SDK's `DispatchContext`): what its handler sends goes out on `send`,
     ahead of the reply. Only a request of a 2025-11-25 session may ask the agent a question."""
@@ -168,9 +168,15 @@ class Exchange:
     transport: TransportContext
     message_metadata: ServerMessageMetadata
     progress_token: Any = None
-    cancel_requested: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     closed: bool = False
+    _cancel: anyio.Event | None = None  # made once asked for: most requests are never cancelled
+
+    @property
+    def cancel_requested(self) -> anyio.Event:
+        if self._cancel is None:
+            self._cancel = anyio.Event()
+        return self._cancel
 
     @property
     def can_send_request(self) -> bool:

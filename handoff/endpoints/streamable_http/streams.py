@@ -22,6 +22,8 @@ class Event:
 
 
 class EventStream:
+    __slots__ = ("id", "count", "done", "kept", "_events", "_replay", "_changed")
+
     def __init__(self, stream_id: str, replay: "ReplayBuffer | None" = None) -> None:
         self.id = stream_id  # empty: a stream nobody resumes (2026-07-28), its events sent without ids
         self.count = 0

@@ -8,6 +8,7 @@ connection: decisions wake it through the change relay, from whichever web proce
 
 import asyncio
 import json
+import math
 import time
 
 from asgiref.sync import async_to_sync
@@ -89,13 +90,13 @@ async def sign_off_stage(call: Call) -> None:
         caller_user=_account(caller),
     )
     settled = await database_async(sign_off_settle)(asking)
-    if settled.state == SignOff.State.PENDING and terms.signers is not None:
+    if settled.state == SignOff.State.PENDING and terms.signers is not None and (call.task is not None or _holds(call)):
         assert settled.sign_off is not None
-        if call.task is not None:  # answered now as a task, which waits as long as the request does
-            wait = (settled.sign_off.wait_until - timezone.now()).total_seconds()
-            settled = await _wait(call, asking, settled, wait)
-        elif _holds(call):
-            settled = await _wait(call, asking, settled, settings.GATEWAY_SIGN_OFF_HOLD_SECONDS)
+        # A task waits as long as the request does. What waits holds the request's id and deadline, not its row.
+        ident, waits_until = str(settled.sign_off.id), settled.sign_off.wait_until
+        hold = settings.GATEWAY_SIGN_OFF_HOLD_SECONDS if call.task is None else math.inf
+        del settled
+        settled = await _wait(call, asking, ident, min(hold, (waits_until - timezone.now()).total_seconds()))
     elif settled.state == SignOff.State.PENDING and terms.by_form and _holds(call) and _asks_forms(call):
         settled = await _by_form(call, asking, settled)
     if settled.state == SignOff.State.GRANTED:
@@ -151,13 +152,11 @@ def _holds(call: Call) -> bool:
     )
 
 
-async def _wait(call: Call, asking: Asking, settled: Settled, hold: float) -> Settled:
-    """Wait for the request's decision, then settle again: take the grant, or learn of the refusal. Undecided at
-    the end of the hold: still pending; past the request's wait: expired. A task's wait ends when it is cancelled
-    (TaskCancelled), the request left pending."""
-    assert settled.sign_off is not None and call.ctx is not None
-    ident, waits_until = str(settled.sign_off.id), settled.sign_off.wait_until
-    hold = min(hold, (waits_until - timezone.now()).total_seconds())
+async def _wait(call: Call, asking: Asking, ident: str, hold: float) -> Settled:
+    """Wait up to `hold` seconds for the request's decision, then settle again: take the grant, or learn of the
+    refusal. Undecided at the end of the hold: still pending; past the request's wait: expired. A task's wait ends
+    when it is cancelled (TaskCancelled), the request left pending."""
+    assert call.ctx is not None
     started = time.monotonic()
     event = asyncio.Event()
     _waiting.setdefault(ident, set()).add(event)
@@ -174,12 +173,11 @@ async def _wait(call: Call, asking: Asking, settled: Settled, hold: float) -> Se
                 event.clear()
                 checked = waited
                 state = await database_async(sign_off_state)(ident)
-                if state == SignOff.State.EXPIRED:
-                    return Settled(EXPIRED, settled.sign_off)
-                if state != SignOff.State.PENDING:
+                if state != SignOff.State.PENDING and state != SignOff.State.EXPIRED:
                     return await database_async(sign_off_settle)(asking)
-                if waited >= hold:
-                    return settled
+                if state == SignOff.State.EXPIRED or waited >= hold:
+                    row = await database_async(SignOff.objects.get)(id=ident)
+                    return Settled(EXPIRED if state == SignOff.State.EXPIRED else state, row)
             left = hold - waited
             message = f"Waiting for a person to sign off this call (request {ident})."
             await call.ctx.session.report_progress(waited, hold, message)  # only if the agent asked for progress
