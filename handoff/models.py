@@ -103,3 +103,33 @@ class ClaimCheck(models.Model):
     id = models.CharField(primary_key=True, max_length=64)
     state = models.JSONField()
     expires_at = models.DateTimeField(db_index=True)
+
+
+class ToolTask(models.Model):
+    """A tools/call answered as a task under 2026-07-28's Tasks extension (handoff/mcp/pipeline/tool_task.py): the
+    call waits for a sign-off, and the poll that finds it decided runs it, in whichever web process serves the poll.
+    Only its caller finds it; its arguments are kept until the call runs, its outcome until the task expires."""
+
+    class Status(models.TextChoices):
+        WORKING = "working"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    id = models.CharField(primary_key=True, max_length=32)
+    sign_off = models.ForeignKey("policy.SignOff", on_delete=models.CASCADE, related_name="tasks")
+    # Whose: the caller as the sign-off binds them.
+    agent_id = models.BigIntegerField()
+    key_prefix = models.CharField(max_length=16, blank=True)
+    person_issuer = models.CharField(max_length=255, blank=True)
+    person_subject = models.CharField(max_length=255, blank=True)
+    client_id = models.CharField(max_length=255, blank=True)
+    name = models.CharField(max_length=256, help_text="The tool as the agent called it")
+    arguments = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=9, choices=Status.choices, default=Status.WORKING)
+    message = models.CharField(max_length=1000, blank=True)
+    outcome = models.JSONField(null=True, blank=True, help_text="The call's result, or its JSON-RPC error")
+    running_until = models.DateTimeField(null=True, blank=True, help_text="A process runs the call until then")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(db_index=True)

@@ -197,14 +197,23 @@ def test_a_client_without_tasks_waits_within_its_request_as_before(inline_gatewa
     assert result["content"] == [{"type": "text", "text": "9"}] and "task" not in result
 
 
-def test_to_a_2026_request_the_tasks_methods_do_not_exist(inline_gateway, rule_seen):
+def test_each_era_has_only_its_own_tasks_methods(inline_gateway, rule_seen):
+    """2025-11-25's tasks/result is not 2026-07-28's (whose Tasks extension polls tasks/get), and the extension's
+    tasks/update is not 2025-11-25's; a method both have answers for an unknown task as such."""
     carol, key = rule_seen
     params = {"taskId": "any", "_meta": STATELESS_META}
-    for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+    for method in ("tasks/result", "tasks/get"):
         body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
         headers = stateless_headers(key, "any") | {"mcp-method": method}
         answer = httpx2.post(f"{inline_gateway.url}/mcp", json=body, headers=headers, timeout=5)
-        assert (answer.status_code, reply_of(answer)["error"]) == (
-            404,
-            {"code": -32601, "message": "Method not found", "data": method},
-        )
+        if method == "tasks/result":
+            assert (answer.status_code, reply_of(answer)["error"]) == (
+                404,
+                {"code": -32601, "message": "Method not found", "data": method},
+            )
+        else:
+            unknown = "Unknown task 'any': none of yours has this id, or it expired."
+            assert reply_of(answer)["error"] == {"code": -32602, "message": unknown}
+    with session(inline_gateway, key) as mcp:
+        refused = mcp.request("tasks/update", {"taskId": "any", "inputResponses": {}})["error"]
+    assert (refused["code"], refused["message"]) == (-32601, "Method not found")

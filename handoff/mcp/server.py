@@ -18,7 +18,16 @@ from handoff.mcp import passthrough
 from handoff.mcp.agent_relay import set_logging_level
 from handoff.mcp.caller import answering
 from handoff.mcp.list_changed import RememberSessions
-from handoff.mcp.task_calls import CAPABILITY, TaskAnswers, cancel_task, get_task, task_result
+from handoff.mcp.pipeline.tool_task import EXTENSION
+from handoff.mcp.task_calls import (
+    CAPABILITY,
+    TaskAnswers,
+    UpdateTaskParams,
+    cancel_task,
+    get_task,
+    task_result,
+    update_task,
+)
 from handoff.mcp.tools import call_tool, list_tools
 from handoff.snapshot import snapshot
 
@@ -69,6 +78,8 @@ def build_server() -> Server:
     gateway.add_request_handler("tasks/get", types.GetTaskRequestParams, get_task)
     gateway.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, task_result)
     gateway.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, cancel_task)
+    gateway.add_request_handler("tasks/update", UpdateTaskParams, update_task)
+    gateway.extensions[EXTENSION] = {}  # 2026-07-28's Tasks extension, for calls waiting for sign-off
     return gateway
 
 

@@ -1,7 +1,8 @@
-"""2025-11-25's experimental tasks as the gateway serves them, for calls that wait for sign-off
-(handoff/mcp/pipeline/as_task.py): the `tasks` capability (tools/call only, and tasks/cancel), tools/list marking
-the tools a sign-off rule governs for the caller, and `tasks/get`, `tasks/result` and `tasks/cancel`, each for the
-caller's own tasks only."""
+"""Tasks of calls that wait for sign-off, in both eras: 2025-11-25's experimental tasks (handoff/mcp/pipeline/
+as_task.py: the `tasks` capability, tools/call only, and tasks/cancel; tools/list marking the tools a sign-off rule
+governs for the caller; `tasks/get`, `tasks/result` and `tasks/cancel`) and 2026-07-28's Tasks extension
+(handoff/mcp/pipeline/tool_task.py: `tasks/get`, `tasks/update` and `tasks/cancel`), each for the caller's own
+tasks only."""
 
 from collections.abc import Callable
 from typing import Any
@@ -10,10 +11,12 @@ from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ConfigDict, Field
 
 from handoff.mcp.caller import caller_of, request_span
 from handoff.mcp.pipeline.as_task import tasks_declared
 from handoff.mcp.pipeline.task_state import CANCELLED, RELATED_TASK, CallTask, TaskCreated, task_find
+from handoff.mcp.pipeline.tool_task import task_cancel, task_get, task_update
 from handoff.snapshot import Snapshot
 
 CAPABILITY = types.ServerTasksCapability(
@@ -21,16 +24,18 @@ CAPABILITY = types.ServerTasksCapability(
     requests=types.ServerTasksRequestsCapability(tools=types.TasksToolsCapability(call=types.TasksCallCapability())),
 )
 OPTIONAL = {"taskSupport": "optional"}
-METHODS = frozenset({"tasks/get", "tasks/result", "tasks/cancel"})
+LEGACY_ONLY = frozenset({"tasks/result"})  # 2026-07-28's extension polls tasks/get for the result
+MODERN_ONLY = frozenset({"tasks/update"})
 
 
 class TaskAnswers:
     """Server middleware: a tools/call that became a task answers its CreateTaskResult (which the SDK's check of a
-    handler's tools/call result, made for CallToolResult only, would refuse). The tasks/* methods are 2025-11-25's:
-    to a 2026-07-28 request they do not exist, before their params are read (as the SDK says of any unserved one)."""
+    handler's tools/call result, made for CallToolResult only, would refuse). A tasks/* method of one era only does
+    not exist in the other, before its params are read (as the SDK says of any unserved one)."""
 
     async def __call__(self, ctx: ServerRequestContext, call_next: Callable[[ServerRequestContext], Any]) -> Any:
-        if ctx.method in METHODS and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        if ctx.method in (LEGACY_ONLY if modern else MODERN_ONLY):
             raise MCPError(types.METHOD_NOT_FOUND, "Method not found", ctx.method)
         try:
             return await call_next(ctx)
@@ -63,7 +68,22 @@ def _marked(tool: dict[str, Any], task: bool) -> dict[str, Any]:
 
 async def get_task(ctx: ServerRequestContext, params: types.GetTaskRequestParams) -> dict[str, Any]:
     with request_span(ctx, "tasks/get"):
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return await task_get(ctx, params.task_id)
         return _task(ctx, params.task_id).wire()
+
+
+class UpdateTaskParams(BaseModel):
+    """2026-07-28's `tasks/update` (the extension's; the SDK types none)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+    task_id: str = Field(alias="taskId")
+    input_responses: dict[str, Any] = Field(default_factory=dict, alias="inputResponses")
+
+
+async def update_task(ctx: ServerRequestContext, params: UpdateTaskParams) -> dict[str, Any]:
+    with request_span(ctx, "tasks/update"):
+        return await task_update(ctx, params.task_id)
 
 
 async def task_result(ctx: ServerRequestContext, params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
@@ -84,6 +104,8 @@ async def cancel_task(ctx: ServerRequestContext, params: types.CancelTaskRequest
     """Ends the task. A call still waiting for its sign-off stops (the request stays pending until it expires); one
     already signed off runs to its end, its outcome in the audit trail, its result dropped."""
     with request_span(ctx, "tasks/cancel"):
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return await task_cancel(ctx, params.task_id)
         task = _task(ctx, params.task_id)
         if task.ended:
             message = f"Task {task.task_id!r} has ended already ({task.status}): it cannot be cancelled."

@@ -51,7 +51,7 @@ async def call_as_task(call: Call, ttl_ms: int | None) -> Any:
     finally:
         asked.cancel()
     if task.asked.is_set():
-        raise TaskCreated(task)
+        raise TaskCreated(task.task_id, {"task": task.wire()})
     forget(task)  # it never waited: answered as without a task
     if task.error is not None:
         raise MCPError.from_error_data(task.error)

@@ -2,7 +2,9 @@
 input-required rounds sorted out before the call runs (input_required.py). A retry that answers a parked call
 is no new call: it resumes that one. A retry after connecting an account runs the call afresh; one that answers
 an upstream's own round carries its answers to it. A call that an upstream might ask something runs parked, as
-a task that outlives this request. A 2025-11-25 client's call made as a task may become one (as_task.py)."""
+a task that outlives this request. A 2025-11-25 client's call made as a task may become one (as_task.py); a
+2026-07-28 call waiting for a sign-off becomes one of the Tasks extension where its request declares it
+(tool_task.py)."""
 
 import time
 from collections.abc import Mapping
@@ -30,6 +32,7 @@ from handoff.mcp.pipeline.as_task import call_as_task, tasks_declared
 from handoff.mcp.pipeline.call import Call, OwnRun
 from handoff.mcp.pipeline.rows import call_audit, call_logged
 from handoff.mcp.pipeline.run import call_serve
+from handoff.mcp.pipeline.tool_task import extension_declared, task_or_answer
 from handoff.snapshot import snapshot
 from registry.upstreams.relay import LOGGING
 
@@ -58,12 +61,13 @@ async def agent_call(
             return await parked.respond(ctx)
         fresh = state.get("k") == CONNECT_ROUND
         call.rounds = {} if fresh else {"requestState": state.get("s"), "inputResponses": responses_of(params)}
+    answer = task_or_answer if extension_declared(ctx) else agent_answer  # a sign-off's wait as a task
     if not relay.capabilities - {LOGGING}:  # nothing it could be asked: no need to park
-        return await call_serve(call, agent_answer)
+        return await call_serve(call, answer)
 
     def run(parked: ParkedCall) -> Any:
         call.relay = parked
-        return call_serve(call, agent_answer)
+        return call_serve(call, answer)
 
     return await park(ctx, caller, params.name, upstream, relay.capabilities, run)
 

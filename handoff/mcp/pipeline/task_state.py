@@ -78,12 +78,12 @@ class CallTask:
 
 
 class TaskCreated(Exception):
-    """The call became a task: its request is answered with this CreateTaskResult (handoff/mcp/task_calls.py
-    turns it into the answer, past the SDK's check that a tools/call answers a CallToolResult)."""
+    """The call became a task: its request is answered with this CreateTaskResult, either era's (handoff/mcp/
+    task_calls.py turns it into the answer, past the SDK's check that a tools/call answers a CallToolResult)."""
 
-    def __init__(self, task: CallTask) -> None:
-        super().__init__(task.task_id)
-        self.result = {"task": task.wire()}
+    def __init__(self, task_id: str, result: dict[str, Any]) -> None:
+        super().__init__(task_id)
+        self.result = result
 
 
 class TaskCancelled(Exception):
