@@ -1,6 +1,6 @@
 """The answer stage for an agent: the result as its era wants it, or the JSON-RPC error of a refusal; a refusal
-that lifts once the person connects an account asks them to (personal_access.py); a lost handoff tunnel ends the
-handoff."""
+that lifts once the person connects an account asks them to (personal_access.py), one they may sign off in their
+own client asks them that (sign_off.py); a lost handoff tunnel ends the handoff."""
 
 from typing import Any
 
@@ -13,6 +13,7 @@ from handoff.mcp.personal_access import CONNECT_AGAIN, CONNECTED, connect_ask, c
 from handoff.mcp.pipeline.call import Call
 from handoff.mcp.pipeline.execute import AFTER_EXECUTE_FAILED
 from handoff.mcp.pipeline.rows import denial_error
+from handoff.mcp.pipeline.sign_off import form_round
 from handoff.protocol.moves import HANDOFF_FAILED, tunnel_gone
 from policy.decisions import Denial
 from policy.redaction import redact
@@ -52,6 +53,8 @@ async def agent_answer(call: Call) -> dict[str, Any]:
 
 def _refused(call: Call, denial: Denial) -> dict[str, Any]:
     assert call.ctx is not None and call.caller is not None
+    if (form := form_round(call, denial)) is not None:  # the caller signs off in their own client
+        return finish(call.ctx, form.model_dump(mode="json", by_alias=True, exclude_none=True))
     if not denial.connect_url:
         raise denial_error(denial, call.request_id)
     asked = connect_ask(call.ctx, call.caller, call.name, call.upstream, denial, str(call.request_id))

@@ -32,6 +32,7 @@ from handoff.mcp.pipeline.as_task import call_as_task, tasks_declared
 from handoff.mcp.pipeline.call import Call, OwnRun
 from handoff.mcp.pipeline.rows import call_audit, call_logged
 from handoff.mcp.pipeline.run import call_serve
+from handoff.mcp.pipeline.sign_off import FORM_ROUND, form_answered
 from handoff.mcp.pipeline.tool_task import extension_declared, task_or_answer
 from handoff.snapshot import snapshot
 from registry.upstreams.relay import LOGGING
@@ -59,7 +60,9 @@ async def agent_call(
             parked = parked_call(state, params.name)
             parked.answer(responses_of(params))
             return await parked.respond(ctx)
-        fresh = state.get("k") == CONNECT_ROUND
+        if state.get("k") == FORM_ROUND:  # the caller answered the sign-off form: the call runs afresh
+            await form_answered(state, responses_of(params))
+        fresh = state.get("k") in (CONNECT_ROUND, FORM_ROUND)
         call.rounds = {} if fresh else {"requestState": state.get("s"), "inputResponses": responses_of(params)}
     answer = task_or_answer if extension_declared(ctx) else agent_answer  # a sign-off's wait as a task
     if not relay.capabilities - {LOGGING}:  # nothing it could be asked: no need to park

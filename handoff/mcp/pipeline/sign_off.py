@@ -10,15 +10,18 @@ import asyncio
 import json
 import math
 import time
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.utils import timezone
+from mcp import types
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway_project.lib.database import database_async
 from handoff.mcp.caller import Caller
+from handoff.mcp.input_required import state_sign
 from handoff.mcp.list_changed import change_relay, relay_everywhere, relay_handlers
 from handoff.mcp.pipeline.call import AGENT, CODE, Call
 from handoff.mcp.pipeline.task_state import TaskCancelled
@@ -39,8 +42,9 @@ PENDING, REFUSED, REQUIRED, BUSY = "SIGNOFF_PENDING", "SIGNOFF_REFUSED", "SIGNOF
 EXPIRED = "SIGNOFF_EXPIRED"
 DECIDED = "sign_off.decided"  # the relay's message: {"type": DECIDED, "id": <sign-off id>}
 PROGRESS_SECONDS = 10.0  # between progress notifications to a waiting call
-FORM = {"type": "object", "properties": {"reason": {"type": "string", "title": "Why", "maxLength": 500}}}
 RECHECK_SECONDS = 60.0  # a waiting call reads its request again this often, should a wake-up be lost
+FORM = {"type": "object", "properties": {"reason": {"type": "string", "title": "Why", "maxLength": 500}}}
+FORM_ROUND = "sign_off"  # a requestState's kind: the retry carries the caller's answer to the form
 _waiting: dict[str, set[asyncio.Event]] = {}  # this process's waiting calls, by sign-off id
 
 
@@ -125,10 +129,8 @@ async def _by_form(call: Call, asking: Asking, settled: Settled) -> Settled:
     dismissed, still pending (the link is in the refusal)."""
     assert settled.sign_off is not None and call.ctx is not None
     ident = str(settled.sign_off.id)
-    arguments = json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)
-    message = f"Sign off this call of {call.name!r} with {arguments}? Accept runs it, once; decline refuses it."
     try:
-        answer = await call.ctx.session.elicit_form(message, FORM, related_request_id=call.ctx.request_id)
+        answer = await call.ctx.session.elicit_form(_question(call), FORM, related_request_id=call.ctx.request_id)
     except MCPError:  # the client could not show it (NoBackChannelError among them): the link stands
         return settled
     if answer.action == "cancel":
@@ -139,6 +141,39 @@ async def _by_form(call: Call, asking: Asking, settled: Settled) -> Settled:
     except SignOffRefused:  # decided or expired meanwhile: as it stands now
         pass
     return await database_async(sign_off_settle)(asking)
+
+
+def _question(call: Call) -> str:
+    arguments = json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)
+    return f"Sign off this call of {call.name!r} with {arguments}? Accept runs it, once; decline refuses it."
+
+
+def form_round(call: Call, denial: Denial) -> types.InputRequiredResult | None:
+    """A 2026-07-28 call its caller may sign off in their own client (the rule allows a form, and the request declares
+    form elicitation): an input-required round asking them; the retry carries the answer (`form_answered`)."""
+    ctx, caller, terms = call.ctx, call.caller, call.sign_off
+    if ctx is None or caller is None or terms is None or not terms.by_form or denial.code != PENDING:
+        return None
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or call.origin != AGENT or not _asks_forms(call):
+        return None
+    params = {"mode": "form", "message": _question(call), "requestedSchema": FORM}
+    request = types.ElicitRequest.model_validate({"method": "elicitation/create", "params": params})
+    state = state_sign(caller, call.name, call.upstream, k=FORM_ROUND, o=denial.sign_off)
+    return types.InputRequiredResult(input_requests={FORM_ROUND: request}, request_state=state)
+
+
+async def form_answered(state: dict[str, Any], responses: dict[str, Any]) -> None:
+    """The caller's answer to the form round, carried by the retry: accepted, the request is granted (and the retry
+    uses the grant); declined, refused; dismissed or missing, it stays pending (and the retry asks again)."""
+    answer = responses.get(FORM_ROUND)
+    action = answer.get("action") if isinstance(answer, dict) else None
+    if action not in ("accept", "decline"):
+        return
+    reason = str((answer.get("content") or {}).get("reason", ""))[:500]
+    try:
+        await database_async(sign_off_form_answer)(sign_off_id=str(state["o"]), grant=action == "accept", reason=reason)
+    except SignOffRefused:  # decided or expired meanwhile: the retry finds it as it stands
+        pass
 
 
 def _holds(call: Call) -> bool:
