@@ -106,8 +106,9 @@ class ClaimCheck(models.Model):
 
 
 class ToolTask(models.Model):
-    """A tools/call answered as a task under 2026-07-28's Tasks extension (handoff/mcp/pipeline/tool_task.py): the
-    call waits for a sign-off, and the poll that finds it decided runs it, in whichever web process serves the poll.
+    """A tools/call answered as a task because it waits for a sign-off (handoff/mcp/pipeline/tool_task.py), found by
+    any web process. 2026-07-28's Tasks extension: the poll that finds the request decided runs the call. 2025-11-25's
+    tasks: the process that took the call runs it and writes here where it stands, for the session's other processes.
     Only its caller finds it; its arguments are kept until the call runs, its outcome until the task expires."""
 
     class Status(models.TextChoices):
@@ -124,6 +125,7 @@ class ToolTask(models.Model):
     person_issuer = models.CharField(max_length=255, blank=True)
     person_subject = models.CharField(max_length=255, blank=True)
     client_id = models.CharField(max_length=255, blank=True)
+    session_id = models.CharField(max_length=64, blank=True, help_text="A 2025-11-25 task's session")
     name = models.CharField(max_length=256, help_text="The tool as the agent called it")
     arguments = models.JSONField(null=True, blank=True)
     status = models.CharField(max_length=9, choices=Status.choices, default=Status.WORKING)

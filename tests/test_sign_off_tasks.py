@@ -217,3 +217,22 @@ def test_each_era_has_only_its_own_tasks_methods(inline_gateway, rule_seen):
     with session(inline_gateway, key) as mcp:
         refused = mcp.request("tasks/update", {"taskId": "any", "inputResponses": {}})["error"]
     assert (refused["code"], refused["message"]) == (-32601, "Method not found")
+
+
+def test_another_process_of_the_session_answers_for_a_task_and_cancels_it(inline_gateway, celery_gateway, rule_seen):
+    """Sessions are in Redis: any web process serves a session's requests. The one that took the call runs it; the
+    other answers from its row, waits on it for tasks/result, and has the runner stop on tasks/cancel."""
+    carol, key = rule_seen
+    pending_call(celery_gateway, key, {"a": 0, "b": 0})
+    with session(inline_gateway, key) as mcp:
+        task, ident = made_as_task(carol, mcp, {"a": 30, "b": 3})
+        stopped, _ = made_as_task(carol, mcp, {"a": 1, "b": 30})
+        other = Session(mcp.http, f"{celery_gateway.url}/mcp")
+        assert other.result("tasks/get", {"taskId": task["taskId"]})["status"] == "working"
+        assert other.result("tasks/cancel", {"taskId": stopped["taskId"]})["status"] == "cancelled"
+        assert ended(mcp, stopped["taskId"])["status"] == "cancelled"  # the process running it stopped its wait
+        assert api(inline_gateway, "POST", f"signoffs/{ident}/grant", ann_token(), json={}).status_code == 200
+        result = other.result("tasks/result", {"taskId": task["taskId"]})
+        assert ended(other, task["taskId"])["status"] == "completed"
+    assert result["content"] == [{"type": "text", "text": "33"}]
+    assert asked_for(carol, {"a": 1, "b": 30}).state == "pending"  # a cancelled task leaves its request

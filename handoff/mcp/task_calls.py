@@ -4,6 +4,7 @@ governs for the caller; `tasks/get`, `tasks/result` and `tasks/cancel`) and 2026
 (handoff/mcp/pipeline/tool_task.py: `tasks/get`, `tasks/update` and `tasks/cancel`), each for the caller's own
 tasks only."""
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -13,10 +14,12 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway_project.lib.database import database_async
 from handoff.mcp.caller import caller_of, request_span
+from handoff.mcp.list_changed import relay_everywhere, relay_handlers
 from handoff.mcp.pipeline.as_task import tasks_declared
-from handoff.mcp.pipeline.task_state import CANCELLED, RELATED_TASK, CallTask, TaskCreated, task_find
-from handoff.mcp.pipeline.tool_task import task_cancel, task_get, task_update
+from handoff.mcp.pipeline.task_state import CANCELLED, RELATED_TASK, CallTask, TaskCreated, task_find, task_held
+from handoff.mcp.pipeline.tool_task import legacy_cancel, legacy_find, task_cancel, task_get, task_update
 from handoff.snapshot import Snapshot
 
 CAPABILITY = types.ServerTasksCapability(
@@ -26,6 +29,8 @@ CAPABILITY = types.ServerTasksCapability(
 OPTIONAL = {"taskSupport": "optional"}
 LEGACY_ONLY = frozenset({"tasks/result"})  # 2026-07-28's extension polls tasks/get for the result
 MODERN_ONLY = frozenset({"tasks/update"})
+CANCEL = "task.cancel"  # the relay's message: {"type": CANCEL, "id": <task id>}, to the process that runs it
+ROW_POLL_SECONDS = 1.0  # how often tasks/result reads the row of a task another process runs
 
 
 class TaskAnswers:
@@ -70,7 +75,7 @@ async def get_task(ctx: ServerRequestContext, params: types.GetTaskRequestParams
     with request_span(ctx, "tasks/get"):
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return await task_get(ctx, params.task_id)
-        return _task(ctx, params.task_id).wire()
+        return (await _task(ctx, params.task_id)).wire()
 
 
 class UpdateTaskParams(BaseModel):
@@ -89,7 +94,10 @@ async def update_task(ctx: ServerRequestContext, params: UpdateTaskParams) -> di
 async def task_result(ctx: ServerRequestContext, params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
     """The call's own answer once the task has ended (waiting for it until then)."""
     with request_span(ctx, "tasks/result"):
-        task = _task(ctx, params.task_id)
+        task = await _task(ctx, params.task_id)
+        while not task.here and not task.ended:  # another process runs it: its row says when it ends
+            await asyncio.sleep(ROW_POLL_SECONDS)
+            task = await _task(ctx, params.task_id)
         await task.done.wait()
         if task.status == CANCELLED:
             raise MCPError(types.INVALID_PARAMS, f"Task {task.task_id!r} was cancelled: it has no result.")
@@ -106,16 +114,30 @@ async def cancel_task(ctx: ServerRequestContext, params: types.CancelTaskRequest
     with request_span(ctx, "tasks/cancel"):
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return await task_cancel(ctx, params.task_id)
-        task = _task(ctx, params.task_id)
+        task = await _task(ctx, params.task_id)
         if task.ended:
             message = f"Task {task.task_id!r} has ended already ({task.status}): it cannot be cancelled."
             raise MCPError(types.INVALID_PARAMS, message)
         task.cancel()
+        if not task.here:  # its row says so now; the process that runs it stops its wait
+            await database_async(legacy_cancel)(task)
+            await relay_everywhere({"type": CANCEL, "id": task.task_id})
         return task.wire()
 
 
-def _task(ctx: ServerRequestContext, task_id: str) -> CallTask:
-    task = task_find(caller_of(ctx), task_id)
+async def _task(ctx: ServerRequestContext, task_id: str) -> CallTask:
+    """The caller's task, as this process runs it or as another's row says it stands."""
+    caller = caller_of(ctx)
+    task = task_find(caller, task_id) or await database_async(legacy_find)(caller, task_id)
     if task is None:
         raise MCPError(types.INVALID_PARAMS, f"Unknown task {task_id!r}: none of yours has this id.")
     return task
+
+
+async def _cancelled_elsewhere(message: dict) -> None:
+    task = task_held(str(message.get("id")))
+    if task is not None:
+        task.cancel()
+
+
+relay_handlers[CANCEL] = _cancelled_elsewhere

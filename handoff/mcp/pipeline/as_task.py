@@ -2,8 +2,8 @@
 augments a tools/call with `task` is answered at once with a task, `working`, once the call waits for a person's
 sign-off; the call goes on in the background on the serving loop (its wait bounded by the sign-off request's), and
 its outcome is kept for `tasks/result`. A call that never waits (no sign-off asked, a grant at hand, a refusal at
-once) is answered as it would be without the task. Tasks live in the web process that serves the session
-(task_state.py)."""
+once) is answered as it would be without the task. The process that takes the call runs it (task_state.py) and
+writes where it stands as a row (tool_task.py), which the session's other processes answer from."""
 
 import asyncio
 import logging
@@ -14,11 +14,13 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from gateway_project.lib.database import database_async
 from gateway_project.lib.task_failures import failure_logger
 from handoff.mcp.pipeline.answer import agent_answer
 from handoff.mcp.pipeline.call import Call
 from handoff.mcp.pipeline.run import call_serve
 from handoff.mcp.pipeline.task_state import COMPLETED, FAILED, CallTask, TaskCancelled, TaskCreated, forget, task_open
+from handoff.mcp.pipeline.tool_task import legacy_end, legacy_open
 
 logger = logging.getLogger(__name__)
 _log_failure = failure_logger(logger, "tools/call task")
@@ -51,6 +53,10 @@ async def call_as_task(call: Call, ttl_ms: int | None) -> Any:
     finally:
         asked.cancel()
     if task.asked.is_set():
+        try:
+            await database_async(legacy_open)(task, call.caller, call.name)  # before the client can ask elsewhere
+        finally:
+            task.written.set()
         raise TaskCreated(task.task_id, {"task": task.wire()})
     forget(task)  # it never waited: answered as without a task
     if task.error is not None:
@@ -59,6 +65,13 @@ async def call_as_task(call: Call, ttl_ms: int | None) -> Any:
 
 
 async def _run(call: Call, task: CallTask) -> None:
+    await _ran(call, task)
+    if task.asked.is_set():  # a task: where it ended, for the session's other processes, once its row is there
+        await task.written.wait()
+        await database_async(legacy_end)(task)
+
+
+async def _ran(call: Call, task: CallTask) -> None:
     try:
         result = await call_serve(call, agent_answer)
     except TaskCancelled:

@@ -196,7 +196,7 @@ async def _wait(call: Call, asking: Asking, ident: str, hold: float) -> Settled:
     event = asyncio.Event()
     _waiting.setdefault(ident, set()).add(event)
     if call.task is not None:
-        call.task.waits(f"Waiting for a person to sign off this call (sign-off request {ident}).", event)
+        call.task.waits(f"Waiting for a person to sign off this call (sign-off request {ident}).", event, ident)
     try:
         await change_relay.ensure_running()  # heard from now on; a decision made before is read below
         checked = 0.0

@@ -1,6 +1,7 @@
-"""The tasks of calls made as tasks (as_task.py), as this process holds them: bounded in number
+"""The tasks of calls made as tasks (as_task.py), as the process that runs them holds them: bounded in number
 (GATEWAY_SIGN_OFF_TASKS_MAX), each bound to its caller and kept for its ttl (at most
-GATEWAY_SIGN_OFF_TASK_TTL_SECONDS)."""
+GATEWAY_SIGN_OFF_TASK_TTL_SECONDS). Each is written down as a row too (tool_task.py), for the session's other
+processes."""
 
 import asyncio
 import logging
@@ -35,16 +36,19 @@ class CallTask:
     error: types.ErrorData | None = None
     asked: asyncio.Event = field(default_factory=asyncio.Event)  # set once the call waits for a sign-off
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    written: asyncio.Event = field(default_factory=asyncio.Event)  # its row made: where it ends may be written
     wake: asyncio.Event | None = None  # the sign-off wait's, while the call waits: cancelling wakes it
     runner: asyncio.Task | None = None
+    sign_off: str = ""  # the request the call waits for
+    here: bool = True  # this process runs it (else: a copy of its row, which another process keeps up to date)
 
     @property
     def ended(self) -> bool:
         return self.status in (COMPLETED, FAILED, CANCELLED)
 
-    def waits(self, message: str, wake: asyncio.Event) -> None:
+    def waits(self, message: str, wake: asyncio.Event, sign_off: str) -> None:
         """The call waits for a sign-off: the task is answered now, `working`."""
-        self.message, self.wake, self.updated = message, wake, timezone.now()
+        self.message, self.wake, self.updated, self.sign_off = message, wake, timezone.now(), sign_off
         self.asked.set()
 
     def end(self, status: str, message: str, result: dict[str, Any] | None = None, error: Any = None) -> None:
@@ -113,11 +117,16 @@ def task_open(caller: Caller, ttl_ms: int | None) -> CallTask | None:
 
 
 def task_find(caller: Caller, task_id: str) -> CallTask | None:
-    """The caller's task of that id; another caller's, or one gone, is none."""
+    """The caller's task of that id held here; another caller's, or one gone, is none."""
     task = _tasks.get(task_id)
     if task is None or task.owner != owner_of(caller) or task.expired(timezone.now()):
         return None
     return task
+
+
+def task_held(task_id: str) -> CallTask | None:
+    """The task of that id this process runs, whoever asks (a cancellation relayed from another process)."""
+    return _tasks.get(task_id)
 
 
 def forget(task: CallTask) -> None:

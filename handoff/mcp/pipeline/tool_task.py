@@ -24,7 +24,7 @@ from handoff.mcp.pipeline.answer import agent_answer
 from handoff.mcp.pipeline.call import Call
 from handoff.mcp.pipeline.run import call_serve
 from handoff.mcp.pipeline.sign_off import PENDING
-from handoff.mcp.pipeline.task_state import TaskCreated
+from handoff.mcp.pipeline.task_state import CallTask, TaskCreated, owner_of
 from handoff.models import ToolTask
 from policy.models import SignOff
 from policy.sign_off import sign_off_state
@@ -108,7 +108,8 @@ def _iso(moment: datetime) -> str:
 
 def _find(caller: Caller, task_id: str) -> ToolTask:
     """The caller's live task of that id; another caller's, or one expired, is unknown alike."""
-    task = ToolTask.objects.filter(id=task_id, expires_at__gt=timezone.now(), **_owner(caller)).first()
+    live = ToolTask.objects.filter(id=task_id, session_id="", expires_at__gt=timezone.now(), **_owner(caller))
+    task = live.first()
     if task is None:
         raise MCPError(types.INVALID_PARAMS, f"Unknown task {task_id!r}: none of yours has this id, or it expired.")
     return task
@@ -195,3 +196,54 @@ async def task_update(ctx: ServerRequestContext, task_id: str) -> dict[str, Any]
     """`tasks/update`: such a task never asks its client for input, so there is nothing to answer; acknowledged."""
     await database_async(_find)(caller_of(ctx), task_id)
     return {}
+
+
+def legacy_open(task: CallTask, caller: Caller, name: str) -> None:
+    """A 2025-11-25 task, written down for the session's other processes (the one that runs it keeps it too)."""
+    ToolTask.objects.create(
+        id=task.task_id,
+        sign_off_id=task.sign_off,
+        name=name,
+        session_id=caller.session_id,
+        message=task.message,
+        created_at=task.created,
+        updated_at=task.updated,
+        expires_at=task.created + timedelta(milliseconds=task.ttl_ms),
+        **_owner(caller),
+    )
+
+
+def legacy_end(task: CallTask) -> None:
+    """Where a 2025-11-25 task ended, for the session's other processes; one ended already (cancelled) keeps it."""
+    outcome = task.error.model_dump(mode="json", exclude_none=True) if task.error is not None else task.result
+    row = ToolTask.objects.filter(id=task.task_id, status=Status.WORKING)
+    row.update(status=task.status, message=task.message[:1000], outcome=outcome, updated_at=task.updated)
+
+
+def legacy_find(caller: Caller, task_id: str) -> CallTask | None:
+    """The caller's 2025-11-25 task that another process of the session runs, as its row says it stands."""
+    found = ToolTask.objects.filter(
+        id=task_id, session_id=caller.session_id, expires_at__gt=timezone.now(), **_owner(caller)
+    ).first()
+    if found is None or not caller.session_id:
+        return None
+    task = CallTask(
+        found.id,
+        owner_of(caller),
+        round((found.expires_at - found.created_at).total_seconds() * 1000),
+        created=found.created_at,
+        updated=found.updated_at,
+        status=found.status,
+        message=found.message,
+        result=found.outcome if found.status == Status.COMPLETED else None,
+        error=types.ErrorData.model_validate(found.outcome) if found.status == Status.FAILED else None,
+        here=False,
+    )
+    if task.ended:
+        task.done.set()
+    return task
+
+
+def legacy_cancel(task: CallTask) -> None:
+    waiting = ToolTask.objects.filter(id=task.task_id, status=Status.WORKING)
+    waiting.update(status=Status.CANCELLED, message="Cancelled by its client.", updated_at=timezone.now())
