@@ -195,10 +195,12 @@ def test_sync_records_the_era_each_upstream_speaks(world):
 
 def test_a_subscribed_resource_s_updates_reach_the_subscriber_under_its_exposed_uri(gateway, world):
     updates: list[str] = []
+    heard = anyio.Event()
 
     async def on_message(message) -> None:
         if isinstance(message, types.ResourceUpdatedNotification):
             updates.append(str(message.params.uri))
+            heard.set()
 
     async def scenario():
         async with sdk_client(gateway.url, world.key, "legacy", message_handler=on_message) as client:
@@ -206,8 +208,7 @@ def test_a_subscribed_resource_s_updates_reach_the_subscriber_under_its_exposed_
             await client.subscribe_resource(DOCUMENT)
             await client.call_tool("every__toggle-subscriber-updates", {})  # server-everything: every 5 s
             with anyio.fail_after(10):
-                while not updates:
-                    await anyio.sleep(0.1)
+                await heard.wait()
             await client.unsubscribe_resource(DOCUMENT)
             await client.call_tool("every__toggle-subscriber-updates", {})  # off again
 
