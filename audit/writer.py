@@ -2,7 +2,8 @@
 long-lived autocommit connections, from a column plan made once: no thread hop, no model instance, no
 query compilation and no pool checkout on the path of every tool call. Rows that arrive while a commit is
 in flight go out together, as one multi-row INSERT, in the next commit (group commit); each caller still
-returns only once its own row is committed. Elsewhere (SQLite) the ORM saves it in a worker thread."""
+returns only once its own row is committed. On SQLite, the process's one writer thread does the same
+(audit/sqlite_writer.py)."""
 
 import asyncio
 import logging
@@ -15,34 +16,19 @@ from functools import cached_property
 from typing import Any
 
 import psycopg
-from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connections
-from django.db.models import JSONField
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field, JSONField
 from psycopg.types.json import Jsonb
 
 from audit.models import AuditEvent
-from audit.services import audit_event, audit_fields
+from audit.services import audit_fields
+from audit.sqlite_writer import SqliteAuditWriter
+from audit.writer_errors import AuditCommits, AuditSettled, AuditUnavailable
 
 logger = logging.getLogger(__name__)
 BATCH = 64  # rows in one commit at most: a bounded statement, and a bounded wait for a row behind the batch
-
-
-class AuditUnavailable(Exception):
-    """The row could not be written. Callers fail closed: nothing runs, or nothing is shown, unrecorded."""
-
-
-class AuditSettled(Exception):
-    """The call already has its outcome row (the sweep's outcome-unknown, audit/outcomes.py): the first one
-    written stands, and this one is not."""
-
-
-@dataclass
-class AuditCommits:
-    """What the writer committed: transactions and the rows in them (rows / transactions is the grouping)."""
-
-    transactions: int = 0
-    rows: int = 0
 
 
 @dataclass
@@ -198,35 +184,55 @@ def _connect_kwargs() -> dict[str, Any]:
 
 
 class AsyncAuditWriter:
-    def __init__(self) -> None:
+    """The writer of one database: `database`, the default one unless named (a test's own SQLite file)."""
+
+    def __init__(self, database: BaseDatabaseWrapper | None = None) -> None:
+        self._database = database
         self._connections: dict[int, AuditConnections] = {}  # per event loop: connections belong to one
         self.commits = AuditCommits()
 
     @cached_property
     def _on_postgres(self) -> bool:
-        return connections["default"].vendor == "postgresql"
+        return self._db.vendor == "postgresql"
 
     @cached_property
     def _plan(self) -> tuple[str, list[str], list[tuple[str, bool]]]:
         """The table, its columns, and per column: the field name, whether it is JSON."""
-        ops = connections["default"].ops
-        fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
-        columns = [ops.quote_name(f.column) for f in fields]
+        ops = self._db.ops
+        columns = [ops.quote_name(f.column) for f in self._fields]
         table = ops.quote_name(AuditEvent._meta.db_table)
-        return table, columns, [(f.attname, isinstance(f, JSONField)) for f in fields]
+        return table, columns, [(f.attname, isinstance(f, JSONField)) for f in self._fields]
 
     async def record(self, *, kind: str, detail: dict[str, Any] | None = None, **fields: Any) -> None:
-        if not self._on_postgres:
-            event = audit_event(kind=kind, detail=detail, **fields)
-            try:
-                await database_sync_to_async(event.save, thread_sensitive=False)()
-            except IntegrityError as exc:
-                raise AuditSettled(str(exc)) from exc
-            except DatabaseError as exc:  # locked, or its file unreadable: refused like PostgreSQL's failures
-                raise AuditUnavailable(str(exc)) from exc
-            return
         row = audit_fields(kind, detail, fields)
+        if not self._on_postgres:
+            await self._sqlite.insert([f.get_db_prep_value(row[f.attname], self._db) for f in self._fields])
+            return
         await self.pool().insert([Jsonb(row[name]) if is_json else row[name] for name, is_json in self._plan[2]])
+
+    @cached_property
+    def _db(self) -> BaseDatabaseWrapper:
+        """The database's wrapper, for its settings and value adapters; it never connects."""
+        return self._database or connections["default"]
+
+    @cached_property
+    def _fields(self) -> list[Field]:
+        return [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
+
+    @cached_property
+    def _sqlite(self) -> SqliteAuditWriter:
+        """The process's one SQLite writer, on the database and pragmas Django's connections use."""
+        table, columns, _ = self._plan
+        params = self._db.settings_dict
+        options = params.get("OPTIONS", {})
+        return SqliteAuditWriter(
+            path=str(params["NAME"]),
+            timeout=options.get("timeout", 5),
+            init=options.get("init_command", ""),
+            table=table,
+            columns=columns,
+            counts=self.commits,
+        )
 
     def pool(self) -> AuditConnections:
         """This event loop's connections."""
@@ -243,10 +249,13 @@ class AsyncAuditWriter:
         return self._connections[loop]
 
     async def close(self) -> None:
-        """Close this event loop's connections (before the loop ends), once the commits in flight are done."""
+        """Close this event loop's connections (before the loop ends), once the commits in flight are done, and the
+        SQLite writer's (the next row opens it again)."""
         pool = self._connections.pop(id(asyncio.get_running_loop()), None)
         if pool is not None:
             await pool.close()
+        if "_sqlite" in self.__dict__:  # its callers' rows are settled: the thread ends once it has none
+            self._sqlite.close()
 
 
 audit_writer = AsyncAuditWriter()
