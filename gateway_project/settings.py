@@ -176,7 +176,8 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":  # SQLITE_PATH, or a DATABASE_
     _db["OPTIONS"] = {
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
+        # How long a writer waits for another's lock; then an audit row is refused (AUDIT_UNAVAILABLE).
+        "timeout": env_float("SQLITE_TIMEOUT_SECONDS", 20.0, minimum=0.1, maximum=600.0),
     }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
