@@ -11,8 +11,10 @@
 - celery-uvicorn: the Celery gateway under uvicorn, sharing `celery`'s worker (its server CPU is the gateway's alone);
 - pair:    two inline-uvicorn gateways behind HAProxy in round robin (server CPU: both gateways'), when named;
 - celery:  Switchboard with the Celery executor and a worker;
+- embedded: the gateway as scripts/demo serves it (Daphne, SQLite in a var dir of its own, no Redis, inline),
+           started only when named in --targets;
 
-both Switchboard targets with audit on PostgreSQL. Every target is driven by the official SDK client
+the other Switchboard targets with audit on PostgreSQL. Every target is driven by the official SDK client
 (2025-11-25, the one era mcp-proxy speaks) at 1, 8 and 32 concurrent sessions. Figures are printed as a
 Markdown table, with ratios to the proxy measured in the same run, and saved as JSON. Beside latency and
 throughput, each target's CPU per call is read from /proc: its server's processes (with their upstreams
@@ -25,7 +27,9 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Collection
@@ -73,8 +77,9 @@ def setup_database() -> str:
     call_command("migrate", verbosity=0)
     Agent.objects.filter(name="bench").delete()
     Upstream.objects.filter(slug="demo").delete()
-    with connection.cursor() as cursor:  # the bench's own database: start from an empty trail
-        cursor.execute("TRUNCATE audit_auditevent, audit_auditcheckpoint")
+    if connection.vendor == "postgresql":  # the bench's own database: start from an empty trail (SQLite's is new)
+        with connection.cursor() as cursor:
+            cursor.execute("TRUNCATE audit_auditevent, audit_auditcheckpoint")
     # Every limit is on, as in production, set high enough that the benchmark measures and never trips one.
     unlimited = 10**9
     upstream = Upstream(slug="demo", transport="stdio", command=DEMO[0], args=DEMO[1:], calls_per_minute=unlimited)
@@ -202,11 +207,35 @@ def start_targets(key: str, logs: Path, names: Collection[str]) -> tuple[dict, l
     }
     for name, running in under.items():
         targets[name] = (lambda url=running.url: http_session(f"{url}/mcp", auth), "demo__echo", {running.process.pid})
+    if "embedded" in names:
+        embedded, embedded_key = start_embedded(logs)
+        started.append(embedded)
+        embedded_auth = {"Authorization": f"Bearer {embedded_key}"}
+        targets["embedded"] = (
+            lambda: http_session(f"{embedded.url}/mcp", embedded_auth),
+            "demo__echo",
+            {embedded.process.pid},
+        )
     if "pair" in names:
         balancer, *gateways = pair
         pids = {g.process.pid for g in gateways}
         targets["pair"] = (lambda url=balancer.url: http_session(f"{url}/mcp", auth), "demo__echo", pids)
     return targets, started
+
+
+EMBEDDED_SETUP = "import sys; sys.path.insert(0, 'bench'); from run import setup_database; print(setup_database())"
+
+
+def start_embedded(logs: Path) -> tuple[servers.Running, str]:
+    """The gateway as scripts/demo serves it, on a fresh SQLite database set up as setup_database sets up the
+    others; returns it and its agent's key."""
+    var = logs / "embedded-var"
+    shutil.rmtree(var, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env |= {"SWITCHBOARD_VAR_DIR": str(var), "GATEWAY_EXECUTOR": "inline"}
+    setup = [sys.executable, "-c", EMBEDDED_SETUP]
+    key = subprocess.run(setup, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()[-1]
+    return servers.start_gateway(env, logs / "embedded.log"), key
 
 
 def start_pair(env: dict[str, str], logs: Path) -> list[servers.Running]:
