@@ -9,8 +9,10 @@ p50 already holds the client, HTTP and the upstream's round trip, so a gateway t
 promises would answer in about mcp-proxy's p50 plus theirs. Under load the machine's CPU is the bound: such a
 gateway would spend at least mcp-proxy's machine CPU per call plus what the promises cost the machine (this
 process, PostgreSQL, Redis), so its calls/s could reach at most mcp-proxy's times the ratio of the two.
-The gateway itself is not run here: its embedded audit upkeep would checkpoint the rows written here while it is
-being measured (`bench/run --targets proxy,inline-uvicorn` measures it against the same mcp-proxy).
+The gateway (inline, uvicorn, PostgreSQL and Redis: `gateway-strict`, and `gateway-local` with
+GATEWAY_AUDIT_COMMIT=local) is measured in the same rounds, and set against the floor of its mode: its p50 over
+the floor's (mcp-proxy's p50 plus the promises'), its calls/s over the floor's (mcp-proxy's times the floor's
+ratio). Its audit upkeep may checkpoint the rows written here: they are sealed as its own are.
 
     bench/run floor [--rounds 3] [--calls 1000] [--sessions 1,8,32]
 """
@@ -28,9 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from run import DEMO, PROXY, http_session, machine_cpu_seconds, measure, setup_database  # noqa: E402
+from run import DEMO, OTHER_SERVERS, PROXY, http_session, machine_cpu_seconds, measure, setup_database  # noqa: E402
 
 from tests import servers  # noqa: E402  (the process helpers the tests use)
+
+# The gateway in each mode: the inline gateway under uvicorn, with the settings bench/run.py starts it with.
+GATEWAYS = {"gateway-strict": "inline-uvicorn", "gateway-local": "inline-uvicorn-local"}
 
 
 def promise_parts():
@@ -117,6 +122,12 @@ def floors(found: dict) -> dict:
             else proxy["machine_cpu_ms"] / (proxy["machine_cpu_ms"] + own["machine_cpu_ms"])
         )
         out[f"floor-{mode}"] = {"p50_ratio": p50, "calls_ratio": rate}
+        gateway = found.get(f"gateway-{mode}")
+        if gateway:  # against the floor of its own mode
+            out[f"gateway-{mode}"] = {
+                "p50_ratio": gateway["p50_ms"] / (proxy["p50_ms"] * p50),
+                "calls_ratio": gateway["calls_per_s"] / (proxy["calls_per_s"] * rate),
+            }
     return out
 
 
@@ -125,12 +136,15 @@ def table(rounds: list[dict], sessions: list[int]) -> str:
         return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}–{max(values):.{digits}f}]"
 
     lines = [
-        "| sessions | what | p50 ms | calls/s | machine CPU ms/call | p50 / proxy | calls/s / proxy |",
+        "| sessions | what | p50 ms | calls/s | machine CPU ms/call | p50 / proxy (gateway: / its floor) "
+        "| calls/s / proxy (gateway: / its floor) |",
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for s in sessions:
         at = [r[str(s)] for r in rounds]
-        for name in ("proxy", "promises-strict", "promises-local"):
+        for name in ("proxy", "promises-strict", "promises-local", *GATEWAYS):
+            if name not in at[0]["measured"]:
+                continue
             measured = [a["measured"][name] for a in at]
             ratios = [a["ratios"].get(name) for a in at]
             p50 = cell([m["p50_ms"] for m in measured])
@@ -148,7 +162,7 @@ def table(rounds: list[dict], sessions: list[int]) -> str:
 
 async def one_round(parts, targets: dict, sessions: list[int], args: argparse.Namespace, turn: int) -> dict:
     found: dict = {}
-    names = ["proxy", "promises-strict", "promises-local"]
+    names = ["proxy", "promises-strict", "promises-local", *(n for n in GATEWAYS if n in targets)]
     names = names[turn % len(names) :] + names[: turn % len(names)]  # the order turns each round
     for s in sessions:
         measured = {}
@@ -179,19 +193,30 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="unmeasured calls per session first")
     parser.add_argument("--sessions", default="1,8,32")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/floor.json")
+    parser.add_argument("--no-gateway", action="store_true", help="the floor and mcp-proxy alone")
     args = parser.parse_args()
-    setup_database()  # the audit table, the agent and upstream the gateway's benches use
+    key = setup_database()  # the audit table, the agent and upstream the gateway's benches use
     env, logs = dict(os.environ), args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
     port = servers.free_port()
     command = [str(PROXY), "--port", str(port), "--host", "127.0.0.1", "--log-level", "WARNING", "--", *DEMO]
     proxy = servers.Running(servers.start(command, env, logs / "floor-proxy.log"), logs / "floor-proxy.log")
+    started = [proxy]
     try:
         servers.wait_for_port(port, proxy.process, proxy.log)
         targets = {"proxy": (lambda: http_session(f"http://127.0.0.1:{port}/mcp", {}), "echo")}
+        auth = {"Authorization": f"Bearer {key}"}
+        for name, target in ({} if args.no_gateway else GATEWAYS).items():
+            server, extra = OTHER_SERVERS[target]
+            gateway = servers.start_gateway_under(
+                server, env | {"GATEWAY_EXECUTOR": "inline"} | extra, logs / f"floor-{name}.log"
+            )
+            started.append(gateway)
+            targets[name] = (lambda url=gateway.url: http_session(f"{url}/mcp", auth), "demo__echo")
         rounds = asyncio.run(run_rounds(targets, args))
     finally:
-        proxy.stop()
+        for running in started:
+            running.stop()
     args.out.write_text(json.dumps(rounds, indent=2))
     print(table(rounds, [int(s) for s in args.sessions.split(",")]))
 
