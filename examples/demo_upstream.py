@@ -18,11 +18,23 @@ from pathlib import Path
 import anyio
 from mcp import types
 from mcp.server import NotificationOptions, Server
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ToolsListChanged,
+)
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+# What `announce` may say changed: the event for 2026-07-28 listeners, the notification for 2025-11-25 sessions.
+ANNOUNCED = {
+    "tools": (ToolsListChanged, "send_tool_list_changed"),
+    "prompts": (PromptsListChanged, "send_prompt_list_changed"),
+    "resources": (ResourcesListChanged, "send_resource_list_changed"),
+}
 TOOLS = [
     types.Tool(
         name="echo",
@@ -105,8 +117,8 @@ TOOLS = [
     ),
     types.Tool(
         name="announce",
-        description="Tell the client that this server's tool list changed (after DEMO_MANIFEST was edited).",
-        input_schema={"type": "object", "properties": {}},
+        description="Tell the client that one of this server's lists changed (tools: after DEMO_MANIFEST was edited).",
+        input_schema={"type": "object", "properties": {"list": {"type": "string", "enum": list(ANNOUNCED)}}},
     ),
     types.Tool(
         name="leak",
@@ -298,10 +310,11 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
                 )
             return text("logged")
         case "announce":
+            event, notify = ANNOUNCED[str(args.get("list", "tools"))]
             if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                await changes.publish(ToolsListChanged())
+                await changes.publish(event())
             else:
-                await ctx.session.send_tool_list_changed()
+                await getattr(ctx.session, notify)()
             return text("announced")
         case "leak":
             return leak(str(args.get("how", "result")))

@@ -62,6 +62,57 @@ class ToolChanges:
             return await self._received.receive()
 
 
+class ListChanges:
+    """Every list_changed a client is told, in order (`tools`, `prompts`, `resources`), in either era."""
+
+    METHODS = {f"notifications/{kind}/list_changed": kind for kind in ("tools", "prompts", "resources")}
+    EVENTS = {"ToolsListChanged": "tools", "PromptsListChanged": "prompts", "ResourcesListChanged": "resources"}
+
+    def __init__(self) -> None:
+        self.told: list[str] = []
+        self._heard = anyio.Event()
+
+    def _record(self, kind: str) -> None:
+        self.told.append(kind)
+        self._heard.set()
+        self._heard = anyio.Event()
+
+    async def on_message(self, message: Any) -> None:
+        if (kind := self.METHODS.get(getattr(message, "method", ""))) is not None:
+            self._record(kind)
+
+    async def listen(self, client: Client, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        kinds = {f"{kind}_list_changed": True for kind in ("tools", "prompts", "resources")}
+        async with client.listen(**kinds) as subscription:
+            task_status.started()
+            async for event in subscription:
+                self._record(self.EVENTS[type(event).__name__])
+
+    async def until(self, kind: str, timeout: float = TIMEOUT) -> list[str]:
+        """Everything told up to and including the first `kind`, once it comes."""
+        with anyio.fail_after(timeout):
+            while kind not in self.told:
+                await self._heard.wait()
+        return self.told[: self.told.index(kind) + 1]
+
+
+@asynccontextmanager
+async def listening_client(
+    base_url: str, key: str, mode: str, timeout: float = TIMEOUT
+) -> AsyncIterator[tuple[Client, ListChanges]]:
+    """A client that records every list_changed it is told (tools, prompts, resources), in either era."""
+    changes = ListChanges()
+    if mode == "legacy":
+        async with sdk_client(base_url, key, mode, timeout, message_handler=changes.on_message) as client:
+            yield client, changes
+        return
+    async with sdk_client(base_url, key, mode, timeout) as client:
+        async with anyio.create_task_group() as tg:
+            await tg.start(changes.listen, client)
+            yield client, changes
+            tg.cancel_scope.cancel()
+
+
 @asynccontextmanager
 async def watched_client(
     base_url: str, key: str, mode: str, timeout: float = TIMEOUT

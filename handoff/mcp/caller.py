@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 
 
+def key_allows(key_tools: tuple[str, ...], name: str) -> bool:
+    """Whether an API key limited to these tool patterns (none: no limit) allows `name` at all."""
+    return not key_tools or any(fnmatchcase(name, pattern) for pattern in key_tools)
+
+
 @dataclass(frozen=True)
 class Caller:
     agent_id: int
@@ -77,7 +82,7 @@ class Caller:
 
     def may_call(self, name: str) -> bool:
         """Whether the credential allows `name` at all (the agent's rules decide after)."""
-        return not self.key_tools or any(fnmatchcase(name, pattern) for pattern in self.key_tools)
+        return key_allows(self.key_tools, name)
 
     @property
     def principal(self) -> tuple[int, str, str]:

@@ -1,5 +1,7 @@
 """Telling agents that their tools changed (a handoff opened, returned, was swept or lost), or that an
-upstream's tools, prompts or resources changed (every agent hears of those).
+upstream's tools, prompts or resources changed: only the sessions whose list that changed hear of it
+(session_views.py: a tools list is compared before and after; prompts and resources reach the sessions that may
+reach the upstream).
 
 2025-11-25 sessions (and /mcp/ws sockets) get `notifications/tools/list_changed` on their own stream;
 2026-07-28 callers through `subscriptions/listen` streams, which this module serves per session: a
@@ -31,8 +33,9 @@ from mcp.types import SubscriptionsListenRequestParams, SubscriptionsListenResul
 from gateway_project.lib.process_task import ProcessTask
 from handoff.mcp.caller import Caller, caller_of
 from handoff.mcp.pipeline.task_state import tasks_forget
+from handoff.mcp.session_views import SessionView, session_view_of, session_views_changed, session_views_reaching
 from handoff.protocol.tunnels import index_session
-from handoff.snapshot import snapshot
+from handoff.snapshot import Snapshot, snapshot
 from registry.naming import exposed_uri
 from registry.upstreams.connection import UPDATED
 
@@ -52,6 +55,9 @@ class SessionBus:
         for listeners in list(self._listeners.values()):
             for listener in list(listeners):
                 listener(event)
+
+    def sessions(self) -> set[str]:
+        return set(self._listeners)
 
     def publish_to(self, session: str, event: ServerEvent) -> None:
         for listener in list(self._listeners.get(session, ())):
@@ -77,15 +83,19 @@ _listen = ListenHandler(bus)
 # weakly, or it would be gone with the request that handed off. It holds the whole session (its transport's
 # object too), so it leaves when the session does (`session_forget`), not only when newer ones push it out.
 _streams: OrderedDict[str, Any] = OrderedDict()
-# Every table of per-session state this process keeps: the streams, and the log levels (agent_relay.py).
-_tables: list[OrderedDict[str, Any]] = [_streams]
+# What each session held here sees (session_views.py), kept from its first request (or listen stream) on.
+_views: OrderedDict[str, SessionView] = OrderedDict()
+# Every table of per-session state this process keeps: the streams, the views, the log levels (agent_relay.py).
+_tables: list[OrderedDict[str, Any]] = [_streams, _views]
 
 
 async def subscriptions_listen(
     ctx: ServerRequestContext, params: SubscriptionsListenRequestParams
 ) -> SubscriptionsListenResult:
     caller = caller_of(ctx)
-    token = _listening.set(index_session(caller.agent_id, caller.session_key))
+    session = index_session(caller.agent_id, caller.session_key)
+    view_remember(session, caller)
+    token = _listening.set(session)
     try:
         return await _listen(ctx, params)
     finally:
@@ -98,7 +108,9 @@ class RememberSessions:
     async def __call__(self, ctx: ServerRequestContext, call_next: Callable[[ServerRequestContext], Any]) -> Any:
         caller = caller_of(ctx) if ctx.request is not None else None
         if caller is not None and caller.session_id:
-            session_remember(index_session(caller.agent_id, caller.session_key), ctx.session)
+            session = index_session(caller.agent_id, caller.session_key)
+            session_remember(session, ctx.session)
+            view_remember(session, caller)
         return await call_next(ctx)
 
 
@@ -122,6 +134,12 @@ def session_remember(session: str, server_session: Any) -> None:
     per_session(_streams, session, server_session)
 
 
+def view_remember(session: str, caller: Caller) -> None:
+    """The session's view, from its first request on: later ones leave the snapshot it is compared on alone."""
+    if session not in _views and snapshot.latest is not None:  # every request has read the snapshot by now
+        per_session(_views, session, session_view_of(caller=caller, snap=snapshot.latest))
+
+
 async def tools_changed_here(session: str) -> None:
     bus.publish_to(session, ToolsListChanged())
     stream = _streams.get(session)
@@ -141,11 +159,24 @@ LISTS: dict[str, tuple[type, str]] = {
 }
 
 
-async def list_changed_here(kind: str) -> None:
-    """Every session held here hears that a list changed."""
+def _sessions_told(kind: str, upstream_id: int, snap: Snapshot) -> list[str]:
+    """The sessions held here whose `kind` list the upstream's change may have changed; a session whose view
+    this process no longer keeps (pushed out by newer ones) is told, to be safe."""
+    held = set(_streams) | bus.sessions()
+    if kind == "tools":
+        changed = set(session_views_changed(views=_views, snap=snap))
+        return sorted(s for s in held if s not in _views or s in changed)
+    reaching = session_views_reaching(views=_views, snap=snap, upstream_id=upstream_id)
+    return sorted(s for s in held if s not in _views or s in reaching)
+
+
+async def list_changed_here(kind: str, upstream_id: int, snap: Snapshot) -> None:
+    """The sessions held here whose list changed hear of it, on their listen stream or their own stream."""
     event, notify = LISTS[kind]
-    await bus.publish(event())
-    for session, stream in list(_streams.items()):
+    for session in _sessions_told(kind, upstream_id, snap):
+        bus.publish_to(session, event())
+        if (stream := _streams.get(session)) is None:
+            continue
         try:
             await getattr(stream, notify)()
         except Exception:  # the client went away: nothing left to tell
@@ -188,20 +219,20 @@ async def resource_updated_here(uri: str) -> None:
 
 
 async def upstream_changed_tell(upstream_id: int, kind: str) -> None:
-    """The pool's listener (registry/upstreams/loop.py): every agent is told a list changed, in whichever process holds
-    its stream, or the agents subscribed to a resource that it did."""
+    """The pool's listener (registry/upstreams/loop.py): the agents whose list changed are told so, in whichever
+    process holds their stream, or the agents subscribed to a resource that it did."""
     if kind.startswith(UPDATED):
         await resource_updated_everywhere(upstream_id, kind.removeprefix(UPDATED))
     else:
-        await list_changed_everywhere(kind)
+        await list_changed_everywhere(kind, upstream_id)
 
 
 async def resource_updated_everywhere(upstream_id: int, uri: str) -> None:
     await get_channel_layer().group_send(GROUP, {"type": "resource.updated", "upstream": upstream_id, "uri": uri})
 
 
-async def list_changed_everywhere(kind: str) -> None:
-    await get_channel_layer().group_send(GROUP, {"type": "list.changed", "kind": kind})
+async def list_changed_everywhere(kind: str, upstream_id: int) -> None:
+    await get_channel_layer().group_send(GROUP, {"type": "list.changed", "kind": kind, "upstream": upstream_id})
 
 
 async def tools_changed_everywhere(sessions: list[str]) -> None:
@@ -238,8 +269,8 @@ async def _relay(ready: asyncio.Future) -> None:
                 for namespace in snap.namespaces_of(target) if target is not None else ():  # a borrower's name too
                     await resource_updated_here(exposed_uri(namespace, message["uri"]))
             elif message.get("type") == "list.changed" and message.get("kind") in LISTS:
-                snapshot.invalidate()  # agents refetch at once: they must see the new catalog
-                await list_changed_here(message["kind"])
+                snapshot.invalidate()  # compared at once, on the new catalog (the resync committed before)
+                await list_changed_here(message["kind"], message.get("upstream", 0), await snapshot.get())
             elif (handler := relay_handlers.get(message.get("type", ""))) is not None:
                 try:
                     await handler(message)
