@@ -662,6 +662,13 @@ class SnapshotHolder:
         """The snapshot compiled last, for what must be read without waiting (it lags by at most a check)."""
         return self._snapshot
 
+    def fresh_ms(self) -> int:
+        """How long what this process serves from its snapshot stays its newest word: the milliseconds until it looks
+        at the version again (a list's `ttlMs`: a client reusing it meanwhile lags no more than the gateway does)."""
+        if self._checked_at == NEVER:  # a change was announced: look again before anything is reused
+            return 0
+        return max(0, int((self._checked_at + settings.GATEWAY_SNAPSHOT_CHECK_SECONDS - time.monotonic()) * 1000))
+
     def invalidate(self) -> None:
         """Look at the version on the next read (a change was announced that this process did not make)."""
         self._checked_at = NEVER

@@ -159,12 +159,12 @@ LISTS: dict[str, tuple[type, str]] = {
 }
 
 
-def _sessions_told(kind: str, upstream_id: int, snap: Snapshot) -> list[str]:
+async def _sessions_told(kind: str, upstream_id: int, snap: Snapshot) -> list[str]:
     """The sessions held here whose `kind` list the upstream's change may have changed; a session whose view
     this process no longer keeps (pushed out by newer ones) is told, to be safe."""
     held = set(_streams) | bus.sessions()
     if kind == "tools":
-        changed = set(session_views_changed(views=_views, snap=snap))
+        changed = set(await session_views_changed(views=_views, snap=snap))
         return sorted(s for s in held if s not in _views or s in changed)
     reaching = session_views_reaching(views=_views, snap=snap, upstream_id=upstream_id)
     return sorted(s for s in held if s not in _views or s in reaching)
@@ -173,7 +173,7 @@ def _sessions_told(kind: str, upstream_id: int, snap: Snapshot) -> list[str]:
 async def list_changed_here(kind: str, upstream_id: int, snap: Snapshot) -> None:
     """The sessions held here whose list changed hear of it, on their listen stream or their own stream."""
     event, notify = LISTS[kind]
-    for session in _sessions_told(kind, upstream_id, snap):
+    for session in await _sessions_told(kind, upstream_id, snap):
         bus.publish_to(session, event())
         if (stream := _streams.get(session)) is None:
             continue

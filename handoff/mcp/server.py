@@ -35,7 +35,8 @@ INSTRUCTIONS = (
     "This is a gateway to several services. Tool and prompt names are '<service>{sep}<name>', resource URIs "
     "'<service>+<uri>'; call tools/list to see what you may use."
 )
-# Lists are filtered per agent, and an admin's change must show at once: private, never fresh.
+# Lists are filtered per caller: private. Resources and prompts are the upstreams' live word: never fresh; tools/list
+# sets its own `ttlMs` from the snapshot it is served from (tools.py).
 PRIVATE = CacheHint(ttl_ms=0, scope="private")
 
 

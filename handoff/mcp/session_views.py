@@ -7,10 +7,13 @@ snapshot's memo per standing, so a thousand sessions of one agent cost one diges
 A virtual server's session will add its server to the view, and `tools_digest` filter by it.
 """
 
+import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, replace
 from typing import Any
+
+from django.conf import settings
 
 from handoff.mcp.caller import Caller, key_allows
 from handoff.snapshot import Snapshot
@@ -18,6 +21,7 @@ from policy.decisions import Who
 
 DIGESTS = "session_views.tools"  # the snapshot memo's key: (who, key patterns) -> digest of that tools list
 DEFINITIONS = "session_views.definitions"  # id of a definition in the snapshot -> its digest
+CHANGED_NAMES = "session_views.changed"  # id of an older snapshot -> the names whose tool differs, or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +60,59 @@ def _definition_digest(snap: Snapshot, definition: dict[str, Any]) -> bytes:
     return digest
 
 
-def session_views_changed(*, views: dict[str, SessionView], snap: Snapshot) -> list[str]:
+def _frame(snap: Snapshot) -> tuple:
+    """What a tools list rests on besides the upstreams' tools: the rules, the agents and their teams, the names
+    teams see renamed, the teams groups are mapped to, the gateway's own tools."""
+    agents = frozenset(snap.agents)
+    return (snap.policy, agents, snap.agent_teams, snap.renamed, snap.mapped_teams, snap.builtins, snap.triage)
+
+
+def _changed_names(old: Snapshot, new: Snapshot) -> frozenset[str] | None:
+    """The exposed names (a team's local ones included) whose tool differs between the snapshots, when nothing else
+    a tools list rests on does; None when something else does, and every list is compared whole."""
+    known: dict[int, frozenset[str] | None] = new.memo.setdefault(CHANGED_NAMES, {})
+    if id(old) not in known:
+        names: set[str] | None = None
+        if _frame(old) == _frame(new):
+            teams = old.local.keys() | new.local.keys()
+            pairs = [(old.tools, new.tools)] + [(old.local.get(t, {}), new.local.get(t, {})) for t in teams]
+            names = {name for was, now in pairs for name in was.keys() | now.keys() if was.get(name) != now.get(name)}
+        known[id(old)] = frozenset(names) if names is not None else None  # `old` outlives this: a view holds it
+    return known[id(old)]
+
+
+def _seen(snap: Snapshot, view: SessionView, name: str) -> dict[str, Any] | None:
+    """The definition the view's caller is listed under this name, if it is listed at all."""
+    entry = snap.tool(view.who, name)
+    if entry is None or not view.may_call(name) or snap.decide(view.who, name)[0] is not None:
+        return None
+    return entry.definition
+
+
+def _list_changed(old: Snapshot, new: Snapshot, view: SessionView) -> bool:
+    """Whether the view's tools list differs between the snapshots: by the few names whose tool changed when only
+    tools did (what an upstream's change is), else by the digests of the whole lists."""
+    names = _changed_names(old, new)
+    if names is None:
+        return tools_digest(snap=old, view=view) != tools_digest(snap=new, view=view)
+    if settings.GATEWAY_CODE_MODE == "only":  # code mode's own tools stand in for every upstream's
+        return False
+    return any(_seen(old, view, name) != _seen(new, view, name) for name in names)
+
+
+async def session_views_changed(*, views: dict[str, SessionView], snap: Snapshot) -> list[str]:
     """The sessions whose tools list differs between the snapshot each last saw and `snap`; every view is moved on
-    to `snap` (in place), so the next change is compared with this one."""
-    changed = []
+    to `snap` (in place), so the next change is compared with this one. A standing's lists cost what a tools/list
+    costs (the new one is kept for the woken sessions' own): the loop is let go after each, so requests go on."""
+    changed, compared = [], set()
     for session, view in list(views.items()):
-        if view.seen is not snap and tools_digest(snap=view.seen, view=view) != tools_digest(snap=snap, view=view):
+        if view.seen is not snap and _list_changed(view.seen, snap, view):
             changed.append(session)
-        views[session] = replace(view, seen=snap)
+        if views.get(session) is view:  # not forgotten, nor seen anew, while the loop was let go
+            views[session] = replace(view, seen=snap)
+        if (standing := (view.who, view.key_tools)) not in compared:
+            compared.add(standing)
+            await asyncio.sleep(0)
     return changed
 
 

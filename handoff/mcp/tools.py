@@ -43,4 +43,5 @@ async def _list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestP
         allowed = [tool for tool in snap.visible_for(caller.who) if caller.may_call(tool["name"])]
         tools = tools_marked(ctx, snap, allowed)
     page, following = list_page("tools/list", tools, params.cursor if params else None)
-    return finish(ctx, {"tools": page} | ({"nextCursor": following} if following else {}))
+    fresh = {"ttlMs": snapshot.fresh_ms()}  # private (server.py): each caller's own list
+    return finish(ctx, {"tools": page} | ({"nextCursor": following} if following else {}) | fresh)

@@ -12,6 +12,8 @@ from tests.factories import agent, demo_upstream, team
 from tests.helpers import eventually, run
 
 MODES = ["legacy", "2026-07-28"]
+# A listen stream idles while the upstream is synced again: on a loaded machine that outlasts the clients' 5 s.
+LISTEN = 30.0
 FRESH = {"name": "fresh", "description": "A tool that was not there before.", "inputSchema": {"type": "object"}}
 
 
@@ -35,8 +37,8 @@ def test_a_change_wakes_the_sessions_that_see_it_once_and_no_other(gateway, worl
 
         async def scenario():
             async with (
-                listening_client(gateway.url, world.key, mode) as (alice, alice_told),
-                listening_client(gateway.url, ops_key, mode) as (bot, bot_told),
+                listening_client(gateway.url, world.key, mode, LISTEN) as (alice, alice_told),
+                listening_client(gateway.url, ops_key, mode, LISTEN) as (bot, bot_told),
             ):
                 await bot.call_tool(f"{t.slug}__announce", {})  # its team's upstream gains a tool
                 await bot_told.until("tools", timeout=15)
@@ -44,14 +46,16 @@ def test_a_change_wakes_the_sessions_that_see_it_once_and_no_other(gateway, worl
                 alice_heard = await alice_told.until("prompts", timeout=15)
                 await bot.call_tool(f"{t.slug}__announce", {"list": "resources"})
                 bot_heard = await bot_told.until("resources", timeout=15)
-                listed = {tool.name for tool in (await bot.list_tools()).tools}
+                listed = await bot.list_tools(cache_mode="bypass")
                 return alice_heard, bot_heard, listed
 
         alice_heard, bot_heard, listed = run(scenario)
 
     assert alice_heard == ["prompts"]  # the other team's new tool never reached her
     assert bot_heard == ["tools", "resources"]  # once for its tools, never for the prompts it cannot reach
-    assert f"{t.slug}__fresh" in listed
+    assert f"{t.slug}__fresh" in {tool.name for tool in listed.tools}
+    if mode != "legacy":  # its own list, reusable until the gateway looks at its configuration again
+        assert listed.cache_scope == "private" and 0 <= listed.ttl_ms <= 1000
 
 
 def test_a_session_whose_list_a_change_leaves_alone_is_not_woken(inline_gateway, tmp_path):
@@ -72,8 +76,8 @@ def test_a_session_whose_list_a_change_leaves_alone_is_not_woken(inline_gateway,
 
         async def scenario():
             async with (
-                listening_client(inline_gateway.url, key, "legacy") as (_, whole_told),
-                listening_client(inline_gateway.url, limited, "legacy") as (client, told),
+                listening_client(inline_gateway.url, key, "legacy", LISTEN) as (_, whole_told),
+                listening_client(inline_gateway.url, limited, "legacy", LISTEN) as (client, told),
             ):
                 await client.call_tool(f"{slug}__announce", {})
                 whole_heard = await whole_told.until("tools", timeout=15)

@@ -10,6 +10,7 @@ from mcp.shared.exceptions import MCPError
 
 from handoff.mcp.caller import Caller
 from handoff.mcp.tools import call_tool, list_tools
+from handoff.snapshot import snapshot
 from tests.helpers import audit_mark, audit_since, snapshot_current
 
 
@@ -84,3 +85,18 @@ def test_a_call_whose_step_after_execute_fails_gets_its_completion_row_and_a_gat
     assert str(failed.value.error.data["requestId"]) == str(audit_since(mark)[1].request_id)
     monkeypatch.undo()  # the admission went back: the next call is served
     assert _called(caller, "layer__echo", {"text": "again"})["content"] == [{"type": "text", "text": "again"}]
+
+
+def test_a_tools_list_is_fresh_until_the_snapshot_is_looked_at_again_and_stale_once_a_change_is_told(caller, settings):
+    settings.GATEWAY_SNAPSHOT_CHECK_SECONDS = 3600
+
+    async def listing() -> tuple[int, int]:
+        await snapshot_current()
+        snapshot.invalidate()  # the next read looks at the version: the list is served from a snapshot just checked
+        listed = await list_tools(_ctx(caller), None)
+        snapshot.invalidate()  # a change told by another process
+        return listed["ttlMs"], snapshot.fresh_ms()
+
+    fresh, after_a_change = anyio.run(listing)
+    assert 3_500_000 < fresh <= 3_600_000
+    assert after_a_change == 0
