@@ -135,9 +135,15 @@ def session_remember(session: str, server_session: Any) -> None:
 
 
 def view_remember(session: str, caller: Caller) -> None:
-    """The session's view, from its first request on: later ones leave the snapshot it is compared on alone."""
+    """The session's view, from its first request on; only its tools/list moves the snapshot it is compared on."""
     if session not in _views and snapshot.latest is not None:  # every request has read the snapshot by now
         per_session(_views, session, session_view_of(caller=caller, snap=snapshot.latest))
+
+
+def view_listed(caller: Caller, snap: Snapshot) -> None:
+    """The session was given its tools list from `snap`: a change is compared with what it holds now. (Stateless
+    2026-07-28 requests of one key or person share a view: what the latest of them listed.)"""
+    per_session(_views, index_session(caller.agent_id, caller.session_key), session_view_of(caller=caller, snap=snap))
 
 
 async def tools_changed_here(session: str) -> None:

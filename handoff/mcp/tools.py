@@ -10,6 +10,7 @@ from mcp.shared.exceptions import MCPError
 from audit.telemetry import trace_id_of
 from handoff.codemode.run import OWN_TOOLS
 from handoff.mcp.caller import caller_of, request_span
+from handoff.mcp.list_changed import view_listed
 from handoff.mcp.paging import list_page
 from handoff.mcp.pipeline.answer import finish
 from handoff.mcp.pipeline.frame import agent_call
@@ -40,6 +41,7 @@ async def _list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestP
         tools: list[Any] | tuple[Any, ...] = tunnel.definitions
     else:
         snap = await snapshot.get()
+        view_listed(caller, snap)
         allowed = [tool for tool in snap.visible_for(caller.who) if caller.may_call(tool["name"])]
         tools = tools_marked(ctx, snap, allowed)
     page, following = list_page("tools/list", tools, params.cursor if params else None)

@@ -25,6 +25,7 @@ def test_a_change_wakes_the_sessions_that_see_it_once_and_no_other(gateway, worl
     ours.write_text("{}")
     theirs.write_text("{}")
     unique = uuid.uuid4().hex[:8]
+    run(lambda: tool_names(gateway.url, world.key, mode))  # her view predates this test's upstreams: lists move it
     with (
         team(f"ops-{unique}") as ops,
         agent(f"ops-bot-{unique}", team=ops) as (_, ops_key),
