@@ -17,6 +17,12 @@ LISTEN = 30.0
 FRESH = {"name": "fresh", "description": "A tool that was not there before.", "inputSchema": {"type": "object"}}
 
 
+async def _listened(url: str, key: str, mode: str) -> None:
+    """A session that listened once: a stateless 2026-07-28 key's view stays with the gateway after it."""
+    async with listening_client(url, key, mode, LISTEN) as (client, _):
+        await client.list_tools()
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_change_wakes_the_sessions_that_see_it_once_and_no_other(gateway, world, tmp_path, mode):
     """Each session is told of another list than the one under test last, as a barrier: a notification the
@@ -25,7 +31,7 @@ def test_a_change_wakes_the_sessions_that_see_it_once_and_no_other(gateway, worl
     ours.write_text("{}")
     theirs.write_text("{}")
     unique = uuid.uuid4().hex[:8]
-    run(lambda: tool_names(gateway.url, world.key, mode))  # her view predates this test's upstreams: lists move it
+    run(lambda: _listened(gateway.url, world.key, mode))  # her view predates this test's upstreams: lists move it
     with (
         team(f"ops-{unique}") as ops,
         agent(f"ops-bot-{unique}", team=ops) as (_, ops_key),
