@@ -1,10 +1,11 @@
 """What each session held in this process sees, so that a change wakes only the sessions whose list it changed.
 
 A session's view is its caller's standing (the agent, the person and their groups, an API key's tool patterns)
-and the snapshot its lists were last compared on. When the catalog changes, each view's tools list is digested
-on the old snapshot and on the new one: a session is told only when the two differ. Digests are kept in each
-snapshot's memo per standing, so a thousand sessions of one agent cost one digest per snapshot, not a thousand.
-A virtual server's session will add its server to the view, and `tools_digest` filter by it.
+and the snapshot it last listed its tools from (or was last compared on). When the catalog changes, each view's
+list is compared on that snapshot and the new one: when only tools changed (an upstream's change), by the few
+names whose tool differs; else by a digest of each whole list. Both are kept in the snapshots' memos per standing,
+so a thousand sessions of one agent cost one comparison, not a thousand. A virtual server's session will add its
+server to the view, and `_seen` and `tools_digest` filter by it.
 """
 
 import asyncio
