@@ -1,4 +1,4 @@
-"""Start-up checks of the environment that settings.py cannot make while it reads it: a GATEWAY_* variable that is
+"""Start-up checks of the environment that the settings cannot make while it reads it: a GATEWAY_* variable that is
 set but that no setting reads is misspelled or no longer a setting, and would otherwise be ignored in silence; stdio
 servers run unconfined (GATEWAY_STDIO_SANDBOX=off). `manage.py check` (and migrate) report them; the web process
 and Celery log them as they start (they run no checks)."""

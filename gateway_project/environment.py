@@ -1,7 +1,7 @@
-"""The readers settings.py reads the environment with: each names the variable and what it expects when a value
-is wrong, and each records the name it read (gateway_project/checks.py warns of a GATEWAY_* variable set but
-never read). Not django-environ: its casts raise Python's bare "invalid literal for int()", read an unknown word
-as a false boolean and "5m" as 5.0, so it would need these wrappers all the same."""
+"""The readers the settings (gateway_project/settings/) read the environment with: each names the variable and
+what it expects when a value is wrong, and each records the name it read (gateway_project/checks.py warns of a
+GATEWAY_* variable set but never read). Not django-environ: its casts raise Python's bare "invalid literal for
+int()", read an unknown word as a false boolean and "5m" as 5.0, so it would need these wrappers all the same."""
 
 import math
 import os
@@ -85,3 +85,13 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
 
 def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
+
+
+def env_secret(name: str) -> str:
+    """A key from NAME, or from the file NAME_FILE names; an empty file stops the process, naming it, so that no
+    key is ever made in place of one that was meant to be given."""
+    value = env_str(name)
+    path = os.environ.get(f"{name}_FILE")
+    if path and not value:
+        raise ImproperlyConfigured(f"{name}_FILE names an empty file, not a key: {path!r}")
+    return value

@@ -1,5 +1,5 @@
-"""Settings: every variable gateway_project/settings.py reads is in docs/settings.md with the code's default, and a
-process given a bad value stops with a message naming the variable and what it expects."""
+"""Settings: every variable the package gateway_project/settings/ reads is in docs/settings.md with the code's
+default, and a process given a bad value stops with a message naming the variable and what it expects."""
 
 import ast
 import json
@@ -16,19 +16,19 @@ from tests.conftest import needs
 from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = ROOT / "gateway_project" / "settings.py"
+SETTINGS = sorted((ROOT / "gateway_project" / "settings").glob("*.py"))
 TABLE = ROOT / "docs" / "settings.md"
 # Read beside the settings, by the OpenTelemetry SDK's conventions (audit/telemetry.py), and documented with them.
 TELEMETRY = ROOT / "audit" / "telemetry.py"
-# The helpers that read the environment, and the one function that reads a key ring through them.
-READERS = {"env_str", "env_bool", "env_int", "env_float", "env_choice", "env_list", "_key_ring"}
+# The helpers that read the environment, and the one function that reads a key (given, or made in var/) through them.
+READERS = {"env_str", "env_bool", "env_int", "env_float", "env_choice", "env_list", "env_secret", "key_read"}
 NOT_LITERAL = object()
 
 
 def _default(call: ast.Call) -> object:
     """The default a reader is called with: a literal, or NOT_LITERAL where the code computes it."""
     node = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "default"), None)
-    if call.func.id == "_key_ring":  # its second argument names the file in var/ that holds a key made once
+    if call.func.id == "key_read":  # its second argument names the file in var/ that holds a key made once
         return NOT_LITERAL
     if node is None:
         return False if call.func.id == "env_bool" else ""
@@ -39,17 +39,18 @@ def _default(call: ast.Call) -> object:
 
 
 def reader_calls() -> list[ast.Call]:
-    """Every call of a reader in the settings module whose variable is named by a literal."""
+    """Every call of a reader in the settings package whose variable is named by a literal."""
     return [
         node
-        for node in ast.walk(ast.parse(SETTINGS.read_text()))
+        for module in SETTINGS
+        for node in ast.walk(ast.parse(module.read_text()))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in READERS
         if isinstance(node.args[0], ast.Constant)
     ]
 
 
 def settings_read() -> dict[str, object]:
-    """Every variable the settings module reads, with its default."""
+    """Every variable the settings package reads, with its default."""
     return {call.args[0].value: _default(call) for call in reader_calls()}
 
 
@@ -99,7 +100,7 @@ def default_matches(code: object, cell: str) -> bool:
 
 def test_every_variable_the_settings_read_is_documented_and_no_other():
     read, documented = settings_read() | telemetry_read(), settings_documented()
-    assert sorted(set(read) - set(documented)) == [], "read by gateway_project/settings.py, missing in docs/settings.md"
+    assert sorted(set(read) - set(documented)) == [], "read by gateway_project/settings/, missing in docs/settings.md"
     assert sorted(set(documented) - set(read)) == [], "in docs/settings.md, no longer read by the settings"
 
 
@@ -136,16 +137,13 @@ def test_every_number_is_documented_with_its_bounds():
 
 def test_the_settings_read_the_environment_only_through_the_helpers():
     """So that every variable is checked, and found by the tests above."""
-    module = ast.parse(SETTINGS.read_text())
-    helpers = {node.name for node in module.body if isinstance(node, ast.FunctionDef) and node.name.startswith("env_")}
     outside = [
-        node.lineno
-        for top in module.body
-        if not (isinstance(top, ast.FunctionDef) and top.name in helpers)
-        for node in ast.walk(top)
+        (path.name, node.lineno)
+        for path in SETTINGS
+        for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
     ]
-    assert outside == []
+    assert len(SETTINGS) > 1 and outside == []
 
 
 def python(tmp_path: Path, arguments: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

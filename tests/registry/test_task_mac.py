@@ -129,7 +129,7 @@ def test_a_reply_opens_only_on_the_key_it_was_sealed_for_and_unaltered():
 
 
 def test_the_default_task_key_is_derived_from_the_secret_key_and_a_short_one_is_refused_unechoed(monkeypatch):
-    from gateway_project import settings as module
+    from gateway_project.settings import keys as module
 
     monkeypatch.delenv("GATEWAY_TASK_KEY", raising=False)
     monkeypatch.setattr(module, "SECRET_KEY", "first-secret-key-of-some-length")

@@ -1,5 +1,7 @@
 """Settings, read from the environment. Defaults run on a laptop: SQLite, in-memory channel layer,
-inline executor. DATABASE_URL switches to PostgreSQL; REDIS_URL to Redis and the Celery executor."""
+inline executor. DATABASE_URL switches to PostgreSQL; REDIS_URL to Redis and the Celery executor. Split by
+concern: var.py (where files live), stores.py (database, Redis, Celery), keys.py (the keys, given or made) and
+here the rest. Every variable read in this package is in docs/settings.md (tests/test_settings.py checks)."""
 
 import base64
 import binascii
@@ -9,9 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.crypto import salted_hmac
 
 from gateway_project.environment import (
     env_bool,
@@ -21,80 +21,12 @@ from gateway_project.environment import (
     env_list,
     env_str,
 )
-from gateway_project.lib.keys import key_generate
+from gateway_project.lib.keys import auth_signing_key_generate
+from gateway_project.settings.keys import *  # noqa: F403
+from gateway_project.settings.keys import key_read
+from gateway_project.settings.stores import *  # noqa: F403
+from gateway_project.settings.var import BASE_DIR, VAR_DIR
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-
-
-# Every variable read here is in docs/settings.md (tests/test_settings.py checks).
-VAR_DIR = Path(env_str("SWITCHBOARD_VAR_DIR", str(BASE_DIR / "var")))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
-
-
-def _secret_key() -> str:
-    """An explicit SECRET_KEY, else one generated once and kept in var/ so restarts keep sessions."""
-    explicit = env_str("SECRET_KEY")
-    if explicit:
-        return explicit
-    key_file = VAR_DIR / "secret_key"
-    if not key_file.exists():
-        import secrets
-
-        key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
-    return key_file.read_text().strip()
-
-
-SECRET_KEY = _secret_key()
-
-
-def _credential_keys() -> list[str]:
-    """Private keys that open upstream credentials (registry/credentials.py), newest first. A process given
-    only GATEWAY_CREDENTIAL_PUBLIC_KEY holds none; with neither variable, one is made once in var/."""
-    keys = [k.strip() for k in env_str("GATEWAY_CREDENTIAL_KEYS").split(",") if k.strip()]
-    if keys or env_str("GATEWAY_CREDENTIAL_PUBLIC_KEY"):
-        return keys
-    key_file = VAR_DIR / "credential_key"
-    if not key_file.exists():
-        key_file.write_text(key_generate())
-        key_file.chmod(0o600)
-    return [key_file.read_text().strip()]
-
-
-GATEWAY_CREDENTIAL_KEYS = _credential_keys()
-
-
-def _key_ring(name: str, file_name: str) -> str:
-    """`kid:secret,...` from the variable `name`, newest first; without it, one key made once in var/."""
-    explicit = env_str(name)
-    if explicit:
-        return explicit
-    key_file = VAR_DIR / file_name
-    if not key_file.exists():
-        import secrets
-
-        key_file.write_text(f"k1:{secrets.token_urlsafe(32)}")
-        key_file.chmod(0o600)
-    return key_file.read_text().strip()
-
-
-# Sign handoff delegation tokens (gateway_project/lib/signing.py); shared with the specialist servers that verify them.
-GATEWAY_DELEGATION_KEYS = _key_ring("GATEWAY_DELEGATION_KEYS", "delegation_keys")
-# Sign every audit row and checkpoint (audit/integrity.py). Keep them out of the database's reach.
-GATEWAY_AUDIT_KEYS = _key_ring("GATEWAY_AUDIT_KEYS", "audit_keys")
-
-
-def _task_key() -> str:
-    """The key of the MACs on Celery tasks and their replies (gateway_project/lib/task_mac.py), the same in web
-    processes and workers; without GATEWAY_TASK_KEY, one derived from SECRET_KEY under a salt of its own."""
-    explicit = env_str("GATEWAY_TASK_KEY")
-    if explicit and len(explicit) < 32:
-        raise ImproperlyConfigured("GATEWAY_TASK_KEY must be 32 characters or more")  # a secret: never echoed
-    return explicit or salted_hmac("switchboard.task_key", "", secret=SECRET_KEY, algorithm="sha256").hexdigest()
-
-
-GATEWAY_TASK_KEY = _task_key()
-GATEWAY_CREDENTIAL_PUBLIC_KEY = env_str("GATEWAY_CREDENTIAL_PUBLIC_KEY")
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1,http://localhost")
@@ -152,63 +84,6 @@ TEMPLATES = [
     },
 ]
 
-# --- Databases -------------------------------------------------------------------------------
-DATABASE_URL = env_str("DATABASE_URL")
-if DATABASE_URL:
-    # Under Daphne every request may run in a different thread: pooled connections, not persistent ones.
-    try:
-        _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
-    except ValueError as exc:  # its message names the scheme or port, never the password
-        raise ImproperlyConfigured(f"DATABASE_URL must be a URL such as postgres://user@host/name: {exc}") from None
-    if _db["ENGINE"] == "django.db.backends.postgresql":
-        _pool_size = env_int("DATABASE_POOL_SIZE", 20, minimum=1, maximum=1000)
-        _db["OPTIONS"] = {"pool": {"min_size": 1, "max_size": _pool_size, "timeout": 10}}
-else:
-    _db = {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": env_str("SQLITE_PATH", str(VAR_DIR / "switchboard.sqlite3")),
-        "TEST": {"NAME": str(VAR_DIR / "test_switchboard.sqlite3")},
-    }
-if _db["ENGINE"] == "django.db.backends.sqlite3":  # SQLITE_PATH, or a DATABASE_URL of sqlite:///
-    # Threads and processes write side by side (an upstream's change syncs its catalog while an import or a
-    # request writes): WAL, and IMMEDIATE transactions, which take the write lock at BEGIN, so a writer waits
-    # up to the timeout rather than failing at once as a read transaction that wants to write would.
-    _db["OPTIONS"] = {
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        "transaction_mode": "IMMEDIATE",
-        # How long a writer waits for another's lock; then an audit row is refused (AUDIT_UNAVAILABLE).
-        "timeout": env_float("SQLITE_TIMEOUT_SECONDS", 20.0, minimum=0.1, maximum=600.0),
-    }
-DATABASES = {"default": _db}
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-
-# --- Redis, channel layer, Celery ------------------------------------------------------------
-REDIS_URL = env_str("REDIS_URL")
-GATEWAY_EXECUTOR = env_choice("GATEWAY_EXECUTOR", "celery" if REDIS_URL else "inline", ("inline", "celery"))
-if GATEWAY_EXECUTOR == "celery" and not REDIS_URL:
-    raise ImproperlyConfigured("GATEWAY_EXECUTOR=celery needs REDIS_URL")
-
-if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # channels_redis blocks 5 s per receive; redis-py's default 5 s socket timeout would cut that
-            # read short and crash every idle consumer. Longer than the pop, still short of a dead Redis.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "prefix": "sb:channels:"},
-        }
-    }
-else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL or "memory://")
-CELERY_TASK_IGNORE_RESULT = True
-CELERY_TASK_DEFAULT_QUEUE = "upstream"
-CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# Replies to the web process travel on Redis lists under this prefix (see registry/executor.py).
-GATEWAY_REDIS_PREFIX = env_str("GATEWAY_REDIS_PREFIX", "sb:")
 
 # --- The gateway ----------------------------------------------------------------------------
 GATEWAY_NAME = env_str("GATEWAY_NAME", "switchboard")
@@ -327,23 +202,12 @@ LOGIN_URL = "/accounts/login/"
 
 
 def _auth_signing_key() -> str:
-    """The built-in server's RSA key for ID tokens (PEM): GATEWAY_AUTH_SIGNING_KEY, else one made once in var/
-    (none with the server off). Read either way, so that a key set for a server that is off is not called unknown."""
-    explicit = env_str("GATEWAY_AUTH_SIGNING_KEY")
-    if explicit or not GATEWAY_AUTH_SERVER:
-        return explicit
-    key_file = VAR_DIR / "auth_signing_key.pem"
-    if not key_file.exists():
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import rsa
-
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        pem = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        key_file.write_bytes(pem)
-        key_file.chmod(0o600)
-    return key_file.read_text()
+    """The built-in server's RSA key for ID tokens (PEM): GATEWAY_AUTH_SIGNING_KEY, else (embedded default) one
+    made once in var/; none with the server off. Read either way, so that a key set for a server that is off is
+    not called unknown."""
+    if GATEWAY_AUTH_SERVER:
+        return key_read("GATEWAY_AUTH_SIGNING_KEY", "auth_signing_key.pem", auth_signing_key_generate)
+    return env_str("GATEWAY_AUTH_SIGNING_KEY")
 
 
 OAUTH2_PROVIDER = {
