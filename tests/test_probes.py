@@ -1,17 +1,26 @@
 """`/healthz` and `/readyz`: no credentials, no Host check, JSON bodies with nothing secret; readiness follows
-the database and Redis, reports live workers without requiring them, and turns 503 while a process drains on
-SIGTERM, whose requests in flight still finish."""
+the database (and its migrations) and Redis, reports live workers without requiring them, and turns 503 while a
+process drains on SIGTERM, whose requests in flight still finish."""
 
 import os
 import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import anyio
 import httpx2
+import psycopg
+import pytest
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
 
 from gateway_project import __version__
 from tests import servers
 from tests.clients import stateless_call
 from tests.helpers import audit_mark, audit_since, eventually, orm, run
+from tests.servers import ROOT
 
 # Orchestrators probe a pod by its address, which is in no ALLOWED_HOSTS.
 POD = {"Host": "10.1.2.3:8000"}
@@ -104,3 +113,42 @@ def test_on_sigterm_a_gateway_turns_unready_finishes_its_call_in_flight_and_exit
         exited = eventually(lambda: gateway.process.poll() is not None or None, timeout=10)
     assert exited
     assert "SIGTERM: draining 1 request(s) for up to 20 s" in gateway.log.read_text()
+
+
+@pytest.fixture
+def unmigrated_env(server_env, tmp_path) -> Iterator[dict[str, str]]:
+    """A gateway's environment whose database exists but was never migrated."""
+    if connection.vendor == "sqlite":
+        yield server_env | {"SQLITE_PATH": str(tmp_path / "unmigrated.sqlite3")}
+        return
+    url = urlsplit(server_env["DATABASE_URL"])
+    name, admin = f"{url.path.lstrip('/')}_unmigrated", url._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield server_env | {"DATABASE_URL": url._replace(path=f"/{name}").geturl()}
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def not_migrated(missing: list[str]) -> str:
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    return f"not migrated: {', '.join(missing[:3])}{more} not applied (run manage.py migrate)"
+
+
+def test_a_gateway_on_a_database_not_migrated_is_alive_but_not_ready_naming_what_is_missing(unmigrated_env, logs):
+    last = sorted(f"{app}.{name}" for app, name in MigrationLoader(None).graph.leaf_nodes())
+    with servers.inline_gateway_with(unmigrated_env, logs / "gateway-unmigrated.log") as gateway:
+        alive, before = probe(gateway, "/healthz"), probe(gateway, "/readyz")
+        # Migrating one app (what an upgrade's migration job does, in part) is seen by the next probe.
+        migrate = [sys.executable, "manage.py", "migrate", "sessions", "--verbosity", "0"]
+        subprocess.run(migrate, env=unmigrated_env, cwd=ROOT, check=True, timeout=120)
+        after = probe(gateway, "/readyz")
+    assert alive == (200, {"status": "ok"})
+    assert len(last) > 3 and "sessions.0001_initial" in last
+    body = {"checks": {"database": not_migrated(last), "redis": "ok"}, "version": __version__, "status": "unready"}
+    assert before == (503, body)
+    last.remove("sessions.0001_initial")
+    assert after == (503, body | {"checks": {"database": not_migrated(last), "redis": "ok"}})
