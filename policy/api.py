@@ -91,7 +91,7 @@ class AuditedModelSerializer(serializers.ModelSerializer):
 
 def team_shown() -> serializers.SlugRelatedField:
     """An object's team, by slug: written on creation or a move, one the caller administers (team_check)."""
-    return serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all(), required=False)
+    return NameRelation(slug_field="slug", queryset=Team.objects.all(), required=False)
 
 
 def team_check(request: Request, attrs: dict[str, Any], *, creating: bool) -> None:

@@ -327,3 +327,11 @@ def test_approving_a_tool_needs_the_permission_to_change_tools(inline_gateway, w
         403,
         {"detail": "Approving a tool needs the permission to change tools."},
     )
+
+
+def test_a_team_named_with_a_nul_is_refused_as_unknown_not_a_server_error(inline_gateway, admin_token):
+    """The fuzzer's case: PostgreSQL text holds no NUL, so such a name is a 400, never a failed lookup."""
+    sent = {"team": ">E\x005", "prefix": "aei-8", "upstream": "demo"}
+    answer = api(inline_gateway, "POST", "local-prefixes", admin_token, json=sent)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["team"] == ["Object with slug=>E\\x005 does not exist."]
