@@ -97,20 +97,28 @@ class ListChanges:
 
 
 @asynccontextmanager
+async def _recording(base_url: str, key: str, mode: str, changes: Any, timeout: float) -> AsyncIterator[Client]:
+    """A client whose list changes `changes` records: from the session's stream (2025-11-25) or a listen stream."""
+    if mode == "legacy":
+        async with sdk_client(base_url, key, mode, timeout, message_handler=changes.on_message) as client:
+            yield client
+        return
+    # The listen stream's notifications reach a message_handler too: one source only, or each counts twice.
+    async with sdk_client(base_url, key, mode, timeout) as client:
+        async with anyio.create_task_group() as tg:
+            await tg.start(changes.listen, client)
+            yield client
+            tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
 async def listening_client(
     base_url: str, key: str, mode: str, timeout: float = TIMEOUT
 ) -> AsyncIterator[tuple[Client, ListChanges]]:
     """A client that records every list_changed it is told (tools, prompts, resources), in either era."""
     changes = ListChanges()
-    if mode == "legacy":
-        async with sdk_client(base_url, key, mode, timeout, message_handler=changes.on_message) as client:
-            yield client, changes
-        return
-    async with sdk_client(base_url, key, mode, timeout) as client:
-        async with anyio.create_task_group() as tg:
-            await tg.start(changes.listen, client)
-            yield client, changes
-            tg.cancel_scope.cancel()
+    async with _recording(base_url, key, mode, changes, timeout) as client:
+        yield client, changes
 
 
 @asynccontextmanager
@@ -119,16 +127,8 @@ async def watched_client(
 ) -> AsyncIterator[tuple[Client, ToolChanges]]:
     """A client that records every tools/list_changed it is told, in either era."""
     changes = ToolChanges()
-    if mode == "legacy":
-        async with sdk_client(base_url, key, mode, timeout, message_handler=changes.on_message) as client:
-            yield client, changes
-        return
-    # The listen stream's notifications reach a message_handler too: one source only, or each counts twice.
-    async with sdk_client(base_url, key, mode, timeout) as client:
-        async with anyio.create_task_group() as tg:
-            await tg.start(changes.listen, client)
-            yield client, changes
-            tg.cancel_scope.cancel()
+    async with _recording(base_url, key, mode, changes, timeout) as client:
+        yield client, changes
 
 
 class WebSocketSession:

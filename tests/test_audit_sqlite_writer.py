@@ -125,6 +125,11 @@ def test_a_database_locked_by_another_process_refuses_the_row_after_its_timeout_
     assert [r[0] for r in rows(path)] == [after.hex]  # the refused row was never written
 
 
+def release(holder: subprocess.Popen) -> None:
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+
+
 def test_a_row_waits_for_a_lock_released_within_its_timeout(db, tmp_path):
     database = sqlite_database(tmp_path / "embedded.sqlite3", timeout=10)
     writer, request_id = AsyncAuditWriter(database), uuid.uuid4()
@@ -133,9 +138,8 @@ def test_a_row_waits_for_a_lock_released_within_its_timeout(db, tmp_path):
     async def write(holder: subprocess.Popen) -> None:
         try:
             waiting = asyncio.ensure_future(writer.record(kind="approved", request_id=request_id))
-            await asyncio.sleep(0)  # the row is queued before the lock goes
-            holder.stdin.write("\n")
-            holder.stdin.flush()
+            # Callbacks run in order: the task's first step (queueing the row) before the lock goes.
+            asyncio.get_running_loop().call_soon(release, holder)
             await waiting
         finally:
             await writer.close()
