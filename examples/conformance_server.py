@@ -109,7 +109,7 @@ TOOLS = [
             "required": ["region"],
         },
     ),
-    _tool("test_trigger_tool_change", "Tells listening clients that the tool list changed"),
+    _tool("test_trigger_tool_change", "Changes test_changing_tool's description, and says the tool list changed"),
     _tool("test_trigger_prompt_change", "Tells listening clients that the prompt list changed"),
 ]
 
@@ -287,6 +287,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.Result:
             return _text("Reconnection test completed successfully")
         case "test_trigger_tool_change" | "test_trigger_prompt_change":
             tools = name == "test_trigger_tool_change"
+            if tools:
+                CHANGED[0] = not CHANGED[0]
             if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 await changes.publish(ToolsListChanged() if tools else PromptsListChanged())
             else:
@@ -373,8 +375,14 @@ TEXTS = {
 }
 
 
+# The tool test_trigger_tool_change changes: the list really changes (a gateway that pins tools withdraws it
+# until approved, and brings it back when it changes back), so a client re-listing sees what it was told.
+CHANGED = [False]
+
+
 async def list_tools(ctx, params) -> types.ListToolsResult:
-    return types.ListToolsResult(tools=TOOLS)
+    description = "Changed by test_trigger_tool_change" + (" (changed)" if CHANGED[0] else "")
+    return types.ListToolsResult(tools=[*TOOLS, _tool("test_changing_tool", description)])
 
 
 async def list_resources(ctx, params) -> types.ListResourcesResult:
