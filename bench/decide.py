@@ -29,7 +29,8 @@ import django  # noqa: E402
 django.setup()
 
 from gateway_project.lib.redis_clients import async_redis  # noqa: E402
-from handoff.snapshot import Route, Snapshot, ToolEntry  # noqa: E402
+from handoff.snapshot import Snapshot  # noqa: E402
+from handoff.snapshot_tools import Route, ToolEntry  # noqa: E402
 from policy.decisions import CompiledRule, Policy, Target, policy_decide  # noqa: E402
 from policy.limits.admission import Admission, AgentLimits, TeamLimits, UpstreamLimits  # noqa: E402
 from policy.limits.stores import LocalLimitStore, RedisLimitStore  # noqa: E402

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -18,18 +18,26 @@ from django.db import Error as DatabaseError
 from mcp.shared.exceptions import MCPError
 
 from audit.models import DEFAULT_TEAM
-from audit.outcomes import EXECUTOR_GRACE_SECONDS
 from gateway_project.lib.database import BoundedRead, database_async
-from handoff.codemode.tools import EXECUTE, SEARCH_TOOLS, execute_definition, search_tools_definition
 from handoff.models import HandoffRoute
-from handoff.triage import TriageTool, triage_tools
+from handoff.snapshot_policy import (
+    GatewayTool,
+    RouteSettings,
+    TriageEntry,
+    builtins_compile,
+    idp_groups_compile,
+    policy_compile,
+    route_settings,
+    team_groups_compile,
+    triage_compile,
+)
+from handoff.snapshot_tools import ToolEntry, local_names_compile, tools_compile, upstream_limits, upstream_teams
 from policy.authorization import builtin_compile
 from policy.config_version import config_version
 from policy.decisions import (
     READ_ONLY,
     RETRY_LATER,
     UNSAID,
-    CompiledRule,
     Denial,
     Explanation,
     Policy,
@@ -38,40 +46,17 @@ from policy.decisions import (
     Who,
     policy_explain,
     reaches,
-    tool_classes,
     who_of,
 )
 from policy.identity import Provider, people_disabled, providers_compile
 from policy.keys import key_matches, key_split
 from policy.limits.admission import AgentLimits, TeamLimits, UpstreamLimits
-from policy.manifest import clean_text, manifest_sanitize
-from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup, Team, TeamGroup, TeamRole
-from registry.models import LocalPrefix, Tool, Upstream
-from registry.naming import exposed_name, gateway_tool_name, split_exposed_name
+from policy.manifest import clean_text
+from policy.models import Agent, AgentKey, Team, TeamGroup
+from registry.models import Upstream
+from registry.naming import split_exposed_name
 
 logger = logging.getLogger(__name__)
-
-HANDOFF_INPUT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "reason": {"type": "string", "description": "Why this request belongs to the specialist"},
-        "context": {"type": "object", "description": "What the specialist needs to know to carry on"},
-    },
-    "required": ["reason"],
-}
-
-
-@dataclass(frozen=True)
-class Route:
-    """Where an exposed tool name leads, and the limits that apply on the way."""
-
-    upstream_id: int
-    upstream_slug: str
-    revision: int
-    timeout: float
-    tool: str
-    limits: UpstreamLimits
-    per_person: str = ""  # a per-person upstream's: how people connect (registry.models.Upstream.PersonConnect)
 
 
 ANONYMOUS_KEY = "anonymous"  # what stands for the key of requests without credentials (GATEWAY_ANONYMOUS_AGENT)
@@ -91,14 +76,6 @@ class KeyEntry:
 
 
 @dataclass(frozen=True)
-class ToolEntry:
-    route: Route
-    target: Target
-    definition: dict[str, Any]  # sanitised, under its exposed name
-    sha256: str = ""  # of the upstream's definition: what derived texts (TypeScript) are cached by
-
-
-@dataclass(frozen=True)
 class UpstreamInfo:
     """What a handoff needs to know of a possible target."""
 
@@ -114,37 +91,6 @@ class UpstreamInfo:
     handoff_only: bool
     per_person: str = ""  # as Route.per_person
     teams: frozenset[str] | None = None  # as Target.teams
-
-
-@dataclass(frozen=True)
-class RouteSettings:
-    """A handoff route's limits, or the deployment's defaults for a handoff no route names."""
-
-    route_id: int | None
-    domain: str
-    connect_timeout: float
-    max_sessions: int
-    idle_timeout: float
-
-
-@dataclass(frozen=True)
-class TriageEntry:
-    """A gateway tool that can hand the session over: an admin route, or a Python triage tool."""
-
-    definition: dict[str, Any]
-    policy_target: Target  # what rules match: the route's target upstream, or the gateway's own tool
-    route: RouteSettings | None = None
-    target: str = ""  # a route's target upstream slug
-    tool: TriageTool | None = None
-
-
-@dataclass(frozen=True)
-class GatewayTool:
-    """A tool of the gateway's own that no handoff hides (code mode's)."""
-
-    definition: dict[str, Any]
-    policy_target: Target  # rules match it by its name, under the gateway's namespace
-    route: "Route"  # what admission counts it against: the agent's limits, and the gateway's own
 
 
 @dataclass(frozen=True)
@@ -331,22 +277,6 @@ class Snapshot:
         return Target(name, slug, self.upstreams.get(slug or "", False), False)
 
 
-def _upstream_limits(upstream: Upstream) -> UpstreamLimits:
-    group = upstream.group
-    return UpstreamLimits(
-        id=upstream.id,
-        slug=upstream.slug,
-        strict_group=group.id if group and group.isolation == ServerGroup.Isolation.STRICT else None,
-        group_name=group.name if group else "",
-        calls_per_minute=upstream.calls_per_minute or settings.GATEWAY_UPSTREAM_CALLS_PER_MINUTE,
-        max_concurrent=upstream.max_concurrent or settings.GATEWAY_UPSTREAM_MAX_CONCURRENT,
-        breaker_failures=upstream.breaker_failures or settings.GATEWAY_BREAKER_FAILURES,
-        breaker_recovery=upstream.breaker_recovery or settings.GATEWAY_BREAKER_RECOVERY_SECONDS,
-        probe_seconds=upstream.call_timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS,
-        team=upstream.team_id,
-    )
-
-
 def _team_limits(team: Team) -> TeamLimits:
     return TeamLimits(
         id=team.id,
@@ -355,202 +285,6 @@ def _team_limits(team: Team) -> TeamLimits:
         max_concurrent=team.max_concurrent or settings.GATEWAY_TEAM_MAX_CONCURRENT,
         daily_calls=team.daily_calls or settings.GATEWAY_TEAM_DAILY_CALLS,
     )
-
-
-def _teams(upstream: Upstream) -> frozenset[str] | None:
-    """The teams whose agents may reach an upstream: its own and those it is shared with; None when shared with all."""
-    if upstream.shared_with_all:
-        return None
-    return frozenset({upstream.team.slug, *(team.slug for team in upstream.shared_with.all())})
-
-
-def _tools(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) -> dict[str, ToolEntry]:
-    tools = {}
-    for tool in Tool.objects.filter(upstream__handoff_only=False).order_by("upstream__slug", "name"):
-        upstream = upstreams[tool.upstream_id]
-        name = exposed_name(upstream.namespace, tool.name)
-        if name in tools:  # an unprefixed collision sync has not caught up with yet: the first slug keeps it
-            continue
-        route = Route(
-            upstream.id,
-            upstream.slug,
-            upstream.revision,
-            upstream.call_timeout,
-            tool.name,
-            limits[upstream.id],
-            upstream.person_connect if upstream.per_person else "",
-        )
-        target = Target(
-            exposed_name=name,
-            upstream_slug=upstream.slug,
-            upstream_enabled=upstream.is_reachable,
-            tool_known=True,
-            upstream_id=upstream.id,
-            server_group_id=upstream.group_id,
-            tool=tool.name,
-            approved=tool.is_approved,
-            teams=_teams(upstream),
-            classes=tool_classes(tool.annotations),
-        )
-        definition = manifest_sanitize(tool.definition) | {"name": name}
-        tools[name] = ToolEntry(route, target, definition, tool.definition_sha256)
-    return tools
-
-
-@dataclass
-class LocalNames:
-    local: dict[str, dict[str, ToolEntry]] = field(default_factory=dict)
-    renamed: dict[str, frozenset[str]] = field(default_factory=dict)
-    prefixes: dict[str, dict[str, str]] = field(default_factory=dict)
-
-
-def _local_names(upstreams: dict[int, Upstream], tools: dict[str, ToolEntry]) -> LocalNames:
-    """Each team's local prefixes for the upstreams shared with it (registry.models.LocalPrefix), and its tools
-    under them; a prefix for an upstream not shared with the team (or its own) does nothing."""
-    by_upstream: dict[int, list[tuple[str, ToolEntry]]] = {}
-    for name, entry in tools.items():
-        by_upstream.setdefault(entry.route.upstream_id, []).append((name, entry))
-    names = LocalNames()
-    for row in LocalPrefix.objects.select_related("team").order_by("team__slug", "prefix"):
-        upstream, team = upstreams[row.upstream_id], row.team.slug
-        teams = _teams(upstream)
-        if upstream.team_id == row.team_id or (teams is not None and team not in teams):
-            continue
-        names.prefixes.setdefault(team, {})[row.prefix] = upstream.slug
-        local = names.local.setdefault(team, {})
-        renamed = set(names.renamed.get(team, ()))
-        for name, entry in by_upstream.get(upstream.id, ()):
-            own = exposed_name(row.prefix, entry.route.tool)
-            definition = entry.definition | {"name": own}
-            local[own] = ToolEntry(entry.route, replace(entry.target, exposed_name=own), definition, entry.sha256)
-            renamed.add(name)
-        names.renamed[team] = frozenset(renamed)
-    return names
-
-
-def _policy() -> Policy:
-    members: dict[int, set[int]] = {}
-    for group_id, agent_id in AgentGroup.agents.through.objects.values_list("agentgroup_id", "agent_id"):
-        members.setdefault(group_id, set()).add(agent_id)
-    teams: dict[int, set[int]] = {}
-    for team_id, agent_id in Agent.objects.values_list("team_id", "id"):
-        teams.setdefault(team_id, set()).add(agent_id)
-    rules = []
-    for rule in Rule.objects.filter(enabled=True).select_related("person"):
-        agents = None
-        if rule.agent_id or rule.agent_group_id or rule.person_id:
-            agents = frozenset(({rule.agent_id} if rule.agent_id else set()) | members.get(rule.agent_group_id, set()))
-        rules.append(
-            CompiledRule.build(
-                allow=rule.effect != Rule.Effect.DENY,
-                agents=agents,
-                upstream_id=rule.upstream_id,
-                server_group_id=rule.server_group_id,
-                tool_pattern=rule.tool_pattern,
-                groups=frozenset({rule.agent_group_id} if rule.agent_group_id else ()),
-                people=frozenset({(rule.person.issuer, rule.person.subject)} if rule.person else ()),
-                rule_id=rule.id,
-                note=rule.note,
-                team_agents=frozenset(teams.get(rule.team_id, ())),
-                tool_class=rule.tool_class,
-                sign_off=_sign_off_terms(rule),
-            )
-        )
-    return Policy(rules=tuple(rules), default_allow=settings.GATEWAY_POLICY_DEFAULT == "allow")
-
-
-def _sign_off_terms(rule: Rule) -> SignOffTerms | None:
-    if rule.effect != Rule.Effect.SIGN_OFF:
-        return None
-    return SignOffTerms(
-        rule_id=rule.id,
-        rule_version=rule.version,
-        signers=rule.signers_id,
-        four_eyes=rule.four_eyes,
-        wait=float(rule.sign_off_wait or settings.GATEWAY_SIGN_OFF_WAIT_SECONDS),
-        valid=float(rule.sign_off_valid or settings.GATEWAY_SIGN_OFF_VALID_SECONDS),
-        by_form=rule.sign_off_by_form,
-    )
-
-
-def _idp_groups() -> dict[str, frozenset[int]]:
-    found: dict[str, set[int]] = {}
-    for group_id, names in AgentGroup.objects.exclude(idp_groups="").values_list("id", "idp_groups"):
-        for name in names.split():
-            found.setdefault(name, set()).add(group_id)
-    return {name: frozenset(ids) for name, ids in found.items()}
-
-
-def _team_groups() -> dict[str, frozenset[str]]:
-    """Each group's teams where it gives a role that calls (admin or member; an auditor only reads)."""
-    found: dict[str, set[str]] = {}
-    calling = TeamGroup.objects.filter(role__in=(TeamRole.ADMIN, TeamRole.MEMBER))
-    for group, team in calling.values_list("group", "team__slug"):
-        found.setdefault(group, set()).add(team)
-    return {group: frozenset(teams) for group, teams in found.items()}
-
-
-def _route_settings(route: HandoffRoute) -> RouteSettings:
-    return RouteSettings(route.id, route.domain, route.connect_timeout, route.max_sessions, route.idle_timeout)
-
-
-def _triage() -> dict[str, TriageEntry]:
-    """Admin routes, then Python triage tools, as gateway tools `<gateway><sep><name>`."""
-    entries = {}
-    for route in HandoffRoute.objects.filter(enabled=True).select_related("target__group", "team"):
-        tool = f"handoff_to_{route.domain.replace('-', '_')}"
-        definition = {
-            "name": gateway_tool_name(tool),
-            "title": f"Hand off to {route.domain}",
-            "description": clean_text(route.description, settings.GATEWAY_MAX_DESCRIPTION_CHARS),
-            "inputSchema": HANDOFF_INPUT_SCHEMA,
-        }
-        target = route.target
-        # A team's route is offered to its own agents only.
-        found = Target(
-            definition["name"], target.slug, target.is_reachable, True, target.id, target.group_id, tool,
-            teams=frozenset({route.team.slug}),
-        )  # fmt: skip
-        entries[definition["name"]] = TriageEntry(definition, found, _route_settings(route), target.slug)
-    for tool in triage_tools().values():
-        name = gateway_tool_name(tool.name)
-        definition = {"name": name, "description": tool.description, "inputSchema": tool.input_schema}
-        found = Target(name, settings.GATEWAY_NAME, True, True, tool=tool.name, teams=tool.teams)
-        entries[name] = TriageEntry(manifest_sanitize(definition), found, tool=tool)
-    return entries
-
-
-GATEWAY_UPSTREAM_ID = 0  # what admission keys the gateway's own tools under: no upstream has this id
-
-
-def _gateway_limits() -> UpstreamLimits:
-    """Code mode's tools are counted like calls to an upstream with the default limits, besides the agent's
-    own: so an agent's rate and session caps hold for executions too. No breaker opens on them, since
-    their release reports no health."""
-    return UpstreamLimits(
-        id=GATEWAY_UPSTREAM_ID,
-        slug=settings.GATEWAY_NAME,
-        strict_group=None,
-        group_name="",
-        calls_per_minute=settings.GATEWAY_UPSTREAM_CALLS_PER_MINUTE,
-        max_concurrent=settings.GATEWAY_UPSTREAM_MAX_CONCURRENT,
-        breaker_failures=settings.GATEWAY_BREAKER_FAILURES,
-        breaker_recovery=settings.GATEWAY_BREAKER_RECOVERY_SECONDS,
-        probe_seconds=settings.GATEWAY_SANDBOX_TIMEOUT + EXECUTOR_GRACE_SECONDS,
-    )
-
-
-def _builtins() -> dict[str, GatewayTool]:
-    if settings.GATEWAY_CODE_MODE == "off":
-        return {}
-    tools, limits = {}, _gateway_limits()
-    for tool, definition in ((SEARCH_TOOLS, search_tools_definition()), (EXECUTE, execute_definition())):
-        name = definition["name"]
-        target = Target(name, settings.GATEWAY_NAME, True, True, tool=tool)
-        # The route names the exposed name as its tool, as the rows of approved calls do.
-        route = Route(GATEWAY_UPSTREAM_ID, settings.GATEWAY_NAME, 0, settings.GATEWAY_SANDBOX_TIMEOUT, name, limits)
-        tools[name] = GatewayTool(definition, target, route)
-    return tools
 
 
 def _key_entry(key: AgentKey) -> KeyEntry:
@@ -574,21 +308,21 @@ def snapshot_compile() -> Snapshot:
     keys = AgentKey.objects.filter(agent__enabled=True).select_related("agent", "owner")
     agents = Agent.objects.filter(enabled=True).select_related("team")
     upstreams = {u.id: u for u in Upstream.objects.select_related("group", "team").prefetch_related("shared_with")}
-    limits = {upstream.id: _upstream_limits(upstream) for upstream in upstreams.values()}
+    limits = {upstream.id: upstream_limits(upstream) for upstream in upstreams.values()}
     teams = {a.team_id: _team_limits(a.team) for a in agents}
     routes = {}
     for route in HandoffRoute.objects.filter(enabled=True).select_related("target").order_by("id"):
-        routes.setdefault(route.target.slug, _route_settings(route))
+        routes.setdefault(route.target.slug, route_settings(route))
     anonymous = settings.GATEWAY_ANONYMOUS_AGENT and agents.filter(name=settings.GATEWAY_ANONYMOUS_AGENT).first()
-    tools = _tools(upstreams, limits)
-    local = _local_names(upstreams, tools)
+    tools = tools_compile(upstreams, limits)
+    local = local_names_compile(upstreams, tools)
     return Snapshot(
         version=version,
         anonymous=KeyEntry("", anonymous.id, anonymous.name, ANONYMOUS_KEY) if anonymous else None,
         providers=providers_compile(),
         builtin=builtin_compile(),
-        idp_groups=_idp_groups(),
-        team_groups=_team_groups(),
+        idp_groups=idp_groups_compile(),
+        team_groups=team_groups_compile(),
         mapped_teams=frozenset(TeamGroup.objects.values_list("team__slug", flat=True)),
         people_disabled=people_disabled(),
         keys={k.prefix: _key_entry(k) for k in keys},
@@ -606,7 +340,7 @@ def snapshot_compile() -> Snapshot:
         renamed=local.renamed,
         prefixes=local.prefixes,
         upstreams={u.slug: u.is_reachable for u in upstreams.values()},
-        policy=_policy(),
+        policy=policy_compile(),
         targets={
             u.slug: UpstreamInfo(
                 u.id,
@@ -620,13 +354,13 @@ def snapshot_compile() -> Snapshot:
                 u.namespace,
                 u.handoff_only,
                 u.person_connect if u.per_person else "",
-                _teams(u),
+                upstream_teams(u),
             )
             for u in upstreams.values()
         },
         routes=routes,
-        triage=_triage(),
-        builtins=_builtins(),
+        triage=triage_compile(),
+        builtins=builtins_compile(),
         instructions=tuple(
             (u.slug, clean_text(u.instructions, settings.GATEWAY_MAX_DESCRIPTION_CHARS))
             for u in sorted(upstreams.values(), key=lambda u: u.slug)

@@ -504,7 +504,8 @@ def test_an_agent_that_leaves_cancels_the_execution_and_the_calls_it_has_in_flig
 
 def test_the_search_index_is_built_again_only_when_a_tool_changes():
     from handoff.codemode.run import search_index
-    from handoff.snapshot import Route, Snapshot, ToolEntry
+    from handoff.snapshot import Snapshot
+    from handoff.snapshot_tools import Route, ToolEntry
     from policy.decisions import Target, Who
     from tests.factories import admission
 

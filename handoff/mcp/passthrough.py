@@ -35,7 +35,8 @@ from handoff.mcp.pipeline.frame import request_state_verified
 from handoff.mcp.pipeline.routing import admission_take
 from handoff.mcp.pipeline.rows import CANCELLED_DETAIL, approval, denial_error, denial_record, request_audit
 from handoff.protocol.tunnels import index_session
-from handoff.snapshot import Route, Snapshot, UpstreamInfo, snapshot
+from handoff.snapshot import Snapshot, UpstreamInfo, snapshot
+from handoff.snapshot_tools import Route
 from policy.decisions import Denial, Who
 from policy.limits.admission import Admission, health_of
 from policy.limits.stores import limit_store

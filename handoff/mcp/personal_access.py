@@ -9,7 +9,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from handoff.mcp.caller import Caller
 from handoff.mcp.input_required import state_sign
-from handoff.snapshot import Route
+from handoff.snapshot_tools import Route
 from policy.decisions import Denial
 from policy.identity import person_digest
 from registry.credentials import credential_seal

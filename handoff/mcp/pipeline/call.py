@@ -12,7 +12,8 @@ from opentelemetry.trace import Span
 from audit.telemetry import current_span, stage_spans_wanted
 from handoff.mcp.caller import Caller
 from handoff.protocol.tunnels import SessionTunnel
-from handoff.snapshot import Route, Snapshot, TriageEntry
+from handoff.snapshot import Snapshot, TriageEntry
+from handoff.snapshot_tools import Route
 from policy.decisions import Denial, SignOffTerms
 from policy.limits.admission import Admission
 from registry.personal import CredentialRef

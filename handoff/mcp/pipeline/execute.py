@@ -18,7 +18,7 @@ from handoff.mcp.pipeline.results import error_result, for_model
 from handoff.mcp.pipeline.rows import cancelled_row
 from handoff.protocol.moves import handoff_activate, handoff_return
 from handoff.protocol.tunnels import SessionTunnel
-from handoff.snapshot import Route
+from handoff.snapshot_tools import Route
 from registry.executor import get_executor
 from registry.personal import CredentialRef
 from registry.upstreams.outcome import Outcome, failure

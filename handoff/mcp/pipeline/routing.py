@@ -12,7 +12,8 @@ from handoff.mcp.pipeline.call import ACTIVATE, AGENT, RETURN, Call
 from handoff.protocol.moves import connecting, return_tool_name
 from handoff.protocol.tunnels import SessionStateUnavailable, index_session, session_index
 from handoff.session_limit import STATE_UNAVAILABLE
-from handoff.snapshot import Route, Snapshot, snapshot
+from handoff.snapshot import Snapshot, snapshot
+from handoff.snapshot_tools import Route
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial
 from policy.identity import person_digest
 from policy.limits.admission import Admission, limits_denial

@@ -1,0 +1,123 @@
+"""The snapshot's upstream tools: each exposed name's route, policy target and sanitised definition, and each
+team's local names for the upstreams shared with it (handoff/snapshot.py compiles them into a `Snapshot`)."""
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from django.conf import settings
+
+from audit.outcomes import EXECUTOR_GRACE_SECONDS
+from policy.decisions import Target, tool_classes
+from policy.limits.admission import UpstreamLimits
+from policy.manifest import manifest_sanitize
+from policy.models import ServerGroup
+from registry.models import LocalPrefix, Tool, Upstream
+from registry.naming import exposed_name
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where an exposed tool name leads, and the limits that apply on the way."""
+
+    upstream_id: int
+    upstream_slug: str
+    revision: int
+    timeout: float
+    tool: str
+    limits: UpstreamLimits
+    per_person: str = ""  # a per-person upstream's: how people connect (registry.models.Upstream.PersonConnect)
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    route: Route
+    target: Target
+    definition: dict[str, Any]  # sanitised, under its exposed name
+    sha256: str = ""  # of the upstream's definition: what derived texts (TypeScript) are cached by
+
+
+def upstream_limits(upstream: Upstream) -> UpstreamLimits:
+    group = upstream.group
+    return UpstreamLimits(
+        id=upstream.id,
+        slug=upstream.slug,
+        strict_group=group.id if group and group.isolation == ServerGroup.Isolation.STRICT else None,
+        group_name=group.name if group else "",
+        calls_per_minute=upstream.calls_per_minute or settings.GATEWAY_UPSTREAM_CALLS_PER_MINUTE,
+        max_concurrent=upstream.max_concurrent or settings.GATEWAY_UPSTREAM_MAX_CONCURRENT,
+        breaker_failures=upstream.breaker_failures or settings.GATEWAY_BREAKER_FAILURES,
+        breaker_recovery=upstream.breaker_recovery or settings.GATEWAY_BREAKER_RECOVERY_SECONDS,
+        probe_seconds=upstream.call_timeout + settings.GATEWAY_CONNECT_TIMEOUT + EXECUTOR_GRACE_SECONDS,
+        team=upstream.team_id,
+    )
+
+
+def upstream_teams(upstream: Upstream) -> frozenset[str] | None:
+    """The teams whose agents may reach an upstream: its own and those it is shared with; None when shared with all."""
+    if upstream.shared_with_all:
+        return None
+    return frozenset({upstream.team.slug, *(team.slug for team in upstream.shared_with.all())})
+
+
+def tools_compile(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) -> dict[str, ToolEntry]:
+    tools = {}
+    for tool in Tool.objects.filter(upstream__handoff_only=False).order_by("upstream__slug", "name"):
+        upstream = upstreams[tool.upstream_id]
+        name = exposed_name(upstream.namespace, tool.name)
+        if name in tools:  # an unprefixed collision sync has not caught up with yet: the first slug keeps it
+            continue
+        route = Route(
+            upstream.id,
+            upstream.slug,
+            upstream.revision,
+            upstream.call_timeout,
+            tool.name,
+            limits[upstream.id],
+            upstream.person_connect if upstream.per_person else "",
+        )
+        target = Target(
+            exposed_name=name,
+            upstream_slug=upstream.slug,
+            upstream_enabled=upstream.is_reachable,
+            tool_known=True,
+            upstream_id=upstream.id,
+            server_group_id=upstream.group_id,
+            tool=tool.name,
+            approved=tool.is_approved,
+            teams=upstream_teams(upstream),
+            classes=tool_classes(tool.annotations),
+        )
+        definition = manifest_sanitize(tool.definition) | {"name": name}
+        tools[name] = ToolEntry(route, target, definition, tool.definition_sha256)
+    return tools
+
+
+@dataclass
+class LocalNames:
+    local: dict[str, dict[str, ToolEntry]] = field(default_factory=dict)
+    renamed: dict[str, frozenset[str]] = field(default_factory=dict)
+    prefixes: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def local_names_compile(upstreams: dict[int, Upstream], tools: dict[str, ToolEntry]) -> LocalNames:
+    """Each team's local prefixes for the upstreams shared with it (registry.models.LocalPrefix), and its tools
+    under them; a prefix for an upstream not shared with the team (or its own) does nothing."""
+    by_upstream: dict[int, list[tuple[str, ToolEntry]]] = {}
+    for name, entry in tools.items():
+        by_upstream.setdefault(entry.route.upstream_id, []).append((name, entry))
+    names = LocalNames()
+    for row in LocalPrefix.objects.select_related("team").order_by("team__slug", "prefix"):
+        upstream, team = upstreams[row.upstream_id], row.team.slug
+        teams = upstream_teams(upstream)
+        if upstream.team_id == row.team_id or (teams is not None and team not in teams):
+            continue
+        names.prefixes.setdefault(team, {})[row.prefix] = upstream.slug
+        local = names.local.setdefault(team, {})
+        renamed = set(names.renamed.get(team, ()))
+        for name, entry in by_upstream.get(upstream.id, ()):
+            own = exposed_name(row.prefix, entry.route.tool)
+            definition = entry.definition | {"name": own}
+            local[own] = ToolEntry(entry.route, replace(entry.target, exposed_name=own), definition, entry.sha256)
+            renamed.add(name)
+        names.renamed[team] = frozenset(renamed)
+    return names
