@@ -32,7 +32,7 @@ from policy.selectors import auditing_teams
 # As stored, so that an export can be verified: a row of seal 0 (before teams) has no team and is the default team's.
 EXPORT_FIELDS = [
     "created_at", "kind", "request_id", "trace_id", "agent_name", "team", "person_issuer", "person_subject",
-    "person_name", "client_id", "session_id", "transport", "upstream", "tool",
+    "person_name", "client_id", "session_id", "transport", "server", "upstream", "tool",
     "exposed_name", "outcome", "error_code", "error_detail", "duration_ms", "response_bytes", "arguments_sha256",
     "actor", "detail", "mac", "seal",
 ]  # fmt: skip

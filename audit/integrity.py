@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from audit.models import AuditCheckpoint, AuditEvent
+from audit.models import SEAL_SERVERS, AuditCheckpoint, AuditEvent
 from audit.selectors import STREAM_CHUNK, audit_stream
 from gateway_project.lib.signing import KeyRing
 
@@ -60,7 +60,9 @@ ROW_FIELDS = (*SIGNED_FIELDS, *PERSON_FIELDS)
 # the version itself first. A row's version is no longer guessed from its content: a row of one version made
 # to look like another (its team or its seal changed) does not match its MAC.
 TEAM_FIELDS = (*ROW_FIELDS, "team")
-STORED_FIELDS = (*TEAM_FIELDS, "seal")  # what verifying a row reads
+# Version 4 (SEAL_SERVERS): those and the virtual server the call came through.
+SERVER_FIELDS = (*TEAM_FIELDS, "server")
+STORED_FIELDS = (*SERVER_FIELDS, "seal")  # what verifying a row reads
 # Without Celery, the web process seals in a thread of its own (audit/tasks.py), and turning a fetched chunk into
 # rows holds the GIL that the serving loop's thread wants back: 5,000 rows at a time held it up to 150 ms, a few
 # hundred keep it to milliseconds (bench/seal_stall.py).
@@ -110,7 +112,8 @@ def _row_payload(row: Mapping[str, Any]) -> bytes:
     if isinstance(row.get("request_id"), str):
         row = {**row, "request_id": uuid.UUID(row["request_id"])}  # the spelling the database gives back
     if row.get("seal"):
-        return _canonical([row["seal"], *(row.get(name) for name in TEAM_FIELDS)])
+        fields = SERVER_FIELDS if row["seal"] >= SEAL_SERVERS else TEAM_FIELDS
+        return _canonical([row["seal"], *(row.get(name) for name in fields)])
     fields = ROW_FIELDS if any(row.get(name) for name in PERSON_FIELDS) else SIGNED_FIELDS
     # No row sealed before teams had one: a team found on such a row was put there afterwards.
     return _canonical([row.get(name) for name in fields] + ([row["team"]] if row.get("team") else []))

@@ -4,6 +4,7 @@ from django.utils import timezone
 
 DEFAULT_TEAM = "default"  # the slug of the team that held everything when teams came (policy.models.Team)
 SEAL_TEAMS = 3  # the seal version of rows that carry their team (audit/integrity.py)
+SEAL_SERVERS = 4  # ... and the virtual server a call came through
 
 
 class AuditEvent(models.Model):
@@ -39,6 +40,8 @@ class AuditEvent(models.Model):
     # The team of the agent that called, by value (its slug then); "" for a row of no team's (a refused token,
     # a sign-in). Rows sealed before teams came have no team column of their own: they read as DEFAULT_TEAM.
     team = models.CharField(max_length=32, blank=True)
+    # The virtual server (/mcp/s/<name>) the call came through, by name; "" for /mcp and what no call made.
+    server = models.CharField(max_length=64, blank=True)
     # The person a bearer token named (issuer and subject, and their name then), and the OAuth client acting
     # for them: values, not foreign keys, so the trail outlives the accounts and stays the bottom layer.
     person_issuer = models.CharField(max_length=255, blank=True)
@@ -61,8 +64,8 @@ class AuditEvent(models.Model):
     trace_id = models.CharField(max_length=32, blank=True, help_text="W3C trace id of the request's span")
     mac = models.CharField(max_length=80, default="", editable=False, help_text="kid:HMAC-SHA256 over the row")
     # Which fields `mac` covers (audit/integrity.py): 0 for rows written before version 3, whose version their
-    # content tells; every new row is sealed at SEAL_TEAMS.
-    seal = models.PositiveSmallIntegerField(default=SEAL_TEAMS, editable=False)
+    # content tells; every new row is sealed at SEAL_SERVERS.
+    seal = models.PositiveSmallIntegerField(default=SEAL_SERVERS, editable=False)
 
     class Meta:
         ordering = ["-id"]

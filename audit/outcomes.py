@@ -31,6 +31,7 @@ CARRIED = (
     "tool",
     "exposed_name",
     "arguments_sha256",
+    "server",
 )
 
 

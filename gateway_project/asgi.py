@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP (admin, /mcp) and WebSocket (/mcp/ws) through Channels routing."""
+"""ASGI entry point: HTTP (admin, /mcp, a virtual server's /mcp/s/<name>) and WebSocket (/mcp/ws, /mcp/s/<name>/ws)
+through Channels routing."""
 
 import gc
 import logging
@@ -27,13 +28,19 @@ application = ProtocolTypeRouter(
             URLRouter(
                 [
                     path("mcp", drain.tracked(mcp_http_app)),
+                    path("mcp/s/<slug:server>", drain.tracked(mcp_http_app)),  # a virtual server
                     path("healthz", healthz_app),
                     path("readyz", readyz_app),
                     re_path(r"", django_app),
                 ]
             )
         ),
-        "websocket": URLRouter([path("mcp/ws", McpWebSocketConsumer.as_asgi())]),
+        "websocket": URLRouter(
+            [
+                path("mcp/ws", McpWebSocketConsumer.as_asgi()),
+                path("mcp/s/<slug:server>/ws", McpWebSocketConsumer.as_asgi()),
+            ]
+        ),
     }
 )
 

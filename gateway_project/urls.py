@@ -16,7 +16,14 @@ from policy.api import AgentViewSet, RuleViewSet, ServerGroupViewSet
 from policy.authorization_views import ConsentView, RegistrationView
 from policy.console_sign_in import ConsoleCallback, ConsoleSignIn
 from policy.sign_off_api import SignOffViewSet
-from registry.api import ConnectionViewSet, LocalPrefixViewSet, MyConnectionViewSet, ToolViewSet, UpstreamViewSet
+from registry.api import (
+    ConnectionViewSet,
+    LocalPrefixViewSet,
+    MyConnectionViewSet,
+    ToolViewSet,
+    UpstreamViewSet,
+    VirtualServerViewSet,
+)
 from registry.connection_views import connection, connection_disconnect, connections
 from registry.oauth_views import connection_callback, connection_client, connection_oauth
 
@@ -24,6 +31,7 @@ api = SimpleRouter(trailing_slash=False)
 api.register("upstreams", UpstreamViewSet)
 api.register("tools", ToolViewSet, basename="tool")
 api.register("local-prefixes", LocalPrefixViewSet)
+api.register("virtual-servers", VirtualServerViewSet)
 api.register("handoff-routes", HandoffRouteViewSet)
 api.register("groups", ServerGroupViewSet)
 api.register("agents", AgentViewSet)

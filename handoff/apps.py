@@ -17,6 +17,7 @@ ROUTING_MODELS = (
     "registry.Tool",
     "handoff.HandoffRoute",
     "registry.LocalPrefix",  # a team's names for a borrowed upstream
+    "registry.VirtualServer",  # a curated endpoint
 )
 
 

@@ -53,7 +53,7 @@ from policy.keys import key_matches, key_split
 from policy.limits.admission import AgentLimits, TeamLimits, UpstreamLimits
 from policy.manifest import clean_text
 from policy.models import Agent, AgentKey, Team, TeamGroup
-from registry.models import Upstream
+from registry.models import Upstream, VirtualServer
 from registry.naming import split_exposed_name
 
 logger = logging.getLogger(__name__)
@@ -94,6 +94,17 @@ class UpstreamInfo:
 
 
 @dataclass(frozen=True)
+class ServerEntry:
+    """A virtual server (registry.models.VirtualServer), as its endpoint serves it."""
+
+    name: str
+    team: str
+    title: str
+    instructions: str  # cleaned like an upstream's
+    tools: tuple[str, ...]  # exposed-name patterns it offers
+
+
+@dataclass(frozen=True)
 class Snapshot:
     version: int
     keys: dict[str, KeyEntry] = field(default_factory=dict)  # key prefix -> key of an enabled agent
@@ -118,6 +129,7 @@ class Snapshot:
     mapped_teams: frozenset[str] = frozenset()  # teams any group is mapped to
     people_disabled: frozenset[tuple[str, str]] = frozenset()  # (issuer, subject) of people refused
     instructions: tuple[tuple[str, str], ...] = ()  # (slug, cleaned text) of upstreams that give instructions
+    servers: dict[str, ServerEntry] = field(default_factory=dict)  # name -> enabled virtual server
     # Per-agent results, filled on first use; bounded by agents × known tools.
     _decisions: dict[tuple[Who, str], Explanation] = field(default_factory=dict, compare=False)
     _visible: dict[Who, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
@@ -366,7 +378,13 @@ def snapshot_compile() -> Snapshot:
             for u in sorted(upstreams.values(), key=lambda u: u.slug)
             if u.is_reachable and not u.handoff_only and u.instructions.strip()
         ),
+        servers={s.name: _server_entry(s) for s in VirtualServer.objects.filter(enabled=True).select_related("team")},
     )
+
+
+def _server_entry(server: VirtualServer) -> ServerEntry:
+    instructions = clean_text(server.instructions, settings.GATEWAY_MAX_DESCRIPTION_CHARS)
+    return ServerEntry(server.name, server.team.slug, server.title, instructions, tuple(server.tools))
 
 
 # Monotonic time counts from boot: "checked at 0.0" would read as "just checked" for the first check interval

@@ -16,11 +16,11 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from handoff.console import CONSOLE_AGENT, console_agent, console_call_from_sync
-from policy.admin import TeamScopedMixin
+from policy.admin import AuditedSaveMixin, TeamScopedMixin
 from policy.limits.stores import limit_store
 from policy.selectors import admin_teams, in_teams, team_choices
 from registry.forms import LocalPrefixForm, UpstreamForm
-from registry.models import LocalPrefix, PersonalCredential, Tool, Upstream
+from registry.models import LocalPrefix, PersonalCredential, Tool, Upstream, VirtualServer
 from registry.naming import exposed_name
 from registry.package_pins import package_approve, package_update
 from registry.personal import personal_revoke
@@ -444,3 +444,17 @@ class LocalPrefixAdmin(TeamScopedMixin, admin.ModelAdmin):
     def delete_queryset(self, request, queryset) -> None:
         for row in queryset.select_related("upstream", "team"):
             self.delete_model(request, row)
+
+
+@admin.register(VirtualServer)
+class VirtualServerAdmin(TeamScopedMixin, AuditedSaveMixin, admin.ModelAdmin):
+    """Curated endpoints at /mcp/s/<name> (docs/curation.md): the tools each offers its team, by exposed name or
+    pattern; everything else about a call (rules, limits, sign-off, audit) is /mcp's."""
+
+    list_display = ("name", "team", "title", "enabled", "endpoint")
+    list_filter = ("enabled", "team")
+    search_fields = ("name", "title")
+
+    @admin.display(description="Endpoint")
+    def endpoint(self, server: VirtualServer) -> str:
+        return f"/mcp/s/{server.name}"

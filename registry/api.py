@@ -21,6 +21,7 @@ from rest_framework.response import Response
 
 from policy.api import (
     AuditedModelSerializer,
+    AuditedViewSet,
     EnabledSerializer,
     NameRelation,
     TeamScoped,
@@ -34,7 +35,7 @@ from policy.limits.stores import limit_store
 from policy.models import ServerGroup, Team
 from registry.connection_views import MAX_TOKEN_CHARS, people_of
 from registry.forms import MASK, unmasked
-from registry.models import LocalPrefix, PersonalCredential, Tool, Upstream
+from registry.models import LocalPrefix, PersonalCredential, Tool, Upstream, VirtualServer
 from registry.package_pins import package_summary
 from registry.personal import personal_connect, personal_disconnect, personal_revoke
 from registry.secret_store import SecretStoreUnavailable
@@ -376,3 +377,23 @@ class LocalPrefixViewSet(TeamScoped, viewsets.ModelViewSet):
     def perform_destroy(self, row: LocalPrefix) -> None:
         with refused_as_400():
             local_prefix_set(upstream=row.upstream, team=row.team, prefix="", actor=self.request.user.get_username())
+
+
+class VirtualServerSerializer(AuditedModelSerializer):
+    team = team_shown()
+    tools = serializers.ListField(child=serializers.CharField(max_length=256, trim_whitespace=False), required=False)
+
+    class Meta:
+        model = VirtualServer
+        fields = ("name", "team", "title", "instructions", "tools", "enabled", "created_at", "updated_at")
+        read_only_fields = ("created_at", "updated_at")
+
+
+class VirtualServerViewSet(AuditedViewSet):
+    """Virtual servers: curated endpoints at /mcp/s/<name>, each offering the tools it names (exposed names, or
+    shell patterns) to its team's agents and people, under its own name, title and instructions. Every change
+    is audited."""
+
+    queryset = VirtualServer.objects.select_related("team")
+    serializer_class = VirtualServerSerializer
+    lookup_field = "name"

@@ -461,3 +461,41 @@ class LocalPrefix(models.Model):
             raise ValidationError({"prefix": f"{self.prefix!r} is the gateway's own namespace (GATEWAY_NAME)."})
         if self.upstream_id and self.team_id and self.upstream.team_id == self.team_id:
             raise ValidationError({"prefix": "A team names its own upstream by its slug: change the slug instead."})
+
+
+class VirtualServer(models.Model):
+    """A curated endpoint, `/mcp/s/<name>` (issue 38): the tools it names, of those its caller may use, under its own
+    name, title and instructions. Its callers are its team's agents and people; policy, limits, sign-off and audit
+    are `/mcp`'s, and every audit row of a call through it names it."""
+
+    name = models.CharField(
+        max_length=64,
+        unique=True,
+        validators=[slug_validator],
+        help_text="Its path: /mcp/s/<name>; also the serverInfo name its clients see",
+    )
+    team = team_field("virtual_servers")
+    title = models.CharField(max_length=200, blank=True, help_text="The serverInfo title its clients see")
+    instructions = models.TextField(blank=True, help_text="What its clients are told at initialization")
+    tools = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The exposed tool names it offers; '*' and '?' match as in shell patterns (fnmatch)",
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        tools = self.tools
+        if not isinstance(tools, list) or not all(isinstance(t, str) and 0 < len(t) <= 256 for t in tools):
+            raise ValidationError({"tools": "A list of exposed tool names or patterns, each 1 to 256 characters."})
+        if len(set(tools)) != len(tools):
+            twice = sorted({t for t in tools if tools.count(t) > 1})
+            raise ValidationError({"tools": f"{twice[0]!r} is listed twice."})

@@ -30,12 +30,12 @@ INITIALIZE = {
 
 @asynccontextmanager
 async def sdk_client(
-    base_url: str, key: str | None, mode: str, timeout: float = TIMEOUT, **options: Any
+    base_url: str, key: str | None, mode: str, timeout: float = TIMEOUT, path: str = "/mcp", **options: Any
 ) -> AsyncIterator[Client]:
-    """An SDK client of the gateway's /mcp; without a key it sends no credentials at all."""
+    """An SDK client of the gateway's /mcp (or a virtual server's `path`); without a key it sends no credentials."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
-        client = Client(streamable_http_client(f"{base_url}/mcp", http_client=http), mode=mode, **options)
+        client = Client(streamable_http_client(f"{base_url}{path}", http_client=http), mode=mode, **options)
         async with client:
             yield client
 
@@ -160,10 +160,10 @@ class WebSocketSession:
 
 @asynccontextmanager
 async def ws_session(
-    base_url: str, key: str, initialize: bool = True, capabilities: dict | None = None
+    base_url: str, key: str, initialize: bool = True, capabilities: dict | None = None, path: str = "/mcp"
 ) -> AsyncIterator[WebSocketSession]:
-    """A JSON-RPC session on /mcp/ws, initialized (2025-11-25) with the client `capabilities` given."""
-    url = base_url.replace("http://", "ws://") + "/mcp/ws"
+    """A JSON-RPC session on /mcp/ws (or `<path>/ws`), initialized (2025-11-25) with the client `capabilities`."""
+    url = base_url.replace("http://", "ws://") + f"{path}/ws"
     async with websockets.connect(
         url, additional_headers={"Authorization": f"Bearer {key}"}, open_timeout=TIMEOUT
     ) as ws:

@@ -20,6 +20,7 @@ from django.utils import timezone
 from audit import integrity
 from audit.integrity import (
     ROW_FIELDS,
+    SERVER_FIELDS,
     SIGNED_FIELDS,
     STORED_FIELDS,
     TEAM_FIELDS,
@@ -29,7 +30,7 @@ from audit.integrity import (
     audit_verify,
     checkpoint_create,
 )
-from audit.models import DEFAULT_TEAM, SEAL_TEAMS, AuditCheckpoint, AuditEvent
+from audit.models import DEFAULT_TEAM, SEAL_SERVERS, SEAL_TEAMS, AuditCheckpoint, AuditEvent
 from audit.retention import audit_prune
 from audit.services import audit_record
 from audit.writer import audit_writer
@@ -198,21 +199,30 @@ def test_a_row_sealed_before_teams_keeps_its_seal_reads_as_the_default_team_and_
     assert audit_verify().intact
 
 
-def test_a_new_row_carries_its_team_by_value_under_seal_version_3(db):
-    row = AuditEvent.objects.get(id=audit_record(kind="completed", tool="echo", team="payments").id)
+def test_a_new_row_carries_its_team_and_virtual_server_by_value_under_seal_version_4(db):
+    made = audit_record(kind="completed", tool="echo", team="payments", server="support")
+    row = AuditEvent.objects.get(id=made.id)
     values = AuditEvent.objects.filter(id=row.id).values(*STORED_FIELDS).get()
-    assert (row.seal, row.team, row.team_slug) == (SEAL_TEAMS, "payments", "payments")
+    assert (row.seal, row.team, row.team_slug, row.server) == (SEAL_SERVERS, "payments", "payments", "support")
+    assert _row_payload(values) == _canonical([SEAL_SERVERS, *(values[name] for name in SERVER_FIELDS)])
+    assert audit_verify().intact
+
+
+def test_a_row_sealed_at_version_3_keeps_its_seal_without_a_server_and_verifies(db):
+    row = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo", team="payments", seal=SEAL_TEAMS)
+    values = AuditEvent.objects.filter(id=row.id).values(*STORED_FIELDS).get()
     assert _row_payload(values) == _canonical([SEAL_TEAMS, *(values[name] for name in TEAM_FIELDS)])
+    seal_all()
     assert audit_verify().intact
 
 
 def test_a_new_row_of_no_team_reads_as_none_not_the_default(db):
     """A token refused at the door, a locked sign-in: rows no team's agent wrote are no team's."""
     row = AuditEvent.objects.get(id=audit_record(kind="denied", error_code="INVALID_TOKEN").id)
-    assert (row.seal, row.team_slug) == (SEAL_TEAMS, "")
+    assert (row.seal, row.team_slug) == (SEAL_SERVERS, "")
 
 
-NEW_ROW, OLD_ROW = {"team": "payments"}, {"seal": 0}  # a row written now, and one written before teams
+NEW_ROW, OLD_ROW = {"team": "payments", "server": "support"}, {"seal": 0}  # a row written now, one before teams
 
 
 @pytest.mark.parametrize(
@@ -221,14 +231,27 @@ NEW_ROW, OLD_ROW = {"team": "payments"}, {"seal": 0}  # a row written now, and o
         (NEW_ROW, "team", "other-team"),
         (NEW_ROW, "team", ""),
         (NEW_ROW, "seal", 0),
-        (NEW_ROW, "seal", 4),
+        (NEW_ROW, "seal", SEAL_TEAMS),
+        (NEW_ROW, "seal", SEAL_SERVERS + 1),
+        (NEW_ROW, "server", "other-server"),
+        (NEW_ROW, "server", ""),
         (OLD_ROW, "team", "payments"),
     ],
-    ids=["new-moved", "new-emptied", "new-as-old", "new-unknown-seal", "old-given-a-team"],
+    ids=[
+        "new-moved",
+        "new-emptied",
+        "new-as-old",
+        "new-as-before-servers",
+        "new-unknown-seal",
+        "new-other-server",
+        "new-server-emptied",
+        "old-given-a-team",
+    ],
 )
-def test_changing_a_rows_team_or_its_seal_version_breaks_its_verification(db, made, column, value):
-    """Moving a new row to another team or out of every team, making it pass as a row from before teams
-    (whose team is not sealed), or giving a row from before teams a team, is tampering."""
+def test_changing_a_rows_team_server_or_its_seal_version_breaks_its_verification(db, made, column, value):
+    """Moving a new row to another team or out of every team, or to another virtual server or none, making it pass
+    as a row from before teams or servers (whose team or server is not sealed), or giving a row from before teams a
+    team, is tampering."""
     victim = audit_record(kind="completed", request_id=uuid.uuid4(), tool="echo", **made)
     seal_all()
     assert audit_verify().intact

@@ -56,12 +56,14 @@ async def session_record(caller: Caller, action: str, **detail: Any) -> None:
 
 
 async def refusal_record(transport: str, refused: Refused) -> None:
-    """A bearer token refused at the door: who tried is unknown, so the row holds what was wrong with it.
-    A request with no credentials or a wrong API key gets none: that is the Internet knocking."""
+    """A bearer token refused at the door: who tried is unknown, so the row holds what was wrong with it (a caller
+    a virtual server refused is known, and named). A request with no credentials or a wrong API key gets none: that
+    is the Internet knocking."""
     if not refused.code:
         return
     try:
         await audit_writer.record(
+            **(refused.caller.audited if refused.caller else {}),
             kind=AuditEvent.Kind.DENIED,
             transport=transport,
             outcome=AuditEvent.Outcome.DENIED,

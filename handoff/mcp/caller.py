@@ -33,9 +33,12 @@ logger = logging.getLogger(__name__)
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 
 
-def key_allows(key_tools: tuple[str, ...], name: str) -> bool:
-    """Whether an API key limited to these tool patterns (none: no limit) allows `name` at all."""
-    return not key_tools or any(fnmatchcase(name, pattern) for pattern in key_tools)
+def allows(key_tools: tuple[str, ...], offered: tuple[str, ...] | None, name: str) -> bool:
+    """Whether an API key limited to these tool patterns (none: no limit), through a virtual server offering those
+    (None: /mcp, which offers all), allows `name` at all."""
+    if key_tools and not any(fnmatchcase(name, pattern) for pattern in key_tools):
+        return False
+    return offered is None or any(fnmatchcase(name, pattern) for pattern in offered)
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,9 @@ class Caller:
     groups: tuple[int, ...] = ()  # the agent groups the person's own groups count them in
     teams: tuple[str, ...] = ()  # the teams the person's own groups make them an admin or member of
     public_url: str = ""  # the gateway's, as this request reached it (where its connect links point)
+    # The virtual server the request came through (/mcp/s/<name>), and the exposed-name patterns it offers; "" for /mcp.
+    server: str = ""
+    server_tools: tuple[str, ...] = ()
     # The person's own token, for an upstream that exchanges it (RFC 8693); kept out of every repr.
     token: str = field(default="", repr=False)
 
@@ -77,22 +83,36 @@ class Caller:
         return cls(
             **fields
             | {"token": token, "key_tools": tuple(fields["key_tools"]), "groups": tuple(fields["groups"])}
-            | {"teams": tuple(fields.get("teams", ()))}
+            | {"teams": tuple(fields.get("teams", ())), "server_tools": tuple(fields.get("server_tools", ()))}
         )
 
+    @property
+    def offered(self) -> tuple[str, ...] | None:
+        """The tool patterns of the virtual server the request came through; None for /mcp."""
+        return self.server_tools if self.server else None
+
     def may_call(self, name: str) -> bool:
-        """Whether the credential allows `name` at all (the agent's rules decide after)."""
-        return key_allows(self.key_tools, name)
+        """Whether the credential, and the virtual server it came through, allow `name` at all (the agent's rules
+        decide after)."""
+        return allows(self.key_tools, self.offered, name)
 
     @property
-    def principal(self) -> tuple[int, str, str]:
-        """Who may drive a session: the agent, and the person when a token named one."""
-        return (self.agent_id, self.person_issuer, self.person_subject)
+    def principal(self) -> tuple[int, str, str, str]:
+        """Who may drive a session: the agent, the person when a token named one, through the endpoint that opened
+        it (a session of one virtual server is no session at another, nor at /mcp)."""
+        return (self.agent_id, self.person_issuer, self.person_subject, self.server)
 
     @property
     def audited(self) -> dict[str, Any]:
-        """Who is calling, as every audit row of theirs holds it: the agent and its team, the person and client."""
-        return {"agent_id": self.agent_id, "agent_name": self.agent_name, "team": self.team, **self.person}
+        """Who is calling, as every audit row of theirs holds it: the agent and its team, the person and client, the
+        virtual server."""
+        return {
+            "agent_id": self.agent_id,
+            "agent_name": self.agent_name,
+            "team": self.team,
+            "server": self.server,
+            **self.person,
+        }
 
     @property
     def person(self) -> dict[str, str]:
@@ -119,10 +139,11 @@ class Refused(Exception):
     """A request that may not enter: the HTTP status, a message the client can act on, and the
     `WWW-Authenticate` challenge that tells an OAuth client where to sign in."""
 
-    def __init__(self, status: int, message: str, challenge: str, code: str = "") -> None:
+    def __init__(self, status: int, message: str, challenge: str, code: str = "", caller: "Caller | None" = None):
         super().__init__(message)
         self.status, self.message, self.challenge = status, message, challenge
         self.code = code  # for the audit row; empty for a missing or wrong API key, which gets none
+        self.caller = caller  # who was refused, when their credentials were good (a virtual server refused them)
 
 
 def header(scope: dict, name: bytes) -> str | None:
@@ -156,9 +177,20 @@ def public_base(scope: dict) -> str:
     return f"{'https' if secure else 'http'}://{header(scope, b'host') or 'localhost'}"
 
 
+def server_named(scope: dict) -> str | None:
+    """The virtual server the request's path names (/mcp/s/<name>), or None for /mcp."""
+    return (scope.get("url_route") or {}).get("kwargs", {}).get("server")
+
+
+def resource_path(scope: dict) -> str:
+    """The MCP endpoint's path: /mcp, or a virtual server's, each a resource of its own."""
+    name = server_named(scope)
+    return "/mcp" if name is None else f"/mcp/s/{name}"
+
+
 def resource_uri(scope: dict) -> str:
-    """The canonical URI of the MCP resource (RFC 8707): what a token for this gateway names as its audience."""
-    return f"{public_base(scope)}/mcp"
+    """The canonical URI of the MCP resource (RFC 8707): what a token for this endpoint names as its audience."""
+    return f"{public_base(scope)}{resource_path(scope)}"
 
 
 def authorization_servers(scope: dict, snap: Snapshot) -> list[str]:
@@ -174,7 +206,7 @@ def required_scopes(snap: Snapshot) -> list[str]:
 def challenge(scope: dict, snap: Snapshot, error: str = "", description: str = "") -> str:
     if not snap.signs_in:
         return 'Bearer realm="switchboard"'
-    parts = [f'resource_metadata="{public_base(scope)}{METADATA_PATH}/mcp"']
+    parts = [f'resource_metadata="{public_base(scope)}{METADATA_PATH}{resource_path(scope)}"']
     if scopes := required_scopes(snap):
         parts.append(f'scope="{" ".join(scopes)}"')
     if error:
@@ -185,8 +217,24 @@ def challenge(scope: dict, snap: Snapshot, error: str = "", description: str = "
 async def caller_from_scope(scope: dict, transport: str) -> Caller:
     """The agent the request's API key belongs to, or the person its bearer token names; without credentials,
     GATEWAY_ANONYMOUS_AGENT if set. Wrong credentials are refused even then: a client that sends a key means
-    that key. Raises Refused."""
+    that key. Through a virtual server, only its team's may enter. Raises Refused."""
     snap = await snapshot.get()
+    caller = await _credited(scope, transport, snap)
+    name = server_named(scope)
+    if name is None:
+        return caller
+    server = snap.servers.get(name)
+    through = replace(caller, server=name[:64])  # as its audit row names it, if refused
+    if server is None:
+        message = f"No virtual server is named {name!r} here (or it is disabled): /mcp serves every tool you may use"
+        raise Refused(404, message, challenge(scope, snap), "UNKNOWN_SERVER", through)
+    if server.team != caller.team and server.team not in caller.teams:
+        message = f"The virtual server {name!r} serves team {server.team!r}; you act for team {caller.team!r}"
+        raise Refused(403, message, challenge(scope, snap), "NOT_THE_SERVERS_TEAM", through)
+    return replace(through, server_tools=server.tools)
+
+
+async def _credited(scope: dict, transport: str, snap: Snapshot) -> Caller:
     if "access_token" in parse_qs(scope.get("query_string", b"").decode("latin-1")):
         message = "Send the token in the Authorization header: a token in the URL is refused (it ends up in logs)"
         raise Refused(400, message, challenge(scope, snap, "invalid_request", message), "TOKEN_IN_URL")

@@ -29,7 +29,7 @@ from handoff.mcp.task_calls import (
     update_task,
 )
 from handoff.mcp.tools import call_tool, list_tools
-from handoff.snapshot import snapshot
+from handoff.snapshot import ServerEntry, snapshot
 
 INSTRUCTIONS = (
     "This is a gateway to several services. Tool and prompt names are '<service>{sep}<name>', resource URIs "
@@ -38,16 +38,53 @@ INSTRUCTIONS = (
 # Lists are filtered per caller: private. Resources and prompts are the upstreams' live word: never fresh; tools/list
 # sets its own `ttlMs` from the snapshot it is served from (tools.py).
 PRIVATE = CacheHint(ttl_ms=0, scope="private")
+MAX_STAMPS = 1000  # serverInfo stamps kept: one per virtual server
 
 
 class GatewayServer(Server):
     """Tells 2025-11-25 clients that its lists change: a handoff switches the tools, an upstream changes
     its own. (2026-07-28 clients learn it from `subscriptions/listen` being served.) Its instructions
-    include what the upstreams say of themselves (cleaned like tool descriptions)."""
+    include what the upstreams say of themselves (cleaned like tool descriptions). Through a virtual server,
+    its name, title and instructions are that server's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._stamps: dict[tuple[str, str] | None, dict[str, Any]] = {}
+        super().__init__(*args, **kwargs)
+
+    @property
+    def name(self) -> str:
+        return virtual.name if (virtual := _virtual_server()) else self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
+
+    @property
+    def title(self) -> str | None:
+        return (virtual.title or None) if (virtual := _virtual_server()) else self._title
+
+    @title.setter
+    def title(self, value: str | None) -> None:
+        self._title = value
+
+    @property
+    def _server_info_stamp_source(self) -> dict[str, Any]:
+        """The `serverInfo` every 2026-07-28 result is stamped with (the SDK computes it once per server): dumped
+        once per virtual server, and for /mcp."""
+        virtual = _virtual_server()
+        key = (virtual.name, virtual.title) if virtual else None
+        if (dumped := self._stamps.get(key)) is None:
+            if len(self._stamps) >= MAX_STAMPS:  # servers renamed many times: start again
+                self._stamps.clear()
+            dumped = self._stamps[key] = self.server_info.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return dumped
 
     @property
     def instructions(self) -> str:
-        """The gateway's, and those of the upstreams the asking agent may reach (none when no caller is known)."""
+        """The gateway's, and those of the upstreams the asking agent may reach (none when no caller is known); a
+        virtual server's own, when it has any."""
+        if (virtual := _virtual_server()) and virtual.instructions:
+            return virtual.instructions
         snap, caller = snapshot.latest, answering.get()
         given = snap.instructions if snap and caller else ()
         said = "\n\n".join(f"## {slug}\n{text}" for slug, text in given if snap.reachable(caller.who, slug))
@@ -69,6 +106,12 @@ class GatewayServer(Server):
         initialization = super().create_initialization_options(options, experimental_capabilities, extensions)
         initialization.capabilities.tasks = CAPABILITY  # calls waiting for sign-off (task_calls.py)
         return initialization
+
+
+def _virtual_server() -> ServerEntry | None:
+    """The virtual server the request being answered came through, if any."""
+    snap, caller = snapshot.latest, answering.get()
+    return snap.servers.get(caller.server) if snap and caller and caller.server else None
 
 
 def build_server() -> Server:

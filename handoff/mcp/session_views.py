@@ -4,8 +4,8 @@ A session's view is its caller's standing (the agent, the person and their group
 and the snapshot it last listed its tools from (or was last compared on). When the catalog changes, each view's
 list is compared on that snapshot and the new one: when only tools changed (an upstream's change), by the few
 names whose tool differs; else by a digest of each whole list. Both are kept in the snapshots' memos per standing,
-so a thousand sessions of one agent cost one comparison, not a thousand. A virtual server's session will add its
-server to the view, and `_seen` and `tools_digest` filter by it.
+so a thousand sessions of one agent cost one comparison, not a thousand. A virtual server's session has its
+server's tool patterns in its view, so it hears only of changes to the tools that server offers.
 """
 
 import asyncio
@@ -16,11 +16,11 @@ from typing import Any
 
 from django.conf import settings
 
-from handoff.mcp.caller import Caller, key_allows
+from handoff.mcp.caller import Caller, allows
 from handoff.snapshot import Snapshot
 from policy.decisions import Who
 
-DIGESTS = "session_views.tools"  # the snapshot memo's key: (who, key patterns) -> digest of that tools list
+DIGESTS = "session_views.tools"  # the snapshot memo's key: a view's standing -> digest of that tools list
 DEFINITIONS = "session_views.definitions"  # id of a definition in the snapshot -> its digest
 CHANGED_NAMES = "session_views.changed"  # id of an older snapshot -> the names whose tool differs, or None
 
@@ -29,20 +29,26 @@ CHANGED_NAMES = "session_views.changed"  # id of an older snapshot -> the names 
 class SessionView:
     who: Who
     key_tools: tuple[str, ...]  # an API key's tool patterns (Caller.key_tools): what it may call at all
+    offered: tuple[str, ...] | None  # its virtual server's tool patterns (Caller.offered); None for /mcp
     seen: Snapshot  # the snapshot this session's lists were last compared on
 
+    @property
+    def standing(self) -> tuple:
+        """What its tools list rests on besides the snapshot: sessions of one standing share their comparisons."""
+        return (self.who, self.key_tools, self.offered)
+
     def may_call(self, name: str) -> bool:
-        return key_allows(self.key_tools, name)
+        return allows(self.key_tools, self.offered, name)
 
 
 def session_view_of(*, caller: Caller, snap: Snapshot) -> SessionView:
-    return SessionView(caller.who, caller.key_tools, snap)
+    return SessionView(caller.who, caller.key_tools, caller.offered, snap)
 
 
 def tools_digest(*, snap: Snapshot, view: SessionView) -> str:
     """The SHA-256 of the tools list this view's caller gets from `snap` (as tools/list builds it)."""
-    digests: dict[tuple[Who, tuple[str, ...]], str] = snap.memo.setdefault(DIGESTS, {})
-    standing = (view.who, view.key_tools)
+    digests: dict[tuple, str] = snap.memo.setdefault(DIGESTS, {})
+    standing = view.standing
     if standing not in digests:
         listed = hashlib.sha256()
         for tool in snap.visible_for(view.who):
@@ -111,7 +117,7 @@ async def session_views_changed(*, views: dict[str, SessionView], snap: Snapshot
             changed.append(session)
         if views.get(session) is view:  # not forgotten, nor seen anew, while the loop was let go
             views[session] = replace(view, seen=snap)
-        if (standing := (view.who, view.key_tools)) not in compared:
+        if (standing := view.standing) not in compared:
             compared.add(standing)
             await asyncio.sleep(0)
     return changed

@@ -6,7 +6,7 @@ import logging
 
 from django.conf import settings
 
-from handoff.mcp.caller import Caller
+from handoff.mcp.caller import Caller, allows
 from handoff.mcp.personal_access import credential_for
 from handoff.mcp.pipeline.call import ACTIVATE, AGENT, RETURN, Call
 from handoff.protocol.moves import connecting, return_tool_name
@@ -32,9 +32,13 @@ def state_unavailable(name: str) -> Denial:
 
 
 def key_denial(caller: Caller, name: str) -> Denial | None:
-    """A key limited to some tools refuses the rest before anything else looks at the call."""
+    """A key limited to some tools, or a virtual server offering some, refuses the rest before anything else
+    looks at the call."""
     if caller.may_call(name):
         return None
+    if caller.server and not allows((), caller.offered, name):
+        message = f"The virtual server {caller.server!r} does not offer {name!r}: call tools/list to see what it does."
+        return Denial("NOT_OFFERED", message)
     allowed = " ".join(caller.key_tools)
     return Denial("KEY_SCOPE", f"This API key may call only {allowed}: {name!r} is not among them.")
 

@@ -1,5 +1,6 @@
 """Which sessions' tools list a change altered, on snapshots compiled from the database: by the few names whose
-tool changed when only tools did, by each whole list when anything else did (a rule)."""
+tool changed when only tools did, by each whole list when anything else did (a rule); a virtual server's sessions
+hear only of the tools it offers."""
 
 import anyio
 
@@ -13,7 +14,7 @@ from tests.factories import agent
 
 
 def _views(snap, **agents) -> dict[str, SessionView]:
-    return {name: SessionView(who_of(agent_id), (), snap) for name, agent_id in agents.items()}
+    return {name: SessionView(who_of(agent_id), (), None, snap) for name, agent_id in agents.items()}
 
 
 def test_a_rule_denying_one_agent_a_tool_wakes_that_agents_sessions_only(db, caller):
@@ -35,7 +36,10 @@ def test_a_tool_changed_at_its_upstream_wakes_the_sessions_listing_it(db, caller
     with agent("views-limited") as (limited, _):
         before = snapshot_compile()
         views = _views(before, whole=limited.id)
-        views["add-only"] = SessionView(who_of(limited.id), ("layer__add",), before)
+        views["add-only"] = SessionView(who_of(limited.id), ("layer__add",), None, before)
+        # A virtual server's session (/mcp/s/<name>) that offers only add, and one that offers echo.
+        views["server-add"] = SessionView(who_of(limited.id), (), ("layer__add",), before)
+        views["server-echo"] = SessionView(who_of(limited.id), (), ("layer__e*",), before)
         echo = Tool.objects.get(name="echo", upstream__slug="layer")
         Tool.objects.filter(pk=echo.pk).update(
             definition=echo.definition | {"description": "Changed."},
@@ -45,4 +49,4 @@ def test_a_tool_changed_at_its_upstream_wakes_the_sessions_listing_it(db, caller
         woken = anyio.run(lambda: session_views_changed(views=views, snap=after))
         Tool.objects.filter(pk=echo.pk).update(definition=echo.definition, approved_definition=echo.approved_definition)
 
-    assert woken == ["whole"]
+    assert woken == ["whole", "server-echo"]
