@@ -292,23 +292,31 @@ def _internal(entry: dict[str, Any], internal: bool) -> bool:
     return (internal or entry.get("internal", False)) and ("url" in entry or "openapi" in entry)
 
 
-def _import_one(
-    name: str, entry: dict[str, Any], actor: str, internal: bool, dry_run: bool, environ: Mapping[str, str]
-) -> EntryOutcome:
+def upstream_fields(
+    name: str, entry: dict[str, Any], *, internal: bool = False, environ: Mapping[str, str] = os.environ
+) -> tuple[str, dict[str, Any]]:
+    """The slug and the upstream fields one entry says, placeholders resolved; ValueError says what is wrong."""
     slug, prefixed = _namespace(name, entry)
-    handoff = _handoff(entry)
     fields = (
         _fields(entry, environ)
         | _per_person(entry, environ)
         | {
             "internal": _internal(entry, internal),
-            "handoff_only": handoff is not None,
+            "handoff_only": "handoff" in entry,
             "prefixed": prefixed,
         }
     )
     for key in ("url", "openapi_url"):
         if fields[key] and not fields["internal"] and (problem := url_problem(fields[key])):
             raise ValueError(f"{'openapi' if key == 'openapi_url' else key}: {problem}. {INTERNAL_HINT}")
+    return slug, fields
+
+
+def _import_one(
+    name: str, entry: dict[str, Any], actor: str, internal: bool, dry_run: bool, environ: Mapping[str, str]
+) -> EntryOutcome:
+    handoff = _handoff(entry)
+    slug, fields = upstream_fields(name, entry, internal=internal, environ=environ)
     upstream = Upstream.objects.filter(slug=slug).first()
     created = upstream is None
     if created:
@@ -350,9 +358,10 @@ def placeholder_for(slug: str, kind: str, name: str) -> str:
     return re.sub(r"[^A-Z0-9]+", "_", f"{slug}_{kind}_{name}".upper()).strip("_")
 
 
-def mcp_config_export() -> ConfigExport:
+def mcp_config_export(*, routes: bool = True) -> ConfigExport:
     """Every upstream as an `mcpServers` entry the import reads back into the same upstream. Credentials are
-    `${VAR}` placeholders: only the executor can open them, and a file of them is safe to keep."""
+    `${VAR}` placeholders: only the executor can open them, and a file of them is safe to keep. Without `routes`
+    a handoff target says `"handoffOnly": true` (the full configuration lists its routes apart)."""
     config: dict[str, Any] = {}
     slugs: dict[str, str] = {}  # entry name -> the upstream's slug, to refuse a name standing for two
     variables: dict[str, str] = {}  # variable -> what it stands for, to refuse one standing for two
@@ -362,7 +371,7 @@ def mcp_config_export() -> ConfigExport:
             raise ValueError(
                 f"upstreams {slugs[name]!r} and {upstream.slug!r} would both be named {name!r}: rename one"
             )
-        config[name] = _entry_export(upstream, name, variables)
+        config[name] = entry_export(upstream, name, variables, routes)
     return ConfigExport(config={"mcpServers": config}, variables=list(variables))
 
 
@@ -385,7 +394,7 @@ def _placeholders(upstream: Upstream, kind: str, values: dict[str, str], taken: 
     return placeholders
 
 
-def _entry_export(upstream: Upstream, name: str, taken: dict[str, str]) -> dict[str, Any]:
+def entry_export(upstream: Upstream, name: str, taken: dict[str, str], routes: bool) -> dict[str, Any]:
     if upstream.transport == Upstream.Transport.STDIO:
         entry: dict[str, Any] = {"command": upstream.command, "args": upstream.args}
         entry |= {"env": _placeholders(upstream, "ENV", upstream.env, taken)} if upstream.env else {}
@@ -404,7 +413,7 @@ def _entry_export(upstream: Upstream, name: str, taken: dict[str, str]) -> dict[
     elif slug_for(name) != upstream.slug:
         entry["namespace"] = upstream.slug
     if upstream.handoff_only:
-        entry["handoff"] = {"description": _handoff_description(upstream)}
+        entry |= {"handoff": {"description": _handoff_description(upstream)}} if routes else {"handoffOnly": True}
     return entry
 
 
