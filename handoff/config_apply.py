@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib.auth.models import Group
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Model
 
@@ -95,7 +95,8 @@ def config_apply(
 def _messages(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         if hasattr(exc, "error_dict"):
-            return "; ".join(f"{name}: {' '.join(texts)}" for name, texts in exc.message_dict.items())
+            shown = ((f"{k}: " if k != NON_FIELD_ERRORS else "", v) for k, v in exc.message_dict.items())
+            return "; ".join(f"{name}{' '.join(texts)}" for name, texts in shown)
         return " ".join(exc.messages)
     return str(exc)
 
@@ -135,7 +136,7 @@ def _named(section: Section, objects: dict[str, Any]) -> dict[str, Any]:
     checked = {}
     for name, value in objects.items():
         where = f"{section.noun} {name!r}"
-        value = _object(value, where)
+        value = dict(_object(value, where))  # a copy: the caller's document stays as it was
         groups = value.pop("groups", {}) if section is TEAMS else {}
         extra = {"groups": dict(groups)} if groups else {}
         if section is AGENT_GROUPS:

@@ -2,12 +2,15 @@ import gc
 import inspect
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import anyio
 import httpx2
+import psycopg
 from asgiref.sync import sync_to_async
 from jsonschema import Draft202012Validator
 from prometheus_client.metrics_core import Metric
@@ -165,3 +168,21 @@ async def transports_settle() -> None:
     for _ in range(10):
         await anyio.lowlevel.checkpoint()
     gc.collect()
+
+
+@contextmanager
+def new_database(server_env: dict[str, str], suffix: str, sqlite_dir: Path) -> Iterator[dict[str, str]]:
+    """The environment of a process whose database is new and empty (not migrated); dropped after."""
+    if "DATABASE_URL" not in server_env:
+        yield server_env | {"SQLITE_PATH": str(sqlite_dir / f"{suffix}.sqlite3")}
+        return
+    url = urlsplit(server_env["DATABASE_URL"])
+    name, admin = f"{url.path.lstrip('/')}_{suffix}", url._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield server_env | {"DATABASE_URL": url._replace(path=f"/{name}").geturl()}
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
