@@ -29,6 +29,7 @@ from handoff.config_document import (
     UPSTREAM_FIELDS,
     UPSTREAM_SHARING,
     VERSION,
+    VIRTUAL_SERVERS,
     Section,
     camel,
     config_export,
@@ -44,7 +45,7 @@ from registry.credentials import PREFIX, CredentialError, credential_open
 from registry.models import LocalPrefix, Upstream
 from registry.services import local_prefix_set, upstream_delete, upstream_save, upstream_share
 
-NAMED = (TEAMS, SERVER_GROUPS, AGENTS, AGENT_GROUPS, ROUTES)
+NAMED = (TEAMS, SERVER_GROUPS, AGENTS, AGENT_GROUPS, ROUTES, VIRTUAL_SERVERS)
 SECRET_KINDS = {"env": "ENV", "headers": "HEADER", "query": "QUERY", "person_client": "CLIENT"}
 PERSON_FIELDS = ("person_connect", "person_slot", "person_client", "person_scope", "exchange_url", "exchange_audience")
 UPSTREAM_KEYS = {camel(name) for name in UPSTREAM_FIELDS} | {"handoffOnly", *UPSTREAM_SHARING}
@@ -297,7 +298,7 @@ def _diff(current: dict[str, Any], desired: Desired) -> list[Change]:
     now = {entry_slug(name, entry): entry | {"name": name} for name, entry in current["mcpServers"].items()}
     wanted = {slug: _upstream_shown(slug, *found) for slug, found in desired.upstreams.items()}
     changes += _secrets_diff(_named_diff("upstream", now, wanted), desired)
-    for section in (AGENTS, AGENT_GROUPS, ROUTES):
+    for section in (AGENTS, AGENT_GROUPS, ROUTES, VIRTUAL_SERVERS):
         changes += _named_diff(section.noun, current[section.name], desired.sections[section.name])
     return changes + _rules_diff(current["rules"], desired.rules)
 
@@ -362,7 +363,7 @@ def _rules_diff(now: list[dict[str, Any]], wanted: list[dict[str, Any]]) -> list
 
 
 # Removals go first, those that depend on others before them (a rule before the agent it names).
-REMOVAL_ORDER = ("rule", "handoff route", "agent group", "agent", "upstream", "server group")
+REMOVAL_ORDER = ("rule", "virtual server", "handoff route", "agent group", "agent", "upstream", "server group")
 
 
 def _apply(desired: Desired, changes: list[Change], actor: str) -> None:
@@ -382,7 +383,7 @@ def _apply(desired: Desired, changes: list[Change], actor: str) -> None:
     for slug, (name, _, extras) in desired.upstreams.items():
         with _about(f"upstream {name!r}"):
             _sharing_apply(Upstream.objects.get(slug=slug), extras, actor)
-    for section in (AGENTS, AGENT_GROUPS, ROUTES):
+    for section in (AGENTS, AGENT_GROUPS, ROUTES, VIRTUAL_SERVERS):
         for name, value in desired.sections[section.name].items():
             if (section.noun, name) in made:
                 with _about(f"{section.noun} {name!r}"):

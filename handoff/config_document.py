@@ -13,7 +13,7 @@ from django.db.models import Model
 from handoff.config_import import mcp_config_export, slug_for
 from handoff.models import HandoffRoute
 from policy.models import Agent, AgentGroup, Person, Rule, ServerGroup, Team
-from registry.models import Upstream
+from registry.models import Upstream, VirtualServer
 
 FORMAT = "switchboard-configuration"
 VERSION = 1
@@ -44,6 +44,9 @@ ROUTES = Section(
     "handoff route",
     "domain",
     ("team", "description", "target", "enabled", "connect_timeout", "max_sessions", "idle_timeout"),
+)
+VIRTUAL_SERVERS = Section(
+    "virtualServers", VirtualServer, "virtual server", "name", ("team", "title", "instructions", "tools", "enabled")
 )
 RULES = Section(
     "rules",
@@ -135,6 +138,7 @@ def config_export() -> tuple[dict[str, Any], list[str]]:
         for group in AgentGroup.objects.select_related("team").prefetch_related("agents")
     }
     document["handoffRoutes"] = _section(ROUTES, HandoffRoute.objects.select_related("team", "target"))
+    document["virtualServers"] = _section(VIRTUAL_SERVERS, VirtualServer.objects.select_related("team"))
     related = ("team", "agent", "agent_group", "person", "upstream", "server_group", "signers")
     rules = [object_export(rule, RULES.fields) for rule in Rule.objects.select_related(*related)]
     document["rules"] = sorted(rules, key=rule_order)

@@ -23,7 +23,7 @@ from handoff.models import HandoffRoute
 from policy.models import Agent, AgentGroup, Person, Rule, ServerGroup, Team
 from policy.services import agent_create, policy_object_save, rule_save, team_group_map
 from registry.credentials import credentials_open
-from registry.models import Upstream
+from registry.models import Upstream, VirtualServer
 from registry.services import local_prefix_set, upstream_save, upstream_share
 from tests import servers
 from tests.helpers import audit_mark, audit_since, new_database
@@ -74,6 +74,8 @@ def configured(db) -> Iterator[str]:
     bots.agents.set([issued.agent])
     route = HandoffRoute(domain="cfg-finance", team=team, description="Money questions", target=finance)
     policy_object_save(obj=route, actor="test", created=True)
+    desk = VirtualServer(name="cfg-desk", team=team, title="Desk", tools=["cfg-clock__get_*"])
+    policy_object_save(obj=desk, actor="test", created=True)
     person = Person.objects.create(issuer="https://idp.example.com", subject="cfg-mallory")
     for rule in (
         Rule(effect="allow", team=team, agent=issued.agent, upstream=clock, tool_pattern="get_*"),
@@ -84,7 +86,14 @@ def configured(db) -> Iterator[str]:
         rule_save(rule=rule, actor="test", created=True)
     yield issued.key
     Rule.objects.filter(Q(team__slug="cfg-pay") | Q(person__subject="cfg-mallory") | Q(note="cfg")).delete()
-    for model, key in ((HandoffRoute, "domain"), (AgentGroup, "name"), (Agent, "name"), (Upstream, "slug")):
+    pairs = (
+        (VirtualServer, "name"),
+        (HandoffRoute, "domain"),
+        (AgentGroup, "name"),
+        (Agent, "name"),
+        (Upstream, "slug"),
+    )
+    for model, key in pairs:
         model.objects.filter(**{f"{key}__startswith": "cfg-"}).delete()
     ServerGroup.objects.filter(name__startswith="cfg-").delete()
     Team.objects.filter(slug__startswith="cfg-").delete()
@@ -231,6 +240,14 @@ REFUSED = {
         lambda d: _rule(d, "sign_off").update(signers="cfg-nobody"),
         "rule 'sign_off cfg-bots → cfg-money / * (two people)' names console group 'cfg-nobody', which this "
         "gateway does not have",
+    ),
+    "virtual server of an unknown team": (
+        lambda d: d["virtualServers"]["cfg-desk"].update(team="cfg-nobody"),
+        "virtual server 'cfg-desk' names team 'cfg-nobody', which neither the document nor the gateway defines",
+    ),
+    "virtual server offering a tool twice": (
+        lambda d: d["virtualServers"]["cfg-desk"].update(tools=["a", "a"]),
+        "virtual server 'cfg-desk': tools: 'a' is listed twice.",
     ),
     "local prefix for an unknown team": (
         lambda d: d["mcpServers"]["cfg-clock"]["localPrefixes"].update({"cfg-nobody": "x"}),
