@@ -70,6 +70,7 @@ urlpatterns = [
     path("handoff/redeem", claim_redeem),
     path(".well-known/oauth-protected-resource", protected_resource),
     path(".well-known/oauth-protected-resource/mcp", protected_resource),
+    path(".well-known/oauth-protected-resource/mcp/s/<slug:server>", protected_resource),
     path("", include((authorization_server, "oauth2_provider"))),
     path(
         "accounts/login/",

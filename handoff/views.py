@@ -8,7 +8,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from gateway_project.lib.signing import TOKEN_HEADER, DelegationError, expired, token_verify
 from handoff.clearance import django_refusal
-from handoff.mcp.caller import authorization_servers, required_scopes, resource_uri
+from handoff.mcp.caller import authorization_servers, public_base, required_scopes, resource_uri
 from handoff.protocol.claim_checks import claim_store
 from handoff.snapshot import snapshot
 from registry.upstreams.delegation import key_ring
@@ -32,18 +32,22 @@ async def claim_redeem(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-async def protected_resource(request: HttpRequest) -> HttpResponse:
+async def protected_resource(request: HttpRequest, server: str | None = None) -> HttpResponse:
     """Where to get a token for /mcp, at both paths the MCP authorization spec names (the root and the one
-    suffixed with the resource's path); 404 while no issuer is configured. Readable from any origin: browser
+    suffixed with the resource's path), or for a virtual server (its own resource, and so its own audience); 404
+    while no issuer is configured, or for a virtual server there is not. Readable from any origin: browser
     clients such as the MCP Inspector fetch it."""
     snap = await snapshot.get()
     if not snap.signs_in:
         return JsonResponse({"error": "not_found", "error_description": "No sign-in is configured"}, status=404)
+    virtual = snap.servers.get(server) if server is not None else None
+    if server is not None and virtual is None:
+        return JsonResponse({"error": "not_found", "error_description": "No such virtual server"}, status=404)
     metadata = {
-        "resource": resource_uri(request.scope),
+        "resource": f"{public_base(request.scope)}/mcp/s/{server}" if virtual else resource_uri(request.scope),
         "authorization_servers": authorization_servers(request.scope, snap),
         "bearer_methods_supported": ["header"],
-        "resource_name": settings.GATEWAY_NAME,
+        "resource_name": (virtual.title or virtual.name) if virtual else settings.GATEWAY_NAME,
     }
     if scopes := required_scopes(snap):
         metadata["scopes_supported"] = scopes

@@ -28,8 +28,9 @@ from playwright.async_api import async_playwright
 
 from policy.models import Agent, AgentKey
 from policy.services import agent_key_issue
+from registry.models import VirtualServer
 from tests import servers
-from tests.clients import TokenMemory, call, tool_names, ws_session
+from tests.clients import INITIALIZE, TokenMemory, call, tool_names, ws_session
 from tests.conftest import needs
 from tests.factories import agent
 from tests.helpers import audit_mark, audit_since, eventually
@@ -96,7 +97,9 @@ class Person:
         )
 
 
-async def _oauth_call(gateway_url: str, mode: str, seen: dict, text: str) -> tuple[str, TokenMemory]:
+async def _oauth_call(
+    gateway_url: str, mode: str, seen: dict, text: str, path: str = "/mcp"
+) -> tuple[str, TokenMemory]:
     needs(servers.CHROMIUM.exists(), "Chromium is not installed (apt-get install chromium)")
     storage = TokenMemory()
     async with async_playwright() as playwright:
@@ -105,10 +108,10 @@ async def _oauth_call(gateway_url: str, mode: str, seen: dict, text: str) -> tup
         metadata = OAuthClientMetadata(
             client_name="Test Desktop", redirect_uris=[CALLBACK], token_endpoint_auth_method="none", scope="mcp"
         )
-        auth = OAuthClientProvider(f"{gateway_url}/mcp", metadata, storage, person.sign_in_and_allow, person.callback)
+        auth = OAuthClientProvider(f"{gateway_url}{path}", metadata, storage, person.sign_in_and_allow, person.callback)
         try:
             async with httpx2.AsyncClient(auth=auth, timeout=30) as http:
-                transport = streamable_http_client(f"{gateway_url}/mcp", http_client=http)
+                transport = streamable_http_client(f"{gateway_url}{path}", http_client=http)
                 async with Client(transport, mode=mode) as client:
                     result = await client.call_tool("demo__echo", {"text": text})
         finally:
@@ -148,6 +151,36 @@ def test_the_metadata_points_a_client_here_and_offers_only_code_with_s256(gatewa
     assert server["registration_endpoint"] == f"{gateway.url}/oauth/register/"
     assert server["authorization_response_iss_parameter_supported"] is True
     assert server["client_id_metadata_document_supported"] is True
+
+
+def test_a_person_signs_in_for_a_virtual_server_whose_token_is_for_it_alone(gateway, ada):
+    """A virtual server is a resource of its own: its metadata names it, the token a client gets for it has it as
+    audience, and that token is refused at /mcp (and /mcp's at it)."""
+    desk = VirtualServer.objects.create(name="desk", title="Front desk", tools=["demo__echo"])
+    try:
+        metadata = eventually(lambda: _metadata(gateway, "/mcp/s/desk"))
+        unknown = httpx2.get(f"{gateway.url}/.well-known/oauth-protected-resource/mcp/s/nowhere", timeout=5)
+        text, storage = anyio.run(_oauth_call, gateway.url, "legacy", {}, "at the desk", "/mcp/s/desk")
+        token = {
+            "Authorization": f"Bearer {storage.tokens.access_token}",
+            "Accept": "application/json, text/event-stream",
+        }
+        at_mcp = httpx2.post(f"{gateway.url}/mcp", json=INITIALIZE, headers=token, timeout=5)
+    finally:
+        desk.delete()
+    assert (metadata["resource"], metadata["resource_name"]) == (f"{gateway.url}/mcp/s/desk", "Front desk")
+    assert (unknown.status_code, unknown.json()["error_description"]) == (404, "No such virtual server")
+    assert text == "at the desk"
+    assert at_mcp.status_code == 401
+    assert (
+        at_mcp.json()["error"]["message"]
+        == "The token is unknown, expired or revoked, or not for this gateway: sign in again"
+    )
+
+
+def _metadata(gateway, path: str) -> dict | None:
+    answer = httpx2.get(f"{gateway.url}/.well-known/oauth-protected-resource{path}", timeout=5)
+    return answer.json() if answer.status_code == 200 else None
 
 
 # The same steps over plain HTTP, for the refusals a browser would never show.
