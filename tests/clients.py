@@ -211,10 +211,11 @@ async def call(base_url: str, key: str, name: str, arguments: dict | None = None
             return refused
 
 
-async def tool_names(base_url: str, key: str, mode: str = "legacy") -> set[str]:
-    """The names an agent is offered; empty while a gateway does not know its key yet."""
+async def tool_names(base_url: str, key: str, mode: str = "legacy", path: str = "/mcp") -> set[str]:
+    """The names an agent is offered (at /mcp, or a virtual server's `path`); empty while a gateway does not know
+    its key yet."""
     try:
-        async with sdk_client(base_url, key, mode) as client:
+        async with sdk_client(base_url, key, mode, path=path) as client:
             return {tool.name for tool in (await client.list_tools()).tools}
     except Exception:  # 401 until the gateway's snapshot holds the new key: the caller polls
         return set()

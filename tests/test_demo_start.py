@@ -171,10 +171,12 @@ def test_serve_demo_answers_in_one_process_and_a_restart_prints_the_same_key(tmp
             payments = (var / "payments_key").read_text()
             borrowed = asyncio.run(call(running.url, payments, "demo__echo", {"text": text}))  # shared with it
             offered = asyncio.run(tool_names(running.url, payments))
+            desk = asyncio.run(tool_names(running.url, key, path="/mcp/s/desk"))  # the demo's virtual server
         finally:
             running.stop()
         assert [c.text for c in echoed.content] == [[c.text for c in borrowed.content][0]] == [text]
         assert "demo__echo" in offered and not any(name.startswith("time__") for name in offered)  # platform's own
+        assert desk == {"demo__echo", "demo__add", "time__get_current_time"}
         assert login.status_code == 200 and re.search(r"/static/admin/css/base\.[0-9a-f]{12}\.css", login.text)
         assert key == (var / "demo_key").read_text()
     assert _demo_teams(var) == {
@@ -184,6 +186,7 @@ def test_serve_demo_answers_in_one_process_and_a_restart_prints_the_same_key(tmp
         "admins": (("default", "platform-admin"), ("payments", "payments-admin")),
     }
     started, restarted = (tmp_path / "start.log").read_text(), (tmp_path / "restart.log").read_text()
+    assert "Virtual server 'desk': /mcp/s/desk offers demo__echo, demo__add, time__get_current_time" in started
     assert len(re.findall("Admin console login", started)) == 1 and "Admin console login" not in restarted
     assert re.search(r"console admin payments-admin / \S+", started)  # its password shown once
     assert "console admin payments-admin\n" in restarted

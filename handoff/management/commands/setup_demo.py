@@ -13,12 +13,14 @@ from handoff.config_import import mcp_config_import
 from handoff.management.demo_teams import PAYMENTS_AGENT, demo_teams_setup
 from policy.keys import key_matches, key_split
 from policy.models import Agent, Team
-from policy.services import agent_create, agent_key_issue
-from registry.models import Upstream
+from policy.services import agent_create, agent_key_issue, policy_object_save
+from registry.models import Upstream, VirtualServer
 from registry.services import SyncReport, upstream_catalog_sync
 
 DEMO_AGENT = "demo"
 DEMO_UPSTREAMS = ("time", "demo")
+# The demo's virtual server (docs/curation.md): a curated endpoint of a few of the demo's tools.
+DESK = {"name": "desk", "title": "Demo desk", "tools": ["demo__echo", "demo__add", "time__get_current_time"]}
 SPECIALIST_DESCRIPTION = "Budgets, invoices and payments: hand questions about money to the finance specialist."
 
 
@@ -57,6 +59,8 @@ class Command(BaseCommand):
             admin_login = self._admin_user()
             teams = demo_teams_setup()
             payments_key = _kept_key(PAYMENTS_AGENT, settings.VAR_DIR / "payments_key", team=teams.payments)
+            if not VirtualServer.objects.filter(name=DESK["name"]).exists():
+                policy_object_save(obj=VirtualServer(**DESK), actor="setup_demo", created=True)
         for sync in syncs:
             self.stdout.write(sync.result().summary())
         self.stdout.write(f"\nAgent '{DEMO_AGENT}' API key (kept in {_key_file()}):\n  {key}\n")
@@ -65,6 +69,8 @@ class Command(BaseCommand):
         self.stdout.write(teams.about())
         where = settings.VAR_DIR / "payments_key"
         self.stdout.write(f"Agent '{PAYMENTS_AGENT}' API key (team payments, kept in {where}):\n  {payments_key}\n")
+        offered = ", ".join(DESK["tools"])
+        self.stdout.write(f"Virtual server '{DESK['name']}': /mcp/s/{DESK['name']} offers {offered}\n")
 
     def _admin_user(self) -> str:
         """The login of the admin made now, or "" if there is one already."""
