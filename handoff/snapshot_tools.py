@@ -13,6 +13,7 @@ from policy.manifest import manifest_sanitize
 from policy.models import ServerGroup
 from registry.models import LocalPrefix, Tool, Upstream
 from registry.naming import exposed_name
+from registry.overrides import Override
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,19 @@ class Route:
 class ToolEntry:
     route: Route
     target: Target
-    definition: dict[str, Any]  # sanitised, under its exposed name
-    sha256: str = ""  # of the upstream's definition: what derived texts (TypeScript) are cached by
+    definition: dict[str, Any]  # sanitised, under its exposed name, its owner's override applied
+    sha256: str = ""  # of the upstream's definition: what a sign-off binds
+    override: Override | None = None  # how the owner presents it (registry/overrides.py)
+
+    @property
+    def shape(self) -> str:
+        """What derived texts (TypeScript, the search index) are cached by: the upstream's definition and override."""
+        return f"{self.sha256}:{self.override.digest}" if self.override else self.sha256
+
+    @property
+    def own_name(self) -> str:
+        """The name after the namespace: the override's, or the upstream's."""
+        return (self.override and self.override.name) or self.route.tool
 
 
 def upstream_limits(upstream: Upstream) -> UpstreamLimits:
@@ -61,9 +73,12 @@ def upstream_teams(upstream: Upstream) -> frozenset[str] | None:
 
 def tools_compile(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimits]) -> dict[str, ToolEntry]:
     tools = {}
-    for tool in Tool.objects.filter(upstream__handoff_only=False).order_by("upstream__slug", "name"):
+    listed = Tool.objects.filter(upstream__handoff_only=False).select_related("override")
+    for tool in listed.order_by("upstream__slug", "name"):
         upstream = upstreams[tool.upstream_id]
-        name = exposed_name(upstream.namespace, tool.name)
+        override = tool.override.value() if hasattr(tool, "override") else None
+        shown = override.definition(tool.definition) if override else tool.definition
+        name = exposed_name(upstream.namespace, (override and override.name) or tool.name)
         if name in tools:  # an unprefixed collision sync has not caught up with yet: the first slug keeps it
             continue
         route = Route(
@@ -85,10 +100,10 @@ def tools_compile(upstreams: dict[int, Upstream], limits: dict[int, UpstreamLimi
             tool=tool.name,
             approved=tool.is_approved,
             teams=upstream_teams(upstream),
-            classes=tool_classes(tool.annotations),
+            classes=tool_classes(shown.get("annotations")),  # the owner's word, where it overrides the upstream's
         )
-        definition = manifest_sanitize(tool.definition) | {"name": name}
-        tools[name] = ToolEntry(route, target, definition, tool.definition_sha256)
+        definition = manifest_sanitize(shown) | {"name": name}
+        tools[name] = ToolEntry(route, target, definition, tool.definition_sha256, override)
     return tools
 
 
@@ -115,9 +130,10 @@ def local_names_compile(upstreams: dict[int, Upstream], tools: dict[str, ToolEnt
         local = names.local.setdefault(team, {})
         renamed = set(names.renamed.get(team, ()))
         for name, entry in by_upstream.get(upstream.id, ()):
-            own = exposed_name(row.prefix, entry.route.tool)
-            definition = entry.definition | {"name": own}
-            local[own] = ToolEntry(entry.route, replace(entry.target, exposed_name=own), definition, entry.sha256)
+            own = exposed_name(row.prefix, entry.own_name)
+            local[own] = replace(
+                entry, target=replace(entry.target, exposed_name=own), definition=entry.definition | {"name": own}
+            )
             renamed.add(name)
         names.renamed[team] = frozenset(renamed)
     return names

@@ -303,9 +303,9 @@ class ToolAdmin(TeamScopedMixin, admin.ModelAdmin):
         """Test this tool: the form its schema makes, a confirmation, then the call as an agent's would run."""
         if not self.has_test_permission(request):
             raise PermissionDenied
-        tool = get_object_or_404(self.get_queryset(request).select_related("upstream"), pk=pk)
-        schema = (tool.definition or {}).get("inputSchema")
-        page = {"tool": tool, "exposed": exposed_name(tool.upstream.namespace, tool.name), "agent": CONSOLE_AGENT}
+        tool = get_object_or_404(self.get_queryset(request).select_related("upstream", "override"), pk=pk)
+        schema = tool.shown_definition().get("inputSchema")
+        page = {"tool": tool, "exposed": exposed_name(tool.upstream.namespace, tool.own_name), "agent": CONSOLE_AGENT}
         if not tool.is_approved:
             return self._test_page(request, page | {"stage": "held"}, status=409 if request.method == "POST" else 200)
         if request.method != "POST":

@@ -35,7 +35,8 @@ from policy.limits.stores import limit_store
 from policy.models import ServerGroup, Team
 from registry.connection_views import MAX_TOKEN_CHARS, people_of
 from registry.forms import MASK, unmasked
-from registry.models import LocalPrefix, PersonalCredential, Tool, Upstream, VirtualServer
+from registry.models import LocalPrefix, PersonalCredential, Tool, ToolOverride, Upstream, VirtualServer
+from registry.overrides import override_json
 from registry.package_pins import package_summary
 from registry.personal import personal_connect, personal_disconnect, personal_revoke
 from registry.secret_store import SecretStoreUnavailable
@@ -43,6 +44,8 @@ from registry.services import (
     SyncReport,
     local_prefix_set,
     tool_approve,
+    tool_override_clear,
+    tool_override_set,
     upstream_catalog_sync,
     upstream_delete,
     upstream_register,
@@ -213,8 +216,8 @@ class ToolViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
     team_path = "upstream__team"
 
     def get_permissions(self) -> list[Any]:
-        # Approving is a change to a tool (as in the admin), not the adding a POST would otherwise ask for.
-        return [IsAuthenticated()] if self.action == "approve" else super().get_permissions()
+        # Approving and overriding change a tool (as in the admin): not the adding a POST would otherwise ask for.
+        return [IsAuthenticated()] if self.action in ("approve", "override") else super().get_permissions()
 
     def get_queryset(self):
         tools = super().get_queryset()
@@ -234,6 +237,24 @@ class ToolViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
         if not tool.is_approved:
             tool_approve(tool=tool, actor=request.user.get_username())
         return Response(ToolSerializer(tool).data)
+
+    @extend_schema(request=dict[str, Any], responses=dict[str, Any])
+    @action(detail=True, methods=["get", "put", "delete"])
+    def override(self, request: Request, pk: str) -> Response:
+        """How agents see the tool (docs/curation.md): GET it, PUT a whole override, DELETE it. The tool's pin
+        goes on comparing the upstream's own definition."""
+        tool = self.get_object()
+        if request.method != "GET" and not request.user.has_perm("registry.change_tool"):
+            raise PermissionDenied("Overriding a tool needs the permission to change tools.")
+        actor = request.user.get_username()
+        if request.method == "DELETE":
+            tool_override_clear(tool=tool, actor=actor)
+            return Response(status=204)
+        if request.method == "PUT":
+            with refused_as_400():
+                tool_override_set(tool=tool, data=request.data, actor=actor)
+        row = ToolOverride.objects.filter(tool=tool).first()
+        return Response(override_json(row.value()) if row else {})
 
 
 class ConnectionSerializer(serializers.ModelSerializer):

@@ -1,3 +1,4 @@
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from django.conf import settings
@@ -6,6 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from policy.models import ServerGroup, Team, limit_field, team_field
+from registry.overrides import Override, override_parse
 from registry.upstreams.egress import url_problem
 from registry.upstreams.sandbox import sandbox_problem
 
@@ -356,6 +358,48 @@ class Tool(models.Model):
     @property
     def is_approved(self) -> bool:
         return self.approved_sha256 == self.definition_sha256
+
+    @property
+    def own_name(self) -> str:
+        """The name after the namespace that agents see: its owner's override, or the upstream's."""
+        override = getattr(self, "override", None)  # a reverse one-to-one that is missing raises AttributeError
+        return (override and override.name) or self.name
+
+    def shown_definition(self) -> dict[str, Any]:
+        """The definition agents see before the gateway sanitises it: its owner's override applied."""
+        override = getattr(self, "override", None)
+        return override.value().definition(self.definition) if override else self.definition
+
+
+class OverrideFields(models.Model):
+    """An override of how agents see a tool (registry/overrides.py), as stored: what an upstream's tool holds now,
+    and a virtual server's tool can hold too. Blank fields keep the upstream's."""
+
+    name = models.CharField(max_length=128, blank=True, help_text="The tool's name after the namespace")
+    title = models.CharField(max_length=512, blank=True)
+    description = models.TextField(blank=True)
+    annotations = models.JSONField(null=True, blank=True)
+    params = models.JSONField(default=dict, blank=True, help_text="Parameter -> hidden, name, description, value")
+    output = models.JSONField(default=list, blank=True, help_text="structuredContent fields kept (empty: all)")
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def value(self) -> Override:
+        return override_parse(
+            {key: getattr(self, key) for key in ("name", "title", "description", "annotations", "params", "output")}
+        )
+
+
+class ToolOverride(OverrideFields):
+    """An upstream's tool as its owner presents it to agents; its pin still compares the upstream's definition."""
+
+    tool = models.OneToOneField(Tool, on_delete=models.CASCADE, related_name="override")
+
+    def __str__(self) -> str:
+        return f"override of {self.tool}"
 
 
 class ToolEmbedding(models.Model):

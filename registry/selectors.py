@@ -43,20 +43,20 @@ def team_names(*, team: Team, leave_out: Upstream | None = None) -> dict[str, st
     if leave_out is not None:
         seen = seen.exclude(pk=leave_out.pk)
     names = {}
-    for tool in Tool.objects.filter(upstream__in=seen).select_related("upstream"):
+    for tool in Tool.objects.filter(upstream__in=seen).select_related("upstream", "override"):
         upstream = tool.upstream
         own = upstream.team_id == team.id
         namespace = upstream.namespace if own else prefixes.get(upstream.id) or upstream.namespace
-        names.setdefault(exposed_name(namespace, tool.name), upstream.slug)
+        names.setdefault(exposed_name(namespace, tool.own_name), upstream.slug)
     return names
 
 
 def name_collisions(*, upstream: Upstream, team: Team, namespace: str, tools: Iterable[str] | None = None) -> list[str]:
     """The upstream's exposed names under `namespace` that the team's agents already see from another upstream.
-    `tools`: the upstream's tool names (default: its catalog)."""
+    `tools`: the upstream's tool names (default: its catalog, as its overrides name it)."""
     if upstream.handoff_only:
         return []
-    names = tools if tools is not None else upstream.tools.values_list("name", flat=True)
+    names = tools if tools is not None else [tool.own_name for tool in upstream.tools.select_related("override")]
     taken = team_names(team=team, leave_out=upstream)
     return sorted({exposed_name(namespace, name) for name in names} & set(taken))
 

@@ -21,8 +21,9 @@ from policy.models import Team, team_slug_of
 from policy.services import TeamRefused
 from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
-from registry.models import LocalPrefix, Tool, Upstream, query_split
+from registry.models import LocalPrefix, Tool, ToolOverride, Upstream, query_split
 from registry.naming import exposed_name, split_exposed_name
+from registry.overrides import Override, OverrideRefused, override_check, override_json, override_parse
 from registry.package_pins import package_pin
 from registry.selectors import name_collisions, namespace_of, share_collisions, team_names, teams_seeing
 from registry.upstreams.health import command_missing
@@ -168,8 +169,9 @@ def upstream_resync(upstream_id: int) -> SyncReport | None:
 
 def _taken_names(upstream: Upstream) -> dict[str, str]:
     """Exposed name -> the other upstream that already exposes it. Only an unprefixed upstream can collide."""
-    others = Tool.objects.filter(upstream__handoff_only=False).exclude(upstream=upstream).select_related("upstream")
-    return {exposed_name(tool.upstream.namespace, tool.name): tool.upstream.slug for tool in others}
+    others = Tool.objects.filter(upstream__handoff_only=False).exclude(upstream=upstream)
+    others = others.select_related("upstream", "override")
+    return {exposed_name(tool.upstream.namespace, tool.own_name): tool.upstream.slug for tool in others}
 
 
 @dataclass(frozen=True)
@@ -471,3 +473,59 @@ def local_prefix_set(*, upstream: Upstream, team: Team, prefix: str, actor: str)
         detail = {"action": "local_prefix_set", "team": team.slug, "before": before, "after": prefix}
         audit_record(kind="admin_change", actor=actor, upstream=upstream.slug, team=team.slug, detail=detail)
     return candidate if prefix else None
+
+
+def tool_override_check(*, tool: Tool, data: Any) -> Override:
+    """The override `data` describes (registry/overrides.py), if it fits the tool's definition and its name is one
+    agents do not see already; else ValidationError naming why."""
+    try:
+        override = override_parse(data)
+        override_check(override, tool.definition)
+    except OverrideRefused as refused:
+        raise ValidationError({"override": str(refused)}) from None
+    upstream, own = tool.upstream, override.name or tool.name
+    exposed = exposed_name(upstream.namespace, own)
+    for other in upstream.tools.exclude(pk=tool.pk).select_related("override"):
+        if exposed_name(upstream.namespace, other.own_name) == exposed:
+            message = f"Tools {tool.name!r} and {other.name!r} would both be exposed as {exposed!r}."
+            raise ValidationError({"override": message})
+    if own != tool.own_name and (collision := _collision(upstream, own, _taken_names(upstream), _team_views(upstream))):
+        raise ValidationError({"override": f"Tool {tool.name!r} cannot be renamed {own!r}: {collision}."})
+    return override
+
+
+def tool_override_set(*, tool: Tool, data: Any, actor: str) -> ToolOverride:
+    """Present the tool to agents as `data` says (refused with ValidationError, `tool_override_check`); its pin goes
+    on comparing the upstream's definition. An audit row names the override's digest before and after."""
+    override = tool_override_check(tool=tool, data=data)
+    with transaction.atomic():
+        row = ToolOverride.objects.filter(tool=tool).first() or ToolOverride(tool=tool)
+        before = row.value().digest if row.pk else ""
+        row.name, row.title, row.description = override.name, override.title, override.description
+        row.annotations, row.params = override.annotations, override_json(override).get("params", {})
+        row.output, row.updated_by = list(override.output), actor
+        row.save()
+        _override_event(tool, before, override.digest, actor)
+    tool.override = row
+    return row
+
+
+def tool_override_clear(*, tool: Tool, actor: str) -> None:
+    """Agents see the tool as the upstream lists it again."""
+    with transaction.atomic():
+        row = ToolOverride.objects.filter(tool=tool).first()
+        if row is None:
+            return
+        before = row.value().digest
+        row.delete()
+        _override_event(tool, before, "", actor)
+
+
+def _override_event(tool: Tool, before: str, after: str, actor: str) -> None:
+    config_changed()
+    detail = {"action": "tool_override_set" if after else "tool_override_cleared", "before": before, "after": after}
+    upstream = tool.upstream
+    audit_record(
+        kind="admin_change", actor=actor, upstream=upstream.slug, team=team_slug_of(upstream), tool=tool.name,
+        detail=detail,
+    )  # fmt: skip

@@ -47,7 +47,7 @@ def code_bindings(snap: Snapshot, who: Who) -> Bindings:
     key = f"bindings:{snap.team_of(who)}"
     if key not in snap.memo:
         snap.memo[key] = bindings_build(
-            [(name, _space(snap, name, e), e.route.tool) for name, e in snap.tools_for(who).items()]
+            [(name, _space(snap, name, e), e.own_name) for name, e in snap.tools_for(who).items()]
         )
     return snap.memo[key]
 
@@ -78,7 +78,7 @@ async def search_index(snap: Snapshot, who: Who) -> SearchIndex:
     key = f"index:{snap.team_of(who)}"
     if key not in snap.memo:
         tools = snap.tools_for(who)
-        catalog = tuple((name, entry.sha256) for name, entry in tools.items())
+        catalog = tuple((name, entry.shape) for name, entry in tools.items())
         if (index := _last_index.get(catalog)) is None:
             index = await asyncio.to_thread(SearchIndex, [entry.definition for entry in tools.values()])
             if (embedder := _embedder()) is not None:
@@ -115,7 +115,7 @@ def _found(snap: Snapshot, caller: Caller, bindings: Bindings, name: str) -> dic
     found = {"name": name, "description": entry.definition.get("description") or ""}
     if binding is None:
         return found | {"call": None, "note": f"Not callable from code: {bindings.refused[name]}."}
-    signature = method_declaration(binding.path, entry.definition, entry.sha256)
+    signature = method_declaration(binding.path, entry.definition, entry.shape)
     return found | {"call": binding.path, "signature": signature}
 
 

@@ -16,6 +16,7 @@ from handoff.snapshot import Snapshot, TriageEntry
 from handoff.snapshot_tools import Route
 from policy.decisions import Denial, SignOffTerms
 from policy.limits.admission import Admission
+from registry.overrides import Override
 from registry.personal import CredentialRef
 from registry.upstreams.outcome import Outcome
 from registry.upstreams.relay import Relay
@@ -66,6 +67,7 @@ class Call:
     credential: CredentialRef | None = None  # a per-person upstream's: whose credential the call uses
     sign_off: SignOffTerms | None = None  # what a sign-off rule asks before the call runs
     definition_sha256: str = ""  # the tool's pinned definition, which a sign-off binds
+    override: Override | None = None  # the owner's, once `arguments` are the upstream's (trims the result)
     signed_off: str = ""  # the id of the sign-off this call used
     admission: Admission | None = None  # held while the call runs; given back with the completion row
     probing: bool = False  # this call is the half-open circuit's one probe

@@ -115,6 +115,8 @@ async def result_stage(call: Call) -> None:
     assert call.outcome is not None
     try:
         call.result = for_model(call.name, call.outcome)
+        if call.override is not None:
+            call.result = call.override.result(call.result)
         if call.origin == AGENT and not call.own and call.result.get("resultType") == "input_required":
             assert call.caller is not None and call.relay is not None
             try:

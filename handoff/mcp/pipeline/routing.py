@@ -3,6 +3,7 @@
 sets `call.denial`; the runner then writes the denied row and answers."""
 
 import logging
+from typing import Any
 
 from django.conf import settings
 
@@ -18,6 +19,7 @@ from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial
 from policy.identity import person_digest
 from policy.limits.admission import Admission, limits_denial
 from policy.limits.stores import limit_store
+from registry.overrides import ArgumentsRefused, Override
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +121,10 @@ async def decide_stage(call: Call) -> None:
     if call.denial or entry is None:
         return
     call.sign_off, call.definition_sha256 = snap.sign_off(caller.who, entry), entry.sha256
+    if entry.override is not None:
+        overridden(call, entry.override, entry.definition.get("inputSchema") or {})
+        if call.denial:
+            return
     if not entry.route.per_person:
         return
     credential = await credential_for(caller, entry.route, call.name)
@@ -126,6 +132,16 @@ async def decide_stage(call: Call) -> None:
         call.denial = credential
     else:
         call.credential = credential
+
+
+def overridden(call: Call, override: Override, exposed_schema: dict[str, Any]) -> None:
+    """From here on the call carries the arguments the upstream receives (what sign-off and the audit digest see):
+    under the upstream's names, with the fixed values. Arguments the exposed schema refuses end the call."""
+    try:
+        call.arguments, call.override = override.arguments(call.arguments, exposed_schema), override
+    except ArgumentsRefused as refused:
+        message = f"Invalid arguments for {call.name!r}: {refused}"
+        call.denial = Denial("INVALID_ARGUMENTS", message, INVALID_PARAMS)
 
 
 async def admit_stage(call: Call) -> None:
