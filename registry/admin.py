@@ -18,15 +18,19 @@ from django.utils.text import Truncator
 from handoff.console import CONSOLE_AGENT, console_agent, console_call_from_sync
 from policy.admin import AuditedSaveMixin, TeamScopedMixin
 from policy.limits.stores import limit_store
+from policy.manifest import manifest_sanitize
 from policy.selectors import admin_teams, in_teams, team_choices
 from registry.forms import LocalPrefixForm, UpstreamForm
 from registry.models import LocalPrefix, PersonalCredential, Tool, Upstream, VirtualServer
 from registry.naming import exposed_name
+from registry.overrides import override_json
 from registry.package_pins import package_approve, package_update
 from registry.personal import personal_revoke
 from registry.services import (
     local_prefix_set,
     tool_approve,
+    tool_override_clear,
+    tool_override_set,
     upstream_breaker_reset,
     upstream_catalog_sync,
     upstream_delete,
@@ -40,6 +44,13 @@ from registry.upstreams.packages import PackageProblem
 
 def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def _json_or_refused(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"Not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.") from None
 
 
 def definition_diff(tool: Tool) -> str:
@@ -281,8 +292,8 @@ class ToolAdmin(TeamScopedMixin, admin.ModelAdmin):
     list_filter = (PendingFilter, "upstream")
     search_fields = ("name", "description")
     fields = (
-        "pending_change", "upstream", "name", "title", "description", "pretty_definition", "definition_sha256",
-        "approved_sha256", "approved_by", "approved_at", "first_seen_at", "last_seen_at",
+        "pending_change", "upstream", "name", "title", "description", "overridden", "pretty_definition",
+        "definition_sha256", "approved_sha256", "approved_by", "approved_at", "first_seen_at", "last_seen_at",
     )  # fmt: skip
     readonly_fields = fields
     actions = ("approve",)
@@ -290,13 +301,16 @@ class ToolAdmin(TeamScopedMixin, admin.ModelAdmin):
     def get_urls(self):
         approve = path("<int:pk>/approve/", self.admin_site.admin_view(self.approve_view), name="registry_tool_approve")
         test = path("<int:pk>/test/", self.admin_site.admin_view(self.test_view), name="registry_tool_test")
-        return [approve, test, *super().get_urls()]
+        override = path(
+            "<int:pk>/override/", self.admin_site.admin_view(self.override_view), name="registry_tool_override"
+        )
+        return [approve, test, override, *super().get_urls()]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         tool = self.get_object(request, object_id)
         approvable = bool(tool and not tool.is_approved and self.has_approve_permission(request))
         testable = bool(tool and self.has_test_permission(request))  # a held tool's page says why it is refused
-        extra = (extra_context or {}) | {"approvable": approvable, "testable": testable}
+        extra = (extra_context or {}) | {"approvable": approvable, "testable": testable, "overridable": bool(tool)}
         return super().change_view(request, object_id, form_url, extra)
 
     def test_view(self, request: HttpRequest, pk: int) -> HttpResponse:
@@ -333,6 +347,36 @@ class ToolAdmin(TeamScopedMixin, admin.ModelAdmin):
         shown = pretty(call.result) if call.result is not None else ""
         return self._test_page(request, page | {"stage": "result", "call": call, "shown": shown})
 
+    def override_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """How agents see the tool: its override as JSON (docs/curation.md), saved or cleared through the service."""
+        tool = get_object_or_404(self.get_queryset(request).select_related("upstream", "override"), pk=pk)
+        editable = self.has_approve_permission(request)
+        if request.method == "POST" and not editable:
+            raise PermissionDenied
+        row = getattr(tool, "override", None)
+        page = {"tool": tool, "editable": editable, "text": pretty(override_json(row.value()) if row else {})}
+        if request.method == "POST":
+            actor, page["text"] = request.user.get_username(), request.POST.get("override", "")
+            try:
+                if "clear" in request.POST:
+                    tool_override_clear(tool=tool, actor=actor)
+                else:
+                    tool_override_set(tool=tool, data=_json_or_refused(page["text"]), actor=actor)
+            except ValidationError as refused:
+                return self._override_page(request, page | {"error": " ".join(refused.messages)}, status=400)
+            self.message_user(request, f"{tool}: agents see the change within seconds.", messages.SUCCESS)
+            return redirect("admin:registry_tool_change", pk)
+        return self._override_page(request, page)
+
+    def _override_page(self, request: HttpRequest, context: dict[str, Any], status: int = 200) -> TemplateResponse:
+        tool = context["tool"]
+        shown = manifest_sanitize(tool.shown_definition()) | {
+            "name": exposed_name(tool.upstream.namespace, tool.own_name)
+        }
+        context |= self.admin_site.each_context(request) | {"opts": self.opts, "title": f"Override {tool}"}
+        context |= {"shown": pretty(shown)}
+        return TemplateResponse(request, "admin/registry/tool/override.html", context, status=status)
+
     def _test_page(self, request: HttpRequest, context: dict[str, Any], status: int = 200) -> TemplateResponse:
         context |= self.admin_site.each_context(request) | {"opts": self.opts, "title": f"Test {context['tool']}"}
         return TemplateResponse(request, "admin/registry/tool/test.html", context, status=status)
@@ -357,6 +401,13 @@ class ToolAdmin(TeamScopedMixin, admin.ModelAdmin):
             tool_approve(tool=tool, actor=request.user.get_username())
             self.message_user(request, f"{tool} approved: agents see this version now.", messages.SUCCESS)
         return redirect("admin:registry_tool_change", pk)
+
+    @admin.display(description="Override")
+    def overridden(self, tool: Tool) -> str:
+        row = getattr(tool, "override", None)
+        if row is None:
+            return "None: agents see the tool as the upstream lists it."
+        return format_html('<pre id="tool-override">{}</pre>', pretty(override_json(row.value())))
 
     @admin.display(description="Change waiting for approval")
     def pending_change(self, tool: Tool) -> str:

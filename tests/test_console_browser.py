@@ -153,6 +153,25 @@ def test_a_held_tool_approved_in_the_console_is_offered_again(operator, console,
         eventually(lambda: "pinned__echo" in agent_run(lambda: tool_names(console.url, world.key)))
 
 
+def test_an_operator_overrides_a_tool_on_its_page_and_an_agent_sees_it_renamed(operator, console, world):
+    with demo_upstream("dressed") as upstream:
+        add = Tool.objects.get(upstream=upstream, name="add")
+        operator.goto(f"{console.url}/admin/registry/tool/{add.pk}/change/")
+        operator.click("#override-tool")
+        operator.fill("#tool-override-text", json.dumps({"params": {"a": {"hidden": True}}}))
+        operator.click("input[value=Save]")
+        refused = operator.inner_text("#tool-override-error")
+        operator.fill("#tool-override-text", json.dumps({"name": "sum", "params": {"b": {"value": 10}}}))
+        operator.click("input[value=Save]")
+        operator.wait_for_selector("text=agents see the change within seconds")
+        shown = operator.inner_text("#tool-override")
+        eventually(lambda: "dressed__sum" in agent_run(lambda: tool_names(console.url, world.key)))
+        answered = agent_run(lambda: call(console.url, world.key, "dressed__sum", {"a": 5}))
+    assert refused == "Parameter 'a' is required: give it a fixed value to hide it."
+    assert json.loads(shown) == {"name": "sum", "params": {"b": {"value": 10}}}
+    assert answered.content[0].text == "15"
+
+
 def test_the_audit_list_filters_opens_a_requests_story_and_exports_the_slice(operator, console, world):
     marker = uuid.uuid4().hex
     agent_run(lambda: call(console.url, world.key, "demo__echo", {"text": marker}))

@@ -158,3 +158,20 @@ def test_the_api_sets_refuses_and_clears_an_override(inline_gateway, world):
     assert read.json() == SUM
     assert (cleared.status_code, after.json()) == (204, {})
     assert "offered__sum" not in back
+
+
+def test_the_console_refuses_text_that_is_not_json_and_clears_an_override(admin_client, world):
+    with demo_upstream("worded") as upstream:
+        tool = Tool.objects.get(upstream=upstream, name="add")
+        page = f"/admin/registry/tool/{tool.pk}/override/"
+        _override(upstream, "add", SUM)
+        shown = admin_client.get(page).content.decode()
+        refused = admin_client.post(page, {"override": "{name: sum}"})
+        cleared = admin_client.post(page, {"override": "", "clear": "Clear the override"})
+        rows = list(upstream.tools.filter(override__isnull=False))
+    assert "&quot;worded__sum&quot;" in shown and "&quot;first&quot;" in shown
+    assert refused.status_code == 400
+    assert (
+        "Not JSON: Expecting property name enclosed in double quotes at line 1, column 2." in refused.content.decode()
+    )
+    assert cleared.status_code == 302 and rows == []
