@@ -6,15 +6,16 @@ import anyio
 from mcp.shared.exceptions import MCPError
 
 from policy.services import agent_key_issue
+from registry.models import VirtualServer
 from tests.clients import call, sdk_client, tool_names, ws_session
 from tests.factories import agent, two_strict_groups
 from tests.helpers import audit_mark, audit_since, eventually, run
 
 
-async def session_calls(url: str, key: str, mode: str, names: list[str]) -> list:
-    """Each call's text, or its refusal's (code, data code, message), all in one session."""
+async def session_calls(url: str, key: str, mode: str, names: list[str], path: str = "/mcp") -> list:
+    """Each call's text, or its refusal's (code, data code, message), all in one session (at /mcp, or `path`)."""
     outcomes = []
-    async with sdk_client(url, key, mode) as client:
+    async with sdk_client(url, key, mode, path=path) as client:
         for name in names:
             try:
                 outcomes.append((await client.call_tool(name, {"text": name})).content[0].text)
@@ -43,6 +44,20 @@ def test_a_session_that_entered_a_strict_group_cannot_reach_another_but_a_fresh_
     [denied] = [r for r in audit_since(mark) if r.kind == "denied"]
     assert (denied.upstream, denied.error_code) == ("mailer", "POLICY_GROUP_ISOLATION")
     assert denied.session_id, "the row names the session that was locked"
+
+
+def test_a_virtual_server_spanning_two_strict_groups_is_saved_but_one_session_still_cannot_cross(inline_gateway, world):
+    with two_strict_groups():
+        both = VirtualServer.objects.create(name="both-groups", tools=["secrets__echo", "mailer__echo"])
+        try:
+            url, path = inline_gateway.url, "/mcp/s/both-groups"
+            names = {"secrets__echo", "mailer__echo"}
+            listed = eventually(lambda: run(lambda: tool_names(url, world.key, path=path)) == names)
+            first = run(lambda: session_calls(url, world.key, "legacy", ["secrets__echo", "mailer__echo"], path))
+        finally:
+            both.delete()
+    assert listed
+    assert first == ["secrets__echo", REFUSED]
 
 
 def test_stateless_requests_bind_the_lock_to_their_api_key(inline_gateway, world):
