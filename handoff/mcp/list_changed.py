@@ -140,10 +140,12 @@ def view_remember(session: str, caller: Caller) -> None:
         per_session(_views, session, session_view_of(caller=caller, snap=snapshot.latest))
 
 
-def view_listed(caller: Caller, snap: Snapshot) -> None:
+def view_listed(caller: Caller, snap: Snapshot) -> SessionView:
     """The session was given its tools list from `snap`: a change is compared with what it holds now. (Stateless
     2026-07-28 requests of one key or person share a view: what the latest of them listed.)"""
-    per_session(_views, index_session(caller.agent_id, caller.session_key), session_view_of(caller=caller, snap=snap))
+    view = session_view_of(caller=caller, snap=snap)
+    per_session(_views, index_session(caller.agent_id, caller.session_key), view)
+    return view
 
 
 async def tools_changed_here(session: str) -> None:

@@ -20,6 +20,8 @@ from handoff.mcp.caller import Caller, allows
 from handoff.snapshot import Snapshot
 from policy.decisions import Who
 
+LISTS = "session_views.lists"  # the snapshot memo's key: a view's standing -> the tools list its caller gets
+MAX_STANDINGS = 4096  # lists kept per snapshot; past it they are made again (standings: agents x keys x servers)
 DIGESTS = "session_views.tools"  # the snapshot memo's key: a view's standing -> digest of that tools list
 DEFINITIONS = "session_views.definitions"  # id of a definition in the snapshot -> its digest
 CHANGED_NAMES = "session_views.changed"  # id of an older snapshot -> the names whose tool differs, or None
@@ -45,15 +47,25 @@ def session_view_of(*, caller: Caller, snap: Snapshot) -> SessionView:
     return SessionView(caller.who, caller.key_tools, caller.offered, snap)
 
 
+def tools_listed(*, snap: Snapshot, view: SessionView) -> tuple[dict[str, Any], ...]:
+    """The tools list this view's caller gets from `snap` (tools/list pages it), made once per standing: a virtual
+    server's patterns are matched against a large catalog once, not on every request."""
+    lists: dict[tuple, tuple[dict[str, Any], ...]] = snap.memo.setdefault(LISTS, {})
+    if (listed := lists.get(view.standing)) is None:
+        if len(lists) >= MAX_STANDINGS:
+            lists.clear()
+        listed = lists[view.standing] = tuple(t for t in snap.visible_for(view.who) if view.may_call(t["name"]))
+    return listed
+
+
 def tools_digest(*, snap: Snapshot, view: SessionView) -> str:
     """The SHA-256 of the tools list this view's caller gets from `snap` (as tools/list builds it)."""
     digests: dict[tuple, str] = snap.memo.setdefault(DIGESTS, {})
     standing = view.standing
     if standing not in digests:
         listed = hashlib.sha256()
-        for tool in snap.visible_for(view.who):
-            if view.may_call(tool["name"]):
-                listed.update(_definition_digest(snap, tool))
+        for tool in tools_listed(snap=snap, view=view):
+            listed.update(_definition_digest(snap, tool))
         digests[standing] = listed.hexdigest()
     return digests[standing]
 

@@ -5,7 +5,7 @@ governs for the caller; `tasks/get`, `tasks/result` and `tasks/cancel`) and 2026
 tasks only."""
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mcp import types
@@ -48,7 +48,7 @@ class TaskAnswers:
             return created.result
 
 
-def tools_marked(ctx: ServerRequestContext, snap: Snapshot, tools: list[Any]) -> list[Any]:
+def tools_marked(ctx: ServerRequestContext, snap: Snapshot, tools: Sequence[Any]) -> Sequence[Any]:
     """The tools as a client that declared tasks sees them: those a person signs off may be called as tasks, and
     no other (the gateway makes no task of an upstream's, whatever the upstream says of its own)."""
     if not tasks_declared(ctx):

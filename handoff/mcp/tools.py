@@ -15,6 +15,7 @@ from handoff.mcp.paging import list_page
 from handoff.mcp.pipeline.answer import finish
 from handoff.mcp.pipeline.frame import agent_call
 from handoff.mcp.pipeline.routing import state_unavailable
+from handoff.mcp.session_views import tools_listed
 from handoff.mcp.task_calls import tools_marked
 from handoff.protocol.tunnels import SessionStateUnavailable, index_session, session_index
 from handoff.snapshot import snapshot
@@ -41,9 +42,8 @@ async def _list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestP
         tools: list[Any] | tuple[Any, ...] = tunnel.definitions
     else:
         snap = await snapshot.get()
-        view_listed(caller, snap)
-        allowed = [tool for tool in snap.visible_for(caller.who) if caller.may_call(tool["name"])]
-        tools = tools_marked(ctx, snap, allowed)
+        view = view_listed(caller, snap)
+        tools = tools_marked(ctx, snap, tools_listed(snap=snap, view=view))
     page, following = list_page("tools/list", tools, params.cursor if params else None)
     fresh = {"ttlMs": snapshot.fresh_ms()}  # private (server.py): each caller's own list
     return finish(ctx, {"tools": page} | ({"nextCursor": following} if following else {}) | fresh)
