@@ -31,8 +31,8 @@ from tests import servers  # noqa: E402  (the process helpers the tests use)
 
 SLUG = "big"
 UNLIMITED = 10**9
-# A virtual server offering about a fifth of the catalog, by patterns (each matched against every tool).
-CURATED = {"name": "bench-curated", "tools": [f"{SLUG}__tool_0*", f"{SLUG}__tool_1?5??", f"{SLUG}__tool_2*9"]}
+# A virtual server offering 1,200 of the 5,000 tools, by patterns (each matched against every tool).
+CURATED = {"name": "bench-curated", "tools": [f"{SLUG}__tool_00*", f"{SLUG}__tool_01?5?", f"{SLUG}__tool_02*9"]}
 
 
 def manifest(count: int) -> Path:
@@ -54,11 +54,13 @@ def setup(path: Path) -> str:
     key = setup_database()
     from registry.models import Upstream, VirtualServer
     from registry.services import upstream_catalog_sync, upstream_save
+    from tests.factories import demo_sandbox
 
     Upstream.objects.filter(slug=SLUG).delete()
     VirtualServer.objects.update_or_create(name=CURATED["name"], defaults={"tools": CURATED["tools"]})
     env = {"DEMO_MANIFEST": str(path)}
     big = Upstream(slug=SLUG, transport="stdio", command=DEMO[0], args=DEMO[1:], env=env, calls_per_minute=UNLIMITED)
+    big.sandbox = demo_sandbox(env)  # its manifest is a file the sandbox must show it
     upstream_save(upstream=big, created=True)
     started = time.perf_counter()
     report = upstream_catalog_sync(upstream=big)
