@@ -9,15 +9,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+from django.contrib.auth.models import Group
 from mcp.shared.exceptions import MCPError
 
 from audit.services import canonical_sha256
-from policy.models import Team
+from policy.models import Rule, Team
 from registry.models import Tool, Upstream
 from registry.services import tool_override_set, upstream_catalog_sync, upstream_save
 from tests.clients import api, call, sdk_client, tool_names
-from tests.factories import demo_upstream
+from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
+from tests.test_sign_off import ann_token, approver  # noqa: F401 (a fixture)
 from tests.test_team_names import _operator
 
 SUM = {"name": "sum", "description": "Add ten to a number.", "params": {"a": {"name": "first"}, "b": {"value": 10}}}
@@ -175,3 +178,25 @@ def test_the_console_refuses_text_that_is_not_json_and_clears_an_override(admin_
         "Not JSON: Expecting property name enclosed in double quotes at line 1, column 2." in refused.content.decode()
     )
     assert cleared.status_code == 302 and rows == []
+
+
+@pytest.mark.usefixtures("approver")
+def test_approvers_sign_off_the_arguments_the_upstream_receives_and_the_call_runs_with_them(inline_gateway):
+    group = Group.objects.get(name="approvers")
+    with demo_upstream("signed") as upstream, agent("signed-dora") as (dora, key):
+        Rule.objects.create(effect="sign_off", agent=dora, upstream=upstream, tool_pattern="add", signers=group)
+        _override(upstream, "add", SUM)
+        modern = "2026-07-28"
+
+        def pending() -> MCPError | None:
+            answer = run(lambda: call(inline_gateway.url, key, "signed__sum", {"first": 2}, mode=modern))
+            return answer if isinstance(answer, MCPError) and answer.data.get("code") == "SIGNOFF_PENDING" else None
+
+        asked = eventually(pending, timeout=10)
+        token = ann_token()
+        listed = api(inline_gateway, "GET", "signoffs", token).json()
+        api(inline_gateway, "POST", f"signoffs/{asked.data['signOffId']}/grant", token, json={"reason": "fine"})
+        result = run(lambda: call(inline_gateway.url, key, "signed__sum", {"first": 2}, mode=modern))
+
+    assert [(s["tool"], s["arguments"]) for s in listed] == [("add", {"a": 2, "b": 10})]
+    assert result.content[0].text == "12"
