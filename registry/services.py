@@ -229,7 +229,9 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
     # second waits, then reads what the first stored.
     Upstream.objects.select_for_update().filter(pk=upstream.pk).first()
     now = timezone.now()
-    existing = {tool.name: tool for tool in upstream.tools.all()}
+    existing = {tool.name: tool for tool in upstream.tools.select_related("override")}
+    # A new tool may not take the name another of its upstream's tools is presented under (its override's).
+    presented = {tool.own_name: tool.name for tool in existing.values() if tool.own_name != tool.name}
     first_sync = upstream.last_synced_at is None and not existing
     seen: set[str] = set()
     taken, views, collisions, colliding = _taken_names(upstream), _team_views(upstream), [], set()
@@ -240,6 +242,10 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
             continue
         name = definition["name"]
         seen.add(name)
+        if (other := presented.get(name, name)) != name:
+            collisions.append(f"{name!r}: tool {other!r} is presented under that name (its override)")
+            colliding.add(name)
+            continue
         if collision := _collision(upstream, name, taken, views):
             collisions.append(f"{name!r}: {collision}")
             colliding.add(name)

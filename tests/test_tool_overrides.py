@@ -131,6 +131,16 @@ def test_an_upstreams_poisoned_change_is_still_held_while_its_tool_is_overridden
     assert isinstance(refused, MCPError) and refused.data["code"] == "TOOL_PENDING_APPROVAL"
 
 
+def test_a_new_tool_that_takes_an_overridden_name_is_refused_at_sync(db, tmp_path):
+    with shifty(tmp_path) as (upstream, path):
+        _override(upstream, "echo", {"name": "say"})
+        path.write_text(json.dumps({"tools": [{"name": "say", "inputSchema": {"type": "object"}}]}))
+        report = upstream_catalog_sync(upstream=upstream)
+        names = set(upstream.tools.values_list("name", flat=True))
+    assert report.rejected == ["'say': tool 'echo' is presented under that name (its override)"]
+    assert "say" not in names and "echo" in names
+
+
 def test_the_api_sets_refuses_and_clears_an_override(inline_gateway, world):
     team = Team.objects.get(slug="default")
     _, token = _operator("ovid", team, "view_tool", "change_tool")
