@@ -9,9 +9,10 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from handoff.snapshot import snapshot_compile
+from policy.models import Team
 from registry.models import Tool, ToolOverride, Upstream
 from registry.overrides import ArgumentsRefused, OverrideRefused, override_json, override_parse
-from registry.services import tool_override_clear, tool_override_set
+from registry.services import local_prefix_set, tool_override_clear, tool_override_set
 from tests.helpers import audit_mark
 
 SCHEMA = {
@@ -180,3 +181,21 @@ def test_the_snapshot_exposes_the_override_and_keeps_the_upstreams_hash_and_rule
         ("olga", "tool_override_cleared"),
     ]
     assert rows[0][1]["after"] == override_parse(CURATED).digest == rows[1][1]["before"]
+
+
+def test_a_borrowing_team_sees_the_overridden_tool_under_its_local_prefix(weather):
+    ops = Team.objects.create(slug="ops", name="Ops")
+    try:
+        weather.upstream.shared_with.add(ops)
+        local_prefix_set(upstream=weather.upstream, team=ops, prefix="sky", actor="olga")
+        tool_override_set(tool=weather, data=CURATED, actor="olga")
+        local = snapshot_compile().local["ops"]
+    finally:
+        ops.delete()
+    assert {"sky__forecast", "sky__alerts"} == set(local)
+    entry = local["sky__forecast"]
+    assert (entry.definition["name"], entry.route.tool, entry.override) == (
+        "sky__forecast",
+        "weather",
+        override_parse(CURATED),
+    )
