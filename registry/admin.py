@@ -23,7 +23,7 @@ from policy.selectors import admin_teams, in_teams, team_choices
 from registry.forms import LocalPrefixForm, UpstreamForm
 from registry.models import LocalPrefix, PersonalCredential, Tool, Upstream, VirtualServer
 from registry.naming import exposed_name
-from registry.overrides import override_json
+from registry.overrides import OverrideRefused, override_check, override_json
 from registry.package_pins import package_approve, package_update
 from registry.personal import personal_revoke
 from registry.services import (
@@ -407,7 +407,12 @@ class ToolAdmin(TeamScopedMixin, admin.ModelAdmin):
         row = getattr(tool, "override", None)
         if row is None:
             return "None: agents see the tool as the upstream lists it."
-        return format_html('<pre id="tool-override">{}</pre>', pretty(override_json(row.value())))
+        shown = format_html('<pre id="tool-override">{}</pre>', pretty(override_json(row.value())))
+        try:  # an approved change of the upstream's definition may leave the override behind
+            override_check(row.value(), tool.definition)
+        except OverrideRefused as stale:
+            return format_html('<p class="errornote" id="tool-override-stale">No longer fits: {}</p>{}', stale, shown)
+        return shown
 
     @admin.display(description="Change waiting for approval")
     def pending_change(self, tool: Tool) -> str:

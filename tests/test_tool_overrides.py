@@ -180,6 +180,8 @@ def test_the_console_refuses_text_that_is_not_json_and_clears_an_override(admin_
         _override(upstream, "add", SUM)
         shown = admin_client.get(page).content.decode()
         refused = admin_client.post(page, {"override": "{name: sum}"})
+        Tool.objects.filter(pk=tool.pk).update(definition={"name": "add", "inputSchema": {"type": "object"}})
+        stale = admin_client.get(f"/admin/registry/tool/{tool.pk}/change/").content.decode()
         cleared = admin_client.post(page, {"override": "", "clear": "Clear the override"})
         rows = list(upstream.tools.filter(override__isnull=False))
     assert "&quot;worded__sum&quot;" in shown and "&quot;first&quot;" in shown
@@ -187,6 +189,7 @@ def test_the_console_refuses_text_that_is_not_json_and_clears_an_override(admin_
     assert (
         "Not JSON: Expecting property name enclosed in double quotes at line 1, column 2." in refused.content.decode()
     )
+    assert "No longer fits: The tool has no parameter &#x27;a&#x27;." in stale
     assert cleared.status_code == 302 and rows == []
 
 
