@@ -10,8 +10,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import SchemaError, UnknownType, ValidationError
 from jsonschema.validators import Draft202012Validator
+from referencing.exceptions import Unresolvable
 
 from policy.manifest import tool_name_problem
 
@@ -68,31 +69,31 @@ class Override:
         return shown
 
     def _input_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
-        properties, shown = schema.get("properties") or {}, {}
+        properties, shown = _properties(schema), {}
         for original, spec in properties.items():
             param = self.params.get(original, Param())
             if param.removed:
                 continue
             described = isinstance(spec, dict) and param.description
             shown[param.name or original] = spec | {"description": param.description} if described else spec
-        required = [self._exposed(name) for name in schema.get("required") or () if not self._removed(name)]
+        required = [self.param_name(name) for name in _required(schema) if not self.param_removed(name)]
         return {**schema, "properties": shown} | ({"required": required} if "required" in schema else {})
 
-    def _exposed(self, original: str) -> str:
+    def param_name(self, original: str) -> str:
         return self.params.get(original, Param()).name or original
 
-    def _removed(self, original: str) -> bool:
+    def param_removed(self, original: str) -> bool:
         return self.params.get(original, Param()).removed
 
     def arguments(self, given: dict[str, Any], exposed_schema: dict[str, Any]) -> dict[str, Any]:
         """The arguments the upstream receives: the agent's, checked against the exposed schema (ArgumentsRefused),
         under the upstream's names, with the fixed values added."""
         hidden = [
-            name for name in given if name not in (exposed_schema.get("properties") or {}) and self._removed(name)
+            name for name in given if name not in (exposed_schema.get("properties") or {}) and self.param_removed(name)
         ]
         if hidden:  # worded as the exposed schema would refuse it with additionalProperties false
             raise ArgumentsRefused(f"Additional properties are not allowed ({hidden[0]!r} was unexpected)")
-        error = next(iter(Draft202012Validator(exposed_schema).iter_errors(given)), None)
+        error = _first_error(exposed_schema, given, ArgumentsRefused)
         if error is not None:
             where = "/".join(str(part) for part in error.absolute_path)
             raise ArgumentsRefused(f"{error.message} (at {where})" if where else error.message)
@@ -110,8 +111,29 @@ class Override:
         return result | {"structuredContent": kept, "content": [{"type": "text", "text": json.dumps(kept)}]}
 
 
+def _properties(schema: dict[str, Any]) -> dict[str, Any]:
+    properties = schema.get("properties")
+    return properties if isinstance(properties, dict) else {}
+
+
+def _required(schema: dict[str, Any]) -> list[str]:
+    required = schema.get("required")
+    return [name for name in required if isinstance(name, str)] if isinstance(required, list) else []
+
+
+# What an upstream's malformed schema raises (its schemas are its own words, checked only for size at sync).
+UNCHECKABLE = (SchemaError, UnknownType, Unresolvable, TypeError, AttributeError)
+
+
+def _first_error(schema: dict[str, Any], value: Any, refused: type[ValueError]) -> ValidationError | None:
+    try:
+        return next(iter(Draft202012Validator(schema).iter_errors(value)), None)
+    except UNCHECKABLE as exc:
+        raise refused(f"The tool's input schema cannot be checked: {exc}") from exc
+
+
 def _trimmed_schema(schema: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    properties = schema.get("properties") or {}
+    properties = _properties(schema)
     trimmed = {**schema, "properties": {name: properties[name] for name in fields if name in properties}}
     if "required" in schema:
         trimmed["required"] = [name for name in schema["required"] if name in fields]
@@ -125,7 +147,7 @@ def override_check(override: Override, upstream: dict[str, Any]) -> None:
     if override.name and (problem := tool_name_problem(override.name)):
         raise OverrideRefused(f"The name {override.name!r} is refused ({problem}).")
     schema = upstream.get("inputSchema") if isinstance(upstream.get("inputSchema"), dict) else {}
-    properties, required = schema.get("properties") or {}, set(schema.get("required") or ())
+    properties, required = _properties(schema), set(_required(schema))
     shown: dict[str, str] = {}
     for original, param in override.params.items():
         if original not in properties:
@@ -135,8 +157,8 @@ def override_check(override: Override, upstream: dict[str, Any]) -> None:
         if param.fixed:
             _fixed_check(original, param.value, properties[original], schema)
     for original in properties:
-        if not override._removed(original):
-            exposed = override._exposed(original)
+        if not override.param_removed(original):
+            exposed = override.param_name(original)
             if exposed in shown:
                 raise OverrideRefused(
                     f"Parameters {shown[exposed]!r} and {original!r} would both be named {exposed!r}."
@@ -149,10 +171,7 @@ def _fixed_check(name: str, value: Any, spec: Any, root: dict[str, Any]) -> None
     # Checked in the schema's own document, so that a `$ref` to its `$defs` resolves.
     schema = {**root, "type": "object", "properties": {name: spec}, "required": [name]}
     schema.pop("additionalProperties", None)
-    try:
-        error = next(iter(Draft202012Validator(schema).iter_errors({name: value})), None)
-    except SchemaError as exc:
-        raise OverrideRefused(f"The tool's schema for {name!r} cannot be checked: {exc.message}") from exc
+    error = _first_error(schema, {name: value}, OverrideRefused)
     if error is not None:
         raise OverrideRefused(f"The fixed value for {name!r} fails the tool's schema: {error.message}.")
 

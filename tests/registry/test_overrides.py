@@ -11,7 +11,7 @@ from audit.models import AuditEvent
 from handoff.snapshot import snapshot_compile
 from policy.models import Team
 from registry.models import Tool, ToolOverride, Upstream
-from registry.overrides import ArgumentsRefused, OverrideRefused, override_json, override_parse
+from registry.overrides import ArgumentsRefused, OverrideRefused, override_check, override_json, override_parse
 from registry.services import local_prefix_set, tool_override_clear, tool_override_set
 from tests.helpers import audit_mark
 
@@ -94,6 +94,20 @@ def test_an_error_or_unstructured_result_is_left_as_the_upstream_gave_it():
     failed = {"isError": True, "content": [{"type": "text", "text": "no"}], "structuredContent": {"humidity": 1}}
     plain = {"content": [{"type": "text", "text": "sunny"}]}
     assert (override.result(failed), override.result(plain)) == (failed, plain)
+
+
+def test_an_upstream_schema_that_cannot_be_checked_refuses_the_fixed_value_and_the_call_not_the_gateway():
+    broken = {"name": "t", "inputSchema": {"type": "object", "properties": {"a": {"type": 5}, "b": {"type": "string"}}}}
+    renamed = override_parse({"params": {"b": {"name": "c"}}})
+    with pytest.raises(OverrideRefused) as fixed:
+        override_check(override_parse({"params": {"a": {"value": 1}}}), broken)
+    with pytest.raises(ArgumentsRefused) as called:
+        renamed.arguments({"c": "x", "a": 1}, renamed.definition(broken)["inputSchema"])
+    assert (
+        str(fixed.value)
+        == str(called.value)
+        == "The tool's input schema cannot be checked: 'int' object is not iterable"
+    )
 
 
 @pytest.mark.parametrize(
