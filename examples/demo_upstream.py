@@ -1,8 +1,11 @@
 """A small MCP server shipped with Switchboard: the demo's second upstream and the tests' workhorse.
 
 Run it over stdio (`python examples/demo_upstream.py`) or Streamable HTTP (`... http PORT`, 127.0.0.1 only).
-DEMO_MANIFEST names a JSON file read on every tools/list, to play a server whose tools change:
-{"descriptions": {"echo": "..."}, "tools": [extra tool definitions, which answer like echo]}.
+DEMO_MANIFEST names a JSON file read on every request, to play a server whose tools change:
+{"descriptions": {"echo": "..."}, "tools": [extra tool definitions, which answer like echo]}; with it the
+server also offers what the file lists under "resources" and "resourceTemplates" (list entries; a resource
+reads as "content of <uri>"), "prompts" ({name: {"description", "text", "arguments"}}: prompts/get answers
+with the text, then each argument given) and "instructions" (told to each new connection).
 DEMO_LEGACY_ONLY=1 plays a server that speaks only 2025-11-25 (no server/discover).
 DEMO_PUSH=1 plays one whose `ask` asks on the call's stream in either era, as SDK servers that call
 `ctx.session.create_message` or `ctx.elicit` do: a 2026-07-28 client gives it no channel for that.
@@ -336,13 +339,63 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
     raise ValueError(f"Unknown tool: {params.name}")
 
 
+async def list_resources(ctx, params) -> types.ListResourcesResult:
+    return types.ListResourcesResult(resources=manifest().get("resources", []))
+
+
+async def list_resource_templates(ctx, params) -> types.ListResourceTemplatesResult:
+    return types.ListResourceTemplatesResult(resource_templates=manifest().get("resourceTemplates", []))
+
+
+async def read_resource(ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    said = types.TextResourceContents(uri=params.uri, mime_type="text/plain", text=f"content of {params.uri}")
+    return types.ReadResourceResult(contents=[said])
+
+
+async def list_prompts(ctx, params) -> types.ListPromptsResult:
+    prompts = manifest().get("prompts", {})
+    return types.ListPromptsResult(
+        prompts=[
+            types.Prompt(name=name, description=p.get("description"), arguments=p.get("arguments"))
+            for name, p in prompts.items()
+        ]
+    )
+
+
+async def get_prompt(ctx, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+    prompt = manifest().get("prompts", {}).get(params.name)
+    if prompt is None:
+        raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {params.name}")
+    said = " ".join([prompt.get("text", ""), *(params.arguments or {}).values()])
+    message = types.PromptMessage(role="user", content=types.TextContent(type="text", text=said))
+    return types.GetPromptResult(description=prompt.get("description"), messages=[message])
+
+
+class DemoServer(Server):
+    """Its instructions are the manifest's, when it gives some: read as each connection opens."""
+
+    @property
+    def instructions(self) -> str | None:
+        return manifest().get("instructions", self._instructions)
+
+    @instructions.setter
+    def instructions(self, value: str | None) -> None:
+        self._instructions = value
+
+
 changes = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen streams
-server = Server(
+offering = bool(os.environ.get("DEMO_MANIFEST"))  # resources and prompts only when a manifest may list them
+server = DemoServer(
     "switchboard-demo",
     version="1.0",
     instructions="Tools for trying a gateway out: echo and add answer at once; sleep, progress and ask take time.",
     on_list_tools=list_tools,
     on_call_tool=call_tool,
+    on_list_resources=list_resources if offering else None,
+    on_list_resource_templates=list_resource_templates if offering else None,
+    on_read_resource=read_resource if offering else None,
+    on_list_prompts=list_prompts if offering else None,
+    on_get_prompt=get_prompt if offering else None,
     on_subscriptions_listen=ListenHandler(changes),
 )
 

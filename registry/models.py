@@ -402,6 +402,41 @@ class ToolOverride(OverrideFields):
         return f"override of {self.tool}"
 
 
+class PinnedItem(models.Model):
+    """Something other than a tool that an upstream says, pinned like a tool: a resource or resource template
+    (its list entry), a prompt (its list entry and, when it takes no required argument, the text prompts/get
+    gives), or its instructions. Agents get the approved copy; a changed one waits for an administrator."""
+
+    class Kind(models.TextChoices):
+        RESOURCE = "resource", "resource"
+        RESOURCE_TEMPLATE = "resource_template", "resource template"
+        PROMPT = "prompt", "prompt"
+        INSTRUCTIONS = "instructions", "instructions"
+
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="pinned_items")
+    kind = models.CharField(max_length=24, choices=Kind.choices)
+    key = models.CharField(max_length=1024, blank=True, help_text="Its URI, URI template or name (instructions: empty)")
+    definition = models.JSONField(help_text="What the upstream says now")
+    definition_sha256 = models.CharField(max_length=64)
+    approved_definition = models.JSONField(null=True, blank=True)
+    approved_sha256 = models.CharField(max_length=64, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approved_by = models.CharField(max_length=150, blank=True)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["upstream__slug", "kind", "key"]
+        constraints = [models.UniqueConstraint(fields=["upstream", "kind", "key"], name="pinned_item_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.upstream.slug} {self.get_kind_display()}" + (f" {self.key}" if self.key else "")
+
+    @property
+    def is_approved(self) -> bool:
+        return self.approved_sha256 == self.definition_sha256
+
+
 class ToolEmbedding(models.Model):
     """A tool's sentence (its name and first sentence, code mode's search) embedded once for every process:
     a process that starts loads what another computed instead of spending seconds of CPU per hundred tools."""

@@ -25,6 +25,7 @@ from registry.models import LocalPrefix, Tool, ToolOverride, Upstream, query_spl
 from registry.naming import exposed_name, split_exposed_name
 from registry.overrides import Override, OverrideRefused, override_check, override_json, override_parse
 from registry.package_pins import package_pin
+from registry.pinned_items import approval, pinned_items_store
 from registry.selectors import name_collisions, namespace_of, share_collisions, team_names, teams_seeing
 from registry.upstreams.health import command_missing
 from registry.upstreams.loop import pool_thread
@@ -44,6 +45,7 @@ class SyncReport:
     changed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     held: list[str] = field(default_factory=list)  # added or changed, waiting for an administrator's approval
+    items_held: list[str] = field(default_factory=list)  # resources, prompts, instructions (pinned_items.py)
     rejected: list[str] = field(default_factory=list)  # "name: why"
     error: str = ""
     code: str = ""  # when it failed: the outcome's code
@@ -57,7 +59,7 @@ class SyncReport:
             f"{self.upstream}: {len(self.added)} added, {len(self.changed)} changed, "
             f"{len(self.removed)} removed, {len(self.rejected)} rejected"
         )
-        held = f"; held for approval: {', '.join(self.held)}" if self.held else ""
+        held = f"; held for approval: {', '.join(self.held + self.items_held)}" if self.held or self.items_held else ""
         rejected = f"; rejected: {'; '.join(self.rejected)}" if self.rejected else ""
         return text + held + rejected
 
@@ -71,15 +73,6 @@ def _tool_fields(definition: dict[str, Any]) -> dict[str, Any]:
         "annotations": definition.get("annotations"),
         "definition": definition,
         "definition_sha256": canonical_sha256(definition),
-    }
-
-
-def _approval(definition: dict[str, Any], sha256: str, actor: str) -> dict[str, Any]:
-    return {
-        "approved_definition": definition,
-        "approved_sha256": sha256,
-        "approved_at": timezone.now(),
-        "approved_by": actor,
     }
 
 
@@ -104,9 +97,10 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
         Upstream.objects.filter(pk=upstream.pk).update(last_sync_error=report.error)
         return report
     listed = outcome["result"]
-    _catalog_store(upstream, listed["tools"], report, actor)
-    said = {"protocol_version": listed["protocolVersion"][:16], "instructions": listed["instructions"]}
-    Upstream.objects.filter(pk=upstream.pk).update(**said)
+    with transaction.atomic():
+        _catalog_store(upstream, listed["tools"], report, actor)
+        report.items_held = pinned_items_store(upstream=upstream, listed=listed, actor=actor)
+    Upstream.objects.filter(pk=upstream.pk).update(protocol_version=listed["protocolVersion"][:16])
     report.ok = True
     return report
 
@@ -137,7 +131,7 @@ def upstream_health_record(*, upstream_id: int, health: str, cause: str) -> None
 
 
 async def upstream_changed_resync(upstream_id: int, kind: str) -> None:
-    if kind == "tools":  # its tools are synced again (pins hold changed ones back)
+    if kind in ("tools", "prompts", "resources"):  # its catalog is synced again (pins hold changed items back)
         await database_sync_to_async(upstream_resync, thread_sensitive=False)(upstream_id)
 
 
@@ -255,7 +249,7 @@ def _catalog_store(upstream: Upstream, definitions: list[Any], report: SyncRepor
         tool = existing.get(name)
         if tool is None:
             approved = first_sync or upstream.new_tools == Upstream.NewTools.APPROVE
-            pin = _approval(definition, sha256, actor) if approved else {}
+            pin = approval(definition, sha256, actor) if approved else {}
             Tool.objects.create(upstream=upstream, name=name, last_seen_at=now, **fields, **pin)
             report.added.append(name)
             action = "tool_added"
@@ -292,7 +286,7 @@ def tool_approve(*, tool: Tool, actor: str) -> None:
     """Pin the tool's current definition: agents see it again."""
     with transaction.atomic():
         previous = tool.approved_sha256
-        Tool.objects.filter(pk=tool.pk).update(**_approval(tool.definition, tool.definition_sha256, actor))
+        Tool.objects.filter(pk=tool.pk).update(**approval(tool.definition, tool.definition_sha256, actor))
         config_changed()
         audit_record(
             kind="admin_change",

@@ -44,6 +44,7 @@ from registry.upstreams.requests import (
     catalog,
     forwarding,
     list_every_page,
+    tools_listed,
 )
 from registry.upstreams.rest import CallFailed
 from registry.upstreams.scrub import ScrubbedRelay, scrubbed
@@ -447,8 +448,8 @@ class UpstreamPool:
         requests a handoff delegated to it, which a probe is not: its guard's refusal for want of a delegation
         is its answer."""
         if not specialist:
-            return await self.list_tools(upstream_id, revision)
-        outcome = await self._attempt_request(upstream_id, revision, catalog, None, None, True)
+            return await self._run(upstream_id, revision, tools_listed, catalog=True)
+        outcome = await self._attempt_request(upstream_id, revision, tools_listed, None, None, True)
         await self._observed(upstream_id, {"ok": True} if outcome.get("code") == DELEGATION_MISSING else outcome)
         return outcome
 

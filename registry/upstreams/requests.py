@@ -9,6 +9,7 @@ from mcp import types
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
+from registry.upstreams.offers import offers
 from registry.upstreams.relay import Relay
 
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
@@ -149,9 +150,16 @@ class Unsupported(Exception):
 
 
 async def catalog(client: Any, relay: Relay | None) -> dict[str, Any]:
-    """What catalog sync keeps: every tool, and what the upstream says of itself (era, instructions)."""
+    """What catalog sync keeps: every tool, what the upstream says of itself (era, instructions), and its
+    resources, resource templates and prompts (offers.py)."""
     tools = await list_every_page(client)
-    return {"tools": tools, "protocolVersion": client.protocol_version, "instructions": client.instructions or ""}
+    said = {"protocolVersion": client.protocol_version, "instructions": client.instructions or ""}
+    return {"tools": tools} | said | await offers(client)
+
+
+async def tools_listed(client: Any, relay: Relay | None) -> dict[str, Any]:
+    """A health probe's question: the tools alone, the cheapest answer that shows the upstream serves."""
+    return {"tools": await list_every_page(client)}
 
 
 async def list_every_page(client: Any) -> list[dict[str, Any]]:
