@@ -20,6 +20,7 @@ from registry.api import (
     ConnectionViewSet,
     LocalPrefixViewSet,
     MyConnectionViewSet,
+    PinnedItemViewSet,
     ToolViewSet,
     UpstreamViewSet,
     VirtualServerViewSet,
@@ -30,6 +31,7 @@ from registry.oauth_views import connection_callback, connection_client, connect
 api = SimpleRouter(trailing_slash=False)
 api.register("upstreams", UpstreamViewSet)
 api.register("tools", ToolViewSet, basename="tool")
+api.register("pinned-items", PinnedItemViewSet, basename="pinned-item")
 api.register("local-prefixes", LocalPrefixViewSet)
 api.register("virtual-servers", VirtualServerViewSet)
 api.register("handoff-routes", HandoffRouteViewSet)

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
@@ -21,11 +21,12 @@ from policy.limits.stores import limit_store
 from policy.manifest import manifest_sanitize
 from policy.selectors import admin_teams, in_teams, team_choices
 from registry.forms import LocalPrefixForm, UpstreamForm
-from registry.models import LocalPrefix, PersonalCredential, Tool, Upstream, VirtualServer
+from registry.models import LocalPrefix, PersonalCredential, PinnedItem, Tool, Upstream, VirtualServer
 from registry.naming import exposed_name
 from registry.overrides import OverrideRefused, override_check, override_json
 from registry.package_pins import package_approve, package_update
 from registry.personal import personal_revoke
+from registry.pinned_items import pinned_item_approve
 from registry.services import (
     local_prefix_set,
     tool_approve,
@@ -53,15 +54,15 @@ def _json_or_refused(text: str) -> Any:
         raise ValidationError(f"Not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.") from None
 
 
-def definition_diff(tool: Tool) -> str:
+def definition_diff(pin: Tool | PinnedItem) -> str:
     """The change waiting for approval, as a unified diff of the two definitions."""
-    before, now = pretty(tool.approved_definition or {}).splitlines(), pretty(tool.definition).splitlines()
+    before, now = pretty(pin.approved_definition or {}).splitlines(), pretty(pin.definition).splitlines()
     return "\n".join(difflib.unified_diff(before, now, "approved", "offered now", lineterm=""))
 
 
 @admin.display(boolean=True, description="approved")
-def approved(tool: Tool) -> bool:
-    return tool.is_approved
+def approved(pin: Tool | PinnedItem) -> bool:
+    return pin.is_approved
 
 
 class PendingFilter(admin.SimpleListFilter):
@@ -282,35 +283,96 @@ class UpstreamAdmin(TeamScopedMixin, admin.ModelAdmin):
         self._sync(request, list(queryset))
 
 
+class PinAdmin(TeamScopedMixin, admin.ModelAdmin):
+    """What an upstream says, pinned (a tool, or a resource, prompt or instructions): offered as approved; a
+    changed definition waits until an administrator reviews the diff and approves it (`approve`, below)."""
+
+    team_path = "upstream__team"
+    list_filter = (PendingFilter, "upstream")
+    change_form_template = "admin/registry/pin_change_form.html"
+    actions = ("approve",)
+    approve_service: Any  # (pin=..., actor=...): pins the current definition
+
+    def get_urls(self):
+        name = f"registry_{self.opts.model_name}_approve"
+        approve = path("<int:pk>/approve/", self.admin_site.admin_view(self.approve_view), name=name)
+        return [approve, *super().get_urls()]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        pin = self.get_object(request, object_id)
+        approvable = bool(pin and not pin.is_approved and self.has_approve_permission(request))
+        approve_url = reverse(f"admin:registry_{self.opts.model_name}_approve", args=[object_id]) if pin else ""
+        extra = (extra_context or {}) | {"approvable": approvable, "approve_url": approve_url}
+        return super().change_view(request, object_id, form_url, extra)
+
+    def approve_view(self, request, pk: int):
+        """POST from the pin's page: approve the definition shown there."""
+        if request.method != "POST" or not self.has_approve_permission(request):
+            raise PermissionDenied
+        pin = get_object_or_404(self.get_queryset(request).select_related("upstream"), pk=pk)
+        if not pin.is_approved:
+            self.approve_service(pin, actor=request.user.get_username())
+            self.message_user(request, f"{pin} approved: agents see this version now.", messages.SUCCESS)
+        return redirect(f"admin:registry_{self.opts.model_name}_change", pk)
+
+    @admin.display(description="Change waiting for approval")
+    def pending_change(self, pin: Tool | PinnedItem) -> str:
+        if pin.is_approved:
+            return "None: the offered definition is the approved one."
+        return format_html("<pre>{}</pre>", definition_diff(pin))
+
+    @admin.display(description="Definition")
+    def pretty_definition(self, pin: Tool | PinnedItem) -> str:
+        return format_html("<pre>{}</pre>", pretty(pin.definition))
+
+    @admin.action(description="Approve the current definition of the selected", permissions=["approve"])
+    def approve(self, request, queryset):
+        pending = [pin for pin in queryset.select_related("upstream") if not pin.is_approved]
+        for pin in pending:
+            self.approve_service(pin, actor=request.user.get_username())
+        self.message_user(request, f"{len(pending)} version(s) approved.")
+
+    def has_approve_permission(self, request) -> bool:
+        return request.user.has_perm(f"registry.change_{self.opts.model_name}")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # catalog sync removes what an upstream stops listing
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # the catalog is what upstreams say; an administrator approves it, never edits it
+
+
 @admin.register(Tool)
-class ToolAdmin(TeamScopedMixin, admin.ModelAdmin):
+class ToolAdmin(PinAdmin):
     """The catalog. A tool whose definition changed since its approval is offered to no agent until an
     administrator reviews the diff and approves it."""
 
-    team_path = "upstream__team"
     list_display = ("name", "upstream", approved, "title", "summary", "last_seen_at")
-    list_filter = (PendingFilter, "upstream")
     search_fields = ("name", "description")
     fields = (
         "pending_change", "upstream", "name", "title", "description", "overridden", "pretty_definition",
         "definition_sha256", "approved_sha256", "approved_by", "approved_at", "first_seen_at", "last_seen_at",
     )  # fmt: skip
     readonly_fields = fields
-    actions = ("approve",)
+
+    @staticmethod
+    def approve_service(tool: Tool, *, actor: str) -> None:
+        tool_approve(tool=tool, actor=actor)
 
     def get_urls(self):
-        approve = path("<int:pk>/approve/", self.admin_site.admin_view(self.approve_view), name="registry_tool_approve")
         test = path("<int:pk>/test/", self.admin_site.admin_view(self.test_view), name="registry_tool_test")
         override = path(
             "<int:pk>/override/", self.admin_site.admin_view(self.override_view), name="registry_tool_override"
         )
-        return [approve, test, override, *super().get_urls()]
+        return [test, override, *super().get_urls()]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         tool = self.get_object(request, object_id)
-        approvable = bool(tool and not tool.is_approved and self.has_approve_permission(request))
         testable = bool(tool and self.has_test_permission(request))  # a held tool's page says why it is refused
-        extra = (extra_context or {}) | {"approvable": approvable, "testable": testable, "overridable": bool(tool)}
+        extra = (extra_context or {}) | {"testable": testable, "overridable": bool(tool)}
         return super().change_view(request, object_id, form_url, extra)
 
     def test_view(self, request: HttpRequest, pk: int) -> HttpResponse:
@@ -388,20 +450,6 @@ class ToolAdmin(TeamScopedMixin, admin.ModelAdmin):
     def summary(self, tool: Tool) -> str:
         return truncatechars(tool.description, 120)
 
-    @admin.display(description="Definition")
-    def pretty_definition(self, tool: Tool) -> str:
-        return format_html("<pre>{}</pre>", pretty(tool.definition))
-
-    def approve_view(self, request, pk: int):
-        """POST from the tool's page: approve the definition shown there."""
-        if request.method != "POST" or not self.has_approve_permission(request):
-            raise PermissionDenied
-        tool = get_object_or_404(self.get_queryset(request).select_related("upstream"), pk=pk)
-        if not tool.is_approved:
-            tool_approve(tool=tool, actor=request.user.get_username())
-            self.message_user(request, f"{tool} approved: agents see this version now.", messages.SUCCESS)
-        return redirect("admin:registry_tool_change", pk)
-
     @admin.display(description="Override")
     def overridden(self, tool: Tool) -> str:
         row = getattr(tool, "override", None)
@@ -414,30 +462,24 @@ class ToolAdmin(TeamScopedMixin, admin.ModelAdmin):
             return format_html('<p class="errornote" id="tool-override-stale">No longer fits: {}</p>{}', stale, shown)
         return shown
 
-    @admin.display(description="Change waiting for approval")
-    def pending_change(self, tool: Tool) -> str:
-        if tool.is_approved:
-            return "None: the offered definition is the approved one."
-        return format_html("<pre>{}</pre>", definition_diff(tool))
 
-    @admin.action(description="Approve the current definition of selected tools", permissions=["approve"])
-    def approve(self, request, queryset):
-        pending = [tool for tool in queryset.select_related("upstream") if not tool.is_approved]
-        for tool in pending:
-            tool_approve(tool=tool, actor=request.user.get_username())
-        self.message_user(request, f"{len(pending)} tool version(s) approved.")
+@admin.register(PinnedItem)
+class PinnedItemAdmin(PinAdmin):
+    """Resources, resource templates, prompts and instructions of each upstream, pinned as tools are: agents get
+    the approved copy while a changed one waits here (registry/pinned_items.py)."""
 
-    def has_approve_permission(self, request) -> bool:
-        return request.user.has_perm("registry.change_tool")
+    list_display = ("key", "kind", "upstream", approved, "last_seen_at")
+    list_filter = (PendingFilter, "kind", "upstream")
+    search_fields = ("key",)
+    fields = (
+        "pending_change", "upstream", "kind", "key", "pretty_definition", "definition_sha256", "approved_sha256",
+        "approved_by", "approved_at", "first_seen_at", "last_seen_at",
+    )  # fmt: skip
+    readonly_fields = fields
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False  # catalog sync removes what an upstream stops listing
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False  # the catalog is what upstreams say; an administrator approves it, never edits it
+    @staticmethod
+    def approve_service(item: PinnedItem, *, actor: str) -> None:
+        pinned_item_approve(item=item, actor=actor)
 
 
 @admin.register(PersonalCredential)

@@ -35,10 +35,11 @@ from policy.limits.stores import limit_store
 from policy.models import ServerGroup, Team
 from registry.connection_views import MAX_TOKEN_CHARS, people_of
 from registry.forms import MASK, unmasked
-from registry.models import LocalPrefix, PersonalCredential, Tool, ToolOverride, Upstream, VirtualServer
+from registry.models import LocalPrefix, PersonalCredential, PinnedItem, Tool, ToolOverride, Upstream, VirtualServer
 from registry.overrides import override_json
 from registry.package_pins import package_summary
 from registry.personal import personal_connect, personal_disconnect, personal_revoke
+from registry.pinned_items import pinned_item_approve
 from registry.secret_store import SecretStoreUnavailable
 from registry.services import (
     SyncReport,
@@ -207,36 +208,72 @@ class ToolSerializer(serializers.ModelSerializer):
         exclude = ("approved_definition",)
 
 
-class ToolViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
-    """The catalog as upstreams list it. `?upstream=<slug>` narrows it; `?pending=true` lists the tools whose
-    definition changed and waits for approval (agents are offered the approved version meanwhile, or nothing)."""
+class PinnedItemSerializer(serializers.ModelSerializer):
+    upstream = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    approved = serializers.BooleanField(source="is_approved", read_only=True)
 
-    queryset = Tool.objects.select_related("upstream").order_by("upstream__slug", "name")
-    serializer_class = ToolSerializer
+    class Meta:
+        model = PinnedItem
+        fields = "__all__"  # the approved copy too: it is what agents get while a change waits
+
+
+class PinViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
+    """Pins of what upstreams say. `?upstream=<slug>` narrows them; `?pending=true` lists those whose definition
+    changed and waits for approval (agents get the approved version meanwhile, or nothing)."""
+
     team_path = "upstream__team"
 
     def get_permissions(self) -> list[Any]:
-        # Approving and overriding change a tool (as in the admin): not the adding a POST would otherwise ask for.
+        # Approving a pin and overriding a tool are changes to it (as in the admin), not the adding a POST would ask for.
         return [IsAuthenticated()] if self.action in ("approve", "override") else super().get_permissions()
 
     def get_queryset(self):
-        tools = super().get_queryset()
+        pins = super().get_queryset()
         if slug := self.request.query_params.get("upstream"):
-            tools = tools.filter(upstream__slug=slug)
+            pins = pins.filter(upstream__slug=slug)
         if self.request.query_params.get("pending") == "true":
-            tools = tools.exclude(approved_sha256=F("definition_sha256"))
-        return tools
+            pins = pins.exclude(approved_sha256=F("definition_sha256"))
+        return pins
+
+    def _approve(self, request: Request, approve: Any) -> Response:
+        model = self.queryset.model._meta
+        if not request.user.has_perm(f"registry.change_{model.model_name}"):
+            needs = f"the permission to change {model.verbose_name_plural}"
+            raise PermissionDenied(f"Approving a {model.verbose_name} needs {needs}.")
+        pin = self.get_object()
+        if not pin.is_approved:
+            approve(pin, actor=request.user.get_username())
+        return Response(self.get_serializer(pin).data)
+
+
+class ToolViewSet(PinViewSet):
+    """The catalog as upstreams list it."""
+
+    queryset = Tool.objects.select_related("upstream").order_by("upstream__slug", "name")
+    serializer_class = ToolSerializer
 
     @extend_schema(request=None, responses=ToolSerializer)
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str) -> Response:
         """Approve the tool's current definition: agents are offered it from now on."""
-        if not request.user.has_perm("registry.change_tool"):
-            raise PermissionDenied("Approving a tool needs the permission to change tools.")
-        tool = self.get_object()
-        if not tool.is_approved:
-            tool_approve(tool=tool, actor=request.user.get_username())
-        return Response(ToolSerializer(tool).data)
+        return self._approve(request, lambda tool, actor: tool_approve(tool=tool, actor=actor))
+
+
+class PinnedItemViewSet(PinViewSet):
+    """Resources, resource templates, prompts and instructions as upstreams say them (`?kind=` narrows them)."""
+
+    queryset = PinnedItem.objects.select_related("upstream").order_by("upstream__slug", "kind", "key")
+    serializer_class = PinnedItemSerializer
+
+    def get_queryset(self):
+        items = super().get_queryset()
+        return items.filter(kind=kind) if (kind := self.request.query_params.get("kind")) else items
+
+    @extend_schema(request=None, responses=PinnedItemSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str) -> Response:
+        """Approve the item's current definition: agents get it from now on."""
+        return self._approve(request, lambda item, actor: pinned_item_approve(item=item, actor=actor))
 
     @extend_schema(request=dict[str, Any], responses=dict[str, Any])
     @action(detail=True, methods=["get", "put", "delete"])

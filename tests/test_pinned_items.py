@@ -5,13 +5,17 @@ copy until an administrator approves the new one in the same diff view as tools,
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.db.models import F
+from mcp.shared.exceptions import MCPError
 
 from registry.models import PinnedItem, Upstream
 from registry.services import upstream_catalog_sync
+from tests.clients import api, sdk_client
 from tests.factories import demo_upstream
+from tests.helpers import audit_mark, audit_since, eventually, run
 
 SAID = {
     "instructions": "Echo things back.",
@@ -91,3 +95,115 @@ def test_catalog_sync_pins_resources_templates_prompts_and_instructions(db, tmp_
     }
     assert after[("instructions", "")].approved_definition == {"instructions": "Echo things back."}
     assert upstream.instructions == "Echo things back.", "the gateway's own instructions keep the approved ones"
+
+
+@dataclass
+class Seen:
+    """What an agent is given of the upstream through the gateway."""
+
+    instructions: str
+    resources: dict[str, str]  # exposed uri -> description
+    templates: dict[str, str]
+    prompts: dict[str, str]
+    greeting: str  # sayer__greet's text, got without arguments
+    later: str | MCPError  # sayer__later's text, or why it was refused
+
+
+def seen(gateway, key: str) -> Seen:
+    async def scenario() -> Seen:
+        async with sdk_client(gateway.url, key, "legacy") as client:
+            resources = (await client.list_resources(cache_mode="bypass")).resources
+            templates = (await client.list_resource_templates(cache_mode="bypass")).resource_templates
+            prompts = (await client.list_prompts(cache_mode="bypass")).prompts
+            greeting = (await client.get_prompt("sayer__greet")).messages[0].content.text
+            try:
+                later = (await client.get_prompt("sayer__later")).messages[0].content.text
+            except MCPError as refused:
+                later = refused
+            return Seen(
+                client.instructions or "",
+                {str(r.uri): r.description for r in resources if str(r.uri).startswith("sayer+")},
+                {t.uri_template: t.description for t in templates if t.uri_template.startswith("sayer+")},
+                {p.name: p.description for p in prompts if p.name.startswith("sayer__")},
+                greeting,
+                later,
+            )
+
+    return run(scenario)
+
+
+def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_api_switches(
+    inline_gateway, world, tmp_path, admin_client, admin_token
+):
+    with saying(tmp_path, SAID) as (upstream, path):
+        upstream_catalog_sync(upstream=upstream)
+        before = eventually(lambda: (s := seen(inline_gateway, world.key)) and "sayer__greet" in s.prompts and s)
+        changed = json.loads(path.read_text())
+        changed["instructions"] = RUG
+        changed["prompts"]["greet"]["text"] = RUG
+        changed["prompts"]["later"] = {"description": "A prompt that came later.", "text": RUG}
+        changed["resources"][0]["description"] = RUG
+        changed["resources"].append({"uri": "demo://later", "name": "later", "description": RUG})
+        changed["resourceTemplates"][0]["description"] = RUG
+        path.write_text(json.dumps(changed))
+        restarted(upstream)
+        mark = audit_mark()
+        upstream_catalog_sync(upstream=upstream)
+        held = seen(inline_gateway, world.key)
+        items = pins(upstream)
+        greet, instructions = items[("prompt", "greet")], items[("instructions", "")]
+        page = admin_client.get(f"/admin/registry/pinneditem/{greet.pk}/change/").content.decode()
+        pending = admin_client.get("/admin/registry/pinneditem/?approval=pending").content.decode()
+        clicked = admin_client.post(f"/admin/registry/pinneditem/{greet.pk}/approve/")  # the page's button
+        admin_client.post(f"/admin/registry/pinneditem/{instructions.pk}/approve/")
+        notes = items[("resource", "demo://notes")]
+        by_api = api(inline_gateway, "POST", f"pinned-items/{notes.pk}/approve", admin_token)
+        listed = api(inline_gateway, "GET", "pinned-items?pending=true&upstream=sayer", admin_token).json()
+        after = eventually(lambda: (s := seen(inline_gateway, world.key)) and RUG in s.instructions and s)
+        rows = [r for r in audit_since(mark) if r.kind == "admin_change"]
+    assert "## sayer\nEcho things back." in before.instructions
+    assert before.resources == {"sayer+demo://notes": "Team notes."}
+    assert before.greeting == "Say hello politely."
+    # Held: every changed text is served as approved; what was never approved is not offered at all.
+    assert held.instructions == before.instructions and RUG not in held.instructions
+    assert (held.resources, held.templates, held.prompts) == (before.resources, before.templates, before.prompts)
+    assert held.greeting == "Say hello politely."
+    assert isinstance(held.later, MCPError) and held.later.error.message == (
+        "Unknown prompt: 'sayer__later'. Call prompts/list for what this gateway offers."
+    )
+    # The same diff view as tools, and the REST API.
+    diff = {(line[0], line[1:].strip()) for line in page.splitlines() if line.startswith(("-", "+"))}
+    assert ("-", "&quot;text&quot;: &quot;Say hello politely.&quot;,") in diff
+    assert ("+", f"&quot;text&quot;: &quot;{RUG}&quot;,") in diff
+    assert (
+        "Approve this version" in page
+        and clicked.headers["location"] == f"/admin/registry/pinneditem/{greet.pk}/change/"
+    )
+    assert "demo://notes/{day}" in pending and "demo://later" in pending
+    assert by_api.status_code == 200 and by_api.json()["approved"] is True
+    assert {(i["kind"], i["key"]) for i in listed} == {
+        ("resource", "demo://later"),
+        ("resource_template", "demo://notes/{day}"),
+        ("prompt", "later"),
+    }
+    # Approved: each switches to the new text; the rest stays held.
+    assert f"## sayer\n{RUG}" in after.instructions
+    assert after.greeting == RUG and after.resources == {"sayer+demo://notes": RUG}
+    assert after.templates == before.templates and isinstance(after.later, MCPError)
+    changes = sorted(
+        (r.actor, r.detail["action"], r.detail["item"], r.detail["key"], r.detail.get("held_for_approval"))
+        for r in rows
+    )
+    assert changes == sorted(
+        [
+            ("catalog sync", "item_changed", "instructions", "", True),
+            ("catalog sync", "item_changed", "prompt", "greet", True),
+            ("catalog sync", "item_added", "prompt", "later", True),
+            ("catalog sync", "item_changed", "resource", "demo://notes", True),
+            ("catalog sync", "item_added", "resource", "demo://later", True),
+            ("catalog sync", "item_changed", "resource_template", "demo://notes/{day}", True),
+            ("operator", "item_approved", "prompt", "greet", None),
+            ("operator", "item_approved", "instructions", "", None),
+            ("operator", "item_approved", "resource", "demo://notes", None),
+        ]
+    )

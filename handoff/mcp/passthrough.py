@@ -30,6 +30,7 @@ from handoff.mcp.list_changed import resource_subscription
 from handoff.mcp.list_changed import subscriptions_listen as listen
 from handoff.mcp.paging import list_page
 from handoff.mcp.personal_access import credential_for
+from handoff.mcp.pinned import KIND_OF_LIST, copies
 from handoff.mcp.pipeline.answer import finish
 from handoff.mcp.pipeline.frame import request_state_verified
 from handoff.mcp.pipeline.routing import admission_take
@@ -53,6 +54,7 @@ logger = logging.getLogger(__name__)
 MAX_PAGES = 100  # per upstream and list: an upstream whose cursors never end cannot hold a request forever
 NOT_FOUND = "NOT_FOUND"
 AUDIT_TEXT = 256  # the audit's name columns; the whole URI goes in the row's detail
+PROMPT_TEXT = ("description", "messages")  # what a prompt's pin holds of prompts/get's answer
 
 
 def _owner_of_uri(snap: Snapshot, who: Who, uri: str) -> tuple[UpstreamInfo, str] | None:
@@ -120,11 +122,13 @@ async def _aggregated(ctx: ServerRequestContext, method: str, params: types.Pagi
     targets = [t for t, person in zip(targets, people, strict=True) if not isinstance(person, Denial)]
     people = [person for person in people if not isinstance(person, Denial)]
     listed = await asyncio.gather(*(_every_page(t, method, p) for t, p in zip(targets, people, strict=True)))
+    pins, kind = await copies.at(snap.version), KIND_OF_LIST[method]
     items = []
     for target, entries in zip(targets, listed, strict=True):
-        for entry in entries:
-            own = entry.get(field)
-            if not isinstance(own, str):
+        for live in entries:
+            own = live.get(field)
+            # A changed entry is listed as approved; one never approved, not at all (pinned.py).
+            if not isinstance(own, str) or (entry := pins.entry(target, kind, own, live)) is None:
                 continue
             exposed = expose(snap.namespace_for(caller.who, target), own)
             if snap.permits(caller.who, target, exposed, own) is None:
@@ -277,11 +281,27 @@ async def _read_resource(ctx: ServerRequestContext, params: types.ReadResourceRe
 
 async def get_prompt(ctx: ServerRequestContext, params: types.GetPromptRequestParams) -> Any:
     with request_span(ctx, "prompts/get", prompt=params.name):
-        owner = _owner_of_name(await snapshot.get(), caller_of(ctx).who, params.name)
+        snap = await snapshot.get()
+        owner, pins = _owner_of_name(snap, caller_of(ctx).who, params.name), await copies.at(snap.version)
+        if owner and not pins.prompt_known(*owner):
+            owner = None  # never approved: as absent as from prompts/list
         forwarded = {"name": owner[1] if owner else "", "arguments": params.arguments or {}}
         not_found = _not_found("prompt", params.name, "prompts/list")
         rounds = await _rounds(ctx, params.name, owner, params)
-        return finish(ctx, await _forward(ctx, "prompts/get", params.name, owner, forwarded, not_found, rounds))
+        result = await _forward(ctx, "prompts/get", params.name, owner, forwarded, not_found, rounds)
+        assert owner is not None
+        if not params.arguments and result.get("resultType") != "input_required":
+            result = _as_pinned(result, pins.prompt_text(*owner), params.name)
+        return finish(ctx, result)
+
+
+def _as_pinned(result: dict[str, Any], approved: dict[str, Any] | None, exposed: str) -> dict[str, Any]:
+    """The prompt's text as approved, whatever the upstream says now (a changed text waits for approval)."""
+    said = {key: result.get(key) for key in PROMPT_TEXT if key in result}
+    if approved is None or said == {key: approved.get(key) for key in PROMPT_TEXT if key in approved}:
+        return result
+    logger.info("prompt %s: its text changed at the upstream; the approved one is served", exposed)
+    return {key: value for key, value in result.items() if key not in PROMPT_TEXT} | approved
 
 
 async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParams) -> Any:
