@@ -23,7 +23,7 @@ from handoff.models import Tunnel
 from policy.limits.stores import limit_store
 from policy.models import SignOff
 from policy.selectors import in_teams
-from registry.models import Tool, Upstream
+from registry.models import PinnedItem, Tool, Upstream
 from registry.worker import workers_alive_sync
 
 logger = logging.getLogger(__name__)
@@ -177,6 +177,7 @@ class GatewayState:
     live_tunnels: list[Tunnel]
     active_sessions: int
     pending_tools: int
+    pending_items: int  # resources, prompts and instructions (registry/pinned_items.py)
     workers_alive: int | None  # None with the inline executor, which has no workers
     sandbox_off: bool  # GATEWAY_STDIO_SANDBOX=off: every stdio server runs unconfined
     host_network: list[str]  # stdio upstreams whose sandbox shares the host's network
@@ -215,6 +216,9 @@ def gateway_state(*, now: datetime | None = None, teams: frozenset[str] | None =
         live_tunnels=list(tunnels.select_related("agent", "upstream").order_by("-opened_at")[:20]),
         active_sessions=recent.exclude(session_id__in=closed).values("session_id").distinct().count(),
         pending_tools=in_teams(Tool.objects.all(), teams, "upstream__team")
+        .exclude(approved_sha256=F("definition_sha256"))
+        .count(),
+        pending_items=in_teams(PinnedItem.objects.all(), teams, "upstream__team")
         .exclude(approved_sha256=F("definition_sha256"))
         .count(),
         workers_alive=_workers_alive(),

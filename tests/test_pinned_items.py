@@ -111,7 +111,8 @@ class Seen:
 
 def seen(gateway, key: str) -> Seen:
     async def scenario() -> Seen:
-        async with sdk_client(gateway.url, key, "legacy") as client:
+        # Lists ask every upstream live: the first one waits for each stdio server to start, past the 5 s default.
+        async with sdk_client(gateway.url, key, "legacy", timeout=30) as client:
             resources = (await client.list_resources(cache_mode="bypass")).resources
             templates = (await client.list_resource_templates(cache_mode="bypass")).resource_templates
             prompts = (await client.list_prompts(cache_mode="bypass")).prompts
@@ -154,6 +155,7 @@ def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_
         greet, instructions = items[("prompt", "greet")], items[("instructions", "")]
         page = admin_client.get(f"/admin/registry/pinneditem/{greet.pk}/change/").content.decode()
         pending = admin_client.get("/admin/registry/pinneditem/?approval=pending").content.decode()
+        dashboard = admin_client.get("/admin/dashboard/").content.decode()
         clicked = admin_client.post(f"/admin/registry/pinneditem/{greet.pk}/approve/")  # the page's button
         admin_client.post(f"/admin/registry/pinneditem/{instructions.pk}/approve/")
         notes = items[("resource", "demo://notes")]
@@ -180,6 +182,7 @@ def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_
         and clicked.headers["location"] == f"/admin/registry/pinneditem/{greet.pk}/change/"
     )
     assert "demo://notes/{day}" in pending and "demo://later" in pending
+    assert 'id="pending-items"><strong>6</strong> resources, prompts or instructions waiting' in dashboard
     assert by_api.status_code == 200 and by_api.json()["approved"] is True
     assert {(i["kind"], i["key"]) for i in listed} == {
         ("resource", "demo://later"),
