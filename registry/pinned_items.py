@@ -4,6 +4,7 @@ get the approved copy (handoff/mcp/pinned.py), a changed one waits for an admini
 
 The upstream's own instructions field holds the approved instructions: that is what the gateway's include."""
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
@@ -34,34 +35,50 @@ def approval(definition: dict[str, Any], sha256: str, actor: str) -> dict[str, A
     }
 
 
-def _said(upstream: Upstream, listed: dict[str, Any]) -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
-    """Kind -> {(kind, key): definition} for each list the upstream answered; refused entries in `rejected`."""
-    said: dict[str, dict[tuple[str, str], dict[str, Any]]] = {Kind.INSTRUCTIONS: {}}
-    said[Kind.INSTRUCTIONS][(Kind.INSTRUCTIONS, "")] = {"instructions": listed.get("instructions") or ""}
-    for field, (kind, name) in LISTED.items():
-        entries = listed.get(field)
+@dataclass
+class Said:
+    """What the listing says besides tools: kind -> {key: definition} for each list the upstream answered, and
+    the entries refused ("<kind> <key>: why")."""
+
+    items: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    rejected: list[str] = field(default_factory=list)
+
+
+def _refusal(key: Any, seen: dict[str, Any]) -> str | None:
+    if not isinstance(key, str) or not key:
+        return "it has no name or URI"
+    if len(key.encode()) > MAX_KEY_BYTES:
+        return f"longer than {MAX_KEY_BYTES} bytes"
+    return "listed twice" if key in seen else None
+
+
+def _said(upstream: Upstream, listed: dict[str, Any]) -> Said:
+    said = Said({Kind.INSTRUCTIONS: {"": {"instructions": listed.get("instructions") or ""}}})
+    for field_name, (kind, name) in LISTED.items():
+        entries = listed.get(field_name)
         # A per-person upstream's resources are each person's own, not the upstream's word: listed live.
         if entries is None or (kind == Kind.RESOURCE and upstream.per_person):
             continue
-        said[kind] = {
-            (kind, entry[name]): entry
-            for entry in entries
-            if isinstance(entry, dict)
-            and isinstance(entry.get(name), str)
-            and 0 < len(entry[name].encode()) <= MAX_KEY_BYTES
-        }
+        said.items[kind] = {}
+        for entry in entries:
+            key = entry.get(name) if isinstance(entry, dict) else None
+            if problem := _refusal(key, said.items[kind]):
+                said.rejected.append(f"{Kind(kind).label} {str(key)[:128]!r}: {problem}")
+            else:
+                said.items[kind][key] = entry
     return said
 
 
-def pinned_items_store(*, upstream: Upstream, listed: dict[str, Any], actor: str) -> list[str]:
+def pinned_items_store(*, upstream: Upstream, listed: dict[str, Any], actor: str) -> tuple[list[str], list[str]]:
     """Store what the catalog listing says besides tools, inside the sync's transaction; what is held, as
-    "<kind> <key>". The first sync that pins items approves them (trust on first use, as for tools); afterwards
-    a new item follows the upstream's `new_tools` setting and a changed one is held until approved."""
+    "<kind> <key>", and what was refused, with why. The first sync that pins items approves them (trust on first
+    use, as for tools); afterwards a new item follows the upstream's `new_tools` setting and a changed one is held
+    until approved."""
     existing = {(item.kind, item.key): item for item in upstream.pinned_items.all()}
     first = not existing
-    now, held = timezone.now(), []
-    for kind, items in _said(upstream, listed).items():
-        for (_, key), definition in items.items():
+    now, held, said = timezone.now(), [], _said(upstream, listed)
+    for kind, items in said.items.items():
+        for key, definition in items.items():
             sha256 = canonical_sha256(definition)
             item = existing.get((kind, key))
             if item is None:
@@ -82,11 +99,11 @@ def pinned_items_store(*, upstream: Upstream, listed: dict[str, Any], actor: str
                 Upstream.objects.filter(pk=upstream.pk).update(instructions=definition["instructions"])
             if action:
                 _event(upstream, action, kind, key, sha256, actor, held=not approved)
-        gone = [item for (k, key), item in existing.items() if k == kind and (k, key) not in items]
+        gone = [item for (k, key), item in existing.items() if k == kind and key not in items]
         for item in gone:
             _event(upstream, "item_removed", kind, item.key, item.definition_sha256, actor, held=False)
         PinnedItem.objects.filter(pk__in=[item.pk for item in gone]).delete()
-    return held
+    return held, said.rejected
 
 
 def _event(upstream: Upstream, action: str, kind: str, key: str, sha256: str, actor: str, *, held: bool) -> None:

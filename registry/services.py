@@ -99,7 +99,8 @@ def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> Syn
     listed = outcome["result"]
     with transaction.atomic():
         _catalog_store(upstream, listed["tools"], report, actor)
-        report.items_held = pinned_items_store(upstream=upstream, listed=listed, actor=actor)
+        report.items_held, rejected = pinned_items_store(upstream=upstream, listed=listed, actor=actor)
+        report.rejected += rejected
     Upstream.objects.filter(pk=upstream.pk).update(protocol_version=listed["protocolVersion"][:16])
     report.ok = True
     return report

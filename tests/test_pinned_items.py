@@ -210,3 +210,23 @@ def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_
             ("operator", "item_approved", "resource", "demo://notes", None),
         ]
     )
+
+
+def test_an_entry_without_a_usable_key_is_refused_at_sync_with_why_and_never_pinned(db, tmp_path):
+    long = "demo://" + "x" * 1100
+    said = SAID | {
+        "resources": [
+            {"uri": "demo://notes", "name": "notes"},
+            {"uri": "demo://notes", "name": "notes again", "description": RUG},
+            {"uri": long, "name": "long"},
+        ]
+    }
+    with saying(tmp_path, said) as (upstream, _):
+        report = upstream_catalog_sync(upstream=upstream)
+        pinned = pins(upstream)
+    assert report.ok and report.rejected == [
+        "resource 'demo://notes': listed twice",
+        f"resource {long[:128]!r}: longer than 1024 bytes",
+    ]
+    assert pinned[("resource", "demo://notes")].definition["name"] == "notes", "the first one listed is pinned"
+    assert ("resource", long) not in pinned
