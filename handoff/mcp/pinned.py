@@ -57,7 +57,7 @@ class Copies:
 def _load(version: int) -> Copies:
     rows = PinnedItem.objects.values_list("upstream_id", "kind", "key", "approved_definition", "approved_sha256")
     approved, pinned = {}, set()
-    for upstream_id, kind, key, definition, sha256 in rows.iterator():
+    for upstream_id, kind, key, definition, sha256 in rows:
         pinned.add(upstream_id)
         if kind != Kind.INSTRUCTIONS:
             approved[(upstream_id, kind, key)] = definition if sha256 else None
