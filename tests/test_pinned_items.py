@@ -13,7 +13,7 @@ from mcp.shared.exceptions import MCPError
 
 from registry.models import PinnedItem, Upstream
 from registry.services import upstream_catalog_sync
-from tests.clients import api, sdk_client
+from tests.clients import api, call, sdk_client
 from tests.factories import demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 
@@ -230,3 +230,19 @@ def test_an_entry_without_a_usable_key_is_refused_at_sync_with_why_and_never_pin
     ]
     assert pinned[("resource", "demo://notes")].definition["name"] == "notes", "the first one listed is pinned"
     assert ("resource", long) not in pinned
+
+
+def test_a_prompt_list_the_upstream_announces_as_changed_is_synced_and_its_new_prompt_held(
+    inline_gateway, world, tmp_path
+):
+    with saying(tmp_path, SAID) as (upstream, path):
+        upstream_catalog_sync(upstream=upstream)
+        eventually(lambda: "sayer__greet" in seen(inline_gateway, world.key).prompts)
+        changed = json.loads(path.read_text())
+        changed["prompts"]["sneaky"] = {"description": RUG, "text": RUG}
+        path.write_text(json.dumps(changed))
+        run(lambda: call(inline_gateway.url, world.key, "sayer__announce", {"list": "prompts"}))
+        sneaky = eventually(lambda: PinnedItem.objects.filter(upstream=upstream, kind="prompt", key="sneaky").first())
+        offered = seen(inline_gateway, world.key).prompts
+    assert not sneaky.is_approved and sneaky.approved_definition is None
+    assert set(offered) == {"sayer__greet", "sayer__sum_up"}
