@@ -468,7 +468,7 @@ class PinnedItemAdmin(PinAdmin):
     """Resources, resource templates, prompts and instructions of each upstream, pinned as tools are: agents get
     the approved copy while a changed one waits here (registry/pinned_items.py)."""
 
-    list_display = ("key", "kind", "upstream", approved, "last_seen_at")
+    list_display = ("__str__", "kind", "upstream", approved, "last_seen_at")  # instructions have no key
     list_filter = (PendingFilter, "kind", "upstream")
     search_fields = ("key",)
     fields = (

@@ -181,7 +181,7 @@ def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_
         "Approve this version" in page
         and clicked.headers["location"] == f"/admin/registry/pinneditem/{greet.pk}/change/"
     )
-    assert "demo://notes/{day}" in pending and "demo://later" in pending
+    assert "demo://notes/{day}" in pending and "demo://later" in pending and ">sayer instructions</a>" in pending
     assert 'id="pending-items"><strong>6</strong> resources, prompts or instructions waiting' in dashboard
     assert by_api.status_code == 200 and by_api.json()["approved"] is True
     assert {(i["kind"], i["key"]) for i in listed} == {
