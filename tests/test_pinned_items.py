@@ -8,9 +8,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.db.models import F
 from mcp.shared.exceptions import MCPError
 
+from policy.models import Team, TeamMember
+from policy.services import admin_token_issue
 from registry.models import PinnedItem, Upstream
 from registry.services import upstream_catalog_sync
 from tests.clients import api, call, sdk_client
@@ -246,3 +250,22 @@ def test_a_prompt_list_the_upstream_announces_as_changed_is_synced_and_its_new_p
         offered = seen(inline_gateway, world.key).prompts
     assert not sneaky.is_approved and sneaky.approved_definition is None
     assert set(offered) == {"sayer__greet", "sayer__sum_up"}
+
+
+def test_approving_a_pinned_item_needs_the_permission_to_change_pinned_items(inline_gateway, world):
+    clerk = get_user_model().objects.create_user("item-reader", password="reader-pw-for-tests")
+    clerk.user_permissions.add(Permission.objects.get(codename="view_pinneditem"))
+    TeamMember.objects.create(user=clerk, team=Team.objects.get(slug="default"), role="admin")
+    token = admin_token_issue(user=clerk, actor="tests")
+    try:
+        instructions = PinnedItem.objects.get(upstream__slug="demo", kind="instructions")
+        listed = api(inline_gateway, "GET", "pinned-items", token, params={"upstream": "demo", "kind": "instructions"})
+        refused = api(inline_gateway, "POST", f"pinned-items/{instructions.pk}/approve", token)
+    finally:
+        clerk.delete()
+    assert listed.status_code == 200 and [i["id"] for i in listed.json()] == [instructions.pk]
+    assert listed.json()[0]["definition"]["instructions"].startswith("Tools for trying a gateway out")
+    assert (refused.status_code, refused.json()) == (
+        403,
+        {"detail": "Approving a pinned item needs the permission to change pinned items."},
+    )
