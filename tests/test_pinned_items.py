@@ -56,7 +56,7 @@ def pins(upstream: Upstream) -> dict[tuple[str, str], PinnedItem]:
     return {(item.kind, item.key): item for item in PinnedItem.objects.filter(upstream=upstream)}
 
 
-def test_catalog_sync_pins_resources_templates_prompts_and_instructions(db, tmp_path):
+def test_catalog_sync_pins_resources_templates_prompts_and_instructions(db, admin_executor, tmp_path):
     with saying(tmp_path, SAID) as (upstream, path):
         first = upstream_catalog_sync(upstream=upstream)
         before = pins(upstream)
