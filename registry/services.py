@@ -77,7 +77,8 @@ def _tool_fields(definition: dict[str, Any]) -> dict[str, Any]:
 
 
 def upstream_catalog_sync(*, upstream: Upstream, actor: str = SYNC_ACTOR) -> SyncReport:
-    """Fetch every page of the upstream's tools through the executor and store them."""
+    """Fetch every page of the upstream's tools, with its resources, templates, prompts and instructions, through
+    the executor, and store them with their pins (tools here, the rest in pinned_items.py) in one transaction."""
     report = SyncReport(upstream=upstream.slug, ok=False)
     if upstream.handoff_only:
         # Its tools are listed through each handoff's own tunnel; without a delegation it would refuse anyway.
