@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.db.models import F
@@ -113,10 +114,10 @@ class Seen:
     later: str | MCPError  # sayer__later's text, or why it was refused
 
 
-def seen(gateway, key: str) -> Seen:
+def seen(gateway, key: str, mode: str = "legacy") -> Seen:
     async def scenario() -> Seen:
         # Lists ask every upstream live: the first one waits for each stdio server to start, past the 5 s default.
-        async with sdk_client(gateway.url, key, "legacy", timeout=30) as client:
+        async with sdk_client(gateway.url, key, mode, timeout=30) as client:
             resources = (await client.list_resources(cache_mode="bypass")).resources
             templates = (await client.list_resource_templates(cache_mode="bypass")).resource_templates
             prompts = (await client.list_prompts(cache_mode="bypass")).prompts
@@ -137,12 +138,13 @@ def seen(gateway, key: str) -> Seen:
     return run(scenario)
 
 
+@pytest.mark.parametrize("mode", ["legacy", "auto"])  # auto: server/discover, so 2026-07-28 with instructions
 def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_api_switches(
-    inline_gateway, world, tmp_path, admin_client, admin_token
+    inline_gateway, world, tmp_path, admin_client, admin_token, mode
 ):
     with saying(tmp_path, SAID) as (upstream, path):
         upstream_catalog_sync(upstream=upstream)
-        before = eventually(lambda: (s := seen(inline_gateway, world.key)) and "sayer__greet" in s.prompts and s)
+        before = eventually(lambda: (s := seen(inline_gateway, world.key, mode)) and "sayer__greet" in s.prompts and s)
         changed = json.loads(path.read_text())
         changed["instructions"] = RUG
         changed["prompts"]["greet"]["text"] = RUG
@@ -154,7 +156,7 @@ def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_
         restarted(upstream)
         mark = audit_mark()
         upstream_catalog_sync(upstream=upstream)
-        held = seen(inline_gateway, world.key)
+        held = seen(inline_gateway, world.key, mode)
         items = pins(upstream)
         greet, instructions = items[("prompt", "greet")], items[("instructions", "")]
         page = admin_client.get(f"/admin/registry/pinneditem/{greet.pk}/change/").content.decode()
@@ -165,7 +167,7 @@ def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_
         notes = items[("resource", "demo://notes")]
         by_api = api(inline_gateway, "POST", f"pinned-items/{notes.pk}/approve", admin_token)
         listed = api(inline_gateway, "GET", "pinned-items?pending=true&upstream=sayer", admin_token).json()
-        after = eventually(lambda: (s := seen(inline_gateway, world.key)) and RUG in s.instructions and s)
+        after = eventually(lambda: (s := seen(inline_gateway, world.key, mode)) and RUG in s.instructions and s)
         rows = [r for r in audit_since(mark) if r.kind == "admin_change"]
     assert "## sayer\nEcho things back." in before.instructions
     assert before.resources == {"sayer+demo://notes": "Team notes."}
