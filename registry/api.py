@@ -224,7 +224,7 @@ class PinViewSet(TeamScoped, viewsets.ReadOnlyModelViewSet):
     team_path = "upstream__team"
 
     def get_permissions(self) -> list[Any]:
-        # Approving a pin and overriding a tool are changes to it (as in the admin), not the adding a POST would ask for.
+        # Approving a pin and overriding a tool change it (as in the admin): not the adding a POST would ask for.
         return [IsAuthenticated()] if self.action in ("approve", "override") else super().get_permissions()
 
     def get_queryset(self):

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('registry', '0018_local_prefix'),
+        ('registry', '0020_tool_override'),
     ]
 
     operations = [
