@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from mcp.shared.exceptions import MCPError
 from playwright.sync_api import Browser, Page
 
 from audit.models import AuditEvent
@@ -166,7 +167,17 @@ def test_an_operator_overrides_a_tool_on_its_page_and_an_agent_sees_it_renamed(o
         operator.wait_for_selector("text=agents see the change within seconds")
         shown = operator.inner_text("#tool-override")
         eventually(lambda: "dressed__sum" in agent_run(lambda: tool_names(console.url, world.key)))
-        answered = agent_run(lambda: call(console.url, world.key, "dressed__sum", {"a": 5}))
+        # The gateway's first call starts the upstream: on a loaded machine that may outlast the client's wait.
+        answered = eventually(
+            lambda: (
+                (r := agent_run(lambda: call(console.url, world.key, "dressed__sum", {"a": 5})))
+                and not isinstance(r, MCPError)
+                and r
+            ),
+            timeout=30,
+        )
+        rows = AuditEvent.objects.filter(upstream="dressed")  # every call finished before the next test looks
+        eventually(lambda: rows.filter(kind="approved").count() == rows.filter(kind="completed").count(), timeout=30)
     assert refused == "Parameter 'a' is required: give it a fixed value to hide it."
     assert json.loads(shown) == {"name": "sum", "params": {"b": {"value": 10}}}
     assert answered.content[0].text == "15"
