@@ -21,6 +21,7 @@ from tests.clients import api, call, sdk_client, tool_names
 from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 from tests.test_sign_off import ann_token, approver  # noqa: F401 (a fixture)
+from tests.test_sign_off_extension_tasks import polled, request
 from tests.test_team_names import _operator
 
 SUM = {"name": "sum", "description": "Add ten to a number.", "params": {"a": {"name": "first"}, "b": {"value": 10}}}
@@ -213,3 +214,23 @@ def test_approvers_sign_off_the_arguments_the_upstream_receives_and_the_call_run
 
     assert [(s["tool"], s["arguments"]) for s in listed] == [("add", {"a": 2, "b": 10})]
     assert result.content[0].text == "12"
+
+
+@pytest.mark.usefixtures("approver")
+def test_a_sign_off_task_on_an_overridden_tool_runs_with_the_agents_arguments_mapped_once(inline_gateway):
+    group = Group.objects.get(name="approvers")
+    with demo_upstream("tasked") as upstream, agent("tasked-tess") as (tess, key):
+        Rule.objects.create(effect="sign_off", agent=tess, upstream=upstream, tool_pattern="add", signers=group)
+        _override(upstream, "add", SUM)
+
+        def made() -> dict | None:
+            reply = request(inline_gateway, key, "tools/call", {"name": "tasked__sum", "arguments": {"first": 4}})
+            return reply["result"] if reply.get("result", {}).get("resultType") == "task" else None
+
+        task = eventually(made, timeout=10)
+        [asked] = api(inline_gateway, "GET", "signoffs", ann_token()).json()
+        api(inline_gateway, "POST", f"signoffs/{asked['id']}/grant", ann_token(), json={})
+        done = polled(inline_gateway, key, task["taskId"])
+
+    assert asked["arguments"] == {"a": 4, "b": 10}
+    assert (done["status"], done["result"]["content"]) == ("completed", [{"type": "text", "text": "14"}])

@@ -68,6 +68,7 @@ class Call:
     sign_off: SignOffTerms | None = None  # what a sign-off rule asks before the call runs
     definition_sha256: str = ""  # the tool's pinned definition, which a sign-off binds
     override: Override | None = None  # the owner's, once `arguments` are the upstream's (trims the result)
+    given: dict[str, Any] | None = None  # the agent's own arguments, where an override mapped them (for a retry)
     signed_off: str = ""  # the id of the sign-off this call used
     admission: Admission | None = None  # held while the call runs; given back with the completion row
     probing: bool = False  # this call is the half-open circuit's one probe
@@ -82,6 +83,11 @@ class Call:
     span: Span = field(default_factory=current_span)  # the call's own (its request's, or a code call's)
     traced: bool = field(default_factory=stage_spans_wanted)  # a span per stage, too
     started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def asked(self) -> dict[str, Any]:
+        """The arguments as the agent sent them: what a call made again (a task's, once signed off) starts from."""
+        return self.given if self.given is not None else self.arguments
 
     @property
     def tool(self) -> str:

@@ -138,7 +138,8 @@ def overridden(call: Call, override: Override, exposed_schema: dict[str, Any]) -
     """From here on the call carries the arguments the upstream receives (what sign-off and the audit digest see):
     under the upstream's names, with the fixed values. Arguments the exposed schema refuses end the call."""
     try:
-        call.arguments, call.override = override.arguments(call.arguments, exposed_schema), override
+        sent = override.arguments(call.arguments, exposed_schema)
+        call.given, call.arguments, call.override = call.arguments, sent, override
     except ArgumentsRefused as refused:
         message = f"Invalid arguments for {call.name!r}: {refused}"
         call.denial = Denial("INVALID_ARGUMENTS", message, INVALID_PARAMS)

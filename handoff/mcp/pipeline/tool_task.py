@@ -47,7 +47,7 @@ async def task_or_answer(call: Call) -> dict[str, Any]:
     GATEWAY_SIGN_OFF_TASKS_MAX tasks are live."""
     denial = call.denial
     if denial is not None and denial.code == PENDING and denial.sign_off and call.caller is not None:
-        task = await database_async(_open)(call.caller, call.name, call.arguments, denial.sign_off, denial.message)
+        task = await database_async(_open)(call.caller, call.name, call.asked, denial.sign_off, denial.message)
         if task is not None:
             raise TaskCreated(task.id, {"resultType": "task", **_wire(task)})
     return await agent_answer(call)
