@@ -258,23 +258,6 @@ class ToolViewSet(PinViewSet):
         """Approve the tool's current definition: agents are offered it from now on."""
         return self._approve(request, lambda tool, actor: tool_approve(tool=tool, actor=actor))
 
-
-class PinnedItemViewSet(PinViewSet):
-    """Resources, resource templates, prompts and instructions as upstreams say them (`?kind=` narrows them)."""
-
-    queryset = PinnedItem.objects.select_related("upstream").order_by("upstream__slug", "kind", "key")
-    serializer_class = PinnedItemSerializer
-
-    def get_queryset(self):
-        items = super().get_queryset()
-        return items.filter(kind=kind) if (kind := self.request.query_params.get("kind")) else items
-
-    @extend_schema(request=None, responses=PinnedItemSerializer)
-    @action(detail=True, methods=["post"])
-    def approve(self, request: Request, pk: str) -> Response:
-        """Approve the item's current definition: agents get it from now on."""
-        return self._approve(request, lambda item, actor: pinned_item_approve(item=item, actor=actor))
-
     @extend_schema(request=dict[str, Any], responses=dict[str, Any])
     @action(detail=True, methods=["get", "put", "delete"])
     def override(self, request: Request, pk: str) -> Response:
@@ -292,6 +275,23 @@ class PinnedItemViewSet(PinViewSet):
                 tool_override_set(tool=tool, data=request.data, actor=actor)
         row = ToolOverride.objects.filter(tool=tool).first()
         return Response(override_json(row.value()) if row else {})
+
+
+class PinnedItemViewSet(PinViewSet):
+    """Resources, resource templates, prompts and instructions as upstreams say them (`?kind=` narrows them)."""
+
+    queryset = PinnedItem.objects.select_related("upstream").order_by("upstream__slug", "kind", "key")
+    serializer_class = PinnedItemSerializer
+
+    def get_queryset(self):
+        items = super().get_queryset()
+        return items.filter(kind=kind) if (kind := self.request.query_params.get("kind")) else items
+
+    @extend_schema(request=None, responses=PinnedItemSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str) -> Response:
+        """Approve the item's current definition: agents get it from now on."""
+        return self._approve(request, lambda item, actor: pinned_item_approve(item=item, actor=actor))
 
 
 class ConnectionSerializer(serializers.ModelSerializer):
