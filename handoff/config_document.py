@@ -46,7 +46,11 @@ ROUTES = Section(
     ("team", "description", "target", "enabled", "connect_timeout", "max_sessions", "idle_timeout"),
 )
 VIRTUAL_SERVERS = Section(
-    "virtualServers", VirtualServer, "virtual server", "name", ("team", "title", "instructions", "tools", "enabled")
+    "virtualServers",
+    VirtualServer,
+    "virtual server",
+    "name",
+    ("team", "title", "instructions", "tools", "resources", "prompts", "enabled"),
 )
 RULES = Section(
     "rules",

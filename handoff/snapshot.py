@@ -11,6 +11,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from django.conf import settings
@@ -102,6 +103,8 @@ class ServerEntry:
     title: str
     instructions: str  # cleaned like an upstream's
     tools: tuple[str, ...]  # exposed-name patterns it offers
+    resources: tuple[str, ...] = ()  # exposed-URI patterns (resources and resource templates)
+    prompts: tuple[str, ...] = ()  # exposed-name patterns
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,13 @@ class Snapshot:
     _decisions: dict[tuple[Who, str], Explanation] = field(default_factory=dict, compare=False)
     _visible: dict[Who, tuple[dict[str, Any], ...]] = field(default_factory=dict, compare=False)
     memo: dict[str, Any] = field(default_factory=dict, compare=False)  # what others derive from it, once
+
+    def offers(self, server: str, kind: str, exposed: str) -> bool:
+        """Whether the virtual server (none: /mcp, which offers all) offers this resource or prompt (`kind`)."""
+        if not server:
+            return True
+        entry = self.servers.get(server)
+        return entry is not None and any(fnmatchcase(exposed, pattern) for pattern in getattr(entry, kind))
 
     @property
     def signs_in(self) -> bool:
@@ -384,7 +394,8 @@ def snapshot_compile() -> Snapshot:
 
 def _server_entry(server: VirtualServer) -> ServerEntry:
     instructions = clean_text(server.instructions, settings.GATEWAY_MAX_DESCRIPTION_CHARS)
-    return ServerEntry(server.name, server.team.slug, server.title, instructions, tuple(server.tools))
+    offered = (tuple(server.tools), tuple(server.resources), tuple(server.prompts))
+    return ServerEntry(server.name, server.team.slug, server.title, instructions, *offered)
 
 
 # Monotonic time counts from boot: "checked at 0.0" would read as "just checked" for the first check interval

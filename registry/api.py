@@ -439,11 +439,16 @@ class LocalPrefixViewSet(TeamScoped, viewsets.ModelViewSet):
 
 class VirtualServerSerializer(AuditedModelSerializer):
     team = team_shown()
-    tools = serializers.ListField(child=serializers.CharField(max_length=256, trim_whitespace=False), required=False)
+    tools = serializers.ListField(child=serializers.CharField(trim_whitespace=False), required=False)
+    resources = serializers.ListField(child=serializers.CharField(trim_whitespace=False), required=False)
+    prompts = serializers.ListField(child=serializers.CharField(trim_whitespace=False), required=False)
 
     class Meta:
         model = VirtualServer
-        fields = ("name", "team", "title", "instructions", "tools", "enabled", "created_at", "updated_at")
+        fields = (
+            "name", "team", "title", "instructions", "tools", "resources", "prompts", "enabled", "created_at",
+            "updated_at",
+        )  # fmt: skip
         read_only_fields = ("created_at", "updated_at")
 
 

@@ -561,6 +561,10 @@ class VirtualServer(models.Model):
         blank=True,
         help_text="The exposed tool names it offers; '*' and '?' match as in shell patterns (fnmatch)",
     )
+    resources = models.JSONField(
+        default=list, blank=True, help_text="The exposed URIs of resources and resource templates it offers (patterns)"
+    )
+    prompts = models.JSONField(default=list, blank=True, help_text="The exposed prompt names it offers (patterns)")
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -572,9 +576,10 @@ class VirtualServer(models.Model):
         return self.name
 
     def clean(self) -> None:
-        tools = self.tools
-        if not isinstance(tools, list) or not all(isinstance(t, str) and 0 < len(t) <= 256 for t in tools):
-            raise ValidationError({"tools": "A list of exposed tool names or patterns, each 1 to 256 characters."})
-        if len(set(tools)) != len(tools):
-            twice = sorted({t for t in tools if tools.count(t) > 1})
-            raise ValidationError({"tools": f"{twice[0]!r} is listed twice."})
+        for field, what in (("tools", "tool names"), ("resources", "resource URIs"), ("prompts", "prompt names")):
+            listed = getattr(self, field)
+            if not isinstance(listed, list) or not all(isinstance(t, str) and 0 < len(t) <= 1024 for t in listed):
+                raise ValidationError({field: f"A list of exposed {what} or patterns, each 1 to 1024 characters."})
+            if len(set(listed)) != len(listed):
+                twice = sorted({t for t in listed if listed.count(t) > 1})
+                raise ValidationError({field: f"{twice[0]!r} is listed twice."})

@@ -30,12 +30,12 @@ def support(db) -> Iterator[VirtualServer]:
     server.delete()
 
 
-def _offered(gateway, key: str, mode: str) -> set[str]:
+def _offered(gateway, key: str, mode: str, path: str = SERVER) -> set[str]:
     """The names the virtual server lists, once the gateway's snapshot holds it (401/404 before: empty)."""
 
     async def listed() -> set[str]:
         try:
-            async with sdk_client(gateway.url, key, mode, path=SERVER) as client:
+            async with sdk_client(gateway.url, key, mode, path=path) as client:
                 return {tool.name for tool in (await client.list_tools()).tools}
         except Exception:
             return set()
@@ -159,6 +159,8 @@ def test_the_rest_api_makes_a_virtual_server_and_refuses_bad_ones_with_their_rea
             "title": "",
             "instructions": "",
             "tools": ["demo__*"],
+            "resources": [],
+            "prompts": [],
             "enabled": True,
             "created_at": None,
             "updated_at": None,
@@ -183,3 +185,37 @@ def _operator():
 
     user, _ = get_user_model().objects.get_or_create(username="curator", defaults={"is_superuser": True})
     return user
+
+
+DOCUMENTS = "every+demo://resource/static/document/*"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_a_virtual_server_offers_only_the_resources_and_prompts_it_names(inline_gateway, world, mode):
+    server = VirtualServer.objects.create(
+        name="reading", tools=["every__echo"], resources=[DOCUMENTS], prompts=["every__simple-prompt"]
+    )
+    try:
+        _offered(inline_gateway, world.key, mode, path="/mcp/s/reading")
+
+        async def scenario():
+            async with sdk_client(inline_gateway.url, world.key, mode, timeout=30, path="/mcp/s/reading") as client:
+                resources = await client.list_resources(cache_mode="bypass")
+                templates = await client.list_resource_templates(cache_mode="bypass")
+                prompts = await client.list_prompts(cache_mode="bypass")
+                document = next(r.uri for r in resources.resources)
+                read = await client.read_resource(document)
+                simple = await client.get_prompt("every__simple-prompt")
+                with pytest.raises(MCPError) as unknown:
+                    await client.get_prompt("every__args-prompt", {"city": "Paris"})
+                return resources, templates, prompts, read, simple, unknown.value
+
+        resources, templates, prompts, read, simple, unknown = run(scenario)
+    finally:
+        server.delete()
+    uris = {r.uri for r in resources.resources}
+    assert uris and all(uri.startswith("every+demo://resource/static/document/") for uri in uris)
+    assert templates.resource_templates == []
+    assert [p.name for p in prompts.prompts] == ["every__simple-prompt"]
+    assert read.contents and simple.messages
+    assert "every__args-prompt" in unknown.error.message

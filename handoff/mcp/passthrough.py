@@ -38,7 +38,7 @@ from handoff.mcp.pipeline.rows import CANCELLED_DETAIL, approval, denial_error, 
 from handoff.protocol.tunnels import index_session
 from handoff.snapshot import Snapshot, UpstreamInfo, snapshot
 from handoff.snapshot_tools import Route
-from policy.decisions import Denial, Who
+from policy.decisions import Denial
 from policy.limits.admission import Admission, health_of
 from policy.limits.stores import limit_store
 from policy.manifest import manifest_sanitize
@@ -57,16 +57,21 @@ AUDIT_TEXT = 256  # the audit's name columns; the whole URI goes in the row's de
 PROMPT_TEXT = ("description", "messages")  # what a prompt's pin holds of prompts/get's answer
 
 
-def _owner_of_uri(snap: Snapshot, who: Who, uri: str) -> tuple[UpstreamInfo, str] | None:
-    """The upstream a URI leads to for the agent's team (its local prefix for a borrowed upstream included)."""
+def _owner_of_uri(snap: Snapshot, caller: Caller, uri: str) -> tuple[UpstreamInfo, str] | None:
+    """The upstream a URI leads to for the agent's team (its local prefix for a borrowed upstream included); none
+    when the virtual server the caller came through does not offer it."""
+    if not snap.offers(caller.server, "resources", uri):
+        return None
     namespace, mark, own = uri.partition(URI_MARK)
-    target = snap.target_named(who, namespace) if mark else None
+    target = snap.target_named(caller.who, namespace) if mark else None
     return (target, own) if target is not None else _unprefixed(snap, uri)
 
 
-def _owner_of_name(snap: Snapshot, who: Who, name: str) -> tuple[UpstreamInfo, str] | None:
+def _owner_of_name(snap: Snapshot, caller: Caller, name: str) -> tuple[UpstreamInfo, str] | None:
+    if not snap.offers(caller.server, "prompts", name):
+        return None
     parts = split_exposed_name(name)
-    target = snap.target_named(who, parts[0]) if parts else None
+    target = snap.target_named(caller.who, parts[0]) if parts else None
     return (target, parts[1]) if parts and target is not None else _unprefixed(snap, name)
 
 
@@ -131,7 +136,8 @@ async def _aggregated(ctx: ServerRequestContext, method: str, params: types.Pagi
             if not isinstance(own, str) or (entry := pins.entry(target, kind, own, live)) is None:
                 continue
             exposed = expose(snap.namespace_for(caller.who, target), own)
-            if snap.permits(caller.who, target, exposed, own) is None:
+            offered = snap.offers(caller.server, "prompts" if field == "name" else "resources", exposed)
+            if offered and snap.permits(caller.who, target, exposed, own) is None:
                 items.append(manifest_sanitize(entry) | {field: exposed})
     page, following = list_page(method, items, params.cursor if params else None)
     return finish(ctx, {key: page} | ({"nextCursor": following} if following else {}))
@@ -262,8 +268,8 @@ async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceReq
 
 
 async def _read_resource(ctx: ServerRequestContext, params: types.ReadResourceRequestParams) -> Any:
-    snap, who = await snapshot.get(), caller_of(ctx).who
-    owner = _owner_of_uri(snap, who, params.uri)
+    snap = await snapshot.get()
+    owner = _owner_of_uri(snap, caller_of(ctx), params.uri)
     not_found = _not_found("resource", params.uri, "resources/list")
     rounds = await _rounds(ctx, params.uri, owner, params)
     forwarded = {"uri": owner[1] if owner else ""}
@@ -271,7 +277,7 @@ async def _read_resource(ctx: ServerRequestContext, params: types.ReadResourceRe
     assert owner is not None
     if result.get("resultType") == "input_required":
         return result
-    namespace = snap.namespace_for(who, owner[0])
+    namespace = snap.namespace_for(caller_of(ctx).who, owner[0])
     contents = [
         item | {"uri": exposed_uri(namespace, item["uri"])} if isinstance(item.get("uri"), str) else item
         for item in result.get("contents") or []
@@ -282,7 +288,7 @@ async def _read_resource(ctx: ServerRequestContext, params: types.ReadResourceRe
 async def get_prompt(ctx: ServerRequestContext, params: types.GetPromptRequestParams) -> Any:
     with request_span(ctx, "prompts/get", prompt=params.name):
         snap = await snapshot.get()
-        owner, pins = _owner_of_name(snap, caller_of(ctx).who, params.name), await copies.at(snap.version)
+        owner, pins = _owner_of_name(snap, caller_of(ctx), params.name), await copies.at(snap.version)
         if owner and not pins.prompt_known(*owner):
             owner = None  # never approved: as absent as from prompts/list
         forwarded = {"name": owner[1] if owner else "", "arguments": params.arguments or {}}
@@ -305,14 +311,14 @@ def _as_pinned(result: dict[str, Any], approved: dict[str, Any] | None, exposed:
 
 
 async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParams) -> Any:
-    snap, who = await snapshot.get(), caller_of(ctx).who
+    snap, caller = await snapshot.get(), caller_of(ctx)
     wire = params.model_dump(mode="json", by_alias=True, exclude_none=True)
     wire.pop("_meta", None)
     if isinstance(params.ref, types.PromptReference):
-        exposed, owner, field = params.ref.name, _owner_of_name(snap, who, params.ref.name), "name"
+        exposed, owner, field = params.ref.name, _owner_of_name(snap, caller, params.ref.name), "name"
         not_found = _not_found("prompt", exposed, "prompts/list")
     else:
-        exposed, owner, field = params.ref.uri, _owner_of_uri(snap, who, params.ref.uri), "uri"
+        exposed, owner, field = params.ref.uri, _owner_of_uri(snap, caller, params.ref.uri), "uri"
         not_found = _not_found("resource template", exposed, "resources/templates/list")
     wire["ref"][field] = owner[1] if owner else ""
     return finish(ctx, await _forward(ctx, "completion/complete", exposed, owner, wire, not_found))
@@ -328,7 +334,7 @@ async def unsubscribe_resource(ctx: ServerRequestContext, params: types.Unsubscr
 
 async def _subscription(ctx: ServerRequestContext, uri: str, subscribed: bool) -> types.EmptyResult:
     """(Un)subscribe at the upstream, and remember who hears of the resource's updates (list_changed.py)."""
-    owner = _owner_of_uri(await snapshot.get(), caller_of(ctx).who, uri)
+    owner = _owner_of_uri(await snapshot.get(), caller_of(ctx), uri)
     method = "resources/subscribe" if subscribed else "resources/unsubscribe"
     await _forward(
         ctx, method, uri, owner, {"uri": owner[1] if owner else ""}, _not_found("resource", uri, "resources/list")
@@ -344,7 +350,7 @@ async def subscriptions_listen(
     """A 2026-07-28 agent subscribes to resources on its listen stream: each resource's upstream is asked
     for its updates (decided and audited like resources/subscribe), then the stream is served (list_changed.py)."""
     for uri in params.notifications.resource_subscriptions or ():
-        owner = _owner_of_uri(await snapshot.get(), caller_of(ctx).who, uri)
+        owner = _owner_of_uri(await snapshot.get(), caller_of(ctx), uri)
         not_found = _not_found("resource", uri, "resources/list")
         await _forward(ctx, "resources/subscribe", uri, owner, {"uri": owner[1] if owner else ""}, not_found)
     return await listen(ctx, params)
