@@ -328,7 +328,27 @@ class Upstream(models.Model):
         return self.is_reachable and self.health == self.Health.OK
 
 
-class Tool(models.Model):
+class Pin(models.Model):
+    """What an upstream says, as last seen by catalog sync, and the pin: the definition an administrator approved.
+    Agents get it only as approved (a tool is offered only while the two hashes agree)."""
+
+    definition_sha256 = models.CharField(max_length=64)
+    approved_definition = models.JSONField(null=True, blank=True)
+    approved_sha256 = models.CharField(max_length=64, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approved_by = models.CharField(max_length=150, blank=True)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        abstract = True
+
+    @property
+    def is_approved(self) -> bool:
+        return self.approved_sha256 == self.definition_sha256
+
+
+class Tool(Pin):
     """One tool of one upstream, as last seen by catalog sync."""
 
     upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="tools")
@@ -339,14 +359,6 @@ class Tool(models.Model):
     output_schema = models.JSONField(null=True, blank=True)
     annotations = models.JSONField(null=True, blank=True)
     definition = models.JSONField(help_text="The tool as the upstream listed it")
-    definition_sha256 = models.CharField(max_length=64)
-    # The pin: the definition an administrator approved. A tool is offered only while the two hashes agree.
-    approved_definition = models.JSONField(null=True, blank=True)
-    approved_sha256 = models.CharField(max_length=64, blank=True)
-    approved_at = models.DateTimeField(null=True, blank=True)
-    approved_by = models.CharField(max_length=150, blank=True)
-    first_seen_at = models.DateTimeField(auto_now_add=True)
-    last_seen_at = models.DateTimeField()
 
     class Meta:
         ordering = ["upstream__slug", "name"]
@@ -354,10 +366,6 @@ class Tool(models.Model):
 
     def __str__(self) -> str:
         return f"{self.upstream.slug}/{self.name}"
-
-    @property
-    def is_approved(self) -> bool:
-        return self.approved_sha256 == self.definition_sha256
 
     @property
     def own_name(self) -> str:
@@ -402,7 +410,7 @@ class ToolOverride(OverrideFields):
         return f"override of {self.tool}"
 
 
-class PinnedItem(models.Model):
+class PinnedItem(Pin):
     """Something other than a tool that an upstream says, pinned like a tool: a resource or resource template
     (its list entry), a prompt (its list entry and, when it takes no required argument, the text prompts/get
     gives), or its instructions. Agents get the approved copy; a changed one waits for an administrator."""
@@ -417,13 +425,6 @@ class PinnedItem(models.Model):
     kind = models.CharField(max_length=24, choices=Kind.choices)
     key = models.CharField(max_length=1024, blank=True, help_text="Its URI, URI template or name (instructions: empty)")
     definition = models.JSONField(help_text="What the upstream says now")
-    definition_sha256 = models.CharField(max_length=64)
-    approved_definition = models.JSONField(null=True, blank=True)
-    approved_sha256 = models.CharField(max_length=64, blank=True)
-    approved_at = models.DateTimeField(null=True, blank=True)
-    approved_by = models.CharField(max_length=150, blank=True)
-    first_seen_at = models.DateTimeField(auto_now_add=True)
-    last_seen_at = models.DateTimeField()
 
     class Meta:
         ordering = ["upstream__slug", "kind", "key"]
@@ -431,10 +432,6 @@ class PinnedItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.upstream.slug} {self.get_kind_display()}" + (f" {self.key}" if self.key else "")
-
-    @property
-    def is_approved(self) -> bool:
-        return self.approved_sha256 == self.definition_sha256
 
 
 class ToolEmbedding(models.Model):

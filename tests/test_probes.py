@@ -7,19 +7,16 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import anyio
 import httpx2
-import psycopg
 import pytest
-from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 
 from gateway_project import __version__
 from tests import servers
 from tests.clients import stateless_call
-from tests.helpers import audit_mark, audit_since, eventually, orm, run
+from tests.helpers import audit_mark, audit_since, eventually, new_database, orm, run
 from tests.servers import ROOT
 
 # Orchestrators probe a pod by its address, which is in no ALLOWED_HOSTS.
@@ -118,19 +115,8 @@ def test_on_sigterm_a_gateway_turns_unready_finishes_its_call_in_flight_and_exit
 @pytest.fixture
 def unmigrated_env(server_env, tmp_path) -> Iterator[dict[str, str]]:
     """A gateway's environment whose database exists but was never migrated."""
-    if connection.vendor == "sqlite":
-        yield server_env | {"SQLITE_PATH": str(tmp_path / "unmigrated.sqlite3")}
-        return
-    url = urlsplit(server_env["DATABASE_URL"])
-    name, admin = f"{url.path.lstrip('/')}_unmigrated", url._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield server_env | {"DATABASE_URL": url._replace(path=f"/{name}").geturl()}
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with new_database(server_env, "unmigrated", tmp_path) as env:
+        yield env
 
 
 def not_migrated(missing: list[str]) -> str:

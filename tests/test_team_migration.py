@@ -8,13 +8,11 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
-import psycopg
 import pytest
-from django.db import connection
 
 from tests.conftest import BIN
+from tests.helpers import new_database
 
 SCRIPT = Path(__file__).parent / "support" / "team_migration.py"
 
@@ -22,20 +20,8 @@ SCRIPT = Path(__file__).parent / "support" / "team_migration.py"
 @pytest.fixture(scope="module")
 def empty_database(server_env, tmp_path_factory) -> Iterator[dict[str, str]]:
     """The environment of a process whose database is empty."""
-    if connection.vendor == "sqlite":
-        yield server_env | {"SQLITE_PATH": str(tmp_path_factory.mktemp("teams") / "teams.sqlite3")}
-        return
-    url = urlsplit(server_env["DATABASE_URL"])
-    name = f"{url.path.lstrip('/')}_teams"
-    admin = url._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield server_env | {"DATABASE_URL": url._replace(path=f"/{name}").geturl()}
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with new_database(server_env, "teams", tmp_path_factory.mktemp("teams")) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")

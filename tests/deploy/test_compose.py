@@ -17,7 +17,7 @@ import httpx2
 import pytest
 
 from tests.clients import call, tool_names
-from tests.deploy.test_image import IMAGE_USER, answer
+from tests.deploy.test_image import IMAGE_TESTS, IMAGE_USER, answer
 from tests.helpers import eventually, run, until
 from tests.servers import free_port
 
@@ -25,15 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SUBSTITUTES = Path(__file__).resolve().parent / "substitutes"
 START_SECONDS = 180  # five gateway processes starting on a shared two-core machine, after the migration
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
-    pytest.mark.skipif(
-        not os.environ.get("SWITCHBOARD_IMAGE_TESTS"),
-        reason="SWITCHBOARD_IMAGE_TESTS is not set: building the image takes minutes",
-    ),
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: rootful podman, keys chowned to the image's user"),
-]
+pytestmark = IMAGE_TESTS
 
 
 @pytest.fixture(scope="module")

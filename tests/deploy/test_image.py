@@ -34,7 +34,8 @@ IMAGE_USER = 10001  # the Containerfile's
 START_SECONDS = 60  # a container's Django start-up on a shared two-core machine, with margin
 WRITABLE_ROOT = "switchboard: warning: the root file system is writable"
 
-pytestmark = [
+# These tests and tests/deploy/test_compose.py: opt-in, as building the image takes minutes (docs/deploy.md).
+IMAGE_TESTS = [
     pytest.mark.e2e,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
     pytest.mark.skipif(
@@ -43,6 +44,7 @@ pytestmark = [
     ),
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: rootful podman, keys chowned to the image's user"),
 ]
+pytestmark = IMAGE_TESTS
 
 
 @pytest.fixture(scope="module")
