@@ -10,12 +10,15 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import DiscoverResult
 
 from audit.models import AuditEvent
+from audit.services import canonical_sha256
 from policy.models import Team
 from policy.services import admin_token_issue
-from registry.models import VirtualServer
+from registry.models import Tool, VirtualServer
+from registry.services import tool_override_set
 from tests.clients import INITIALIZE, api, sdk_client, tool_names, ws_session
-from tests.factories import agent
+from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
+from tests.test_tool_overrides import SUM
 
 SERVER = "/mcp/s/support"
 OFFERED = ["demo__echo", "time__*", "every__echo"]  # tools of three upstreams: one by name, a pattern, one by name
@@ -219,3 +222,45 @@ def test_a_virtual_server_offers_only_the_resources_and_prompts_it_names(inline_
     assert [p.name for p in prompts.prompts] == ["every__simple-prompt"]
     assert read.contents and simple.messages
     assert "every__args-prompt" in unknown.error.message
+
+
+@pytest.mark.parametrize("transport", ["legacy", "2026-07-28", "ws"])
+def test_a_virtual_server_of_three_upstreams_serves_a_renamed_tool_with_its_fixed_value(
+    inline_gateway, world, transport
+):
+    """Issue 38's bar: tools of three upstreams, one renamed with a fixed parameter (its upstream's override), reached
+    in both eras and over WebSocket: only what it names is listed, the call reaches the upstream with the fixed
+    value, and the audit rows name the virtual server."""
+    with demo_upstream("desk-math") as upstream:
+        tool_override_set(tool=Tool.objects.get(upstream=upstream, name="add"), data=SUM, actor="olga")
+        server = VirtualServer.objects.create(name="desk-three", tools=["desk-math__sum", "time__*", "every__echo"])
+        path = "/mcp/s/desk-three"
+        try:
+            listed = eventually(
+                lambda: (names := _offered(inline_gateway, world.key, "legacy", path)) >= WANTED and names
+            )
+            mark = audit_mark()
+            answered = run(lambda: _sum_through(inline_gateway.url, world.key, transport, path))
+            rows = [row for row in audit_since(mark) if row.exposed_name == "desk-math__sum"]
+        finally:
+            server.delete()
+    assert "desk-math__sum" in listed and "every__echo" in listed and any(n.startswith("time__") for n in listed)
+    assert not any(n.startswith("desk-math__") and n != "desk-math__sum" for n in listed)
+    assert answered == "15"
+    assert {(row.kind, row.tool, row.server) for row in rows} == {
+        ("approved", "add", "desk-three"),
+        ("completed", "add", "desk-three"),
+    }
+    assert rows[0].arguments_sha256 == canonical_sha256({"a": 5, "b": 10})  # what the upstream received
+
+
+WANTED = {"desk-math__sum", "every__echo"}
+
+
+async def _sum_through(url: str, key: str, transport: str, path: str) -> str:
+    if transport == "ws":
+        async with ws_session(url, key, path=path) as session:
+            reply = await session.request("tools/call", {"name": "desk-math__sum", "arguments": {"first": 5}})
+            return reply["result"]["content"][0]["text"]
+    async with sdk_client(url, key, transport, path=path) as client:
+        return (await client.call_tool("desk-math__sum", {"first": 5})).content[0].text
