@@ -264,3 +264,30 @@ async def _sum_through(url: str, key: str, transport: str, path: str) -> str:
             return reply["result"]["content"][0]["text"]
     async with sdk_client(url, key, transport, path=path) as client:
         return (await client.call_tool("desk-math__sum", {"first": 5})).content[0].text
+
+
+def test_a_virtual_server_that_offers_triage_hands_the_session_over_and_back(inline_gateway, world, specialists):
+    """The specialist's tools are the session's during a handoff: the virtual server offered the triage tool, so it
+    does not refuse them (nor the way back)."""
+    triage, back = "switchboard__handoff_to_finance", "switchboard__return_to_triage"
+    server = VirtualServer.objects.create(name="triage-desk", tools=[triage, "time__*"])
+    try:
+        eventually(lambda: triage in _offered(inline_gateway, world.key, "legacy", "/mcp/s/triage-desk"), timeout=10)
+
+        async def scenario():
+            async with sdk_client(inline_gateway.url, world.key, "legacy", path="/mcp/s/triage-desk") as client:
+                handed = await client.call_tool(triage, {"reason": "a budget question"})
+                during = {t.name for t in (await client.list_tools()).tools}
+                context = await client.call_tool("finance__handoff_context", {})
+                returned = await client.call_tool(back, {"note": "done"})
+                with pytest.raises(MCPError) as refused:  # back at the virtual server: the finance tools are not
+                    await client.call_tool("finance__handoff_context", {})
+                return handed, during, context, returned, refused.value
+
+        handed, during, context, returned, refused = run(scenario)
+    finally:
+        server.delete()
+    assert handed.content[0].text.startswith("Handed off to the finance specialist.")
+    assert {"finance__handoff_context", back} <= during
+    assert not context.is_error and not returned.is_error
+    assert "finance__handoff_context" in refused.error.message

@@ -33,12 +33,14 @@ def state_unavailable(name: str) -> Denial:
     )
 
 
-def key_denial(caller: Caller, name: str) -> Denial | None:
+def key_denial(caller: Caller, name: str, handed_off: bool = False) -> Denial | None:
     """A key limited to some tools, or a virtual server offering some, refuses the rest before anything else
-    looks at the call."""
-    if caller.may_call(name):
+    looks at the call. During a handoff the specialist's tools are the session's (the virtual server offered the
+    triage tool that handed it over): only the key's limits apply."""
+    offered = None if handed_off else caller.offered
+    if allows(caller.key_tools, offered, name):
         return None
-    if caller.server and not allows((), caller.offered, name):
+    if offered is not None and not allows((), offered, name):
         message = f"The virtual server {caller.server!r} does not offer {name!r}: call tools/list to see what it does."
         return Denial("NOT_OFFERED", message)
     allowed = " ".join(caller.key_tools)
@@ -56,7 +58,7 @@ async def caller_stage(call: Call) -> None:
             logger.exception("session state unavailable")
             call.denial = state_unavailable(call.name)
             return
-    call.denial = key_denial(call.caller, call.name)
+    call.denial = key_denial(call.caller, call.name, handed_off=call.tunnel is not None and call.tunnel.is_open)
 
 
 async def route_stage(call: Call) -> None:
