@@ -8,7 +8,7 @@ from datetime import timedelta
 import httpx2
 from mcp.shared.exceptions import MCPError
 
-from audit.models import SEAL_TEAMS, AuditEvent
+from audit.models import SEAL_SERVERS, AuditEvent
 from audit.outcomes import outcomes_settle
 from audit.services import audit_record, canonical_sha256
 from policy.models import Team
@@ -191,7 +191,7 @@ def test_the_upstream_receives_the_calls_trace_in_its_meta(gateway, world):
 
 
 def test_a_calls_rows_carry_the_team_of_the_agent_that_called(inline_gateway, world):
-    """By value, under seal version 3: the approval, the completion and the session's rows."""
+    """By value, under seal version 4: the approval, the completion and the session's rows."""
     team = Team.objects.create(slug="payments", name="Payments")
     Upstream.objects.get(slug="demo").shared_with.add(team)  # the default team's, lent; the share goes with the team
     try:
@@ -204,7 +204,7 @@ def test_a_calls_rows_carry_the_team_of_the_agent_that_called(inline_gateway, wo
         team.delete()
     kinds = [(r.kind, r.detail.get("action", "")) for r in rows]
     assert kinds == [("session", "session_opened"), ("approved", ""), ("completed", ""), ("session", "session_closed")]
-    assert {(r.team, r.seal) for r in rows} == {("payments", SEAL_TEAMS)}
+    assert {(r.team, r.seal) for r in rows} == {("payments", SEAL_SERVERS)}
 
 
 def test_an_outcome_the_sweep_writes_carries_its_approvals_team(db):
@@ -215,6 +215,6 @@ def test_an_outcome_the_sweep_writes_carries_its_approvals_team(db):
     outcomes_settle(now=new.created_at + timedelta(minutes=10))
     settled = AuditEvent.objects.filter(kind="completed", request_id__in=[new.request_id, old.request_id])
     assert {r.request_id: (r.outcome, r.team, r.seal) for r in settled} == {
-        new.request_id: ("unknown", "payments", SEAL_TEAMS),
-        old.request_id: ("unknown", "default", SEAL_TEAMS),
+        new.request_id: ("unknown", "payments", SEAL_SERVERS),
+        old.request_id: ("unknown", "default", SEAL_SERVERS),
     }

@@ -366,7 +366,7 @@ def test_an_upload_over_the_limit_is_refused_by_the_form(admin_client, db, setti
 
 
 def test_operations_declared_by_hand_in_an_imported_config_are_tools_and_export_back(db, service, world):
-    from handoff.config_import import _entry_export, mcp_config_import
+    from handoff.config_import import entry_export, mcp_config_import
 
     operations = [
         {
@@ -384,7 +384,7 @@ def test_operations_declared_by_hand_in_an_imported_config_are_tools_and_export_
         assert [o.action for o in report.entries] == ["created"]
         assert upstream_catalog_sync(upstream=upstream).added == ["item"]
         # The entry alone: a whole export refuses upstreams of other tests' that the file cannot say.
-        exported = _entry_export(upstream, "declared", {})
+        exported = entry_export(upstream, "declared", {}, routes=True)
         assert exported == {
             "type": "rest",
             "operations": operations,
