@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -139,10 +138,10 @@ def web(started) -> str:
     port = free_port()
     name = started("web", *SEALING, f"PORT={port}")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_SECONDS
-    while answer(f"{url}/healthz") != 200:
-        assert time.monotonic() < deadline, container_logs(name)
-        time.sleep(0.2)
+    try:
+        eventually(lambda: answer(f"{url}/healthz") == 200, timeout=START_SECONDS)
+    except AssertionError:
+        raise AssertionError(container_logs(name)) from None
     return url
 
 
