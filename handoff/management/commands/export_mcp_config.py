@@ -1,9 +1,9 @@
-import json
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
 from handoff.config_import import mcp_config_export
+from handoff.management.json_output import json_write
 
 
 class Command(BaseCommand):
@@ -18,12 +18,8 @@ class Command(BaseCommand):
     def handle(self, *args, output: Path | None, **options) -> None:
         try:
             exported = mcp_config_export()
-            text = json.dumps(exported.config, indent=2, ensure_ascii=False) + "\n"
-            if output:
-                output.write_text(text)
-            else:
-                self.stdout.write(text, ending="")
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:
             raise CommandError(str(exc)) from exc
+        json_write(self, exported.config, output)
         if exported.variables:
             self.stderr.write(f"The import reads these variables from its environment: {', '.join(exported.variables)}")
