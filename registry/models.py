@@ -4,7 +4,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
-from django.db import models
+from django.db import models, transaction
 
 from policy.models import ServerGroup, Team, limit_field, team_field
 from registry.overrides import Override, override_parse
@@ -233,6 +233,13 @@ class Upstream(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        # Lock the upstream before its catalog rows, in the order a catalog sync takes them (services.py); the
+        # collector deletes children first, and a sync running meanwhile would deadlock with it.
+        with transaction.atomic():
+            Upstream.objects.select_for_update().filter(pk=self.pk).first()
+            return super().delete(*args, **kwargs)
 
     def clean(self) -> None:
         if self.slug == settings.GATEWAY_NAME:
