@@ -1,7 +1,7 @@
 """Start-up checks of the environment that the settings cannot make while it reads it: a GATEWAY_* variable that is
 set but that no setting reads is misspelled or no longer a setting, and would otherwise be ignored in silence; stdio
-servers run unconfined (GATEWAY_STDIO_SANDBOX=off). `manage.py check` (and migrate) report them; the web process
-and Celery log them as they start (they run no checks)."""
+servers run unconfined (GATEWAY_STDIO_SANDBOX=off); code mode is not installed. `manage.py check` (and migrate) report
+them; the web process and Celery log them as they start (they run no checks)."""
 
 import difflib
 import logging
@@ -13,11 +13,13 @@ from django.conf import settings
 from django.core import checks
 
 from gateway_project.environment import ENV_VARIABLES_READ
+from gateway_project.lib.code_mode import code_mode_missing, not_installed_message
 
 logger = logging.getLogger(__name__)
 TAG = "switchboard"
 UNKNOWN_VARIABLE = "switchboard.W001"
 UNCONFINED = "switchboard.W002"
+CODE_MODE_ABSENT = "switchboard.I001"
 PREFIX = "GATEWAY_"
 
 
@@ -56,8 +58,19 @@ def sandbox_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
     return [checks.Warning(message, hint="docs/security.md, 'Stdio servers'.", id=UNCONFINED)]
 
 
+@checks.register(TAG)
+def code_mode_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Not a fault (the image's default target leaves code mode out on purpose), but said where tools go missing."""
+    if not (missing := code_mode_missing()):
+        return []
+    message = f"{not_installed_message(missing)}: search_tools and execute are not offered (GATEWAY_CODE_MODE=off)"
+    hint = "docs/deploy.md, 'The image': its `full` target has code mode."
+    return [checks.Info(message, hint=hint, id=CODE_MODE_ABSENT)]
+
+
 def start_warnings_log() -> None:
     """Log what the checks above find, for servers that do not run Django's checks (Daphne, uvicorn, Celery)."""
     for message in checks.run_checks(tags=[TAG]):
         if not message.is_silenced():
-            logger.warning("%s (%s; %s)", message.msg, message.id, message.hint)
+            level = logging.INFO if message.level < checks.WARNING else logging.WARNING
+            logger.log(level, "%s (%s; %s)", message.msg, message.id, message.hint)

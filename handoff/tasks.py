@@ -9,7 +9,7 @@ from celery import shared_task
 from django.conf import settings
 
 from gateway_project.lib.database import database_async
-from handoff.codemode.run import execution_run
+from handoff.codemode.optional import execution_run
 from handoff.mcp.list_changed import tools_changed_everywhere
 from handoff.protocol.tunnels import index_session, tunnels_close_held, tunnels_sweep_idle
 from registry.executor import reply_after

