@@ -162,6 +162,10 @@ def test_the_image_is_labelled_runs_as_its_user_checks_its_health_and_holds_no_k
     labels = config["Labels"]
     assert labels["org.opencontainers.image.version"] == __version__
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    remote = subprocess.run(["git", "config", "--get", "remote.origin.url"], cwd=ROOT, capture_output=True, text=True)
+    # scripts/image names the clone's remote: a path as a file URL, a URL without any credentials.
+    source = remote.stdout.strip()
+    assert labels["org.opencontainers.image.source"] == (f"file://{source}" if source.startswith("/") else source)
     assert config["User"] == f"{IMAGE_USER}:{IMAGE_USER}" and "/healthz" in " ".join(inspected["Healthcheck"]["Test"])
     listing = subprocess.run(["podman", "run", "--rm", image, "ls", "-A", "/app/var"], capture_output=True, text=True)
     assert listing.stdout.split() == ["static"]
@@ -174,6 +178,27 @@ def test_the_image_warns_when_its_root_is_writable_and_not_when_read_only(image)
     )
     assert writable.returncode == read_only.returncode == 0
     assert WRITABLE_ROOT in writable.stderr and WRITABLE_ROOT not in read_only.stderr
+
+
+def test_the_default_image_has_no_code_mode_and_says_so(image):
+    run = ["podman", "run", "--rm", "--read-only", "--tmpfs", "/tmp", "-e", "SWITCHBOARD_VAR_DIR=/tmp/var", image]
+    checked = subprocess.run([*run, "python", "manage.py", "check"], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0 and "(switchboard.I001) code mode is not installed here" in checked.stderr
+    refused = subprocess.run(
+        [*run[:-1], "-e", "GATEWAY_CODE_MODE=on", image, "python", "manage.py", "check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "GATEWAY_CODE_MODE is 'on', but code mode is not installed here (deno and numpy missing): run the image's "
+            "`full` target (docs/deploy.md), or set GATEWAY_CODE_MODE to 'off'"
+        )
+    )
 
 
 def test_web_is_live_but_not_ready_until_the_migrate_command_has_run(image, keys, web):
