@@ -163,8 +163,9 @@ def test_the_image_is_labelled_runs_as_its_user_checks_its_health_and_holds_no_k
     assert labels["org.opencontainers.image.version"] == __version__
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
     remote = subprocess.run(["git", "config", "--get", "remote.origin.url"], cwd=ROOT, capture_output=True, text=True)
-    # scripts/image names the clone's remote: a path as a file URL, a URL without any credentials.
-    source = remote.stdout.strip()
+    # scripts/image names the clone's remote: a path as a file URL, a URL without any credentials; without a
+    # remote, the checkout's own path.
+    source = remote.stdout.strip() or str(ROOT)
     assert labels["org.opencontainers.image.source"] == (f"file://{source}" if source.startswith("/") else source)
     assert config["User"] == f"{IMAGE_USER}:{IMAGE_USER}" and "/healthz" in " ".join(inspected["Healthcheck"]["Test"])
     listing = subprocess.run(["podman", "run", "--rm", image, "ls", "-A", "/app/var"], capture_output=True, text=True)
