@@ -192,3 +192,26 @@ def test_a_draining_process_ends_its_get_streams_and_the_client_resumes_elsewher
     assert (priming["data"], rest, ended_first) == ("", [], True)
     assert resumed_as == (200, "text/event-stream")
     assert call_done.is_set(), "the call in flight was finished by the draining process"
+
+
+def test_a_draining_process_serves_on_through_its_notice_while_its_readiness_says_503(server_env, world, logs):
+    """GATEWAY_DRAIN_NOTICE_SECONDS: a balancer that sends a request before its next /readyz probe is answered,
+    not refused by a process already closed; then the process ends on its own."""
+    env = server_env | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_DRAIN_NOTICE_SECONDS": "5"}
+    gateway = servers.start_gateway(env, logs / "gateway-notice.log")
+    echo = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "demo__echo", "arguments": {"text": "on"}},
+    }
+    try:
+        session = opened(gateway.url, world.key)  # a request: from now on the drain handles SIGTERM
+        os.killpg(gateway.process.pid, signal.SIGTERM)
+        eventually(lambda: httpx2.get(f"{gateway.url}/readyz", timeout=5).status_code == 503)
+        during = httpx2.post(f"{gateway.url}/mcp", json=echo, headers=session, timeout=30)
+        eventually(lambda: gateway.process.poll() is not None, timeout=30)
+    finally:
+        gateway.stop()
+    assert during.status_code == 200 and reply_of(during)["result"]["content"][0]["text"] == "on"
+    assert gateway.process.returncode is not None

@@ -155,6 +155,8 @@ GATEWAY_MAX_SESSIONS_PER_AGENT = env_int("GATEWAY_MAX_SESSIONS_PER_AGENT", 1000,
 GATEWAY_SESSION_IDLE_SECONDS = env_float("GATEWAY_SESSION_IDLE_SECONDS", 1800.0, minimum=1, maximum=604_800)
 # On SIGTERM a web process answers /readyz with 503 and lets requests in flight finish, for at most this long.
 GATEWAY_DRAIN_SECONDS = env_float("GATEWAY_DRAIN_SECONDS", 20.0, minimum=0, maximum=600)
+# ...after serving on this long, its /readyz 503, for a balancer without a preStop hook to stop sending it requests.
+GATEWAY_DRAIN_NOTICE_SECONDS = env_float("GATEWAY_DRAIN_NOTICE_SECONDS", 0.0, minimum=0, maximum=60)
 # Connections of each web process's async audit writer (PostgreSQL only).
 GATEWAY_AUDIT_POOL_SIZE = env_int("GATEWAY_AUDIT_POOL_SIZE", 10, minimum=1, maximum=200)
 # strict: a call's audit rows are on disk before it goes on; local: committed, but PostgreSQL may lose the

@@ -4,8 +4,9 @@ second: `/healthz` touches nothing, `/readyz` makes one round trip to each store
 the migrations this process's code needs is not ready either: it names them, so that new web processes wait for
 the migration job of an upgrade while the old ones serve on.
 
-On SIGTERM the process drains: `/readyz` answers 503 so that traffic moves elsewhere, requests to `/mcp`
-already running finish (for at most GATEWAY_DRAIN_SECONDS), then the server's own shutdown runs."""
+On SIGTERM the process drains: `/readyz` answers 503 so that traffic moves elsewhere, it serves on for
+GATEWAY_DRAIN_NOTICE_SECONDS while its balancer notices, requests to `/mcp` still running finish (for at most
+GATEWAY_DRAIN_SECONDS), then the server's own shutdown runs."""
 
 import asyncio
 import functools
@@ -81,6 +82,8 @@ class Drain:
         self.draining = True
         self.started.set()
         logger.warning("SIGTERM: draining %d request(s) for up to %g s", self.in_flight, settings.GATEWAY_DRAIN_SECONDS)
+        # A balancer that probes /readyz sends requests here until its next probe: they are served, not refused.
+        await asyncio.sleep(settings.GATEWAY_DRAIN_NOTICE_SECONDS)
         if self.in_flight:
             try:
                 await asyncio.wait_for(self._idle.wait(), settings.GATEWAY_DRAIN_SECONDS)

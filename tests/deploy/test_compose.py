@@ -13,10 +13,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import httpx2
 import pytest
 
-from tests.clients import call, tool_names
+from tests.clients import call, sdk_client, tool_names
 from tests.deploy.test_image import IMAGE_TESTS, IMAGE_USER, answer
 from tests.helpers import eventually, run, until
 from tests.servers import free_port
@@ -102,3 +103,73 @@ def test_the_stack_comes_up_migrated_behind_haproxy_and_a_call_runs_on_the_worke
 
 async def _offers(url: str, key: str) -> bool:
     return "time__get_current_time" in await tool_names(url, key)
+
+
+def _paris(result) -> bool:
+    return not result.is_error and json.loads(result.content[0].text)["timezone"] == "Europe/Paris"
+
+
+def _container(compose: list[str], service: str) -> str:
+    """The id of the service's running container (podman-compose labels each with its project and service)."""
+    project = compose[compose.index("-p") + 1]
+    labels = [f"label=com.docker.compose.project={project}", f"label=com.docker.compose.service={service}"]
+    done = subprocess.run(
+        ["podman", "ps", "-q", "--no-trunc", *(f for label in labels for f in ("--filter", label))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.stdout.strip()
+
+
+def _audited(compose: list[str], agent: str) -> list[str]:
+    kinds = "kind IN ('approved', 'completed')"
+    query = f"SELECT kind || ',' || outcome FROM audit_auditevent WHERE agent_name = '{agent}' AND {kinds} ORDER BY id"
+    return exec_in(compose, "postgres", f'psql -U switchboard -d switchboard -tA -c "{query}"').split()
+
+
+def test_a_worker_killed_is_replaced_and_calls_run_on_its_replacement(stack):
+    compose, url = stack
+    eventually(lambda: answer(f"{url}/readyz") == 200, timeout=START_SECONDS)
+    key = exec_in(compose, "web-1", "python manage.py create_agent compose-replacer").strip()
+    killed = _container(compose, "worker")
+    subprocess.run(["podman", "kill", "-s", "KILL", killed], check=True, capture_output=True, timeout=60)
+    up = subprocess.run(
+        [*compose, "up", "-d", "--no-deps", "--force-recreate", "worker"], capture_output=True, text=True, timeout=600
+    )
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert _container(compose, "worker") not in ("", killed)
+
+    async def scenario():
+        await until(lambda: _offers(url, key), timeout=30)
+        return await call(url, key, "time__get_current_time", {"timezone": "Europe/Paris"})
+
+    assert _paris(run(scenario))
+    assert _audited(compose, "compose-replacer") == ["approved,", "completed,ok"]
+
+
+def test_a_web_process_drained_leaves_rotation_while_a_session_carries_on_through_the_other(stack):
+    compose, url = stack
+    eventually(lambda: answer(f"{url}/readyz") == 200, timeout=START_SECONDS)
+    key = exec_in(compose, "web-1", "python manage.py create_agent compose-drainer").strip()
+    web = _container(compose, "web-1")
+    results = []
+
+    async def scenario():
+        await until(lambda: _offers(url, key), timeout=30)
+        async with sdk_client(url, key, "legacy", timeout=30) as client:
+            stopping = subprocess.Popen(["podman", "stop", "-t", "30", web], stdout=subprocess.DEVNULL)
+            try:  # calls in the one session, before, while and after web-1 drains and stops
+                while stopping.poll() is None or len(results) < 20:
+                    results.append(await client.call_tool("time__get_current_time", {"timezone": "Europe/Paris"}))
+            finally:
+                await anyio.to_thread.run_sync(stopping.wait)
+            return stopping.returncode
+
+    try:
+        assert run(scenario) == 0
+        assert all(_paris(result) for result in results) and len(results) >= 20
+        rows = _audited(compose, "compose-drainer")
+        assert rows.count("approved,") == rows.count("completed,ok") == len(results)
+    finally:
+        subprocess.run(["podman", "start", web], capture_output=True, timeout=120)
