@@ -32,7 +32,17 @@ from handoff.snapshot_policy import (
     team_groups_compile,
     triage_compile,
 )
-from handoff.snapshot_tools import ToolEntry, local_names_compile, tools_compile, upstream_limits, upstream_teams
+from handoff.snapshot_tools import (
+    ServerTool,
+    ServerView,
+    ToolEntry,
+    local_names_compile,
+    server_tools_compile,
+    server_view,
+    tools_compile,
+    upstream_limits,
+    upstream_teams,
+)
 from policy.authorization import builtin_compile
 from policy.config_version import config_version
 from policy.decisions import (
@@ -105,6 +115,7 @@ class ServerEntry:
     tools: tuple[str, ...]  # exposed-name patterns it offers
     resources: tuple[str, ...] = ()  # exposed-URI patterns (resources and resource templates)
     prompts: tuple[str, ...] = ()  # exposed-name patterns
+    overrides: dict[tuple[int, str], ServerTool] = field(default_factory=dict)  # its own, by (upstream id, tool)
 
 
 @dataclass(frozen=True)
@@ -203,19 +214,45 @@ class Snapshot:
 
     def tool(self, principal: int | Who, name: str) -> ToolEntry | None:
         """The upstream tool this exposed name leads to for the agent's team: a borrowed upstream's tools under
-        the team's local prefix for it, if it gave one, and no longer under the upstream's own namespace."""
+        the team's local prefix for it, if it gave one, and no longer under the upstream's own namespace; through a
+        virtual server with overrides, under the names it gives them."""
+        if (view := self.server_view(principal)) is not None:
+            return view.tools.get(name)
         team = self.team_of(principal)
         if (entry := self.local.get(team, {}).get(name)) is not None:
             return entry
         return None if name in self.renamed.get(team, ()) else self.tools.get(name)
 
     def tools_for(self, principal: int | Who) -> dict[str, ToolEntry]:
-        """Exposed name -> tool, as the agent's team names them (see `tool`)."""
+        """Exposed name -> tool, as the agent's team (and virtual server) names them (see `tool`)."""
+        if (view := self.server_view(principal)) is not None:
+            return view.tools
         team = self.team_of(principal)
         if team not in self.local:
             return self.tools
         renamed = self.renamed[team]
         return {name: entry for name, entry in self.tools.items() if name not in renamed} | self.local[team]
+
+    def server_view(self, principal: int | Who) -> ServerView | None:
+        """The tools as the virtual server the caller came through presents them, when it overrides any (made once
+        per team and server)."""
+        who = who_of(principal)
+        server = self.servers.get(who.server)
+        if server is None or not server.overrides:
+            return None
+        key = ("server_view", self.team_of(who), who.server)
+        if (view := self.memo.get(key)) is None:
+            plain = self.tools_for(Who(who.agent_id))
+            view = self.memo[key] = server_view(
+                plain, server.overrides, lambda entry: self.namespace_for(who, self.targets[entry.route.upstream_slug])
+            )
+        return view
+
+    def listed_name(self, principal: int | Who, name: str) -> str:
+        """The name /mcp lists a tool under for the caller, that its virtual server shows as `name`: what the server's
+        offers and an API key's patterns match."""
+        view = self.server_view(principal)
+        return view.listed.get(name, name) if view is not None else name
 
     def namespace_for(self, principal: int | Who, target: "UpstreamInfo") -> str:
         """What the upstream's resource URIs and prompt names start with for the agent's team."""
@@ -395,7 +432,8 @@ def snapshot_compile() -> Snapshot:
 def _server_entry(server: VirtualServer) -> ServerEntry:
     instructions = clean_text(server.instructions, settings.GATEWAY_MAX_DESCRIPTION_CHARS)
     offered = (tuple(server.tools), tuple(server.resources), tuple(server.prompts))
-    return ServerEntry(server.name, server.team.slug, server.title, instructions, *offered)
+    own = server_tools_compile(server)
+    return ServerEntry(server.name, server.team.slug, server.title, instructions, *offered, own)
 
 
 # Monotonic time counts from boot: "checked at 0.0" would read as "just checked" for the first check interval

@@ -1,6 +1,7 @@
 """The snapshot's upstream tools: each exposed name's route, policy target and sanitised definition, and each
 team's local names for the upstreams shared with it (handoff/snapshot.py compiles them into a `Snapshot`)."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -11,9 +12,9 @@ from policy.decisions import Target, tool_classes
 from policy.limits.admission import UpstreamLimits
 from policy.manifest import manifest_sanitize
 from policy.models import ServerGroup
-from registry.models import LocalPrefix, Tool, Upstream
+from registry.models import LocalPrefix, ServerToolOverride, Tool, Upstream, VirtualServer
 from registry.naming import exposed_name
-from registry.overrides import Override
+from registry.overrides import Override, override_stack
 
 
 @dataclass(frozen=True)
@@ -137,3 +138,53 @@ def local_names_compile(upstreams: dict[int, Upstream], tools: dict[str, ToolEnt
             renamed.add(name)
         names.renamed[team] = frozenset(renamed)
     return names
+
+
+@dataclass(frozen=True)
+class ServerTool:
+    """A tool as a virtual server's own override presents it (on the upstream's): the same under any name."""
+
+    override: Override  # the two stacked (registry/overrides.py)
+    definition: dict[str, Any]  # sanitised, before it is named
+    classes: frozenset[str]
+
+
+def server_tools_compile(server: VirtualServer) -> dict[tuple[int, str], ServerTool]:
+    """(upstream id, the upstream's tool name) -> how the server presents that tool, for each it overrides."""
+    rows = ServerToolOverride.objects.filter(server=server).select_related("tool__override")
+    compiled = {}
+    for row in rows:
+        tool = row.tool
+        stacked = override_stack(tool.override.value() if hasattr(tool, "override") else None, row.value())
+        shown = stacked.definition(tool.definition)
+        own = ServerTool(stacked, manifest_sanitize(shown), tool_classes(shown.get("annotations")))
+        compiled[(tool.upstream_id, tool.name)] = own
+    return compiled
+
+
+@dataclass(frozen=True)
+class ServerView:
+    tools: dict[str, ToolEntry]  # exposed name -> tool, as the virtual server's sessions see them
+    listed: dict[str, str]  # a name only the server shows -> the name /mcp lists the tool under (what offers match)
+
+
+def server_view(
+    tools: dict[str, ToolEntry], overrides: dict[tuple[int, str], ServerTool], namespace: Callable[[ToolEntry], str]
+) -> ServerView:
+    """The caller's tools (`tools`, as their team names them) with the server's overrides applied; a name the
+    server gives that another tool has already (a collision its checks have not caught up with) stays that tool's."""
+    shown, listed, renamed = {}, {}, []
+    for name, entry in tools.items():
+        own = overrides.get((entry.route.upstream_id, entry.route.tool))
+        if own is None:
+            shown[name] = entry
+            continue
+        new = exposed_name(namespace(entry), own.override.name or entry.route.tool)
+        target = replace(entry.target, exposed_name=new, classes=own.classes)
+        definition = own.definition | {"name": new}
+        renamed.append((name, new, replace(entry, target=target, definition=definition, override=own.override)))
+    for name, new, entry in renamed:
+        if new not in shown:
+            shown[new] = entry
+            listed[new] = name
+    return ServerView(shown, listed)

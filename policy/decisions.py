@@ -108,12 +108,13 @@ class Target:
 @dataclass(frozen=True)
 class Who:
     """Whom a decision is for: the agent, and when a token named someone, the person (issuer, subject) and
-    the agent groups their IdP groups count them in."""
+    the agent groups their IdP groups count them in; and the endpoint they came through."""
 
     agent_id: int
     person: tuple[str, str] | None = None
     groups: frozenset[int] = frozenset()
     teams: frozenset[str] = frozenset()  # the teams the person's groups make them an admin or member of
+    server: str = ""  # the virtual server they came through: it names the tools they see, and decides nothing
 
 
 def who_of(principal: "int | Who") -> Who:

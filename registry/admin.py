@@ -27,6 +27,7 @@ from registry.overrides import OverrideRefused, override_check, override_json
 from registry.package_pins import package_approve, package_update
 from registry.personal import personal_revoke
 from registry.pinned_items import pinned_item_approve
+from registry.server_override_admin import ServerOverridesMixin
 from registry.services import (
     local_prefix_set,
     tool_approve,
@@ -545,9 +546,9 @@ class LocalPrefixAdmin(TeamScopedMixin, admin.ModelAdmin):
 
 
 @admin.register(VirtualServer)
-class VirtualServerAdmin(TeamScopedMixin, AuditedSaveMixin, admin.ModelAdmin):
+class VirtualServerAdmin(ServerOverridesMixin, TeamScopedMixin, AuditedSaveMixin, admin.ModelAdmin):
     """Curated endpoints at /mcp/s/<name> (docs/curation.md): the tools each offers its team, by exposed name or
-    pattern; everything else about a call (rules, limits, sign-off, audit) is /mcp's."""
+    pattern, and its own overrides of them; everything else about a call (rules, limits, sign-off, audit) is /mcp's."""
 
     list_display = ("name", "team", "title", "enabled", "endpoint")
     list_filter = ("enabled", "team")

@@ -41,6 +41,13 @@ from registry.package_pins import package_summary
 from registry.personal import personal_connect, personal_disconnect, personal_revoke
 from registry.pinned_items import pinned_item_approve
 from registry.secret_store import SecretStoreUnavailable
+from registry.server_overrides import (
+    server_override_clear,
+    server_override_set,
+    server_overrides_json,
+    tool_by_key,
+    tool_key,
+)
 from registry.services import (
     SyncReport,
     local_prefix_set,
@@ -460,3 +467,32 @@ class VirtualServerViewSet(AuditedViewSet):
     queryset = VirtualServer.objects.select_related("team")
     serializer_class = VirtualServerSerializer
     lookup_field = "name"
+
+    def get_permissions(self) -> list[Any]:
+        # Overriding a tool changes the server (checked below): not the deleting a DELETE would ask for.
+        return [IsAuthenticated()] if self.action == "override" else super().get_permissions()
+
+    @extend_schema(request=None, responses=dict[str, Any])
+    @action(detail=True, methods=["get"])
+    def overrides(self, request: Request, name: str) -> Response:
+        """The server's own overrides of tools it offers (docs/curation.md): `<upstream slug>/<tool>` -> override."""
+        return Response(server_overrides_json(server=self.get_object()))
+
+    @extend_schema(request=dict[str, Any], responses=dict[str, Any])
+    @action(detail=True, methods=["get", "put", "delete"], url_path=r"overrides/(?P<upstream>[^/]+)/(?P<tool>[^/]+)")
+    def override(self, request: Request, name: str, upstream: str, tool: str) -> Response:
+        """How the server's sessions see one tool it offers: GET it, PUT a whole override (on top of the upstream's,
+        its parameters named as /mcp shows them), DELETE it."""
+        server, found = self.get_object(), tool_by_key(f"{upstream}/{tool}")
+        if found is None:
+            raise NotFound(f"The catalog has no tool {tool!r} of upstream {upstream!r}.")
+        if request.method != "GET" and not request.user.has_perm("registry.change_virtualserver"):
+            raise PermissionDenied("Overriding a virtual server's tool needs the permission to change virtual servers.")
+        actor = request.user.get_username()
+        if request.method == "DELETE":
+            server_override_clear(server=server, tool=found, actor=actor)
+            return Response(status=204)
+        if request.method == "PUT":
+            with refused_as_400():
+                server_override_set(server=server, tool=found, data=request.data, actor=actor)
+        return Response(server_overrides_json(server=server).get(tool_key(found), {}))

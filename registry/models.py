@@ -587,3 +587,17 @@ class VirtualServer(models.Model):
             if len(set(listed)) != len(listed):
                 twice = sorted({t for t in listed if listed.count(t) > 1})
                 raise ValidationError({field: f"{twice[0]!r} is listed twice."})
+
+
+class ServerToolOverride(OverrideFields):
+    """A virtual server's own presentation of a tool it offers, on top of the upstream's override (docs/curation.md):
+    for that server's sessions only. Its parameters are named as /mcp shows the tool."""
+
+    server = models.ForeignKey(VirtualServer, on_delete=models.CASCADE, related_name="overrides")
+    tool = models.ForeignKey(Tool, on_delete=models.CASCADE, related_name="server_overrides")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["server", "tool"], name="server_override_once")]
+
+    def __str__(self) -> str:
+        return f"{self.server.name}: override of {self.tool}"

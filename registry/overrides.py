@@ -186,6 +186,29 @@ def _output_check(fields: tuple[str, ...], schema: Any) -> None:
         raise OverrideRefused(f"The tool's outputSchema has no field {missing[0]!r}.")
 
 
+def override_stack(base: Override | None, top: Override) -> Override:
+    """One override presenting the tool as `top` presents the tool `base` presents (a virtual server's over the
+    upstream's). `top` names parameters as `base` shows them (override_check against `base`'s definition first), so
+    it cannot bring back what `base` hides or fixes."""
+    if base is None:
+        return top
+    back = {param.name: original for original, param in base.params.items() if param.name and not param.removed}
+    params = dict(base.params)
+    for shown, param in top.params.items():
+        original = back.get(shown, shown)
+        below = base.params.get(original, Param())
+        name, described = param.name or below.name, param.description or below.description
+        params[original] = Param(param.hidden, name, described, param.fixed, param.value)
+    return Override(
+        name=top.name or base.name,
+        title=top.title or base.title,
+        description=top.description or base.description,
+        annotations=base.annotations if top.annotations is None else top.annotations,
+        params=params,
+        output=top.output or base.output,
+    )
+
+
 PARAM_KEYS = frozenset({"hidden", "name", "description", "value"})
 OVERRIDE_KEYS = frozenset({"name", "title", "description", "annotations", "params", "output"})
 

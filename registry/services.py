@@ -207,6 +207,11 @@ def _collision(upstream: Upstream, name: str, taken: dict[str, str], views: list
     return None
 
 
+def rename_collision(*, upstream: Upstream, name: str) -> str | None:
+    """Why one of the upstream's tools may not be presented as `name` (a tool agents see has it), if it may not."""
+    return _collision(upstream, name, _taken_names(upstream), _team_views(upstream))
+
+
 def _refusal(definition: Any, seen: set[str]) -> str | None:
     if not isinstance(definition, dict):
         return "not a tool definition"
@@ -491,7 +496,7 @@ def tool_override_check(*, tool: Tool, data: Any) -> Override:
         if exposed_name(upstream.namespace, other.own_name) == exposed:
             message = f"Tools {tool.name!r} and {other.name!r} would both be exposed as {exposed!r}."
             raise ValidationError({"override": message})
-    if own != tool.own_name and (collision := _collision(upstream, own, _taken_names(upstream), _team_views(upstream))):
+    if own != tool.own_name and (collision := rename_collision(upstream=upstream, name=own)):
         raise ValidationError({"override": f"Tool {tool.name!r} cannot be renamed {own!r}: {collision}."})
     return override
 

@@ -42,9 +42,9 @@ DEFAULT_RESULTS = 5
 
 
 def code_bindings(snap: Snapshot, who: Who) -> Bindings:
-    """Every tool as code of the caller's team sees it (a borrowed upstream under the team's local prefix), made
-    once per snapshot and team (each caller gets its permitted part)."""
-    key = f"bindings:{snap.team_of(who)}"
+    """Every tool as code of the caller's team sees it (a borrowed upstream under the team's local prefix, a virtual
+    server's overrides applied), made once per snapshot, team and such server (each caller gets its permitted part)."""
+    key = f"bindings:{snap.team_of(who)}:{who.server if snap.server_view(who) else ''}"
     if key not in snap.memo:
         snap.memo[key] = bindings_build(
             [(name, _space(snap, name, e), e.own_name) for name, e in snap.tools_for(who).items()]
@@ -75,7 +75,7 @@ async def search_index(snap: Snapshot, who: Who) -> SearchIndex:
     """The index of the catalog as the caller's team names it: the last one while no tool changed (a new snapshot
     may change only keys or rules, which search applies per query), else built off the event loop, its embeddings
     following in the background."""
-    key = f"index:{snap.team_of(who)}"
+    key = f"index:{snap.team_of(who)}:{who.server if snap.server_view(who) else ''}"
     if key not in snap.memo:
         tools = snap.tools_for(who)
         catalog = tuple((name, entry.shape) for name, entry in tools.items())

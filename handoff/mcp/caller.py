@@ -67,9 +67,10 @@ class Caller:
 
     @property
     def who(self) -> Who:
-        """Whom policy decides for: the agent, and the person with their groups."""
+        """Whom policy decides for: the agent, and the person with their groups (through the virtual server, whose
+        overrides name the tools they see)."""
         person = (self.person_issuer, self.person_subject) if self.person_subject else None
-        return Who(self.agent_id, person, frozenset(self.groups), frozenset(self.teams))
+        return Who(self.agent_id, person, frozenset(self.groups), frozenset(self.teams), self.server)
 
     def wire(self) -> dict:
         """The caller as a task carries it (code mode's executions): the person's token sealed, so that it

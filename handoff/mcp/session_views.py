@@ -39,8 +39,9 @@ class SessionView:
         """What its tools list rests on besides the snapshot: sessions of one standing share their comparisons."""
         return (self.who, self.key_tools, self.offered)
 
-    def may_call(self, name: str) -> bool:
-        return allows(self.key_tools, self.offered, name)
+    def may_call(self, snap: Snapshot, name: str) -> bool:
+        """By the name /mcp lists the tool under (what a virtual server's offers and a key's patterns match)."""
+        return allows(self.key_tools, self.offered, snap.listed_name(self.who, name))
 
 
 def session_view_of(*, caller: Caller, snap: Snapshot) -> SessionView:
@@ -54,7 +55,7 @@ def tools_listed(*, snap: Snapshot, view: SessionView) -> tuple[dict[str, Any], 
     if (listed := lists.get(view.standing)) is None:
         if len(lists) >= MAX_STANDINGS:
             lists.clear()
-        listed = lists[view.standing] = tuple(t for t in snap.visible_for(view.who) if view.may_call(t["name"]))
+        listed = lists[view.standing] = tuple(t for t in snap.visible_for(view.who) if view.may_call(snap, t["name"]))
     return listed
 
 
@@ -83,7 +84,10 @@ def _frame(snap: Snapshot) -> tuple:
     """What a tools list rests on besides the upstreams' tools: the rules, the agents and their teams, the names
     teams see renamed, the teams groups are mapped to, the gateway's own tools."""
     agents = frozenset(snap.agents)
-    return (snap.policy, agents, snap.agent_teams, snap.renamed, snap.mapped_teams, snap.builtins, snap.triage)
+    overrides = {name: server.overrides for name, server in snap.servers.items()}
+    return (snap.policy, agents, snap.agent_teams, snap.renamed, snap.mapped_teams, snap.builtins, snap.triage) + (
+        overrides,
+    )
 
 
 def _changed_names(old: Snapshot, new: Snapshot) -> frozenset[str] | None:
@@ -103,16 +107,21 @@ def _changed_names(old: Snapshot, new: Snapshot) -> frozenset[str] | None:
 def _seen(snap: Snapshot, view: SessionView, name: str) -> dict[str, Any] | None:
     """The definition the view's caller is listed under this name, if it is listed at all."""
     entry = snap.tool(view.who, name)
-    if entry is None or not view.may_call(name) or snap.decide(view.who, name)[0] is not None:
+    if entry is None or not view.may_call(snap, name) or snap.decide(view.who, name)[0] is not None:
         return None
     return entry.definition
+
+
+def _overrides(snap: Snapshot, view: SessionView) -> bool:
+    server = snap.servers.get(view.who.server)
+    return server is not None and bool(server.overrides)
 
 
 def _list_changed(old: Snapshot, new: Snapshot, view: SessionView) -> bool:
     """Whether the view's tools list differs between the snapshots: by the few names whose tool changed when only
     tools did (what an upstream's change is), else by the digests of the whole lists."""
     names = _changed_names(old, new)
-    if names is None:
+    if names is None or _overrides(old, view) or _overrides(new, view):  # names the server's own overrides change
         return tools_digest(snap=old, view=view) != tools_digest(snap=new, view=view)
     if settings.GATEWAY_CODE_MODE == "only":  # code mode's own tools stand in for every upstream's
         return False

@@ -33,14 +33,15 @@ def state_unavailable(name: str) -> Denial:
     )
 
 
-def key_denial(caller: Caller, name: str, handed_off: bool = False) -> Denial | None:
+def key_denial(caller: Caller, name: str, listed: str, handed_off: bool = False) -> Denial | None:
     """A key limited to some tools, or a virtual server offering some, refuses the rest before anything else
-    looks at the call. During a handoff the specialist's tools are the session's (the virtual server offered the
-    triage tool that handed it over): only the key's limits apply."""
+    looks at the call; both match the name /mcp lists the tool under (`listed`: a virtual server's override renames
+    what it offers, not which). During a handoff the specialist's tools are the session's (the virtual server
+    offered the triage tool that handed it over): only the key's limits apply."""
     offered = None if handed_off else caller.offered
-    if allows(caller.key_tools, offered, name):
+    if allows(caller.key_tools, offered, listed):
         return None
-    if offered is not None and not allows((), offered, name):
+    if offered is not None and not allows((), offered, listed):
         message = f"The virtual server {caller.server!r} does not offer {name!r}: call tools/list to see what it does."
         return Denial("NOT_OFFERED", message)
     allowed = " ".join(caller.key_tools)
@@ -58,7 +59,9 @@ async def caller_stage(call: Call) -> None:
             logger.exception("session state unavailable")
             call.denial = state_unavailable(call.name)
             return
-    call.denial = key_denial(call.caller, call.name, handed_off=call.tunnel is not None and call.tunnel.is_open)
+    handed_off = call.tunnel is not None and call.tunnel.is_open
+    listed = call.name if handed_off else call.snap.listed_name(call.caller.who, call.name)
+    call.denial = key_denial(call.caller, call.name, listed, handed_off=handed_off)
 
 
 async def route_stage(call: Call) -> None:
