@@ -43,6 +43,8 @@ from policy.models import Agent, Person, Rule, Team, TeamGroup, TeamRole
 from policy.services import policy_object_delete, policy_object_save, relations_record, rule_save, team_group_map
 from registry.credentials import PREFIX, CredentialError, credential_open
 from registry.models import LocalPrefix, Upstream
+from registry.overrides import OverrideRefused, override_json, override_parse
+from registry.server_overrides import server_overrides_apply, tool_by_key
 from registry.services import local_prefix_set, upstream_delete, upstream_save, upstream_share
 
 NAMED = (TEAMS, SERVER_GROUPS, AGENTS, AGENT_GROUPS, ROUTES, VIRTUAL_SERVERS)
@@ -142,10 +144,26 @@ def _named(section: Section, objects: dict[str, Any]) -> dict[str, Any]:
         extra = {"groups": dict(groups)} if groups else {}
         if section is AGENT_GROUPS:
             extra = {"agents": sorted(_names(value.pop("agents", []), f"{where}: agents"))}
+        if section is VIRTUAL_SERVERS and (overrides := _overrides(value.pop("overrides", {}), where)):
+            extra = {"overrides": overrides}
         checked[name] = _canonical(section, value | {section.key: name}, where) | extra
         if not all(role in TeamRole.values for role in _object(groups, where).values()):
             raise ConfigRefused(f"{where}: a group's role is one of {', '.join(TeamRole.values)}")
     return checked
+
+
+def _overrides(value: Any, where: str) -> dict[str, Any]:
+    """A virtual server's overrides as the export writes them, each of a tool the gateway's catalog has (catalogs
+    are not in the document: an upstream is synced before a server can override its tools)."""
+    overrides = {}
+    for key, data in _object(value, f"{where}: overrides").items():
+        if tool_by_key(key) is None:
+            raise ConfigRefused(f"{where} overrides {key!r}, which the gateway's catalog does not have (sync it first)")
+        try:
+            overrides[key] = override_json(override_parse(data))
+        except OverrideRefused as refused:
+            raise ConfigRefused(f"{where}: the override of {key!r}: {refused}") from None
+    return overrides
 
 
 def _names(value: Any, where: str) -> list[str]:
@@ -456,6 +474,8 @@ def _named_save(section: Section, name: str, value: dict[str, Any], actor: str) 
     policy_object_save(obj=obj, actor=actor, created=created)
     if section is TEAMS:
         _team_groups_apply(obj, value.get("groups", {}), actor)
+    elif section is VIRTUAL_SERVERS:
+        server_overrides_apply(server=obj, wanted=value.get("overrides", {}), actor=actor)
     elif section is AGENT_GROUPS and sorted(obj.agents.values_list("name", flat=True)) != value["agents"]:
         obj.agents.set(Agent.objects.filter(name__in=value["agents"]))
         relations_record(obj=obj, actor=actor, action="agentgroup_members", members=value["agents"])

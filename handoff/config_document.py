@@ -14,6 +14,7 @@ from handoff.config_import import mcp_config_export, slug_for
 from handoff.models import HandoffRoute
 from policy.models import Agent, AgentGroup, Person, Rule, ServerGroup, Team
 from registry.models import Upstream, VirtualServer
+from registry.server_overrides import server_overrides_json
 
 FORMAT = "switchboard-configuration"
 VERSION = 1
@@ -142,7 +143,7 @@ def config_export() -> tuple[dict[str, Any], list[str]]:
         for group in AgentGroup.objects.select_related("team").prefetch_related("agents")
     }
     document["handoffRoutes"] = _section(ROUTES, HandoffRoute.objects.select_related("team", "target"))
-    document["virtualServers"] = _section(VIRTUAL_SERVERS, VirtualServer.objects.select_related("team"))
+    document["virtualServers"] = _servers()
     related = ("team", "agent", "agent_group", "person", "upstream", "server_group", "signers")
     rules = [object_export(rule, RULES.fields) for rule in Rule.objects.select_related(*related)]
     document["rules"] = sorted(rules, key=rule_order)
@@ -156,6 +157,17 @@ def rule_order(rule: dict[str, Any]) -> str:
 
 def _section(section: Section, objects: Any) -> dict[str, Any]:
     return {getattr(obj, section.key): object_export(obj, section.fields) for obj in objects}
+
+
+def _servers() -> dict[str, Any]:
+    """Each virtual server, with its own tool overrides (`overrides`: `<upstream slug>/<tool>` -> override)."""
+    servers = {}
+    for server in VirtualServer.objects.select_related("team"):
+        overrides = server_overrides_json(server=server)
+        servers[server.name] = object_export(server, VIRTUAL_SERVERS.fields) | (
+            {"overrides": overrides} if overrides else {}
+        )
+    return servers
 
 
 def _teams() -> dict[str, Any]:
