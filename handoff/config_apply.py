@@ -37,8 +37,9 @@ from handoff.config_document import (
     object_export,
     rule_label,
     rule_order,
+    servers_export,
 )
-from handoff.config_import import entry_export, placeholder_for, upstream_fields
+from handoff.config_import import EntryOutcome, entry_export, placeholder_for, upstream_fields
 from policy.models import Agent, Person, Rule, Team, TeamGroup, TeamRole
 from policy.services import policy_object_delete, policy_object_save, relations_record, rule_save, team_group_map
 from registry.credentials import PREFIX, CredentialError, credential_open
@@ -93,6 +94,30 @@ def config_apply(
         except (ValidationError, IntegrityError) as exc:
             raise ConfigRefused(_messages(exc)) from exc
     return changes
+
+
+def servers_import(*, config: dict[str, Any], actor: str, dry_run: bool = False) -> list[EntryOutcome]:
+    """The `virtualServers` an mcpServers file holds beside its entries (export_mcp_config writes them): each one
+    created or updated as the configuration document's would be (overrides of tools the catalog has), none removed."""
+    have, outcomes = servers_export(), []
+    for name, entry in config.get("virtualServers", {}).items():
+        where = f"virtual server {name!r}"
+        try:
+            value = _named(VIRTUAL_SERVERS, {name: entry})[name]
+            if not Team.objects.filter(slug=value["team"]).exists():
+                raise ConfigRefused(f"it names team {value['team']!r}, which this gateway does not have")
+            if have.get(name) == value:
+                outcomes.append(EntryOutcome(where, "skipped", why="already up to date"))
+                continue
+            action = "updated" if name in have else "created"
+            if not dry_run:
+                with transaction.atomic(), _about(where):
+                    _named_save(VIRTUAL_SERVERS, name, value, actor)
+            outcomes.append(EntryOutcome(where, f"would {action[:-1]}" if dry_run else action, where))
+        except ConfigRefused as refused:
+            why = str(refused).removeprefix(f"{where}: ").removeprefix(f"{where} ")
+            outcomes.append(EntryOutcome(where, "rejected", why=why))
+    return outcomes
 
 
 def _messages(exc: Exception) -> str:

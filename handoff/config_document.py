@@ -143,7 +143,7 @@ def config_export() -> tuple[dict[str, Any], list[str]]:
         for group in AgentGroup.objects.select_related("team").prefetch_related("agents")
     }
     document["handoffRoutes"] = _section(ROUTES, HandoffRoute.objects.select_related("team", "target"))
-    document["virtualServers"] = _servers()
+    document["virtualServers"] = servers_export()
     related = ("team", "agent", "agent_group", "person", "upstream", "server_group", "signers")
     rules = [object_export(rule, RULES.fields) for rule in Rule.objects.select_related(*related)]
     document["rules"] = sorted(rules, key=rule_order)
@@ -159,8 +159,9 @@ def _section(section: Section, objects: Any) -> dict[str, Any]:
     return {getattr(obj, section.key): object_export(obj, section.fields) for obj in objects}
 
 
-def _servers() -> dict[str, Any]:
-    """Each virtual server, with its own tool overrides (`overrides`: `<upstream slug>/<tool>` -> override)."""
+def servers_export() -> dict[str, Any]:
+    """Each virtual server, with its own tool overrides (`overrides`: `<upstream slug>/<tool>` -> override): the
+    document's `virtualServers`, and export_mcp_config's beside its `mcpServers`."""
     servers = {}
     for server in VirtualServer.objects.select_related("team"):
         overrides = server_overrides_json(server=server)

@@ -177,6 +177,8 @@ def mcp_config_import(
         raise ValueError("The file must be a JSON object with an 'mcpServers' object.")
     if "mcpServers" in _repeated(config):
         raise ValueError("'mcpServers' appears twice; which one is meant is unclear.")
+    if not isinstance(config.get("virtualServers", {}), dict):  # handoff/config_apply.py reads them
+        raise ValueError("'virtualServers' must be a JSON object of virtual servers by name.")
     shared = _shared_slugs(servers)
     report = ImportReport()
     for name, entry in servers.items():

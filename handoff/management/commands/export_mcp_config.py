@@ -2,14 +2,16 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from handoff.config_document import servers_export
 from handoff.config_import import mcp_config_export
 from handoff.management.json_output import json_write
 
 
 class Command(BaseCommand):
     help = (
-        "Write the upstreams as mcpServers JSON that import_mcp_config reads back. Env, header and query values "
-        "are written as ${VAR} placeholders (never the values), which the import reads from its environment."
+        "Write the upstreams as mcpServers JSON that import_mcp_config reads back, and the virtual servers beside "
+        "them (virtualServers). Env, header and query values are written as ${VAR} placeholders (never the values), "
+        "which the import reads from its environment."
     )
 
     def add_arguments(self, parser) -> None:
@@ -20,6 +22,7 @@ class Command(BaseCommand):
             exported = mcp_config_export()
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        json_write(self, exported.config, output)
+        servers = servers_export()  # beside mcpServers, where other clients ignore them
+        json_write(self, exported.config | ({"virtualServers": servers} if servers else {}), output)
         if exported.variables:
             self.stderr.write(f"The import reads these variables from its environment: {', '.join(exported.variables)}")

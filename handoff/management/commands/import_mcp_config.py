@@ -3,6 +3,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from handoff.config_apply import servers_import
 from handoff.config_import import EntryOutcome, config_parse, mcp_config_import
 from registry.models import Upstream
 from registry.services import upstream_catalog_sync
@@ -15,7 +16,8 @@ EXIT_FILE_UNUSABLE = 2
 
 class Command(BaseCommand):
     help = (
-        "Import upstreams from an mcpServers JSON file (the format of Claude Desktop and other clients). "
+        "Import upstreams from an mcpServers JSON file (the format of Claude Desktop and other clients), and the "
+        "virtual servers beside them (virtualServers). "
         "Exits 0 when every entry is imported or skipped, 1 when some entry is rejected or fails to sync, "
         "2 when the file cannot be used."
     )
@@ -43,12 +45,17 @@ class Command(BaseCommand):
         for entry in report.entries:
             self.stdout.write(entry.line())
         failed = len(report.rejected)
+        if not dry_run and not no_sync:
+            failed += self._sync(report.imported)
+        # After the sync: a virtual server's overrides name tools of the catalogs.
+        servers = servers_import(config=config, actor="manage.py import_mcp_config", dry_run=dry_run)
+        for server in servers:
+            self.stdout.write(server.line())
+        failed += sum(server.action == "rejected" for server in servers)
         if dry_run:
             self.stdout.write("dry run: nothing was written")
-        elif not no_sync:
-            failed += self._sync(report.imported)
         if failed:
-            message = f"{failed} of {len(report.entries)} entries were rejected or failed to sync"
+            message = f"{failed} of {len(report.entries) + len(servers)} entries were rejected or failed to sync"
             raise CommandError(message, returncode=EXIT_ENTRIES_FAILED)
 
     def _sync(self, imported: list[EntryOutcome]) -> int:
