@@ -57,6 +57,9 @@ class ServerOverridesMixin:
             return
         server: VirtualServer = form.instance
         actor = request.user.get_username()
+        # What formset.save() would have listed, for the change message the admin writes after (the audit rows are
+        # the services').
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
         try:
             for row in formset.forms:
                 _row_save(server, row, row in formset.deleted_forms, actor)

@@ -61,7 +61,10 @@ def test_the_server_sees_its_override_and_mcp_the_upstreams(desk, weather):  # n
     assert list(entry.definition["inputSchema"]["properties"]) == ["town"]
     assert (entry.definition["name"], entry.route.tool, entry.sha256) == ("meteo__outlook", "weather", "sha-weather")
     assert snap.listed_name(through, "meteo__outlook") == "meteo__forecast"
-    assert set(snap.tools_for(through)) == {"meteo__outlook", "meteo__alerts"}
+    assert {name for name in snap.tools_for(through) if name.startswith("meteo__")} == {
+        "meteo__outlook",
+        "meteo__alerts",
+    }
     server_override_clear(server=desk, tool=weather, actor="olga")
     rows = AuditEvent.objects.filter(id__gt=mark, server="desk").order_by("id").values_list("tool", "detail")
     assert [(tool, detail["action"]) for tool, detail in rows] == [
@@ -112,3 +115,35 @@ def test_two_of_a_servers_overrides_under_one_name_are_refused_naming_both(desk,
         "override": ["Tools 'weather' and 'alerts' would both be exposed as 'meteo__now' in virtual server 'desk'."]
     }
     assert server_overrides_json(server=other) == {"meteo/weather": {"name": "now"}}
+
+
+def _page(server: VirtualServer, row: dict) -> dict:
+    """The virtual server's change form as the console posts it, with one inline override."""
+    return {
+        "name": server.name, "team": server.team_id, "title": "", "instructions": "", "tools": '["meteo__*"]',
+        "resources": "[]", "prompts": "[]", "enabled": "on",
+        "overrides-TOTAL_FORMS": "1", "overrides-INITIAL_FORMS": "0", "overrides-MIN_NUM_FORMS": "0",
+        "overrides-MAX_NUM_FORMS": "1000",
+        "overrides-0-title": "", "overrides-0-description": "", "overrides-0-annotations": "null",
+        "overrides-0-params": "{}", "overrides-0-output": "[]",
+    } | {f"overrides-0-{key}": value for key, value in row.items()}  # fmt: skip
+
+
+def test_the_console_sets_a_servers_override_inline_through_the_service_and_refuses_one_that_does_not_fit(
+    admin_client,
+    desk,
+    weather,  # noqa: F811
+):
+    page, mark = f"/admin/registry/virtualserver/{desk.pk}/change/", audit_mark()
+    refused = admin_client.post(page, _page(desk, {"tool": weather.pk, "name": "alerts"}))
+    saved = admin_client.post(page, _page(desk, {"tool": weather.pk, "name": "outlook"}))
+    rows = AuditEvent.objects.filter(id__gt=mark, server="desk", detail__action="server_override_set")
+
+    assert refused.status_code == 200
+    assert (
+        "Tools &#x27;weather&#x27; and &#x27;alerts&#x27; would both be exposed as &#x27;meteo__alerts&#x27; in "
+        "virtual server &#x27;desk&#x27;." in refused.content.decode()
+    )
+    assert saved.status_code == 302
+    assert server_overrides_json(server=desk) == {"meteo/weather": {"name": "outlook"}}
+    assert [row.actor for row in rows] == ["operator"]
