@@ -258,6 +258,12 @@ def _param(name: str, spec: Any) -> Param:
     )
 
 
+def override_stored(override: Override) -> dict[str, Any]:
+    """The fields a row of registry.models.OverrideFields holds the override in."""
+    kept = {key: getattr(override, key) for key in ("name", "title", "description", "annotations")}
+    return kept | {"params": override_json(override).get("params", {}), "output": list(override.output)}
+
+
 def override_json(override: Override) -> dict[str, Any]:
     """The JSON object `override_parse` reads back."""
     params = {}

@@ -12,7 +12,7 @@ from audit.services import audit_record
 from policy.config_version import config_changed
 from registry.models import ServerToolOverride, Tool, VirtualServer
 from registry.naming import exposed_name
-from registry.overrides import Override, OverrideRefused, override_check, override_json, override_parse
+from registry.overrides import Override, OverrideRefused, override_check, override_json, override_parse, override_stored
 from registry.selectors import namespace_of
 from registry.services import rename_collision
 
@@ -58,12 +58,9 @@ def server_override_set(*, server: VirtualServer, tool: Tool, data: Any, actor: 
     override = server_override_check(server=server, tool=tool, data=data)
     with transaction.atomic():
         row = ServerToolOverride.objects.filter(server=server, tool=tool).first()
-        row = row or ServerToolOverride(server=server, tool=tool)
-        before = row.value().digest if row.pk else ""
-        row.name, row.title, row.description = override.name, override.title, override.description
-        row.annotations, row.params = override.annotations, override_json(override).get("params", {})
-        row.output, row.updated_by = list(override.output), actor
-        row.save()
+        before = row.value().digest if row else ""
+        stored = override_stored(override) | {"updated_by": actor}
+        row, _ = ServerToolOverride.objects.update_or_create(server=server, tool=tool, defaults=stored)
         _override_event(server, tool, before, override.digest, actor)
     return row
 

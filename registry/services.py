@@ -23,7 +23,7 @@ from registry.credentials import credentials_reseal, credentials_seal
 from registry.executor import get_executor
 from registry.models import LocalPrefix, Tool, ToolOverride, Upstream, query_split
 from registry.naming import exposed_name, split_exposed_name
-from registry.overrides import Override, OverrideRefused, override_check, override_json, override_parse
+from registry.overrides import Override, OverrideRefused, override_check, override_parse, override_stored
 from registry.package_pins import package_pin
 from registry.pinned_items import approval, pinned_items_store
 from registry.selectors import name_collisions, namespace_of, share_collisions, team_names, teams_seeing
@@ -506,12 +506,11 @@ def tool_override_set(*, tool: Tool, data: Any, actor: str) -> ToolOverride:
     on comparing the upstream's definition. An audit row names the override's digest before and after."""
     override = tool_override_check(tool=tool, data=data)
     with transaction.atomic():
-        row = ToolOverride.objects.filter(tool=tool).first() or ToolOverride(tool=tool)
-        before = row.value().digest if row.pk else ""
-        row.name, row.title, row.description = override.name, override.title, override.description
-        row.annotations, row.params = override.annotations, override_json(override).get("params", {})
-        row.output, row.updated_by = list(override.output), actor
-        row.save()
+        row = ToolOverride.objects.filter(tool=tool).first()
+        before = row.value().digest if row else ""
+        row, _ = ToolOverride.objects.update_or_create(
+            tool=tool, defaults=override_stored(override) | {"updated_by": actor}
+        )
         _override_event(tool, before, override.digest, actor)
     tool.override = row
     return row

@@ -27,7 +27,7 @@ def desk(weather) -> Iterator[VirtualServer]:  # noqa: F811
 def _imported(path: Path, *args: str) -> list[str]:
     out = io.StringIO()
     call_command("import_mcp_config", str(path), "--no-sync", *args, stdout=out)
-    return [line for line in out.getvalue().splitlines() if "virtual server" in line or "dry run" in line]
+    return [line for line in out.getvalue().splitlines() if "'mcp-desk'" in line or "dry run" in line]
 
 
 def test_virtual_servers_are_exported_beside_mcp_servers_and_imported_back(desk, tmp_path):

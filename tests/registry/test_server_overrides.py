@@ -29,7 +29,7 @@ def desk(weather) -> Iterator[VirtualServer]:  # noqa: F811
     tool_override_set(tool=weather, data=CURATED, actor="olga")
     server = VirtualServer.objects.create(name="desk", tools=["meteo__*"])
     yield server
-    server.delete()
+    VirtualServer.objects.filter(name__in=("desk", "other")).delete()
 
 
 def test_a_servers_override_stacks_on_the_upstreams_and_cannot_bring_back_what_it_fixes():
