@@ -483,7 +483,8 @@ class VirtualServerViewSet(AuditedViewSet):
     def override(self, request: Request, name: str, upstream: str, tool: str) -> Response:
         """How the server's sessions see one tool it offers: GET it, PUT a whole override (on top of the upstream's,
         its parameters named as /mcp shows them), DELETE it."""
-        server, found = self.get_object(), tool_by_key(f"{upstream}/{tool}")
+        server = self.get_object()
+        found = tool_by_key(f"{upstream}/{tool}", seen_by=server.team)  # another team's tools are unknown here
         if found is None:
             raise NotFound(f"The catalog has no tool {tool!r} of upstream {upstream!r}.")
         if request.method != "GET" and not request.user.has_perm("registry.change_virtualserver"):

@@ -10,10 +10,11 @@ from django.db import transaction
 
 from audit.services import audit_record
 from policy.config_version import config_changed
+from policy.models import Team
 from registry.models import ServerToolOverride, Tool, VirtualServer
 from registry.naming import exposed_name
 from registry.overrides import Override, OverrideRefused, override_check, override_json, override_parse, override_stored
-from registry.selectors import namespace_of
+from registry.selectors import namespace_of, upstreams_seen
 from registry.services import rename_collision
 
 
@@ -27,7 +28,8 @@ def server_override_check(*, server: VirtualServer, tool: Tool, data: Any) -> Ov
         raise ValidationError({"override": str(refused)}) from None
     upstream, namespace = tool.upstream, namespace_of(upstream=tool.upstream, team=server.team)
     listed = exposed_name(namespace, tool.own_name)
-    if not any(fnmatchcase(listed, pattern) for pattern in server.tools):
+    seen = upstreams_seen(team=server.team).filter(pk=upstream.pk).exists()
+    if not seen or not any(fnmatchcase(listed, pattern) for pattern in server.tools):
         message = f"The virtual server {server.name!r} does not offer {listed!r}: list it in its tools to override it."
         raise ValidationError({"override": message})
     own = override.name or tool.own_name
@@ -97,10 +99,11 @@ def tool_key(tool: Tool) -> str:
     return f"{tool.upstream.slug}/{tool.name}"
 
 
-def tool_by_key(key: str) -> Tool | None:
-    """The catalog's tool a `<upstream slug>/<tool>` key names, if it has it."""
+def tool_by_key(key: str, seen_by: Team | None = None) -> Tool | None:
+    """The catalog's tool a `<upstream slug>/<tool>` key names, if it has it (and `seen_by`'s agents reach it)."""
     slug, _, name = key.partition("/")
-    return Tool.objects.select_related("upstream", "override").filter(upstream__slug=slug, name=name).first()
+    tools = Tool.objects.select_related("upstream", "override").filter(upstream__slug=slug, name=name)
+    return (tools.filter(upstream__in=upstreams_seen(team=seen_by)) if seen_by else tools).first()
 
 
 def server_overrides_apply(*, server: VirtualServer, wanted: dict[str, Any], actor: str) -> None:

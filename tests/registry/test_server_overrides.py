@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from audit.models import AuditEvent
 from handoff.snapshot import snapshot_compile
 from policy.decisions import Who
+from policy.models import Team
 from policy.services import agent_create
 from registry.models import ServerToolOverride, Tool, VirtualServer
 from registry.overrides import override_check, override_parse, override_stack
@@ -99,6 +100,21 @@ def test_a_tool_the_server_does_not_offer_cannot_be_overridden_there(desk, weath
     desk.save()
     with pytest.raises(ValidationError) as refused:
         server_override_set(server=desk, tool=weather, data=DESK, actor="olga")
+    assert refused.value.message_dict == {
+        "override": ["The virtual server 'desk' does not offer 'meteo__forecast': list it in its tools to override it."]
+    }
+
+
+def test_a_tool_the_servers_team_does_not_reach_cannot_be_overridden_there(desk, weather):  # noqa: F811
+    default, ops = desk.team, Team.objects.create(slug="ops", name="Ops")
+    try:
+        VirtualServer.objects.filter(pk=desk.pk).update(team=ops)
+        desk.refresh_from_db()
+        with pytest.raises(ValidationError) as refused:
+            server_override_set(server=desk, tool=weather, data=DESK, actor="olga")
+    finally:
+        VirtualServer.objects.filter(pk=desk.pk).update(team=default)
+        ops.delete()
     assert refused.value.message_dict == {
         "override": ["The virtual server 'desk' does not offer 'meteo__forecast': list it in its tools to override it."]
     }
