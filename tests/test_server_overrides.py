@@ -21,6 +21,7 @@ from tests.test_tool_overrides import SUM
 from tests.test_virtual_servers import _offered
 
 TALLY = "/mcp/s/tally"
+TOOLS = {"tally": "staged__add", "plain": "staged__*"}
 
 
 async def call(base_url: str, key: str, name: str, arguments: dict, path: str = "/mcp") -> object:
@@ -34,7 +35,8 @@ async def call(base_url: str, key: str, name: str, arguments: dict, path: str = 
 
 @pytest.fixture
 def tally(db) -> Iterator[VirtualServer]:
-    servers = [VirtualServer.objects.create(name=name, tools=["staged__*"]) for name in ("tally", "plain")]
+    # tally names the tool it renames exactly: what it offers is matched by the name /mcp lists
+    servers = [VirtualServer.objects.create(name=name, tools=[tools]) for name, tools in TOOLS.items()]
     yield servers[0]
     for server in servers:
         server.delete()
