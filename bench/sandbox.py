@@ -24,14 +24,14 @@ django.setup()
 
 import anyio  # noqa: E402
 import uvloop  # noqa: E402
-from mcp import StdioServerParameters, types  # noqa: E402
+from mcp import types  # noqa: E402
 from mcp.shared.message import SessionMessage  # noqa: E402
 
 from bench.upstream_client import DEMO, HELLO, bare  # noqa: E402
+from registry.upstreams.launch import ServerStart, launch  # noqa: E402
 from registry.upstreams.sandbox import SandboxSettings  # noqa: E402
-from registry.upstreams.stdio import launch, stdio_transport  # noqa: E402
+from registry.upstreams.stdio import stdio_transport  # noqa: E402
 
-PARAMS = StdioServerParameters(command=DEMO[0], args=DEMO[1:])
 SANDBOXES = {
     "unconfined": None,
     "confined (network none)": SandboxSettings(),
@@ -40,19 +40,23 @@ SANDBOXES = {
 TRIPS = ("unconfined", "confined (network none)")  # outbound changes nothing on the pipes
 
 
+def _start(sandbox: SandboxSettings | None) -> ServerStart:
+    return ServerStart("bench", DEMO[0], tuple(DEMO[1:]), (), None, sandbox)
+
+
 async def start(sandbox: SandboxSettings | None) -> float:
     """Milliseconds from the transport's start to the server's answer to `initialize`."""
     hello = types.JSONRPCRequest(jsonrpc="2.0", id=1, method="initialize", params=HELLO)
     began = time.perf_counter()
     with open(os.devnull, "wb") as errlog:
-        async with stdio_transport(PARAMS, errlog, lambda ending: None, sandbox, "bench") as (read, write):
+        async with stdio_transport(_start(sandbox), errlog, lambda ending: None) as (read, write):
             await write.send(SessionMessage(hello))
             await read.receive()
             return (time.perf_counter() - began) * 1000
 
 
 async def main(args: argparse.Namespace) -> None:
-    confined = launch(PARAMS, SANDBOXES["confined (network none)"], "bench")
+    confined = launch(_start(SANDBOXES["confined (network none)"]))
     commands = {"unconfined": DEMO, "confined (network none)": confined.command}
     trips: dict[str, list[float]] = {name: [] for name in TRIPS}
     starts: dict[str, list[float]] = {name: [] for name in SANDBOXES}

@@ -5,13 +5,13 @@ safe: the upstream's own credentials blanked, never a Python repr. The model kee
 
 import os
 import ssl
-import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
 import httpx2
 
 from registry.upstreams.egress import EgressRefused
+from registry.upstreams.launch import stderr_file
 from registry.upstreams.packages import PackageProblem
 from registry.upstreams.sandbox import SandboxRefused
 from registry.upstreams.scrub import blanked
@@ -48,13 +48,13 @@ class Witness:
         if self._on_end is not None:
             self._on_end()
 
-    def errlog(self) -> IO[bytes]:
-        if self._stderr is None:
-            # Appending (O_APPEND), so the server writes at the end even after `trim` cut the file.
-            fd, path = tempfile.mkstemp(prefix="upstream-stderr-")
-            os.close(fd)
-            self._stderr = open(path, "ab+")  # closed with the connection (`close`)
-            os.unlink(path)
+    def errlog(self, kept: IO[bytes] | None = None) -> IO[bytes]:
+        """Where its stdio server's stderr goes: `kept`, that of a server started before (prestart.py), if given."""
+        if kept is not None:
+            self.close()
+            self._stderr = kept
+        elif self._stderr is None:
+            self._stderr = stderr_file()  # closed with the connection (`close`)
         return self._stderr
 
     def trim(self) -> None:

@@ -1,7 +1,6 @@
 """How to reach an upstream: plain data built from the model, credentials opened, read only by the executor."""
 
 import logging
-import os
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -9,8 +8,7 @@ from typing import Any
 
 import anyio
 import httpx2
-from django.conf import settings
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
@@ -19,8 +17,10 @@ from registry.credentials import credentials_open
 from registry.upstreams.delegation import DelegationAuth
 from registry.upstreams.egress import guarded_client
 from registry.upstreams.health import Witness
+from registry.upstreams.launch import server_start
 from registry.upstreams.packages import PackageProblem, asked
 from registry.upstreams.packages import command as package_command
+from registry.upstreams.prestart import prestarted_take
 from registry.upstreams.reply_depth import DepthCheckedTransport
 from registry.upstreams.rest import RestClient
 from registry.upstreams.sandbox import SandboxSettings
@@ -132,15 +132,14 @@ class UpstreamSpec:
             await rest.load()
             return rest
         if self.transport == "stdio":
-            # PATH comes along so that commands like `npx` and `uvx` resolve as they would in a shell.
-            env = {"PATH": os.environ.get("PATH", "")} | self.env
             witness.ending = ""  # of this process, not one an earlier attempt started
             command, args = await anyio.to_thread.run_sync(self._stdio_command)
-            params = StdioServerParameters(command=command, args=args, env=env, cwd=self.cwd or None)
-            sandbox = self.sandbox if settings.GATEWAY_STDIO_SANDBOX == "bwrap" else None
-            if sandbox is not None and sandbox.network == "host":
+            start = server_start(self.slug, command, args, self.env, self.cwd, self.sandbox)
+            if start.sandbox is not None and start.sandbox.network == "host":
                 logger.warning("upstream %s: its stdio server shares the host's network, unconfined", self.slug)
-            target: Any = stdio_transport(params, witness.errlog(), witness.ended, sandbox, self.slug)
+            prestarted = prestarted_take(start)  # the server serve_demo's launcher started for this, if any
+            errlog = witness.errlog(prestarted.errlog if prestarted else None)
+            target: Any = stdio_transport(start, errlog, witness.ended, prestarted)
         elif self.transport == "sse":
             factory = partial(self._http_client, event_hooks={"response": [witness.heard]})
             target = sse_client(self.url, headers=self.headers, timeout=self.timeout, httpx_client_factory=factory)

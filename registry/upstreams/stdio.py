@@ -8,8 +8,7 @@ and shielded, so a cancelled caller neither leaks a live server nor hangs on one
 
 import logging
 import os
-import shutil
-import signal
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from contextvars import ContextVar
@@ -17,17 +16,15 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import anyio
-from anyio.abc import Process
+from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 from anyio.streams.memory import MemoryObjectSendStream
 from anyio.streams.text import TextReceiveStream
-from mcp import StdioServerParameters, types
-from mcp.client.stdio import get_default_environment
+from mcp import types
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
-from registry.upstreams.limits import Cgroup, cgroup_make, rlimits
-from registry.upstreams.outbound import Outbound
-from registry.upstreams.sandbox import HOME, SandboxSettings, bwrap_command
+from registry.upstreams.launch import Launch, ServerStart, ending, launch
+from registry.upstreams.prestart import Prestarted
 
 logger = logging.getLogger(__name__)
 
@@ -71,22 +68,6 @@ class _Tagged:
         await self.aclose()
 
 
-def ending(returncode: int | None, confined: bool = False, cgroup: Cgroup | None = None) -> str:
-    """How a server's process ended, in the operator's words. A sandbox's bwrap exits 128 + n for a server ended
-    by signal n, as a shell does; a SIGKILL its cgroup counts as a kill at its memory limit is said as that."""
-    if returncode is None:
-        return "closed its output"
-    if confined and 128 < returncode < 128 + signal.NSIG:
-        returncode = 128 - returncode
-    if returncode == -signal.SIGKILL and cgroup is not None and cgroup.memory_killed():
-        return f"was killed: memory limit {cgroup.memory_mb} MiB"
-    if returncode < 0:
-        with suppress(ValueError):
-            return f"was killed by {signal.Signals(-returncode).name}"
-        return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"
-
-
 async def _exited(process: Process, timeout: float) -> bool:
     """Whether the process is gone within `timeout` (polling: `wait()` also waits for pipes a grandchild
     may hold open)."""
@@ -115,46 +96,100 @@ async def _stop(process: Process) -> None:
         await process.stdout.aclose()  # type: ignore[union-attr]
 
 
-@dataclass
-class Launch:
-    """How a server starts: its command line, environment and folder; confined, its cgroup and its `outbound`
-    network (each None where it has none)."""
+class _PipeReader(ByteReceiveStream):
+    """A pipe of ours, read without blocking the loop."""
 
-    command: list[str]
-    env: dict[str, str]
-    cwd: Any
-    cgroup: Cgroup | None = None
-    network: Outbound | None = None
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self._pipe = pipe
+        os.set_blocking(pipe.fileno(), False)
 
-    def release(self) -> None:
-        """What it made, for a server that did not start."""
-        if self.cgroup is not None:
-            self.cgroup.remove()
-        if self.network is not None:
-            self.network.close()
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while not self._pipe.closed:
+            try:
+                data = os.read(self._pipe.fileno(), max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._pipe.fileno())
+                continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
+        raise anyio.ClosedResourceError
+
+    async def aclose(self) -> None:
+        if not self._pipe.closed:
+            anyio.notify_closing(self._pipe.fileno())  # a read waiting on it ends rather than wait on a stale fd
+            self._pipe.close()
 
 
-def launch(params: StdioServerParameters, sandbox: SandboxSettings | None, slug: str) -> Launch:
-    """How the server starts: confined, limited and on its network unless `sandbox` is None."""
-    env = get_default_environment() | (params.env or {})
-    if sandbox is None:
-        return Launch([params.command, *params.args], env, params.cwd)
-    executable = shutil.which(params.command, path=env.get("PATH"))
-    if executable is None:
-        raise FileNotFoundError(params.command)
-    cwd = str(params.cwd) if params.cwd else None
-    made = Launch([], env | {"HOME": HOME}, "/")
-    try:
-        made.network = Outbound(sandbox.internal) if sandbox.network == "outbound" else None
-        options = made.network.bwrap_options() if made.network else []
-        command = bwrap_command(os.path.abspath(executable), list(params.args), cwd, sandbox, options)
-        command = [*rlimits(), *command]
-        made.cgroup = cgroup_make(slug, sandbox)
-    except BaseException:
-        made.release()
-        raise
-    made.command = [*(made.cgroup.join() if made.cgroup else []), *command]
-    return made
+class _PipeWriter(ByteSendStream):
+    """A pipe of ours, written without blocking the loop."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self._pipe = pipe
+        os.set_blocking(pipe.fileno(), False)
+
+    async def send(self, item: bytes) -> None:
+        rest = memoryview(item)
+        while rest:
+            if self._pipe.closed:
+                raise anyio.ClosedResourceError
+            try:
+                rest = rest[os.write(self._pipe.fileno(), rest) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self._pipe.fileno())
+
+    async def aclose(self) -> None:
+        if not self._pipe.closed:
+            anyio.notify_closing(self._pipe.fileno())
+            self._pipe.close()
+
+
+class _Adopted(Process):
+    """A server started before the pool (registry/upstreams/prestart.py), as the transport uses one it started."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self._process = process
+        self._stdin = _PipeWriter(process.stdin)  # type: ignore[arg-type]
+        self._stdout = _PipeReader(process.stdout)  # type: ignore[arg-type]
+
+    async def aclose(self) -> None:
+        await self._stdin.aclose()
+        await self._stdout.aclose()
+        await self.wait()
+
+    async def wait(self) -> int:
+        while self.returncode is None:
+            await anyio.sleep(POLL)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self._process.terminate()
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def send_signal(self, signal: int) -> None:
+        self._process.send_signal(signal)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.poll()
+
+    @property
+    def stdin(self) -> ByteSendStream:
+        return self._stdin
+
+    @property
+    def stdout(self) -> ByteReceiveStream:
+        return self._stdout
+
+    @property
+    def stderr(self) -> None:
+        return None
 
 
 async def _started(launched: Launch, errlog: IO[bytes]) -> Process:
@@ -192,18 +227,17 @@ async def _ended(launched: Launch) -> None:
 
 @asynccontextmanager
 async def stdio_transport(
-    params: StdioServerParameters,
-    errlog: IO[bytes],
-    ended: Callable[[str], None],
-    sandbox: SandboxSettings | None = None,
-    slug: str = "stdio",
+    start: ServerStart, errlog: IO[bytes], ended: Callable[[str], None], prestarted: Prestarted | None = None
 ) -> AsyncIterator[tuple]:
-    """The server's streams, confined by `sandbox` (None: unconfined); `ended` hears how its process ended when
-    its output ends first. `slug` names its cgroup."""
-    # In a thread: it reads the file system (the command, its interpreter, the paths it is given, the cgroup's).
-    launched = await anyio.to_thread.run_sync(launch, params, sandbox, slug)
-    process = await _started(launched, errlog)
-    cgroup = launched.cgroup
+    """The server's streams: the server `prestarted` (started as `start` says, its stderr in `errlog`), else one
+    started now as `start` says; `ended` hears how its process ended when its output ends first."""
+    if prestarted is not None:
+        launched, process = prestarted.launched, _Adopted(prestarted.process)
+    else:
+        # In a thread: it reads the file system (the command, its interpreter, the paths it is given, the cgroup's).
+        launched = await anyio.to_thread.run_sync(launch, start)
+        process = await _started(launched, errlog)
+    sandbox, cgroup = start.sandbox, launched.cgroup
     # No await from here until the task group is entered: a cancellation then would leak the process.
     incoming, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     tagged, outgoing = anyio.create_memory_object_stream[tuple[Delivery | None, SessionMessage]](0)
