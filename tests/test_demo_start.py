@@ -1,8 +1,8 @@
 """scripts/demo's start (handoff/management/commands/serve_demo.py): a new SQLite file is a copy of the schema
 template of its migration set, made by that set's first migrate, and migrated again when the set changes; the
 template holds no key, agent or user; setup_demo run again changes nothing and prints the same key; the one
-process answers a call at once and, restarted, with the same key; the README's client (examples/client.py), run
-as the README says, calls the demo's time tool with the demo's key."""
+process answers a call at once, from the stdio servers it started before Django, and, restarted, with the same key;
+the README's client (examples/client.py), run as the README says, calls the demo's time tool with the demo's key."""
 
 import asyncio
 import json
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from django.contrib.auth.hashers import check_password
 
 from tests import servers
 from tests.clients import call, tool_names
@@ -116,6 +117,13 @@ def test_setup_demo_again_keeps_its_key_syncs_nothing_and_the_template_holds_no_
             "SELECT count(*) FROM policy_agentkey k JOIN policy_agent a ON a.id = k.agent_id WHERE a.name = 'demo'"
         )
         assert db.execute(demo_keys).fetchone()[0] == 1
+    # The passwords shown once, hashed beside the rest of the setup, open their accounts.
+    shown = [("admin", r"Admin console login \(shown once\): admin / (\S+)")]
+    shown += [(login, rf"console admin {login} / (\S+)") for login in ("platform-admin", "payments-admin")]
+    with sqlite3.connect(var / "switchboard.sqlite3") as db:
+        for login, pattern in shown:
+            [encoded] = db.execute("SELECT password FROM auth_user WHERE username = ?", [login]).fetchone()
+            assert check_password(re.search(pattern, first).group(1), encoded), login
     [template] = templates.glob("schema-*.sqlite3")
     for table in ("policy_agent", "policy_agentkey", "auth_user", "registry_upstream", "audit_auditevent"):
         assert _rows(template, table) == 0, table
@@ -186,6 +194,12 @@ def test_serve_demo_answers_in_one_process_and_a_restart_prints_the_same_key(tmp
         "admins": (("default", "platform-admin"), ("payments", "payments-admin")),
     }
     started, restarted = (tmp_path / "start.log").read_text(), (tmp_path / "restart.log").read_text()
+    # A first start prints the key, then syncs the catalogs while Daphne is imported, and serves once they are in.
+    assert started.index(key) < started.index("\ndemo: ") < started.index("Serving ")
+    assert started.index(key) < started.index("\ntime: ") < started.index("Serving ")
+    for log in (started, restarted):  # the servers manage.py started before Django, which the pool took
+        assert "upstream demo: taking its server started early" in log
+        assert "upstream time: taking its server started early" in log
     assert "Virtual server 'desk': /mcp/s/desk offers demo__echo, demo__add, time__get_current_time" in started
     assert len(re.findall("Admin console login", started)) == 1 and "Admin console login" not in restarted
     assert re.search(r"console admin payments-admin / \S+", started)  # its password shown once

@@ -4,12 +4,12 @@ finance specialist and an agent of its own. Each shares one upstream with the ot
 `finance` with the default team, whose route hands off to it. Each team has an admin console account that sees
 and changes only its team's objects. Run again, it changes nothing and shows no password again."""
 
-import secrets
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 
 from audit.models import DEFAULT_TEAM
+from handoff.management.demo_passwords import Passwords
 from policy.console_sign_in import team_role_group
 from policy.models import Team, TeamMember, TeamRole
 from policy.services import policy_object_save, relations_record
@@ -40,8 +40,9 @@ class DemoTeams:
         return ABOUT.format(default=DEFAULT_TEAM, payments=PAYMENTS, agent=PAYMENTS_AGENT, **fields)
 
 
-def demo_teams_setup() -> DemoTeams:
-    """The payments team, the demo's upstreams given and shared as above, and each team's console admin."""
+def demo_teams_setup(passwords: Passwords) -> DemoTeams:
+    """The payments team, the demo's upstreams given and shared as above, and each team's console admin (made with
+    its password in `passwords` if it has one there)."""
     payments = Team.objects.filter(slug=PAYMENTS).first()
     if payments is None:
         payments = Team(slug=PAYMENTS, name="Payments")
@@ -51,7 +52,7 @@ def demo_teams_setup() -> DemoTeams:
         upstream = Upstream.objects.filter(slug=slug).first()
         if upstream is not None:
             _share(upstream, owner=teams[owner], borrower=teams[borrower])
-    logins = {slug: _team_admin(teams[slug], login) for slug, login in TEAM_ADMINS.items()}
+    logins = {slug: _team_admin(teams[slug], login, passwords) for slug, login in TEAM_ADMINS.items()}
     return DemoTeams(payments, logins)
 
 
@@ -65,13 +66,17 @@ def _share(upstream: Upstream, *, owner: Team, borrower: Team) -> None:
         relations_record(obj=upstream, actor=ACTOR, action="upstream_shared", shared_with=shared)
 
 
-def _team_admin(team: Team, login: str) -> str:
+def team_admins_missing() -> list[str]:
+    """The logins of the teams' console admins not made yet."""
+    made = set(get_user_model().objects.filter(username__in=TEAM_ADMINS.values()).values_list("username", flat=True))
+    return [login for login in TEAM_ADMINS.values() if login not in made]
+
+
+def _team_admin(team: Team, login: str, passwords: Passwords) -> str:
     """The team's console admin, "login / password" when made now, else its login alone."""
-    users = get_user_model().objects
-    if users.filter(username=login).exists():
+    if login not in passwords:
         return login
-    password = secrets.token_urlsafe(12)
-    user = users.create_user(login, password=password, is_staff=True)
+    user, password = passwords.user_create(login, is_staff=True)
     user.groups.set([team_role_group(TeamRole.ADMIN)])  # the models' permissions; the team role cuts them down
     TeamMember.objects.create(team=team, user=user, role=TeamRole.ADMIN)
     members = [f"{m.user.get_username()}: {m.role}" for m in team.members.select_related("user")]

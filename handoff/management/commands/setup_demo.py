@@ -1,5 +1,3 @@
-import secrets
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -10,7 +8,9 @@ from django.db import connection
 from django.utils import timezone
 
 from handoff.config_import import mcp_config_import
-from handoff.management.demo_teams import PAYMENTS_AGENT, demo_teams_setup
+from handoff.management.demo_passwords import Passwords
+from handoff.management.demo_servers import demo_servers
+from handoff.management.demo_teams import PAYMENTS_AGENT, demo_teams_setup, team_admins_missing
 from policy.keys import key_matches, key_split
 from policy.models import Agent, Team
 from policy.services import agent_create, agent_key_issue, policy_object_save
@@ -18,6 +18,7 @@ from registry.models import Upstream, VirtualServer
 from registry.services import SyncReport, upstream_catalog_sync
 
 DEMO_AGENT = "demo"
+ADMIN = "admin"  # the gateway's admin a first install makes
 DEMO_UPSTREAMS = ("time", "demo")
 # The demo's virtual server (docs/curation.md): a curated endpoint of a few of the demo's tools.
 DESK = {"name": "desk", "title": "Demo desk", "tools": ["demo__echo", "demo__add", "time__get_current_time"]}
@@ -32,16 +33,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--specialist-url", default="", help="URL of examples/specialist_server.py finance")
+        parser.add_argument(
+            "--no-sync", action="store_true", help="leave the catalogs never synced to the caller (serve_demo's)"
+        )
 
-    def handle(self, *args, specialist_url: str, **options) -> None:
-        bin_dir = Path(sys.executable).parent
-        config = {
-            "mcpServers": {
-                "time": {"command": str(bin_dir / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
-                "demo": {"command": sys.executable, "args": [str(settings.BASE_DIR / "examples/demo_upstream.py")]},
-            }
-        }
-        mcp_config_import(config=config, actor="setup_demo")  # skips an upstream already as configured
+    def handle(self, *args, specialist_url: str, no_sync: bool, **options) -> None:
+        admin = [] if get_user_model().objects.filter(is_superuser=True).exists() else [ADMIN]
+        passwords = Passwords(admin + team_admins_missing())  # hashing while the rest is set up
+        mcp_config_import(config={"mcpServers": demo_servers()}, actor="setup_demo")  # skips one as configured
         # On this machine's loopback, hence internal. Imported again only for another URL: an import of a
         # handoff target saves its route even when nothing changed.
         if specialist_url and not Upstream.objects.filter(slug="finance", url=specialist_url).exists():
@@ -49,15 +48,15 @@ class Command(BaseCommand):
             mcp_config_import(config={"mcpServers": {"finance": finance}}, actor="setup_demo", internal=True)
         # The catalogs never synced (a restart keeps what it has; the console syncs again on demand), side by side
         # and while this thread makes the agents and the admin: each sync waits on its upstream's start.
-        never_synced = Upstream.objects.filter(slug__in=DEMO_UPSTREAMS, enabled=True, last_synced_at=None)
+        never_synced = [] if no_sync else demo_never_synced()
         with ThreadPoolExecutor(max_workers=len(DEMO_UPSTREAMS)) as threads:
             syncs = [threads.submit(sync_in_thread, upstream) for upstream in never_synced]
             key = _kept_key(DEMO_AGENT, _key_file())
             people = settings.GATEWAY_AUTH_SERVER_AGENT
             if settings.GATEWAY_AUTH_SERVER and not Agent.objects.filter(name=people).exists():
                 agent_create(name=people, actor="setup_demo")  # OAuth sign-ins act as it; its key goes unused
-            admin_login = self._admin_user()
-            teams = demo_teams_setup()
+            admin_login = _admin_user(passwords)
+            teams = demo_teams_setup(passwords)
             payments_key = _kept_key(PAYMENTS_AGENT, settings.VAR_DIR / "payments_key", team=teams.payments)
             if not VirtualServer.objects.filter(name=DESK["name"]).exists():
                 policy_object_save(obj=VirtualServer(**DESK), actor="setup_demo", created=True)
@@ -72,14 +71,17 @@ class Command(BaseCommand):
         offered = ", ".join(DESK["tools"])
         self.stdout.write(f"Virtual server '{DESK['name']}': /mcp/s/{DESK['name']} offers {offered}\n")
 
-    def _admin_user(self) -> str:
-        """The login of the admin made now, or "" if there is one already."""
-        users = get_user_model().objects
-        if users.filter(is_superuser=True).exists():
-            return ""
-        password = secrets.token_urlsafe(12)
-        users.create_superuser("admin", password=password)
-        return f"admin / {password}"
+
+def _admin_user(passwords: Passwords) -> str:
+    """The login of the admin made now, or "" if there is one already."""
+    if ADMIN not in passwords:
+        return ""
+    _, password = passwords.user_create(ADMIN, is_staff=True, is_superuser=True)
+    return f"{ADMIN} / {password}"
+
+
+def demo_never_synced() -> list[Upstream]:
+    return list(Upstream.objects.filter(slug__in=DEMO_UPSTREAMS, enabled=True, last_synced_at=None))
 
 
 def _key_file() -> Path:
