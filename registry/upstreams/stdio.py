@@ -4,7 +4,8 @@ The SDK's `stdio_client` keeps its process to itself, so a server that dies coul
 tells the connection's witness the exit status (or the signal) the moment the server's output ends, and
 marks each request it writes (`Delivery`): one it never wrote is known never to have reached the server. It
 follows the same shutdown (MCP lifecycle: close stdin, wait, then end the process tree), every wait bounded
-and shielded, so a cancelled caller neither leaks a live server nor hangs on one."""
+and shielded, so a cancelled caller neither leaks a live server nor hangs on one. A server started before the
+gateway's imports (prestart.py) is adopted: its pipes are read and written as the ones of a server started here."""
 
 import logging
 import os
