@@ -117,7 +117,7 @@ def answered(snap, woken: list) -> None:
     from handoff.mcp.paging import list_page
 
     for view in woken:
-        list_page("tools/list", [t for t in snap.visible_for(view.who) if view.may_call(t["name"])], None)
+        list_page("tools/list", [t for t in snap.visible_for(view.who) if view.may_call(snap, t["name"])], None)
 
 
 def one_round(number: int, small: Path, agent_ids: list[int], sessions: int) -> dict[str, tuple[float, int, float]]:

@@ -92,11 +92,6 @@ class Caller:
         """The tool patterns of the virtual server the request came through; None for /mcp."""
         return self.server_tools if self.server else None
 
-    def may_call(self, name: str) -> bool:
-        """Whether the credential, and the virtual server it came through, allow `name` at all (the agent's rules
-        decide after)."""
-        return allows(self.key_tools, self.offered, name)
-
     @property
     def principal(self) -> tuple[int, str, str, str]:
         """Who may drive a session: the agent, the person when a token named one, through the endpoint that opened
