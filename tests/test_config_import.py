@@ -22,7 +22,7 @@ from registry.models import Upstream
 from registry.services import upstream_save
 from tests import servers
 from tests.conftest import BIN
-from tests.factories import DEMO
+from tests.factories import DEMO, unrouted_handoff_targets_removed
 
 TIME = {"command": str(BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]}
 DEMO_ENTRY = {"command": sys.executable, "args": DEMO}
@@ -32,6 +32,7 @@ SECONDS = r"\(\d+\.\d s\)"
 @pytest.fixture
 def cleanup(db) -> Iterator[None]:
     """Removes what a test imported: every upstream it made starts with `imp-`."""
+    unrouted_handoff_targets_removed()
     yield
     Upstream.objects.filter(slug__startswith="imp-").delete()
 

@@ -11,16 +11,15 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from registry.models import Upstream, VirtualServer
+from registry.models import VirtualServer
 from registry.server_overrides import server_override_set, server_overrides_json
+from tests.factories import unrouted_handoff_targets_removed
 from tests.registry.test_overrides import weather  # noqa: F401 (a fixture)
 
 
 @pytest.fixture
 def desk(weather) -> Iterator[VirtualServer]:  # noqa: F811
-    # The session's specialists (tests/conftest.py) leave `devops`, a handoff target with no route, which the file
-    # cannot say: it is removed inside this test's transaction, which is rolled back after it.
-    Upstream.objects.filter(handoff_only=True, handoff_routes__isnull=True).delete()
+    unrouted_handoff_targets_removed()
     server = VirtualServer.objects.create(name="mcp-desk", title="Desk", tools=["meteo__*"])
     server_override_set(server=server, tool=weather, data={"name": "outlook"}, actor="test")
     yield server
