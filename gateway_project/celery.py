@@ -8,6 +8,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway_project.settings")
 app = Celery("gateway_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# Agents' calls pushed past Celery's consumer (GATEWAY_CALL_TRANSPORT=direct) are taken by every worker, whatever
+# the web processes' setting, so workers can be upgraded first. By name: Django is not set up yet.
+app.steps["worker"].add("registry.call_consumer:CallConsumerStep")
 
 
 # Handoff tunnels are pinned to the worker process that opened them (registry/worker.py).

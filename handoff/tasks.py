@@ -12,8 +12,9 @@ from gateway_project.lib.database import database_async
 from handoff.codemode.optional import execution_run
 from handoff.mcp.list_changed import tools_changed_everywhere
 from handoff.protocol.tunnels import index_session, tunnels_close_held, tunnels_sweep_idle
+from registry.call_consumer import CANCELLED_OUTCOME
 from registry.executor import reply_after
-from registry.tasks import CANCELLED_OUTCOME, Checked
+from registry.tasks import Checked
 from registry.upstreams.loop import pool_thread
 from registry.upstreams.relay import cancellable
 

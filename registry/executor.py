@@ -3,7 +3,9 @@
 - InlineExecutor (embedded default): this very process's pool runs the call (on the serving loop itself in a web
   process: registry/upstreams/loop.py).
 - CeleryExecutor (REDIS_URL set): a worker on queue `upstream` runs it and pushes the outcome onto a
-  one-off Redis list that the caller waits on with BLPOP: no polling, no result backend. Tasks and replies
+  one-off Redis list that the caller waits on with BLPOP: no polling, no result backend. An agent's call may
+  bypass Celery's consumer (GATEWAY_CALL_TRANSPORT=direct): the worker's call consumer takes it off a list of
+  its own, on the pool's loop (registry/call_consumer.py). Tasks and replies
   carry MACs (gateway_project/lib/task_mac.py): a reply whose MAC fails is REPLY_REFUSED.
 """
 
@@ -23,7 +25,7 @@ from django.conf import settings
 from audit.outcomes import EXECUTOR_GRACE_SECONDS, call_deadline
 from gateway_project.lib import task_mac
 from gateway_project.lib.redis_clients import async_redis, sync_redis
-from registry.publish import task_headers, task_publish
+from registry.publish import CALL_TASK, call_push, task_headers, task_publish
 from registry.upstreams.loop import held_tunnel_close, pool_thread
 from registry.upstreams.outcome import TUNNEL_GONE, Outcome, failure
 from registry.upstreams.relay import LoopRelay, Relay, cancel_remote, carried, relay_channels, relay_pump
@@ -174,7 +176,11 @@ async def _publish_and_wait(task: str, kwargs: dict[str, Any], wait: float, queu
     key = reply_key()
     # A task that no worker starts within the grace period could no longer answer in time: it expires
     # rather than run late.
-    await task_publish(task, kwargs=kwargs | {"reply_to": key}, queue=queue, expires=EXECUTOR_GRACE_SECONDS)
+    kwargs = kwargs | {"reply_to": key}
+    if task == CALL_TASK and queue == "upstream" and settings.GATEWAY_CALL_TRANSPORT == "direct":
+        await call_push(kwargs, expires=EXECUTOR_GRACE_SECONDS)
+    else:
+        await task_publish(task, kwargs=kwargs, queue=queue, expires=EXECUTOR_GRACE_SECONDS)
     reply = await async_redis().blpop([key], timeout=wait)
     return reply_opened(task, key, reply[1]) if reply else _lost(wait)
 
@@ -218,7 +224,7 @@ async def _relayed(waiting: Awaitable[Outcome], channels: dict[str, str], relay:
 class CeleryExecutor:
     async def request(self, request: UpstreamRequest, relay: Relay | None = None) -> Outcome:
         wait = call_deadline(request.timeout)
-        return await publish_call("registry.request", {"request": asdict(request)}, wait, relay)
+        return await publish_call(CALL_TASK, {"request": asdict(request)}, wait, relay)
 
     async def tunnel_open(
         self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float
@@ -280,7 +286,11 @@ def _sent_and_waited(task: str, kwargs: dict[str, Any], wait: float) -> Outcome:
 async def reply_after(key: str, work: Awaitable[Outcome]) -> None:
     """Worker side, on the pool's loop: run `work` and hand its outcome to whoever waits on `key` at once
     (it expires if nobody does), without waking the task's thread first."""
-    outcome = await work
+    await reply_send(key, await work)
+
+
+async def reply_send(key: str, outcome: Outcome) -> None:
+    """Worker side, on the pool's loop: hand `outcome` to whoever waits on `key` (it expires if nobody does)."""
     async with async_redis().pipeline(transaction=False) as pipe:
         pipe.rpush(key, task_mac.reply_seal(key, outcome))
         pipe.expire(key, REPLY_TTL_SECONDS)

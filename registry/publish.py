@@ -9,6 +9,10 @@ with the async client onto the queue's list, where the worker's BRPOP takes it. 
 Every task message carries a MAC in a header (gateway_project/lib/task_mac.py), which the worker checks
 (registry/tasks.py Checked): the ones published here, and any published through Celery's own API anywhere in a
 process that imported this module (`before_task_publish` below).
+
+An agent's call (`registry.request`) may skip Celery's message altogether (GATEWAY_CALL_TRANSPORT=direct):
+`call_push` puts its keyword arguments and their seal, as JSON, on a list of its own that every worker's call
+consumer takes from on its upstream pool's loop (registry/call_consumer.py).
 """
 
 import asyncio
@@ -85,3 +89,21 @@ async def task_publish(name: str, *, kwargs: dict[str, Any], queue: str, expires
         return
     envelope = task_envelope(task, kwargs=kwargs, queue=queue, expires=expires)
     await async_redis(settings.CELERY_BROKER_URL).lpush(queue, envelope)
+
+
+CALL_TASK = "registry.request"  # the task a pushed call stands for: its seal names it, as the task's would
+
+
+def calls_key() -> str:
+    """The broker's list of calls pushed for the workers' call consumers."""
+    return f"{settings.GATEWAY_REDIS_PREFIX}upstream-calls"
+
+
+def call_envelope(kwargs: dict[str, Any], *, expires: float) -> str:
+    return json.dumps({"kwargs": kwargs, "seal": task_mac.task_seal(CALL_TASK, kwargs, ttl=expires)})
+
+
+async def call_push(kwargs: dict[str, Any], *, expires: float) -> None:
+    """Hand an agent's call (`registry.request`'s keyword arguments) to the first free call consumer; one that
+    no worker takes before its seal's expiry is dropped, not run late."""
+    await async_redis(settings.CELERY_BROKER_URL).lpush(calls_key(), call_envelope(kwargs, expires=expires))

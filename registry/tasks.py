@@ -3,7 +3,6 @@ the queue of the worker holding it). Each runs only from a message whose MAC ver
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from celery import Task, shared_task
@@ -12,22 +11,20 @@ from django.conf import settings
 from gateway_project.lib import task_mac
 from gateway_project.lib.database import database_async
 from gateway_project.lib.process_task import ProcessTask
+from registry.call_consumer import refused_outcome, request_run
 from registry.executor import held_by, is_reply_key, reply_after, reply_now
 from registry.services import upstream_health_probe
 from registry.sign_off_notify import sign_off_notify_attempt, sign_off_notify_publish
 from registry.upstreams.loop import held_tunnel_close, pool_thread
-from registry.upstreams.outcome import Outcome, failure
-from registry.upstreams.relay import ChannelRelay, Relay, cancellable
+from registry.upstreams.outcome import Outcome
 from registry.upstreams.requests import UpstreamRequest
 from registry.upstreams.upstream_oauth import oauth_begin, oauth_finish
 from registry.worker import worker_queue
 
 logger = logging.getLogger(__name__)
 
-CANCELLED_OUTCOME = failure("CANCELLED", "The call was cancelled.", "cancelled by the caller")
 # Past every call's own deadline; the pool enforces the real one.
 HARD_LIMIT = settings.GATEWAY_MAX_TIMEOUT + settings.GATEWAY_CONNECT_TIMEOUT + 30
-TASK_REFUSED = "TASK_REFUSED"
 
 
 class Checked(Task):
@@ -50,28 +47,7 @@ class Checked(Task):
     def _refuse(self, reason: str, reply_to: Any) -> None:
         logger.warning("task %s[%s] refused: %s", self.name, self.request.id, reason)
         if is_reply_key(reply_to):
-            message = "The gateway's worker refused the call as not authentic: it did not run."
-            reply_now(reply_to, failure(TASK_REFUSED, message, f"task {self.name} refused: {reason}"))
-
-
-def _run_call(
-    work: Callable[[Relay | None], Awaitable[Outcome]],
-    reply_to: str,
-    call: str,
-    relay: dict[str, str] | None,
-    capabilities: Iterable[str],
-) -> None:
-    """Run an agent's call on this worker's pool and reply; the web process that waits may cancel it, and
-    with `relay` (the call's channels) what the upstream sends meanwhile goes to that process."""
-    here = ChannelRelay(relay, list(capabilities)) if relay else None
-
-    async def running() -> Outcome:
-        outcome = await cancellable(lambda: work(here), call, CANCELLED_OUTCOME)
-        if here is not None:
-            await here.end()
-        return outcome
-
-    pool_thread().submit(reply_after(reply_to, running())).result()
+            reply_now(reply_to, refused_outcome(self.name, reason))
 
 
 @shared_task(name="registry.request", base=Checked, ignore_result=True, acks_late=False, time_limit=HARD_LIMIT)
@@ -84,8 +60,16 @@ def request_task(
     capabilities: list[str] = (),
 ) -> None:
     """An agent's tool call or forwarded request (an UpstreamRequest's fields)."""
-    pool, upstream_request = pool_thread().pool, UpstreamRequest(**request)
-    _run_call(lambda here: pool.request(upstream_request, here), reply_to, call, relay, capabilities)
+    runner = pool_thread()
+    running = request_run(
+        runner.pool,
+        request=UpstreamRequest(**request),
+        reply_to=reply_to,
+        call=call,
+        relay=relay,
+        capabilities=capabilities,
+    )
+    runner.submit(running).result()
 
 
 @shared_task(name="registry.probe_upstreams", ignore_result=True, time_limit=HARD_LIMIT)

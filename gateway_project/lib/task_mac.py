@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.utils.crypto import constant_time_compare, salted_hmac
 
-from gateway_project.lib.redis_clients import sync_redis
+from gateway_project.lib.redis_clients import async_redis, sync_redis
 from gateway_project.lib.signing import canonical_json
 
 HEADER = "switchboard_mac"  # the task message header that carries the seal
@@ -61,9 +61,8 @@ def _nonce_key(nonce: str) -> str:
     return f"{settings.GATEWAY_REDIS_PREFIX}task-nonce:{nonce}"
 
 
-def task_check(name: str, kwargs: dict[str, Any], seal: Any, *, now: float | None = None) -> None:
-    """Raise Refused unless `seal` is a valid, unexpired seal of this task and kwargs, seen for the first
-    time. One HMAC and, for an authentic message only, one SET NX."""
+def _verified(name: str, kwargs: dict[str, Any], seal: Any, now: float | None) -> tuple[str, int]:
+    """The seal's nonce key and how long to remember it, or Refused: every check but the replay's."""
     if seal is None:
         raise Refused(MISSING)
     if not (
@@ -83,8 +82,21 @@ def task_check(name: str, kwargs: dict[str, Any], seal: Any, *, now: float | Non
     if seal["exp"] + MAX_CLOCK_SKEW_SECONDS < clock:
         raise Refused(EXPIRED)
     # Remembered until the worker itself would call the seal expired, so a replay is never accepted.
-    remember = math.ceil(seal["exp"] + MAX_CLOCK_SKEW_SECONDS - clock) + 1
-    if not sync_redis().set(_nonce_key(seal["nonce"]), 1, nx=True, ex=remember):
+    return _nonce_key(seal["nonce"]), math.ceil(seal["exp"] + MAX_CLOCK_SKEW_SECONDS - clock) + 1
+
+
+def task_check(name: str, kwargs: dict[str, Any], seal: Any, *, now: float | None = None) -> None:
+    """Raise Refused unless `seal` is a valid, unexpired seal of this task and kwargs, seen for the first
+    time. One HMAC and, for an authentic message only, one SET NX."""
+    key, remember = _verified(name, kwargs, seal, now)
+    if not sync_redis().set(key, 1, nx=True, ex=remember):
+        raise Refused(REPLAYED)
+
+
+async def task_check_async(name: str, kwargs: dict[str, Any], seal: Any) -> None:
+    """task_check from an event loop (the worker's call consumer, registry/call_consumer.py)."""
+    key, remember = _verified(name, kwargs, seal, None)
+    if not await async_redis().set(key, 1, nx=True, ex=remember):
         raise Refused(REPLAYED)
 
 

@@ -58,6 +58,11 @@ else:
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL or "memory://")
+# How an agent's call reaches a worker: a Celery task, or pushed straight to the workers' call consumers
+# (registry/call_consumer.py), which skips Celery's consumer and the worker's thread hop.
+GATEWAY_CALL_TRANSPORT = env_choice("GATEWAY_CALL_TRANSPORT", "task", ("task", "direct"))
+if GATEWAY_CALL_TRANSPORT == "direct" and not CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    raise ImproperlyConfigured("GATEWAY_CALL_TRANSPORT=direct needs a Redis broker (CELERY_BROKER_URL)")
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "upstream"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

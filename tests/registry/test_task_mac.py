@@ -19,10 +19,11 @@ from django.test import override_settings
 from gateway_project.lib import task_mac
 from gateway_project.lib.redis_clients import sync_redis
 from registry import executor
+from registry.call_consumer import TASK_REFUSED
 from registry.executor import REPLY_REFUSED, CeleryExecutor, reply_key
 from registry.models import Upstream
 from registry.publish import task_envelope
-from registry.tasks import TASK_REFUSED, list_tools_task, request_task
+from registry.tasks import list_tools_task, request_task
 from registry.upstreams.requests import UpstreamRequest
 from registry.worker import alive_key
 from tests.conftest import needs
