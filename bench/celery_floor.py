@@ -6,9 +6,12 @@ thread that took it off the broker):
 
 - inline:    the inline executor's `request` (the pool's thread and the stdio round trip);
 - celery:    the Celery executor's `request` for the same call (published, run by the worker, replied);
+- direct:    the same with GATEWAY_CALL_TRANSPORT=direct: pushed to the worker's call consumer, which takes it
+             off Redis on its upstream pool's loop (registry/call_consumer.py), past Celery's consumer;
 - refused:   the same task message with a broken MAC, which the worker refuses and answers at once: what the
              broker and the worker's dispatch cost with no call in them (both ways through Redis, the worker
              taking the message, checking its MAC, replying);
+- direct refused: a pushed call with a broken MAC: the same floor for the call consumer;
 - publish:   the publish alone (`task_publish`: the message built and pushed);
 - envelope:  building and sealing the message alone (no I/O);
 
@@ -55,11 +58,12 @@ async def timed(action: Callable[[], Awaitable[object]], calls: int, worker: int
 def actions(upstream_id: int, revision: int) -> dict[str, Callable[[], Awaitable[object]]]:
     from celery import current_app
     from django.conf import settings
+    from django.test import override_settings
 
     from gateway_project.lib import task_mac
     from gateway_project.lib.redis_clients import async_redis
     from registry.executor import CeleryExecutor, InlineExecutor, reply_key, reply_opened
-    from registry.publish import task_envelope, task_publish
+    from registry.publish import call_envelope, calls_key, task_envelope, task_publish
     from registry.upstreams.requests import UpstreamRequest
 
     request = UpstreamRequest.tool_call(upstream_id, revision, "echo", ARGUMENTS, timeout=30)
@@ -82,6 +86,19 @@ def actions(upstream_id: int, revision: int) -> dict[str, Callable[[], Awaitable
         outcome = reply_opened(task.name, key, reply[1])
         assert outcome.get("code") == "TASK_REFUSED", outcome
 
+    async def direct() -> None:
+        with override_settings(GATEWAY_CALL_TRANSPORT="direct"):
+            await ok(celery)
+
+    async def direct_refused() -> None:
+        key = reply_key()
+        envelope = json.loads(call_envelope(kwargs | {"reply_to": key}, expires=30))
+        envelope["seal"] = {"nonce": "x", "exp": 0, "mac": "x"}
+        await async_redis(settings.CELERY_BROKER_URL).lpush(calls_key(), json.dumps(envelope))
+        reply = await async_redis().blpop([key], timeout=10)
+        outcome = reply_opened(task.name, key, reply[1])
+        assert outcome.get("code") == "TASK_REFUSED", outcome
+
     async def publish() -> None:
         await task_publish(task.name, kwargs=kwargs | {"reply_to": reply_key()}, queue="bench-nobody", expires=30)
 
@@ -91,7 +108,9 @@ def actions(upstream_id: int, revision: int) -> dict[str, Callable[[], Awaitable
     return {
         "inline": lambda: ok(inline),
         "celery": lambda: ok(celery),
+        "direct": direct,
         "refused": refused,
+        "direct refused": direct_refused,
         "publish": publish,
         "envelope": envelope,
     }

@@ -9,6 +9,7 @@
            Daphne (tests/servers.py UVICORN, GRANIAN), started only when named in --targets;
 - inline-uvicorn-local: inline-uvicorn with GATEWAY_AUDIT_COMMIT=local (audit commits not flushed to disk);
 - celery-uvicorn: the Celery gateway under uvicorn, sharing `celery`'s worker (its server CPU is the gateway's alone);
+- celery-direct-uvicorn: celery-uvicorn with GATEWAY_CALL_TRANSPORT=direct (calls to the worker's call consumer);
 - pair:    two inline-uvicorn gateways behind HAProxy in round robin (server CPU: both gateways'), when named;
 - celery:  Switchboard with the Celery executor and a worker;
 - embedded: the gateway as scripts/demo serves it (Daphne, SQLite in a var dir of its own, no Redis, inline),
@@ -58,6 +59,8 @@ OTHER_SERVERS = {
     "inline-granian": (servers.GRANIAN, {}),
     "inline-uvicorn-local": (servers.UVICORN, {"GATEWAY_AUDIT_COMMIT": "local"}),
     "celery-uvicorn": (servers.UVICORN, {"GATEWAY_EXECUTOR": "celery"}),  # the same worker as `celery`
+    # The same worker, which takes calls pushed past Celery's consumer on its pool's loop (registry/call_consumer.py).
+    "celery-direct-uvicorn": (servers.UVICORN, {"GATEWAY_EXECUTOR": "celery", "GATEWAY_CALL_TRANSPORT": "direct"}),
 }
 
 
