@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 CANCELLED_OUTCOME = failure("CANCELLED", "The call was cancelled.", "cancelled by the caller")
 TASK_REFUSED = "TASK_REFUSED"
 MALFORMED_ENVELOPE = "its envelope is malformed"
+CALLS_QUEUE = "upstream"  # the workers that consume the task's queue take pushed calls too
 POP_SECONDS = 5  # a pop's wait: a Redis that stopped answering without closing is noticed this soon
 RETRY_SECONDS = 1.0  # between pops while Redis is away
 
@@ -167,6 +168,8 @@ class CallConsumerStep(bootsteps.StartStopStep):
         self.serving: concurrent.futures.Future[None] | None = None
 
     def start(self, worker: Any) -> None:
+        if CALLS_QUEUE not in worker.app.amqp.queues.consume_from:  # a worker for code mode alone, say
+            return
         runner = pool_thread()
         self.consumer = CallConsumer(runner.pool, worker.concurrency)
         self.serving = runner.submit(self.consumer.serve())

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 import redis
+from celery import current_app
 from django.conf import settings
 from django.test import override_settings
 
 from gateway_project.lib import task_mac
 from gateway_project.lib.redis_clients import sync_redis
-from registry.call_consumer import TASK_REFUSED
+from registry.call_consumer import TASK_REFUSED, CallConsumerStep
 from registry.executor import CeleryExecutor, reply_key
 from registry.models import Upstream
 from registry.publish import CALL_TASK, call_envelope, calls_key
@@ -151,3 +152,16 @@ def test_a_call_no_worker_took_before_its_expiry_is_dropped_not_run(world, celer
     _push(json.dumps({"kwargs": kwargs, "seal": late}))
     _logged(celery_worker, "call registry.request dropped: no worker took it before it expired")
     assert sync_redis().llen(key) == 0
+
+
+def test_a_worker_that_does_not_consume_the_upstream_queue_takes_no_pushed_calls():
+    """A worker for code mode alone (`-Q sandbox`) runs no agents' calls, pushed or sent as tasks."""
+    worker = current_app.WorkController(
+        queues=["sandbox"], pool_cls="solo", concurrency=1, without_mingle=True, without_gossip=True
+    )
+    try:
+        step = next(s for s in worker.blueprint.steps.values() if isinstance(s, CallConsumerStep))
+        step.start(worker)
+        assert step.consumer is None
+    finally:
+        current_app.amqp.queues.select(["upstream", "sandbox"])  # the app's selection is this process's
