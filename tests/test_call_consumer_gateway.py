@@ -94,15 +94,17 @@ def _own_prefix() -> str:
 
 def test_a_worker_killed_mid_call_ends_the_call_at_its_deadline_with_executor_unavailable(server_env, world, logs):
     needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Celery worker")
-    env = server_env | {"GATEWAY_REDIS_PREFIX": _own_prefix(), "GATEWAY_CONNECT_TIMEOUT": "5"}
+    env = server_env | {"GATEWAY_REDIS_PREFIX": _own_prefix()}
     worker = servers.start_worker(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "worker-direct-killed.log")
-    gateway = servers.start_gateway(
-        servers.web_env(env, "celery") | {"GATEWAY_CALL_TRANSPORT": "direct"}, logs / "gateway-direct-killed.log"
-    )
+    # The deadline the gateway waits for is its own: the worker connects with the default 20 s.
+    web = servers.web_env(env, "celery") | {"GATEWAY_CALL_TRANSPORT": "direct", "GATEWAY_CONNECT_TIMEOUT": "5"}
+    gateway = servers.start_gateway(web, logs / "gateway-direct-killed.log")
     mark = f"killed-{uuid.uuid4().hex[:12]}"
     try:
         with agent("orphaned-call") as (_, key), demo_upstream("killed", timeout=3.0):
             eventually(lambda: "killed__sleep" in run(lambda: tool_names(gateway.url, key)), timeout=10)
+            # The upstream started first (a sandboxed start on a loaded machine may outlast the connect timeout).
+            eventually(lambda: _answered(run(lambda: call(gateway.url, key, "killed__echo", {"text": "up"}))), 30)
             started = audit_mark()
 
             async def scenario():
@@ -125,6 +127,10 @@ def test_a_worker_killed_mid_call_ends_the_call_at_its_deadline_with_executor_un
         "EXECUTOR_UNAVAILABLE",
         "no reply from an executor within 13s",
     )
+
+
+def _answered(result: object) -> bool:
+    return isinstance(result, CallToolResult) and not result.is_error
 
 
 async def _kill_once_started(worker: servers.Running, mark: str) -> None:
@@ -155,8 +161,10 @@ def test_redis_gone_mid_call_ends_it_at_its_deadline_and_the_consumer_takes_call
             )
             echo = UpstreamRequest.tool_call(upstream.id, upstream.revision, "echo", {"text": "back"}, timeout=3.0)
 
+            eventually(lambda: run(lambda: CeleryExecutor().request(echo))["ok"], timeout=30)  # the upstream started
+
             async def cut_once_started() -> None:
-                await until(lambda: demo_started(mark), timeout=20)  # the worker starts the upstream first
+                await until(lambda: demo_started(mark), timeout=10)
                 proxy.cut()
 
             async def scenario():
