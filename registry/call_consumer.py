@@ -152,8 +152,8 @@ class CallConsumer:
     async def _run(self, raw: bytes) -> None:
         try:
             await call_take(self._pool, raw)
-        except Exception:  # Redis went away before the reply: the caller's wait ends at its deadline
-            logger.exception("call consumer: a call's reply was lost")
+        except Exception:  # Redis went away (before the reply, say): the caller's wait ends at its deadline
+            logger.exception("call consumer: a call ended without its reply")
         finally:
             self._slots.release()
 
@@ -173,6 +173,7 @@ class CallConsumerStep(bootsteps.StartStopStep):
         runner = pool_thread()
         self.consumer = CallConsumer(runner.pool, worker.concurrency)
         self.serving = runner.submit(self.consumer.serve())
+        self.serving.add_done_callback(_ended)
 
     def stop(self, worker: Any) -> None:
         if self.consumer is None:
@@ -182,6 +183,11 @@ class CallConsumerStep(bootsteps.StartStopStep):
         # A warm shutdown lets the calls taken finish, as Celery lets its tasks; not past any call's deadline.
         _wait(self.serving, call_deadline(settings.GATEWAY_MAX_TIMEOUT))
         self.consumer = None
+
+
+def _ended(serving: "concurrent.futures.Future[None]") -> None:
+    if not serving.cancelled() and (error := serving.exception()) is not None:  # pushed calls would go unanswered
+        logger.error("call consumer stopped: %r", error, exc_info=error)
 
 
 def _wait(serving: "concurrent.futures.Future[None]", timeout: float) -> None:

@@ -183,7 +183,7 @@ def test_redis_gone_mid_call_ends_it_at_its_deadline_and_the_consumer_takes_call
             back = run(lambda: CeleryExecutor().request(echo))
             assert back["ok"] and back["result"]["content"][0]["text"] == "back", back
         log = worker.log.read_text()
-        assert "call consumer: a call's reply was lost" in log and "call consumer: Redis is back" in log
+        assert "call consumer: a call ended without its reply" in log and "call consumer: Redis is back" in log
     finally:
         worker.stop()
         proxy.close()
