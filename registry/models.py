@@ -7,7 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models, transaction
 
 from policy.models import ServerGroup, Team, limit_field, team_field
-from registry.overrides import Override, override_parse
+from registry.overrides import OVERRIDE_KEYS, Override, override_parse
 from registry.upstreams.egress import url_problem
 from registry.upstreams.sandbox import sandbox_problem
 
@@ -235,8 +235,7 @@ class Upstream(models.Model):
         return self.slug
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        # Lock the upstream before its catalog rows, in the order a catalog sync takes them (services.py); the
-        # collector deletes children first, and a sync running meanwhile would deadlock with it.
+        # Its row before its catalog's (a catalog sync's order, services.py): else a sync meanwhile deadlocks with it.
         with transaction.atomic():
             Upstream.objects.select_for_update().filter(pk=self.pk).first()
             return super().delete(*args, **kwargs)
@@ -403,9 +402,7 @@ class OverrideFields(models.Model):
         abstract = True
 
     def value(self) -> Override:
-        return override_parse(
-            {key: getattr(self, key) for key in ("name", "title", "description", "annotations", "params", "output")}
-        )
+        return override_parse({key: getattr(self, key) for key in OVERRIDE_KEYS})
 
 
 class ToolOverride(OverrideFields):

@@ -210,6 +210,24 @@ def test_a_bad_value_stops_the_process_naming_the_variable_and_what_it_expects(t
     assert "configured" not in started.stdout
 
 
+@pytest.mark.parametrize(
+    ("broker", "transport"), [("redis://127.0.0.1:6379/15", "direct"), ("amqp://127.0.0.1//", "task")]
+)
+def test_calls_go_straight_to_the_workers_where_the_broker_is_redis_and_as_tasks_elsewhere(tmp_path, broker, transport):
+    code = "import django; django.setup(); from django.conf import settings; print(settings.GATEWAY_CALL_TRANSPORT)"
+    started = python(tmp_path, ["-c", code], {"CELERY_BROKER_URL": broker})
+    assert (started.returncode, started.stdout.split()[-1]) == (0, transport)
+
+
+def test_the_direct_call_transport_on_a_broker_other_than_redis_stops_the_process(tmp_path):
+    started = start(tmp_path, CELERY_BROKER_URL="amqp://127.0.0.1//", GATEWAY_CALL_TRANSPORT="direct")
+    assert started.returncode == 1
+    assert started.stderr.strip().splitlines()[-1] == (
+        "django.core.exceptions.ImproperlyConfigured: GATEWAY_CALL_TRANSPORT=direct needs a Redis broker "
+        "(CELERY_BROKER_URL)"
+    )
+
+
 def test_a_bad_database_url_is_named_without_its_password(tmp_path):
     started = start(tmp_path, DATABASE_URL="mysqlx://switchboard:hunter2@db.internal/switchboard")
     assert started.returncode == 1
