@@ -24,6 +24,7 @@ from tests.helpers import eventually, run
 
 POST = re.compile(r'"POST /mcp"')
 LEGACY = "2025-11-25"
+ECHO = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "demo__echo", "arguments": {"text": "x"}}}
 
 
 def opened(url: str, key: str, capabilities: dict | None = None) -> dict[str, str]:
@@ -135,23 +136,17 @@ def test_a_session_carries_on_through_another_process_when_its_own_stops(server_
     env = server_env | {"GATEWAY_EXECUTOR": "inline"}
     first = servers.start_gateway(env, logs / "gateway-stopping.log")
     second = servers.start_gateway(env, logs / "gateway-staying.log")
-    echo = {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "demo__echo", "arguments": {"text": "on"}},
-    }
     try:
         session = opened(first.url, world.key)
-        assert httpx2.post(f"{first.url}/mcp", json=echo, headers=session, timeout=30).status_code == 200
+        assert httpx2.post(f"{first.url}/mcp", json=ECHO, headers=session, timeout=30).status_code == 200
         first.stop()
         assert first.process.returncode is not None
-        after = httpx2.post(f"{second.url}/mcp", json=echo, headers=session, timeout=30)
+        after = httpx2.post(f"{second.url}/mcp", json=ECHO, headers=session, timeout=30)
     finally:
         first.stop()
         second.stop()
     # JSON or a stream: a call that waits (here for the upstream to start in this process) is answered as one.
-    assert after.status_code == 200 and reply_of(after)["result"]["content"][0]["text"] == "on"
+    assert after.status_code == 200 and reply_of(after)["result"]["content"][0]["text"] == "x"
 
 
 def test_a_draining_process_ends_its_get_streams_and_the_client_resumes_elsewhere(server_env, world, logs):
@@ -199,19 +194,13 @@ def test_a_draining_process_serves_on_through_its_notice_while_its_readiness_say
     not refused by a process already closed; then the process ends on its own."""
     env = server_env | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_DRAIN_NOTICE_SECONDS": "5"}
     gateway = servers.start_gateway(env, logs / "gateway-notice.log")
-    echo = {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "demo__echo", "arguments": {"text": "on"}},
-    }
     try:
         session = opened(gateway.url, world.key)  # a request: from now on the drain handles SIGTERM
         os.killpg(gateway.process.pid, signal.SIGTERM)
         eventually(lambda: httpx2.get(f"{gateway.url}/readyz", timeout=5).status_code == 503)
-        during = httpx2.post(f"{gateway.url}/mcp", json=echo, headers=session, timeout=30)
+        during = httpx2.post(f"{gateway.url}/mcp", json=ECHO, headers=session, timeout=30)
         eventually(lambda: gateway.process.poll() is not None, timeout=30)
     finally:
         gateway.stop()
-    assert during.status_code == 200 and reply_of(during)["result"]["content"][0]["text"] == "on"
+    assert during.status_code == 200 and reply_of(during)["result"]["content"][0]["text"] == "x"
     assert gateway.process.returncode is not None
