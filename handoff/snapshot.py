@@ -11,7 +11,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
 from django.conf import settings
@@ -64,6 +63,7 @@ from policy.keys import key_matches, key_split
 from policy.limits.admission import AgentLimits, TeamLimits, UpstreamLimits
 from policy.manifest import clean_text
 from policy.models import Agent, AgentKey, Team, TeamGroup
+from policy.patterns import name_matches
 from registry.models import Upstream, VirtualServer
 from registry.naming import split_exposed_name
 
@@ -154,7 +154,7 @@ class Snapshot:
         if not server:
             return True
         entry = self.servers.get(server)
-        return entry is not None and any(fnmatchcase(exposed, pattern) for pattern in getattr(entry, kind))
+        return entry is not None and name_matches(exposed, getattr(entry, kind))
 
     @property
     def signs_in(self) -> bool:

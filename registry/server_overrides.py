@@ -2,7 +2,6 @@
 written against the tool as /mcp shows it (the upstream's override applied), stacked on that override for the
 server's sessions only, held by registry.models.ServerToolOverride; every change an audit row."""
 
-from fnmatch import fnmatchcase
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -11,6 +10,7 @@ from django.db import transaction
 from audit.services import audit_record
 from policy.config_version import config_changed
 from policy.models import Team
+from policy.patterns import name_matches
 from registry.models import ServerToolOverride, Tool, VirtualServer
 from registry.naming import exposed_name
 from registry.overrides import Override, OverrideRefused, override_check, override_json, override_parse, override_stored
@@ -29,7 +29,7 @@ def server_override_check(*, server: VirtualServer, tool: Tool, data: Any) -> Ov
     upstream, namespace = tool.upstream, namespace_of(upstream=tool.upstream, team=server.team)
     listed = exposed_name(namespace, tool.own_name)
     seen = upstreams_seen(team=server.team).filter(pk=upstream.pk).exists()
-    if not seen or not any(fnmatchcase(listed, pattern) for pattern in server.tools):
+    if not seen or not name_matches(listed, server.tools):
         message = f"The virtual server {server.name!r} does not offer {listed!r}: list it in its tools to override it."
         raise ValidationError({"override": message})
     own = override.name or tool.own_name

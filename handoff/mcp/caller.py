@@ -9,7 +9,6 @@ from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from fnmatch import fnmatchcase
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -25,6 +24,7 @@ from policy.authorization import local_tokens
 from policy.decisions import Who
 from policy.identity import Identity, Provider, TokenRefused, looks_like_jwt, person_digest, person_seen, verifier
 from policy.keys import KEY_PREFIX
+from policy.patterns import name_matches
 from policy.services import key_used
 from registry.credentials import credential_open, credential_seal
 from registry.personal import INBOUND
@@ -36,9 +36,9 @@ METADATA_PATH = "/.well-known/oauth-protected-resource"
 def allows(key_tools: tuple[str, ...], offered: tuple[str, ...] | None, name: str) -> bool:
     """Whether an API key limited to these tool patterns (none: no limit), through a virtual server offering those
     (None: /mcp, which offers all), allows `name` at all."""
-    if key_tools and not any(fnmatchcase(name, pattern) for pattern in key_tools):
+    if key_tools and not name_matches(name, key_tools):
         return False
-    return offered is None or any(fnmatchcase(name, pattern) for pattern in offered)
+    return offered is None or name_matches(name, offered)
 
 
 @dataclass(frozen=True)
