@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx2
 import psycopg
 import pytest
+import redis
 from django.db.migrations.loader import MigrationLoader
 
 from gateway_project import __version__
@@ -52,6 +53,12 @@ def image() -> str:
     return IMAGE
 
 
+def image_redis_url() -> str:
+    """A Redis database of the image's own (8: the tests' own take 9 to 15): on REDIS_URL's, the suite's Celery
+    worker would take the image's tasks and answer them with its own task key."""
+    return urlsplit(os.environ["REDIS_URL"])._replace(path="/8").geturl()
+
+
 @pytest.fixture(scope="module")
 def database_url() -> Iterator[str]:
     """A database of the image's own beside the tests' (theirs, with `_image`), empty."""
@@ -70,6 +77,7 @@ def database_url() -> Iterator[str]:
     recreate(True)
     yield urlunsplit(parts._replace(path=f"/{name}"))
     recreate(False)
+    redis.Redis.from_url(image_redis_url()).flushdb()  # the image's queues and replies
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +99,7 @@ def container_args(keys: Path, *extra_env: str) -> list[str]:
     secrets = "/run/secrets/switchboard"
     env = {
         "DATABASE_URL_FILE": f"{secrets}/database_url",
-        "REDIS_URL": os.environ["REDIS_URL"],
+        "REDIS_URL": image_redis_url(),
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "SECRET_KEY_FILE": f"{secrets}/secret_key",
         "GATEWAY_DELEGATION_KEYS_FILE": f"{secrets}/delegation_keys",
