@@ -210,7 +210,8 @@ def override_stack(base: Override | None, top: Override) -> Override:
 
 
 PARAM_KEYS = frozenset({"hidden", "name", "description", "value"})
-OVERRIDE_KEYS = frozenset({"name", "title", "description", "annotations", "params", "output"})
+OVERRIDE_FIELDS = ("name", "title", "description", "annotations", "params", "output")  # the console's order
+OVERRIDE_KEYS = frozenset(OVERRIDE_FIELDS)
 
 
 def override_parse(data: Any) -> Override:

@@ -9,20 +9,19 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 
 from registry.models import ServerToolOverride, VirtualServer
+from registry.overrides import OVERRIDE_FIELDS
 from registry.server_overrides import server_override_check, server_override_clear, server_override_set
-
-FIELDS = ("name", "title", "description", "annotations", "params", "output")
 
 
 def _data(cleaned: dict[str, Any]) -> dict[str, Any]:
     """The override as the service takes it (registry/overrides.py), from the form's fields."""
-    return {key: cleaned[key] for key in FIELDS if cleaned.get(key) not in (None, "", [], {})}
+    return {key: cleaned[key] for key in OVERRIDE_FIELDS if cleaned.get(key) not in (None, "", [], {})}
 
 
 class ServerOverrideForm(forms.ModelForm):
     class Meta:
         model = ServerToolOverride
-        fields = ("tool", *FIELDS)
+        fields = ("tool", *OVERRIDE_FIELDS)
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()

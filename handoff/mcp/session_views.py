@@ -82,10 +82,16 @@ def _definition_digest(snap: Snapshot, definition: dict[str, Any]) -> bytes:
 
 def _frame(snap: Snapshot) -> tuple:
     """What a tools list rests on besides the upstreams' tools: the rules, the agents and their teams, the names
-    teams see renamed, the teams groups are mapped to, the gateway's own tools."""
-    agents = frozenset(snap.agents)
-    overrides = {name: server.overrides for name, server in snap.servers.items()}
-    return (snap.policy, agents, snap.agent_teams, snap.renamed, snap.mapped_teams, snap.builtins, snap.triage) + (
+    teams see renamed, the teams groups are mapped to, the gateway's own tools, the virtual servers' overrides."""
+    agents, overrides = frozenset(snap.agents), {name: server.overrides for name, server in snap.servers.items()}
+    return (
+        snap.policy,
+        agents,
+        snap.agent_teams,
+        snap.renamed,
+        snap.mapped_teams,
+        snap.builtins,
+        snap.triage,
         overrides,
     )
 
