@@ -10,7 +10,9 @@ server, so the network is up and its routes in place before the server's first p
 tap device: its own `--configure` would bring the loopback up too, which bwrap (not root) does itself after the
 wait, and fails if it finds it done. Not root, the namespace belongs to the user namespace bwrap made first, where
 the gateway's uid is 0: slirp4netns and `ip` enter that one, found from the network namespace (`NS_GET_USERNS`), not
-from the process, which moves on into a nested one a moment later."""
+from the process, which moves on into a nested one a moment later. bwrap says the process id before the process has
+written that namespace's id maps, and a program started in it before then runs without capabilities there
+(slirp4netns: "setns(CLONE_NEWNET): Operation not permitted"), so they enter it once the maps are written."""
 
 import fcntl
 import ipaddress
@@ -119,7 +121,10 @@ class Outbound:
         try:
             with anyio.fail_after(SETUP_TIMEOUT):
                 said = await anyio.to_thread.run_sync(_read_all, self._info)
-                self._namespaces(json.loads(said)["child-pid"])
+                pid = json.loads(said)["child-pid"]
+                self._namespaces(pid)
+                if len(self._held) > 1:
+                    await ids_mapped(pid)
                 await self._serve()
                 batch = await anyio.to_thread.run_sync(configuration, self._internal)
                 command = [*self._entered(f"--net=/proc/self/fd/{self._held[0]}"), "ip", "-batch", "-"]
@@ -160,7 +165,7 @@ class Outbound:
             self._close(self._exit)  # slirp4netns's: it ends once the writer, ours, closes
         try:
             if await anyio.to_thread.run_sync(os.read, ready, 1) != b"1":
-                raise OSError("slirp4netns ended before its network was up")
+                raise OSError(f"slirp4netns ended before its network was up: {await _said(self._slirp)}")
         finally:
             os.close(ready)
 
@@ -178,6 +183,20 @@ class Outbound:
             if self._slirp.returncode is None:
                 self._slirp.kill()
             await self._slirp.aclose()
+
+
+async def ids_mapped(pid: int) -> None:
+    """Returns once the user namespace of process `pid` maps its groups (the map bwrap writes last)."""
+    while not await anyio.Path(f"/proc/{pid}/gid_map").read_text():
+        await anyio.sleep(0.001)
+
+
+async def _said(process: Process) -> str:
+    """What a process that ended wrote on its standard error."""
+    try:
+        return (await process.stderr.receive()).decode(errors="replace").strip()
+    except anyio.EndOfStream:
+        return "(nothing on its standard error)"
 
 
 def _read_all(fd: int) -> bytes:
