@@ -15,6 +15,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 TIMEOUT = 5.0
+# An SDK client's wait for each answer: longer than TIMEOUT, since a call's answer waits on the upstream, PostgreSQL
+# and the worker on a shared two-core machine (test_relay's input-required rounds took over 5 s under load).
+ANSWER_TIMEOUT = 20.0
 ACCEPT = "application/json, text/event-stream"  # what a POST must accept, in both eras
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -30,7 +33,7 @@ INITIALIZE = {
 
 @asynccontextmanager
 async def sdk_client(
-    base_url: str, key: str | None, mode: str, timeout: float = TIMEOUT, path: str = "/mcp", **options: Any
+    base_url: str, key: str | None, mode: str, timeout: float = ANSWER_TIMEOUT, path: str = "/mcp", **options: Any
 ) -> AsyncIterator[Client]:
     """An SDK client of the gateway's /mcp (or a virtual server's `path`); without a key it sends no credentials."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
