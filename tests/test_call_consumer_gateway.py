@@ -2,7 +2,7 @@
 (GATEWAY_CALL_TRANSPORT=direct, registry/call_consumer.py) keep the task's promises: an approval row before the
 upstream runs and a completion after; progress and cancellation travel as before; a worker killed mid-call, or a
 Redis that goes away mid-call, ends the call at its deadline with EXECUTOR_UNAVAILABLE, and the consumer takes
-calls again once Redis is back."""
+calls again once Redis is back; a worker stopped warmly (SIGTERM) finishes the calls it took before it exits."""
 
 import os
 import signal
@@ -187,3 +187,40 @@ def test_redis_gone_mid_call_ends_it_at_its_deadline_and_the_consumer_takes_call
     finally:
         worker.stop()
         proxy.close()
+
+
+def test_a_worker_stopped_warmly_mid_call_finishes_the_call_it_took_then_exits(server_env, world, logs):
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Celery worker")
+    env = server_env | {"GATEWAY_REDIS_PREFIX": _own_prefix()}
+    worker = servers.start_worker(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "worker-direct-stopped.log")
+    web = servers.web_env(env, "celery") | {"GATEWAY_CALL_TRANSPORT": "direct"}
+    gateway = servers.start_gateway(web, logs / "gateway-direct-stopped.log")
+    mark = f"stopped-{uuid.uuid4().hex[:12]}"
+    try:
+        with agent("warm-stop") as (_, key), demo_upstream("stopping"):
+            eventually(lambda: "stopping__sleep" in run(lambda: tool_names(gateway.url, key)), timeout=10)
+            eventually(lambda: _answered(run(lambda: call(gateway.url, key, "stopping__echo", {"text": "up"}))), 30)
+            started = audit_mark()
+
+            async def scenario():
+                async with (
+                    sdk_client(gateway.url, key, "legacy", timeout=30) as client,
+                    anyio.create_task_group() as tg,
+                ):
+                    tg.start_soon(lambda: _stop_once_started(worker, mark))
+                    return await client.call_tool("stopping__sleep", {"seconds": 2, "mark": mark})
+
+            finished = run(scenario)
+            # Celery's warm shutdown waited for the consumer's call, then the worker ended of itself.
+            assert worker.process.wait(timeout=30) == 0
+    finally:
+        gateway.stop()
+        worker.stop()
+    assert (finished.is_error, finished.content[0].text) == (False, "slept")
+    rows = [(r.kind, r.outcome) for r in audit_since(started) if r.exposed_name == "stopping__sleep"]
+    assert rows == [(AuditEvent.Kind.APPROVED, ""), (AuditEvent.Kind.COMPLETED, "ok")]
+
+
+async def _stop_once_started(worker: servers.Running, mark: str) -> None:
+    await until(lambda: demo_started(mark), timeout=10)
+    os.kill(worker.process.pid, signal.SIGTERM)
