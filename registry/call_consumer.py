@@ -191,7 +191,6 @@ def _ended(serving: "concurrent.futures.Future[None]") -> None:
 
 
 def _wait(serving: "concurrent.futures.Future[None]", timeout: float) -> None:
-    try:
-        serving.result(timeout=timeout)
-    except TimeoutError:
+    """Until the consumer ends (one that failed was logged as it did: the worker's shutdown goes on)."""
+    if not concurrent.futures.wait([serving], timeout=timeout).done:
         logger.warning("call consumer: calls still running at shutdown are left to the audit sweep")

@@ -4,6 +4,7 @@ only a sealed call runs, once; a refused one says so to its caller; a malformed 
 consumer goes on taking calls."""
 
 import json
+import logging
 import time
 from dataclasses import asdict
 from typing import Any
@@ -165,3 +166,26 @@ def test_a_worker_that_does_not_consume_the_upstream_queue_takes_no_pushed_calls
         assert step.consumer is None
     finally:
         current_app.amqp.queues.select(["upstream", "sandbox"])  # the app's selection is this process's
+
+
+def test_a_consumer_that_cannot_serve_says_why_and_the_workers_shutdown_goes_on(caplog):
+    """Pushed calls would go unanswered: the worker's log says so at once, and its warm shutdown still ends."""
+    worker = current_app.WorkController(
+        queues=["upstream"], pool_cls="solo", concurrency=1, without_mingle=True, without_gossip=True
+    )
+    try:
+        step = next(s for s in worker.blueprint.steps.values() if isinstance(s, CallConsumerStep))
+        # Celery's worker set-up took the root logger's handlers, the test's capture among them.
+        logging.getLogger("registry.call_consumer").addHandler(caplog.handler)
+        with override_settings(CELERY_BROKER_URL="amqp://127.0.0.1:1//"):
+            step.start(worker)
+            stopped = eventually(
+                lambda: [r for r in caplog.records if r.getMessage().startswith("call consumer stopped")]
+            )
+        assert stopped[0].levelname == "ERROR"
+        assert "Redis URL must specify one of the following schemes" in stopped[0].getMessage()
+        step.stop(worker)
+        assert step.consumer is None
+    finally:
+        logging.getLogger("registry.call_consumer").removeHandler(caplog.handler)
+        current_app.amqp.queues.select(["upstream", "sandbox"])
