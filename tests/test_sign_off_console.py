@@ -4,16 +4,18 @@ here or in the REST API only; the list refreshes itself. And the Rule admin's si
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 import httpx2
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
+from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
 from policy.decisions import SignOffTerms
@@ -23,7 +25,14 @@ from tests.clients import call
 from tests.factories import agent, team
 from tests.helpers import audit_mark, audit_since, run
 from tests.test_console_browser import PASSWORD, signed_in
-from tests.test_sign_off import approver, asking, pending_call, sign_off_rule  # noqa: F401 (fixtures)
+from tests.test_sign_off import (  # noqa: F401 (fixtures)
+    approver,
+    asked_for,
+    asking,
+    pending_call,
+    sign_off_rule,
+    waiting,
+)
 
 QUEUE = "/admin/sign-offs/"
 LIVE = "/admin/sign-offs/live/"
@@ -194,30 +203,57 @@ def test_over_http_the_live_list_shows_a_new_request_whose_sign_off_lets_the_cal
     assert result.content[0].text == "3"
 
 
-def test_in_chromium_an_approver_sees_a_new_request_appear_signs_it_off_and_the_call_runs(
-    inline_gateway,
+def asked_call(gateway, key: str, era: str, arguments: dict) -> Callable[[], Any]:
+    """The agent's call in `era`, asked for; then its answer once decided: a 2025-11-25 call waits within its
+    request (in a thread of its own), a 2026-07-28 one is told to come back and is made again."""
+    if era == "legacy":
+        answer = waiting(gateway, key, arguments)
+        return lambda: answer.result(timeout=30)
+    pending_call(gateway, key, arguments)
+    return lambda: run(lambda: call(gateway.url, key, "demo__add", arguments, mode=era))
+
+
+@pytest.mark.parametrize("era", ["legacy", "2026-07-28"])
+def test_in_chromium_an_approver_sees_new_requests_appear_signs_one_off_and_refuses_one_with_a_reason(
+    gateway,
     sign_off_rule,  # noqa: F811
     browser,
+    era,
 ):
-    _carol, key, _made = sign_off_rule
+    carol, key, _made = sign_off_rule
     staff_approver()
-    with signed_in(browser, inline_gateway.url, "ann", ready="#sign-offs-link") as page:
-        page.click("#sign-offs-link")
-        page.wait_for_selector("#sign-off-none")
-        with ThreadPoolExecutor(1) as thread:  # this thread holds Playwright's event loop
-            asked = thread.submit(pending_call, inline_gateway, key, {"a": 20, "b": 22}).result()
-        ident = asked.data["signOffId"]
-        item = page.wait_for_selector(f"#sign-off-{ident}")  # no reload: the list refreshed itself
-        assert '"a": 20' in item.inner_text() and page.locator("#sign-off-none").count() == 0
-        mark = audit_mark()
-        page.click(f"#sign-off-{ident} .sign-off-grant")
-        message = page.wait_for_selector(".messagelist .success").inner_text()
-        assert message == "Signed off demo__add for signoff-carol: its next identical call runs."
-        with ThreadPoolExecutor(1) as thread:
-            result = thread.submit(run, lambda: call(inline_gateway.url, key, "demo__add", {"a": 20, "b": 22})).result()
-    assert result.content[0].text == "42"
-    kinds = [(row.kind, row.actor) for row in audit_since(mark)]
-    assert ("signoff_granted", "ann") in kinds and ("completed", "") in kinds
+    # This thread holds Playwright's event loop: the agent's calls run in threads of their own.
+    with ThreadPoolExecutor(1) as thread:
+        warm = thread.submit(pending_call, gateway, key, {"a": 0, "b": 0}).result()  # the gateway saw the rule
+        SignOff.objects.filter(pk=warm.data["signOffId"]).delete()  # and the queue starts empty
+        with signed_in(browser, gateway.url, "ann", ready="#sign-offs-link") as page:
+            page.click("#sign-offs-link")
+            page.wait_for_selector("#sign-off-none")
+            answer = thread.submit(asked_call, gateway, key, era, {"a": 20, "b": 22}).result()
+            ident = str(asked_for(carol, {"a": 20, "b": 22}).id)
+            item = page.wait_for_selector(f"#sign-off-{ident}")  # no reload: the list refreshed itself
+            assert '"a": 20' in item.inner_text() and page.locator("#sign-off-none").count() == 0
+            mark = audit_mark()
+            page.click(f"#sign-off-{ident} .sign-off-grant")
+            message = page.wait_for_selector(".messagelist .success").inner_text()
+            assert message == "Signed off demo__add for signoff-carol: its next identical call runs."
+            result = thread.submit(answer).result()
+            assert not isinstance(result, MCPError) and result.content[0].text == "42"
+            refused = thread.submit(asked_call, gateway, key, era, {"a": 1, "b": 1}).result()
+            other = str(asked_for(carol, {"a": 1, "b": 1}).id)
+            page.wait_for_selector(f"#sign-off-{other}")
+            page.fill(f"#sign-off-{other} input[name=reason]", "Not on a Friday.")
+            page.click(f"#sign-off-{other} .sign-off-refuse")
+            told = page.wait_for_selector(".messagelist .success:has-text('Refused')").inner_text()
+            assert told == "Refused demo__add for signoff-carol: the caller is told why."
+            refusal = thread.submit(refused).result()
+    assert isinstance(refusal, MCPError) and (refusal.code, refusal.data["code"]) == (-32001, "SIGNOFF_REFUSED")
+    assert (
+        str(refusal) == "ann refused to sign off this call of 'demo__add': Not on a Friday. Do not retry it unchanged."
+    )
+    kinds = [(row.kind, row.actor, row.detail.get("sign_off")) for row in audit_since(mark)]
+    assert ("signoff_granted", "ann", ident) in kinds and ("completed", "", ident) in kinds
+    assert ("signoff_refused", "ann", other) in kinds and ("denied", "", other) in kinds
     assert AuditEvent.objects.get(id__gt=mark, kind="approved").detail["sign_off"] == ident
 
 
