@@ -3,7 +3,8 @@
 wait ends and its request stays pending, for the same call made again to join; one still undecided at the end of
 the hold is told -32003 SIGNOFF_PENDING with `retryAfter` and its request; a caller's flood of calls needing
 sign-off is told -32003 SIGNOFF_BUSY with `retryAfter` through the gateway; a held call wakes on a decision made in
-another web process (scope 6)."""
+another web process (scope 6). And in each era on each executor, a request expires and a call changed after its
+sign-off is asked again."""
 
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from registry.models import Upstream
 from tests import servers
 from tests.clients import api, call, sse_events
 from tests.factories import agent
-from tests.helpers import run
+from tests.helpers import eventually, run
 from tests.test_sign_off import (  # noqa: F401 (fixtures)
     ann_token,
     approver,
@@ -74,6 +75,35 @@ def test_a_held_call_wakes_on_a_decision_made_in_another_web_process(inline_gate
     assert api(inline_gateway, "POST", f"signoffs/{ident}/grant", ann_token(), json={}).status_code == 200
     result = call_made.result(timeout=30)
     assert not isinstance(result, MCPError) and result.content[0].text == "7"
+
+
+@pytest.mark.parametrize("era", ["legacy", "2026-07-28"])
+def test_in_each_era_a_request_expires_and_a_call_changed_after_its_sign_off_is_asked_again(
+    gateway, sign_off_rule, era
+):
+    carol, key, made = sign_off_rule
+    made.sign_off_wait = 4
+    made.save()
+    pending_call(gateway, key, {"a": 0, "b": 1})  # the gateway has seen the rule's new version
+    expired = "SIGNOFF_EXPIRED" if era == "legacy" else "SIGNOFF_PENDING"  # held past the wait, or told to come back
+
+    def made_call(arguments: dict[str, Any]) -> Any:
+        return run(lambda: call(gateway.url, key, "demo__add", arguments, mode=era))
+
+    first = made_call({"a": 1, "b": 2})
+    ident = first.data["signOffId"]
+    assert first.data["code"] == expired
+    if era != "legacy":  # made again once the wait is over, it is asked anew
+        again = eventually(lambda: (answer := made_call({"a": 1, "b": 2})).data["signOffId"] != ident and answer, 15)
+        assert again.data["code"] == "SIGNOFF_PENDING"
+    assert SignOff.objects.get(pk=ident).state == "expired"
+    assert AuditEvent.objects.filter(kind="signoff_expired", detail__sign_off=ident).count() == 1
+    granted = pending_call(gateway, key, {"a": 5, "b": 5}).data["signOffId"]
+    assert api(gateway, "POST", f"signoffs/{granted}/grant", ann_token(), json={}).status_code == 200
+    changed = made_call({"a": 5, "b": 6})
+    assert changed.data["code"] == expired and changed.data["signOffId"] != granted
+    assert SignOff.objects.get(pk=granted).state == "granted"  # left to the call it covers
+    assert made_call({"a": 5, "b": 5}).content[0].text == "10"
 
 
 @pytest.fixture(scope="module")
