@@ -3,8 +3,8 @@
 wait ends and its request stays pending, for the same call made again to join; one still undecided at the end of
 the hold is told -32003 SIGNOFF_PENDING with `retryAfter` and its request; a caller's flood of calls needing
 sign-off is told -32003 SIGNOFF_BUSY with `retryAfter` through the gateway; a held call wakes on a decision made in
-another web process (scope 6). And in each era on each executor, a request expires and a call changed after its
-sign-off is asked again."""
+another web process, and a restart loses no request nor task (scope 6). And in each era on each executor, a
+request expires and a call changed after its sign-off is asked again."""
 
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +27,8 @@ from tests.test_sign_off import (  # noqa: F401 (fixtures)
     sign_off_rule,
     waiting,
 )
+from tests.test_sign_off_extension_tasks import made as made_task
+from tests.test_sign_off_extension_tasks import polled
 from tests.test_sign_off_tasks import session
 
 HOLD_SECONDS, PER_CALLER = 1, 2
@@ -75,6 +77,22 @@ def test_a_held_call_wakes_on_a_decision_made_in_another_web_process(inline_gate
     assert api(inline_gateway, "POST", f"signoffs/{ident}/grant", ann_token(), json={}).status_code == 200
     result = call_made.result(timeout=30)
     assert not isinstance(result, MCPError) and result.content[0].text == "7"
+
+
+def test_a_restart_loses_no_pending_request_nor_task(server_env, logs, inline_gateway, sign_off_rule):
+    """Requests and 2026-07-28 tasks are rows: asked of a web process that then stops, they are decided and served by
+    another."""
+    carol, key, made = sign_off_rule
+    pending_call(inline_gateway, key, {"a": 0, "b": 0})  # the one that stays has seen the rule
+    with servers.inline_gateway_with(server_env, logs / "gateway-sign-off-restart.log") as first:
+        ident = pending_call(first, key, {"a": 2, "b": 2}).data["signOffId"]
+        task = made_task(first, key, {"a": 3, "b": 3})
+    tasked = str(asked_for(carol, {"a": 3, "b": 3}).id)
+    for asked in (ident, tasked):
+        assert api(inline_gateway, "POST", f"signoffs/{asked}/grant", ann_token(), json={}).status_code == 200
+    result = run(lambda: call(inline_gateway.url, key, "demo__add", {"a": 2, "b": 2}, mode="2026-07-28"))
+    assert not isinstance(result, MCPError) and result.content[0].text == "4"
+    assert polled(inline_gateway, key, task["taskId"])["result"]["content"] == [{"type": "text", "text": "6"}]
 
 
 @pytest.mark.parametrize("era", ["legacy", "2026-07-28"])
