@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from functools import cache
 from typing import Any, Protocol
@@ -170,34 +170,42 @@ def _lost(timeout: float) -> Outcome:
     )
 
 
-async def _publish_and_wait(task: str, kwargs: dict[str, Any], wait: float, queue: str = "upstream") -> Outcome:
-    """Publish task `task` (by name: the worker defines it) to `queue` and wait up to `wait` seconds for the
-    reply it pushes to `reply_to`."""
+Send = Callable[[dict[str, Any]], Awaitable[None]]  # hands a task's keyword arguments to the workers
+
+
+def task_send(task: str, queue: str = "upstream") -> Send:
+    """`task` (by name: the worker defines it) published to `queue`. One that no worker starts within the grace
+    period could no longer answer in time: it expires rather than run late."""
+    return lambda kwargs: task_publish(task, kwargs=kwargs, queue=queue, expires=EXECUTOR_GRACE_SECONDS)
+
+
+def _call_send() -> Send:
+    """An agent's call: straight to the workers' call consumers (GATEWAY_CALL_TRANSPORT=direct), or as its task."""
+    if settings.GATEWAY_CALL_TRANSPORT == "direct":
+        return lambda kwargs: call_push(kwargs, expires=EXECUTOR_GRACE_SECONDS)
+    return task_send(CALL_TASK)
+
+
+async def _publish_and_wait(task: str, kwargs: dict[str, Any], wait: float, send: Send) -> Outcome:
+    """Hand `task`'s keyword arguments to the workers by `send` and wait up to `wait` seconds for the reply its
+    worker pushes to `reply_to`."""
     key = reply_key()
-    # A task that no worker starts within the grace period could no longer answer in time: it expires
-    # rather than run late.
-    kwargs = kwargs | {"reply_to": key}
-    if task == CALL_TASK and queue == "upstream" and settings.GATEWAY_CALL_TRANSPORT == "direct":
-        await call_push(kwargs, expires=EXECUTOR_GRACE_SECONDS)
-    else:
-        await task_publish(task, kwargs=kwargs, queue=queue, expires=EXECUTOR_GRACE_SECONDS)
+    await send(kwargs | {"reply_to": key})
     reply = await async_redis().blpop([key], timeout=wait)
     return reply_opened(task, key, reply[1]) if reply else _lost(wait)
 
 
-async def publish_call(
-    task: str, kwargs: dict[str, Any], wait: float, relay: Relay | None, queue: str = "upstream"
-) -> Outcome:
-    """A call of an agent's: published and waited for as any task, relaying what the upstream sends meanwhile
-    (if the relay wants anything); if the wait is cancelled, so is the call in the worker."""
+async def publish_call(task: str, kwargs: dict[str, Any], wait: float, relay: Relay | None, send: Send) -> Outcome:
+    """A call of an agent's: sent and waited for as any task, relaying what the upstream sends meanwhile (if the
+    relay wants anything); if the wait is cancelled, so is the call in the worker."""
     call, wanted = uuid.uuid4().hex, carried(relay)
     kwargs = kwargs | {"call": call}
     try:
         if wanted is None:
-            return await _publish_and_wait(task, kwargs, wait, queue)
+            return await _publish_and_wait(task, kwargs, wait, send)
         channels = relay_channels(call)
         kwargs |= {"relay": channels, "capabilities": sorted(wanted.capabilities)}
-        return await _relayed(_publish_and_wait(task, kwargs, wait), channels, wanted)
+        return await _relayed(_publish_and_wait(task, kwargs, wait, send), channels, wanted)
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
             await cancel_remote(call)
@@ -224,7 +232,7 @@ async def _relayed(waiting: Awaitable[Outcome], channels: dict[str, str], relay:
 class CeleryExecutor:
     async def request(self, request: UpstreamRequest, relay: Relay | None = None) -> Outcome:
         wait = call_deadline(request.timeout)
-        return await publish_call(CALL_TASK, {"request": asdict(request)}, wait, relay)
+        return await publish_call(CALL_TASK, {"request": asdict(request)}, wait, relay, _call_send())
 
     async def tunnel_open(
         self, *, tunnel_id: str, upstream_id: int, grant: dict[str, Any], connect_timeout: float
@@ -235,7 +243,8 @@ class CeleryExecutor:
             "grant": grant,
             "connect_timeout": connect_timeout,
         }
-        return await _publish_and_wait("registry.tunnel_open", kwargs, connect_timeout + EXECUTOR_GRACE_SECONDS)
+        wait = connect_timeout + EXECUTOR_GRACE_SECONDS
+        return await _publish_and_wait("registry.tunnel_open", kwargs, wait, task_send("registry.tunnel_open"))
 
     async def tunnel_call(
         self, *, tunnel_id: str, queue: str, tool: str, arguments: dict[str, Any], timeout: float

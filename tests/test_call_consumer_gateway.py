@@ -5,6 +5,7 @@ Redis that goes away mid-call, ends the call at its deadline with EXECUTOR_UNAVA
 calls again once Redis is back; a worker stopped warmly (SIGTERM) finishes the calls it took before it exits."""
 
 import os
+import re
 import signal
 import uuid
 from collections.abc import Iterator
@@ -42,7 +43,7 @@ def direct_gateway(traced_env, world, celery_worker, logs) -> Iterator[servers.R
 
 
 def _calls_by_task(worker: servers.Running) -> int:
-    return worker.log.read_text().count("Task registry.request[")
+    return len(re.findall(r"Task registry\.request\[\S+\] succeeded", worker.log.read_text()))
 
 
 def test_a_call_is_approved_run_by_the_call_consumer_and_completed(direct_gateway, world, celery_worker):
@@ -52,6 +53,23 @@ def test_a_call_is_approved_run_by_the_call_consumer_and_completed(direct_gatewa
     rows = [(r.kind, r.outcome) for r in audit_since(mark) if r.exposed_name == "demo__echo"]
     assert rows == [(AuditEvent.Kind.APPROVED, ""), (AuditEvent.Kind.COMPLETED, "ok")]
     assert _calls_by_task(celery_worker) == by_task  # no Celery task carried it
+
+
+@pytest.fixture(scope="module")
+def task_gateway(traced_env, world, celery_worker, logs) -> Iterator[servers.Running]:
+    env = servers.web_env(traced_env, "celery") | {"GATEWAY_CALL_TRANSPORT": "task"}
+    running = servers.start_gateway(env, logs / "gateway-task.log")
+    yield running
+    running.stop()
+
+
+def test_with_the_task_transport_a_call_is_carried_by_the_registry_request_task(task_gateway, world, celery_worker):
+    mark, by_task = audit_mark(), _calls_by_task(celery_worker)
+    result = run(lambda: call(task_gateway.url, world.key, "demo__echo", {"text": "as a task"}))
+    assert isinstance(result, CallToolResult) and (result.is_error, result.content[0].text) == (False, "as a task")
+    rows = [(r.kind, r.outcome) for r in audit_since(mark) if r.exposed_name == "demo__echo"]
+    assert rows == [(AuditEvent.Kind.APPROVED, ""), (AuditEvent.Kind.COMPLETED, "ok")]
+    assert eventually(lambda: _calls_by_task(celery_worker) == by_task + 1)
 
 
 def test_progress_reaches_the_agent_through_the_call_consumer(direct_gateway, world):

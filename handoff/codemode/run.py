@@ -31,7 +31,7 @@ from handoff.mcp.pipeline.results import error_text
 from handoff.mcp.pipeline.run import call_serve
 from handoff.snapshot import Snapshot, ToolEntry, snapshot
 from policy.decisions import INVALID_PARAMS, Denial, ToolRefused, Who
-from registry.executor import publish_call
+from registry.executor import publish_call, task_send
 from registry.naming import gateway_tool_name, split_exposed_name
 from registry.upstreams.outcome import Outcome, failure
 
@@ -157,7 +157,8 @@ async def _executed(execution: dict[str, Any]) -> Outcome:
     if settings.GATEWAY_EXECUTOR != "celery":
         return await execution_run(execution)
     wait = settings.GATEWAY_SANDBOX_TIMEOUT + EXECUTOR_GRACE_SECONDS
-    return await publish_call("handoff.run_code", {"execution": execution}, wait, None, queue="sandbox")
+    send = task_send("handoff.run_code", "sandbox")
+    return await publish_call("handoff.run_code", {"execution": execution}, wait, None, send)
 
 
 def sandbox_limits() -> SandboxLimits:
