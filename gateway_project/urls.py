@@ -28,6 +28,8 @@ from registry.api import (
 from registry.connection_views import connection, connection_disconnect, connections
 from registry.oauth_views import connection_callback, connection_client, connection_oauth
 
+admin.autodiscover()  # the console's pages, which Django's setup leaves to their first use (audit/apps.py)
+
 api = SimpleRouter(trailing_slash=False)
 api.register("upstreams", UpstreamViewSet)
 api.register("tools", ToolViewSet, basename="tool")

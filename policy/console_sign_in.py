@@ -90,6 +90,7 @@ def _reader_group() -> Group:
 
 def _team_scoped_models() -> list[type]:
     """The models of the console's pages scoped by team (TeamScopedMixin), with their inlines' (an agent's keys)."""
+    admin.autodiscover()  # registered at their first use (audit/apps.py)
     scoped = [(model, page) for model, page in admin.site._registry.items() if isinstance(page, TeamScopedMixin)]
     return [model for model, page in scoped for model in (model, *(inline.model for inline in page.inlines))]
 

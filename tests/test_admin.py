@@ -2,6 +2,8 @@
 read-only."""
 
 import json
+import os
+import subprocess
 import sys
 
 import anyio
@@ -14,6 +16,7 @@ from policy.models import Agent, AgentGroup, AgentKey, Rule, ServerGroup, defaul
 from registry.credentials import credentials_open
 from registry.models import Upstream
 from registry.services import upstream_save
+from tests import servers
 from tests.conftest import BIN
 from tests.factories import DEMO, admission, agent
 from tests.helpers import audit_mark, audit_since
@@ -311,3 +314,24 @@ def test_adding_and_editing_an_upstream_in_the_admin_reports_the_sync_of_what_wa
         assert "echo" in names and "get_current_time" not in names, "the catalog is the edited command's"
     finally:
         upstream.delete()
+
+
+def test_the_console_pages_register_at_their_first_use_the_urls_the_checks_or_the_team_roles(tmp_path):
+    """Django's setup leaves the console's pages (each app's admin.py) to their first use (audit/apps.py): a process
+    that only serves /mcp never loads them; the URLconf, the admin's checks and a team role's permissions
+    (policy/console_sign_in.py) each find them all registered, in a process where nothing else did."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env |= {"DJANGO_SETTINGS_MODULE": "gateway_project.settings", "SWITCHBOARD_VAR_DIR": str(tmp_path)}
+    first_uses = {
+        "urls": "import gateway_project.urls",
+        "checks": "from django.core import checks; assert not checks.run_checks(tags=[checks.Tags.admin])",
+        "team roles": "from policy.console_sign_in import _team_scoped_models; assert Agent in _team_scoped_models()",
+    }
+    for name, first_use in first_uses.items():
+        probe = (
+            "import django; django.setup(); from django.contrib import admin; from policy.models import Agent; "
+            f"before = len(admin.site._registry); {first_use}; print(before, Agent in admin.site._registry)"
+        )
+        done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=servers.ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split() == ["0", "True"], name
