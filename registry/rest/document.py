@@ -13,8 +13,6 @@ from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 
 import yaml
-from jsonschema_path import SchemaPath
-from openapi_spec_validator import OpenAPIV30SpecValidator, OpenAPIV31SpecValidator
 
 from registry.upstreams.egress import EgressRefused, url_problem
 
@@ -25,7 +23,6 @@ os.environ.setdefault("OPENAPI_SPEC_VALIDATOR_SCHEMA_VALIDATOR_BACKEND", "jsonsc
 
 Fetch = Callable[[str], Awaitable[bytes]]
 VERSION = re.compile(r"3\.([01])\.\d+")
-VALIDATORS = {"0": OpenAPIV30SpecValidator, "1": OpenAPIV31SpecValidator}
 SERVER_VARIABLE = re.compile(r"\{([^{}]*)\}")
 MESSAGE_CHARS = 300
 
@@ -262,8 +259,14 @@ def _pointed(document: dict[str, Any], pointer: str, ref: str) -> Any:
 def document_validate(document: dict[str, Any]) -> None:
     """Refuses a document that is not valid OpenAPI. Run it on the resolved document: with no resolver handlers,
     openapi-spec-validator can never fetch a URL itself."""
+    # Imported by the first validation, not with the REST upstreams' calls that every process loads: the validator
+    # and its jsonschema-path (requests, pydantic-settings) take 0.1 s that a start serving no new document never needs.
+    from jsonschema_path import SchemaPath
+    from openapi_spec_validator import OpenAPIV30SpecValidator, OpenAPIV31SpecValidator
+
     version = document["openapi"]
-    validator = VALIDATORS[VERSION.fullmatch(version).group(1)]  # type: ignore[union-attr] (document_parse)
+    minor = VERSION.fullmatch(version).group(1)  # type: ignore[union-attr] (document_parse)
+    validator = OpenAPIV31SpecValidator if minor == "1" else OpenAPIV30SpecValidator
     error = next(validator(SchemaPath.from_dict(document, handlers={})).iter_errors(), None)
     if error is not None:
         where = "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in error.absolute_path)
