@@ -9,7 +9,8 @@ from django.test import override_settings
 
 from audit.integrity import audit_verify
 from audit.models import AuditEvent
-from audit.writer import BATCH, AsyncAuditWriter, AuditSettled, AuditUnavailable
+from audit.pg_writer import BATCH
+from audit.writer import AsyncAuditWriter, AuditSettled, AuditUnavailable
 from tests.conftest import needs
 from tests.helpers import audit_mark, orm, run, until
 
