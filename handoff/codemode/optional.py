@@ -2,22 +2,43 @@
 default target leaves out (gateway_project/lib/code_mode.py), so they are imported here, only where code mode runs:
 without them the gateway serves everything else."""
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from django.conf import settings
 
 from gateway_project.lib.code_mode import NOT_INSTALLED, code_mode_missing, not_installed_message
+from handoff.codemode.tools import EXECUTE, SEARCH_TOOLS
 from handoff.mcp.pipeline.call import OwnRun
 from registry.upstreams.outcome import Outcome, failure
 
 
-def own_tools() -> dict[str, OwnRun]:
-    """Code mode's tools as the pipeline runs them; none while it is off (its tools are not offered then)."""
-    if settings.GATEWAY_CODE_MODE == "off":
-        return {}
-    from handoff.codemode.run import OWN_TOOLS  # optional: imports Deno's package and NumPy
+class _CodeModeTools(Mapping[str, OwnRun]):
+    """Code mode's tools by name, their module imported when one is run: every call asks whether its tool is one,
+    and the first would otherwise wait for NumPy and the rest of code mode (0.1 s of a start) to call any tool."""
 
-    return OWN_TOOLS
+    _names = (SEARCH_TOOLS, EXECUTE)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __getitem__(self, name: str) -> OwnRun:
+        if name not in self._names:
+            raise KeyError(name)
+        from handoff.codemode.run import OWN_TOOLS  # optional: imports Deno's package and NumPy
+
+        return OWN_TOOLS[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def own_tools() -> Mapping[str, OwnRun]:
+    """Code mode's tools as the pipeline runs them; none while it is off (its tools are not offered then)."""
+    return {} if settings.GATEWAY_CODE_MODE == "off" else _CodeModeTools()
 
 
 async def execution_run(execution: dict[str, Any]) -> Outcome:
