@@ -12,22 +12,18 @@ from urllib.parse import urlsplit
 
 import requests
 from django.conf import settings
-from django.contrib import admin
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group, Permission
-from django.contrib.contenttypes.models import ContentType
+from django.contrib.auth.models import Group
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.utils import import_from_settings
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from audit.selectors import AUDITOR_GROUP
-from policy.admin import TeamScopedMixin
-from policy.models import Person, TeamMember, TeamRole
+from policy.console_groups import READER_GROUP, TEAM_GROUPS, reader_group, team_role_group
+from policy.models import Person, TeamMember
 from policy.selectors import team_roles_list
 
-READER_GROUP = "Reader"  # every view permission, nothing else
 ACCOUNT_PAGES = "/account/"  # where someone without a console role may sign in to
-TEAM_GROUPS = {TeamRole.ADMIN: "Team admin", TeamRole.AUDITOR: "Team auditor"}  # console groups of team roles
 CONSOLE_TEAM_ROLES = set(TEAM_GROUPS)
 ENDPOINTS = {
     "OIDC_OP_AUTHORIZATION_ENDPOINT": "authorization_endpoint",
@@ -82,31 +78,6 @@ def console_team_roles(*, claims: dict, username: str) -> set[str]:
     return held & CONSOLE_TEAM_ROLES
 
 
-def _reader_group() -> Group:
-    group, _ = Group.objects.get_or_create(name=READER_GROUP)
-    group.permissions.set(Permission.objects.filter(codename__startswith="view_"))
-    return group
-
-
-def _team_scoped_models() -> list[type]:
-    """The models of the console's pages scoped by team (TeamScopedMixin), with their inlines' (an agent's keys)."""
-    admin.autodiscover()  # registered at their first use (audit/apps.py)
-    scoped = [(model, page) for model, page in admin.site._registry.items() if isinstance(page, TeamScopedMixin)]
-    return [model for model, page in scoped for model in (model, *(inline.model for inline in page.inlines))]
-
-
-def team_role_group(role: str) -> Group:
-    """Team admin: every permission on what teams own, and reading the audit trail; Team auditor: reading the
-    trail. What a team role lets one see and change is cut to its teams by the console (TeamScopedMixin)."""
-    group, _ = Group.objects.get_or_create(name=TEAM_GROUPS[role])
-    audit = Permission.objects.filter(content_type__app_label="audit", codename="view_auditevent")
-    if role == TeamRole.ADMIN:
-        types = ContentType.objects.get_for_models(*_team_scoped_models()).values()
-        audit = audit | Permission.objects.filter(content_type__in=types)
-    group.permissions.set(audit)
-    return group
-
-
 class ConsoleBackend(OIDCAuthenticationBackend):
     """Operators as the IdP names them: one account per issuer and subject, its role set at every sign-in."""
 
@@ -152,7 +123,7 @@ class ConsoleBackend(OIDCAuthenticationBackend):
         # Replaced at every sign-in, so a group removed at the IdP gives no team role from the next one on.
         Person.objects.filter(pk=person.pk).update(user=user, signed_in_groups=groups_of(claims))
         roles = {"auditor": [AUDITOR_GROUP, READER_GROUP], "reader": [READER_GROUP]}.get(role, [])
-        groups = [_reader_group() if n == READER_GROUP else Group.objects.get(name=n) for n in roles]
+        groups = [reader_group() if n == READER_GROUP else Group.objects.get(name=n) for n in roles]
         if role != "admin":  # a gateway admin needs no team's permissions
             groups += [team_role_group(team_role) for team_role in sorted(team_roles)]
         user.groups.set(groups)

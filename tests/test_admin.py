@@ -319,13 +319,13 @@ def test_adding_and_editing_an_upstream_in_the_admin_reports_the_sync_of_what_wa
 def test_the_console_pages_register_at_their_first_use_the_urls_the_checks_or_the_team_roles(tmp_path):
     """Django's setup leaves the console's pages (each app's admin.py) to their first use (audit/apps.py): a process
     that only serves /mcp never loads them; the URLconf, the admin's checks and a team role's permissions
-    (policy/console_sign_in.py) each find them all registered, in a process where nothing else did."""
+    (policy/console_groups.py) each find them all registered, in a process where nothing else did."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env |= {"DJANGO_SETTINGS_MODULE": "gateway_project.settings", "SWITCHBOARD_VAR_DIR": str(tmp_path)}
     first_uses = {
         "urls": "import gateway_project.urls",
         "checks": "from django.core import checks; assert not checks.run_checks(tags=[checks.Tags.admin])",
-        "team roles": "from policy.console_sign_in import _team_scoped_models; assert Agent in _team_scoped_models()",
+        "team roles": "from policy.console_groups import _team_scoped_models; assert Agent in _team_scoped_models()",
     }
     for name, first_use in first_uses.items():
         probe = (

@@ -143,14 +143,15 @@ def test_the_embedded_defaults_start_loads_no_store_client_it_does_not_use_and_d
     """redis-py and hvac cost a start 0.2 s, Daphne and Twisted 0.16 (bench/cold_start.py): the embedded default,
     which has neither Redis nor Vault, loads none of them setting Django up, with the ASGI app or with serve_demo's
     command; serve_demo imports Daphne once its upstreams are starting. Nor what its first call does not need: the
-    console's pages (registry/admin.py, the console it imports), psycopg on SQLite, the OpenAPI validator, and code
-    mode's module (NumPy) for a call that only asks whether its tool is one of code mode's."""
+    console's pages (registry/admin.py, the console it imports), psycopg on SQLite, the OpenAPI validator, requests
+    (the IdP sign-in's), and code mode's module (NumPy) for a call that only asks whether its tool is one of code
+    mode's."""
     probe = (
         "import django, sys; django.setup(); "
         "import gateway_project.asgi, handoff.management.commands.serve_demo; "
         "from handoff.codemode.optional import own_tools; assert 'execute' in own_tools(); "
         "print(sorted(m for m in ('daphne', 'hvac', 'redis', 'twisted', 'registry.admin', 'handoff.console', "
-        "'psycopg', 'openapi_spec_validator', 'handoff.codemode.run', 'numpy') if m in sys.modules))"
+        "'psycopg', 'openapi_spec_validator', 'requests', 'handoff.codemode.run', 'numpy') if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], env=_env(tmp_path), cwd=servers.ROOT, capture_output=True, text=True

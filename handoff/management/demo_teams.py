@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 
 from audit.models import DEFAULT_TEAM
 from handoff.management.demo_passwords import Passwords
-from policy.console_sign_in import team_role_group
+from policy.console_groups import team_role_group
 from policy.models import Team, TeamMember, TeamRole
 from policy.services import policy_object_save, relations_record
 from registry.models import Upstream
