@@ -18,8 +18,10 @@ from outside:
   `scripts/demo` would.
 
 The schema template (handoff/management/commands/schema_ready.py) is made before the first run, as a first
-install leaves it. Before serve_demo (commit 7bc7bb8 and earlier), scripts/demo ran migrate, setup_demo and
-Daphne as three processes: that commit's bench/cold_start.py measures those.
+install leaves it, and the gateway's bytecode compiled, as any start leaves it (scripts/image-slim's list, and the
+examples): where PYTHONDONTWRITEBYTECODE is set (a sandbox, a CI runner) every start would compile them again, 0.2 s
+and more. Before serve_demo (commit 7bc7bb8 and earlier), scripts/demo ran migrate, setup_demo and Daphne as three
+processes: that commit's bench/cold_start.py measures those.
 
 `--profile` then runs python -X importtime (imports by top-level package) and cProfile (the functions with the
 most cumulative time) over what the process does, to name what dominates.
@@ -54,6 +56,7 @@ from audit.static_compression import compressed_mark  # noqa: E402 (no Django ne
 
 PYTHON = str(ROOT / ".venv/bin/python")
 START_BOUND = 60.0  # seconds a process may take to listen before the run fails
+COMPILED = ("gateway_project", "registry", "handoff", "audit", "policy", "examples")
 KEY = re.compile(rb"\b(sb_[A-Za-z0-9_-]+)")
 DJANGO_SETUP = (
     "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'gateway_project.settings'); django.setup()"
@@ -257,6 +260,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="switchboard-cold-") as work:
         first_install = demo_env(Path(work) / "first-install")
         timed_run([PYTHON, "manage.py", "schema_ready"], first_install)  # the template, if this migration set has none
+        timed_run([PYTHON, "-m", "compileall", "-q", *COMPILED], first_install)
         for number in range(args.runs):
             runs.append(run_once(Path(work)))
             print(f"run {number + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()), file=sys.stderr)
