@@ -67,3 +67,15 @@ def test_code_mode_off_runs_none_of_its_tools(settings):
     assert own_tools() == {}
     settings.GATEWAY_CODE_MODE = "on"
     assert sorted(own_tools()) == ["execute", "search_tools"]
+
+
+def test_code_modes_tools_are_its_runs_and_no_other_tool_is_one(settings):
+    """own_tools() names code mode's tools without importing their module, and gives each one's run from it."""
+    from handoff.codemode.run import OWN_TOOLS
+
+    settings.GATEWAY_CODE_MODE = "on"
+    tools = own_tools()
+    assert [tools[name] for name in ("execute", "search_tools")] == [OWN_TOOLS["execute"], OWN_TOOLS["search_tools"]]
+    assert "demo__echo" not in tools and len(tools) == 2
+    with pytest.raises(KeyError, match="demo__echo"):
+        tools["demo__echo"]
