@@ -20,7 +20,7 @@ class ConsoleAdminConfig(admin_apps.SimpleAdminConfig):
     """django.contrib.admin, on the console's site (gateway_project/admin_site.py). Its pages (each app's admin.py,
     and the console's views they import) register when first needed, not at setup: by the URLconf
     (gateway_project/urls.py), by the admin's checks below, by what reads the site's registry
-    (policy/console_groups.py). Serving /mcp needs none of them: a start answers its first call 0.3 s sooner
+    (policy/console_groups.py). Serving /mcp needs none of them, and a start's first call no longer waits for them
     (docs/benchmarks.md, "Cold start of the embedded default")."""
 
     default_site = "gateway_project.admin_site.ConsoleSite"
