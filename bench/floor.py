@@ -14,6 +14,11 @@ GATEWAY_AUDIT_COMMIT=local) is measured in the same rounds, and set against the 
 the floor's (mcp-proxy's p50 plus the promises'), its calls/s over the floor's (mcp-proxy's times the floor's
 ratio). Its audit upkeep may checkpoint the rows written here: they are sealed as its own are.
 
+Issue 39's CPU bar, in the same rounds: each server's CPU a call read from /proc over the measured calls (its
+process alone, every thread: mcp-proxy's or the gateway's, not the stdio upstream's), and the promises' CPU a call
+in this process (the admission script's and the two rows' client side); the gateway's own CPU a call is its
+process's less the promises', set against mcp-proxy's whole process's CPU a call.
+
     bench/run floor [--rounds 3] [--calls 1000] [--sessions 1,8,32]
 """
 
@@ -25,12 +30,22 @@ import statistics
 import sys
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from run import DEMO, OTHER_SERVERS, PROXY, http_session, machine_cpu_seconds, measure, setup_database  # noqa: E402
+from run import (  # noqa: E402
+    DEMO,
+    OTHER_SERVERS,
+    PROXY,
+    http_session,
+    machine_cpu_seconds,
+    measure,
+    process_cpu_seconds,
+    setup_database,
+)
 
 from tests import servers  # noqa: E402  (the process helpers the tests use)
 
@@ -97,13 +112,15 @@ async def promises(parts, mode: str, sessions: int, calls: int, warmup: int) -> 
             await one(session, record)
 
     await asyncio.gather(*(drive(s, warmup, False) for s in range(sessions)))
-    machine, started = machine_cpu_seconds(), time.perf_counter()
+    machine, own, started = machine_cpu_seconds(), time.process_time(), time.perf_counter()
     await asyncio.gather(*(drive(s, calls // sessions, True) for s in range(sessions)))
     wall, machine = time.perf_counter() - started, machine_cpu_seconds() - machine
+    own = time.process_time() - own  # every thread of this process: the promises' client side
     return {
         "sessions": sessions,
         "p50_ms": statistics.median(latencies) * 1000,
         "calls_per_s": len(latencies) / wall,
+        "server_cpu_ms": own * 1000 / len(latencies),
         "machine_cpu_ms": machine * 1000 / len(latencies),
     }
 
@@ -124,9 +141,12 @@ def floors(found: dict) -> dict:
         out[f"floor-{mode}"] = {"p50_ratio": p50, "calls_ratio": rate}
         gateway = found.get(f"gateway-{mode}")
         if gateway:  # against the floor of its own mode
+            own_cpu = gateway["server_cpu_ms"] - found[f"promises-{mode}"]["server_cpu_ms"]
             out[f"gateway-{mode}"] = {
                 "p50_ratio": gateway["p50_ms"] / (proxy["p50_ms"] * p50),
                 "calls_ratio": gateway["calls_per_s"] / (proxy["calls_per_s"] * rate),
+                "own_cpu_ms": own_cpu,  # issue 39: at most mcp-proxy's server CPU a call
+                "own_cpu_ratio": own_cpu / proxy["server_cpu_ms"],
             }
     return out
 
@@ -136,9 +156,10 @@ def table(rounds: list[dict], sessions: list[int]) -> str:
         return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}–{max(values):.{digits}f}]"
 
     lines = [
-        "| sessions | what | p50 ms | calls/s | machine CPU ms/call | p50 / proxy (gateway: / its floor) "
-        "| calls/s / proxy (gateway: / its floor) |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "| sessions | what | p50 ms | calls/s | machine CPU ms/call | server CPU ms/call (promises: this process's) "
+        "| p50 / proxy (gateway: / its floor) | calls/s / proxy (gateway: / its floor) "
+        "| gateway's own CPU ms/call (less the promises') | own CPU / proxy's server CPU |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in sessions:
         at = [r[str(s)] for r in rounds]
@@ -150,13 +171,17 @@ def table(rounds: list[dict], sessions: list[int]) -> str:
             p50 = cell([m["p50_ms"] for m in measured])
             rate = cell([m["calls_per_s"] for m in measured], 0)
             cpu = cell([m["machine_cpu_ms"] for m in measured])
-            p50_ratio = cell([r["p50_ratio"] for r in ratios]) if ratios[0] else ""
-            calls_ratio = cell([r["calls_ratio"] for r in ratios]) if ratios[0] else ""
-            lines.append(f"| {s} | {name} | {p50} | {rate} | {cpu} | {p50_ratio} | {calls_ratio} |")
+            server = cell([m["server_cpu_ms"] for m in measured])
+            p50_ratio, calls_ratio, own, own_ratio = (
+                cell([r[k] for r in ratios]) if ratios[0] else ""
+                for k in ("p50_ratio", "calls_ratio", "own_cpu_ms", "own_cpu_ratio")
+            )
+            row = (s, name, p50, rate, cpu, server, p50_ratio, calls_ratio, own, own_ratio)
+            lines.append("| " + " | ".join(map(str, row)) + " |")
         for mode in ("strict", "local"):
             ratios = [a["ratios"][f"floor-{mode}"] for a in at]
             p50_ratio, calls_ratio = (cell([r[k] for r in ratios]) for k in ("p50_ratio", "calls_ratio"))
-            lines.append(f"| {s} | **floor, {mode} audit** | | | | {p50_ratio} | {calls_ratio} |")
+            lines.append(f"| {s} | **floor, {mode} audit** | | | | | {p50_ratio} | {calls_ratio} | | |")
     return "\n".join(lines)
 
 
@@ -170,8 +195,9 @@ async def one_round(parts, targets: dict, sessions: list[int], args: argparse.Na
             if name.startswith("promises-"):
                 measured[name] = await promises(parts, name.removeprefix("promises-"), s, args.calls, args.warmup)
             else:
-                open_session, tool = targets[name]
-                measured[name] = await measure(open_session, tool, s, args.calls, args.warmup)
+                open_session, tool, pid = targets[name]
+                server_cpu = partial(process_cpu_seconds, pid)
+                measured[name] = await measure(open_session, tool, s, args.calls, args.warmup, server_cpu)
             print(f"round {turn + 1} {s:3} sessions {name:22} {json.dumps(measured[name])}", file=sys.stderr)
         found[str(s)] = {"measured": measured, "ratios": floors(measured)}
     return found
@@ -204,7 +230,8 @@ def main() -> None:
     started = [proxy]
     try:
         servers.wait_for_port(port, proxy.process, proxy.log)
-        targets = {"proxy": (lambda: http_session(f"http://127.0.0.1:{port}/mcp", {}), "echo")}
+        # With the pid of each server's process, whose CPU alone (not its upstream's) is the server's.
+        targets = {"proxy": (lambda: http_session(f"http://127.0.0.1:{port}/mcp", {}), "echo", proxy.process.pid)}
         auth = {"Authorization": f"Bearer {key}"}
         for name, target in ({} if args.no_gateway else GATEWAYS).items():
             server, extra = OTHER_SERVERS[target]
@@ -212,7 +239,8 @@ def main() -> None:
                 server, env | {"GATEWAY_EXECUTOR": "inline"} | extra, logs / f"floor-{name}.log"
             )
             started.append(gateway)
-            targets[name] = (lambda url=gateway.url: http_session(f"{url}/mcp", auth), "demo__echo")
+            pid = gateway.process.pid
+            targets[name] = (lambda url=gateway.url: http_session(f"{url}/mcp", auth), "demo__echo", pid)
         rounds = asyncio.run(run_rounds(targets, args))
     finally:
         for running in started:

@@ -133,9 +133,10 @@ def sessions_cpu_seconds(session_ids: Collection[int]) -> float:
 
 
 async def measure(
-    open_session: Callable, tool: str, sessions: int, calls: int, warmup: int, server_sessions: Collection[int] = ()
+    open_session: Callable, tool: str, sessions: int, calls: int, warmup: int, server_cpu: Callable[[], float] | None
 ) -> dict:
-    """`calls` calls spread over `sessions` concurrent sessions, after `warmup` calls on each."""
+    """`calls` calls spread over `sessions` concurrent sessions, after `warmup` calls on each; `server_cpu` reads the
+    server's CPU seconds so far (sessions_cpu_seconds, process_cpu_seconds), None for no server."""
     latencies: list[float] = []
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(open_session()) for _ in range(sessions)]
@@ -149,11 +150,11 @@ async def measure(
                 assert not result.is_error, result
 
         await asyncio.gather(*(drive(client, warmup, False) for client in clients))
-        machine, server = machine_cpu_seconds(), sessions_cpu_seconds(server_sessions)
+        machine, server = machine_cpu_seconds(), server_cpu() if server_cpu else 0.0
         started = time.perf_counter()
         await asyncio.gather(*(drive(client, calls // sessions, True) for client in clients))
         wall = time.perf_counter() - started
-        machine, server = machine_cpu_seconds() - machine, sessions_cpu_seconds(server_sessions) - server
+        machine, server = machine_cpu_seconds() - machine, (server_cpu() if server_cpu else 0.0) - server
     cut = statistics.quantiles(latencies, n=100)
     return {
         "sessions": sessions,
@@ -162,7 +163,7 @@ async def measure(
         "p90_ms": cut[89] * 1000,
         "p99_ms": cut[98] * 1000,
         "calls_per_s": len(latencies) / wall,
-        "server_cpu_ms": server * 1000 / len(latencies) if server_sessions else None,
+        "server_cpu_ms": server * 1000 / len(latencies) if server_cpu else None,
         "machine_cpu_ms": machine * 1000 / len(latencies),
     }
 
@@ -313,7 +314,8 @@ async def measure_all(targets: dict, args: argparse.Namespace) -> list[dict]:
     for sessions in (int(s) for s in args.sessions.split(",")):
         for name in args.targets.split(","):
             open_session, tool, server_sessions = targets[name]
-            result = await measure(open_session, tool, sessions, args.calls, args.warmup, server_sessions)
+            server_cpu = (lambda ids=server_sessions: sessions_cpu_seconds(ids)) if server_sessions else None
+            result = await measure(open_session, tool, sessions, args.calls, args.warmup, server_cpu)
             results.append({"target": name, **result})
             print(
                 f"{name:14} {sessions:3} sessions  p50 {result['p50_ms']:.2f} ms  {result['calls_per_s']:.0f} calls/s  "
