@@ -55,7 +55,7 @@ class AuditConnections:
         self._flushers: set[asyncio.Task[None]] = set()
         self._size, self._local, self._counts = size, local, counts
         self._head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
-        self._marks = "(" + ", ".join(["%s"] * len(columns)) + ")"
+        self._width = len(columns)
         self._sql: dict[int, str] = {}
 
     async def insert(self, values: list[Any]) -> None:
@@ -132,15 +132,22 @@ class AuditConnections:
             row.settle()
 
     def _insert(self, count: int) -> str:
+        """The INSERT of `count` rows in PostgreSQL's own placeholders ($1, $2…), which a raw cursor sends as they
+        are: psycopg would otherwise parse a batch's %s marks again at every commit (it caches no statement of
+        more than 50 parameters)."""
         if count not in self._sql:
-            self._sql[count] = self._head + ", ".join([self._marks] * count)
+            width = self._width
+            rows = (", ".join(f"${row * width + n}" for n in range(1, width + 1)) for row in range(count))
+            self._sql[count] = self._head + ", ".join(f"({marks})" for marks in rows)
         return self._sql[count]
 
     async def _take(self) -> psycopg.AsyncConnection:
         if self._idle:
             return self._idle.pop()
         try:
-            conn = await psycopg.AsyncConnection.connect(**_connect_kwargs(), autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(
+                **_connect_kwargs(), autocommit=True, cursor_factory=psycopg.AsyncRawCursor
+            )
         except psycopg.Error as exc:
             raise AuditUnavailable(str(exc)) from exc
         if self._local:  # commits return before their WAL reaches disk (docs/audit.md)
