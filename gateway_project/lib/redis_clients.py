@@ -5,6 +5,7 @@ process 0.15-0.2 s to start, and the embedded default never uses it. Catch its e
 `redis_clients.RedisError`, which is looked up only when an exception is being matched."""
 
 import asyncio
+import hashlib
 import threading
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -60,3 +61,21 @@ def async_redis(url: str = "") -> "redis.asyncio.Redis":
             retry = _retry(redis.asyncio.retry.Retry)
             _async_clients[key] = redis.asyncio.Redis.from_url(key[1], **REDIS_OPTIONS, retry=retry)
         return _async_clients[key]
+
+
+@cache
+def _sha1(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
+async def script_run(script: str, keys: list[str], args: list[Any]) -> Any:
+    """A Lua script by its digest (EVALSHA): a call's scripts run on every call, and EVAL would send their
+    text and have Redis hash it each time. A Redis that does not hold it (restarted, its scripts flushed) is
+    sent the text once, which it then keeps."""
+    import redis
+
+    client = async_redis()
+    try:
+        return await client.evalsha(_sha1(script), len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        return await client.eval(script, len(keys), *keys, *args)

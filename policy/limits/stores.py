@@ -183,7 +183,7 @@ class RedisLimitStore:
             a.upstream.share if a.borrowed else 0,
         ]
         try:
-            code, retry_after, probing = await redis_clients.async_redis().eval(ADMIT, len(keys), *keys, *args)
+            code, retry_after, probing = await redis_clients.script_run(ADMIT, keys, args)
         except redis_clients.RedisError:
             logger.exception("admission state unavailable")
             return Verdict("LIMITS_UNAVAILABLE", 1.0)
@@ -212,7 +212,7 @@ class RedisLimitStore:
             "1" if a.borrowed else "0",
         ]
         try:
-            await redis_clients.async_redis().eval(RELEASE, len(keys), *keys, *args)
+            await redis_clients.script_run(RELEASE, keys, args)
         except redis_clients.RedisError:  # the busy counter expires on its own; the breaker misses one reading
             logger.exception("could not release admission of request %s", a.request_id)
 
