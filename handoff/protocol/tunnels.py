@@ -10,6 +10,7 @@ tunnel's domain, its worker queue and its tools.
 import json
 import threading
 import uuid
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any, Protocol
@@ -69,28 +70,45 @@ class SessionStateUnavailable(Exception):
     """The session index could not be read: whether the session is handed off is unknown."""
 
 
+# A session's entry as its request's front door read it, in one round trip with the session's record
+# (handoff/endpoints/streamable_http/redis_sessions.py): the request's first look at the index takes it instead
+# of asking Redis again; any later look asks.
+_read_ahead: ContextVar[tuple[str, bytes | None] | None] = ContextVar("session_index_read_ahead", default=None)
+
+
+def index_read_ahead(session: str, raw: bytes | None) -> None:
+    """What the index holds for `session` (`index_session`) now, read by this request's front door."""
+    _read_ahead.set((session, raw))
+
+
 class RedisSessionIndex:
     # Deletes only if the entry still names this tunnel: a newer handoff of the session stays.
     DROP = "local v = redis.call('GET', KEYS[1]) if v and cjson.decode(v).tunnel_id == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"  # noqa: E501
 
-    def _key(self, session: str) -> str:
+    @staticmethod
+    def key(session: str) -> str:
         return f"{settings.GATEWAY_REDIS_PREFIX}tunnel:{session}"
 
     async def get(self, session: str) -> SessionTunnel | None:
-        try:
-            raw = await redis_clients.async_redis().get(self._key(session))
-        except redis_clients.RedisError as exc:
-            raise SessionStateUnavailable(str(exc)) from exc
+        ahead = _read_ahead.get()
+        if ahead is not None and ahead[0] == session:
+            _read_ahead.set(None)
+            raw = ahead[1]
+        else:
+            try:
+                raw = await redis_clients.async_redis().get(self.key(session))
+            except redis_clients.RedisError as exc:
+                raise SessionStateUnavailable(str(exc)) from exc
         return None if raw is None else SessionTunnel(**json.loads(raw))
 
     async def put(self, session: str, entry: SessionTunnel) -> None:
-        await redis_clients.async_redis().set(self._key(session), json.dumps(asdict(entry)), ex=INDEX_TTL_SECONDS)
+        await redis_clients.async_redis().set(self.key(session), json.dumps(asdict(entry)), ex=INDEX_TTL_SECONDS)
 
     async def forget(self, session: str, tunnel_id: str) -> None:
-        await redis_clients.async_redis().eval(self.DROP, 1, self._key(session), tunnel_id)
+        await redis_clients.async_redis().eval(self.DROP, 1, self.key(session), tunnel_id)
 
     def drop(self, session: str, tunnel_id: str) -> None:
-        redis_clients.sync_redis().eval(self.DROP, 1, self._key(session), tunnel_id)
+        redis_clients.sync_redis().eval(self.DROP, 1, self.key(session), tunnel_id)
 
 
 class LocalSessionIndex:

@@ -23,13 +23,14 @@ from typing import Any
 from django.conf import settings
 from django.core import signing
 
-from gateway_project.lib.redis_clients import async_redis
+from gateway_project.lib.redis_clients import async_redis, script_run
 from handoff.endpoints.streamable_http.sessions import HttpSession, Readable
 from handoff.endpoints.streamable_http.streams import EventStream
 from handoff.endpoints.streamable_http.wire import PING, sse_frame
 from handoff.mcp.agent_relay import session_level, session_level_restore
 from handoff.mcp.caller import Caller
 from handoff.mcp.list_changed import session_forget
+from handoff.protocol.tunnels import RedisSessionIndex, index_read_ahead, index_session
 from handoff.session_limit import RedisSessionLimit
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 return n
 """
+# A request's session record, renewed, and its session's handoff entry (handoff/protocol/tunnels.py): one round trip.
+READ = "return {redis.call('GETEX', KEYS[1], 'EX', ARGV[1]), redis.call('GET', KEYS[2])}"
 # The end of a session noticed by the first process to see its record gone: only that one records it.
 CLAIM_END = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -189,7 +192,10 @@ class RedisSessions:
     async def get(self, session_id: str, caller: Caller) -> HttpSession | None:
         if len(session_id) != 32 or any(c not in "0123456789abcdef" for c in session_id):
             return None
-        record = await async_redis().getex(_key("mcp-session", session_id), ex=self._ttl)
+        index = index_session(caller.agent_id, session_id)  # the caller stage's look at the session's handoff
+        keys = [_key("mcp-session", session_id), RedisSessionIndex.key(index)]
+        record, entry = await script_run(READ, keys, [self._ttl])
+        index_read_ahead(index, entry)
         cached = self._cache.get(session_id)
         if record is None:
             return None

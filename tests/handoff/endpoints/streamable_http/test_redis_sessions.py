@@ -1,6 +1,8 @@
-"""2025-11-25 sessions in Redis: what an ended session leaves there lasts no longer than its sweep needs."""
+"""2025-11-25 sessions in Redis: what an ended session leaves there lasts no longer than its sweep needs; a request's
+read of its session brings the session's handoff entry along."""
 
 import asyncio
+import uuid
 
 import pytest
 from django.conf import settings
@@ -8,6 +10,7 @@ from django.conf import settings
 from gateway_project.lib.redis_clients import async_redis
 from handoff.endpoints.streamable_http.redis_sessions import SWEPT_WITHIN, RedisSessions
 from handoff.mcp.caller import Caller
+from handoff.protocol.tunnels import SessionTunnel, index_session, session_index
 from handoff.session_limit import RedisSessionLimit
 from tests.conftest import needs
 from tests.helpers import until
@@ -45,3 +48,22 @@ def test_an_ended_sessions_mark_in_redis_lasts_its_idle_time_and_a_sweep_not_an_
     needs(bool(settings.REDIS_URL), "REDIS_URL is not set: the sessions are in the process")
 
     assert 0 < ended_mark_ttl(how) <= IDLE + SWEPT_WITHIN
+
+
+def test_the_first_look_at_the_index_after_a_session_is_read_takes_the_entry_read_with_it_and_later_ones_ask_redis():
+    needs(bool(settings.REDIS_URL), "REDIS_URL is not set: the sessions are in the process")
+
+    async def scenario() -> tuple[SessionTunnel | None, SessionTunnel | None]:
+        store = RedisSessions(10, RedisSessionLimit(10, IDLE), 60, 10)
+        session = await store.open(Caller(agent_id=42, agent_name="soak", transport="http", key_prefix="sb_42"))
+        await store.save(session)
+        index = index_session(42, session.id)
+        entry = SessionTunnel(tunnel_id=str(uuid.uuid4()), domain="billing", upstream_slug="billing")
+        await session_index().put(index, entry)
+        assert await store.get(session.id, session.owner) is session  # reads the entry too
+        await session_index().forget(index, entry.tunnel_id)  # gone from Redis since
+        return await session_index().get(index), await session_index().get(index)
+
+    first, later = asyncio.run(scenario())
+    assert first is not None and first.domain == "billing"
+    assert later is None
