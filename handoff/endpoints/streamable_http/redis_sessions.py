@@ -2,8 +2,9 @@
 round-robin load balancer needs no affinity (docs/internals.md).
 
 A session's record (who opened it, what its handshake settled, its log level) is one key, signed so that a
-writer to Redis can neither make one nor change whose it is, and renewed on every request (one GETEX, which
-also tells a process that the session ended elsewhere). Each process keeps the sessions it served lately as
+writer to Redis can neither make one nor change whose it is, and renewed on every request (a GETEX, which
+also tells a process that the session ended elsewhere, in one script with the read of the session's handoff
+entry, which the request's caller stage takes). Each process keeps the sessions it served lately as
 objects and takes up one it never saw from its record. What a session is sent outside any request goes into
 a Redis stream, which the GET holding it reads wherever each side runs; a request's stream answered as SSE is
 copied there too, for a client that resumes it on another process. A client's answer to a question, or its
