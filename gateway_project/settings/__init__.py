@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from django.conf import global_settings
 from django.core.exceptions import ImproperlyConfigured
 
 from gateway_project.environment import (
@@ -471,6 +472,8 @@ SPECTACULAR_SETTINGS = {
 GATEWAY_METRICS_TOKEN = env_str("GATEWAY_METRICS_TOKEN")
 
 # --- Django basics --------------------------------------------------------------------------
+# Django's hashers, and after them the one for passwords the demo makes at random (a sign-in rehashes with the first).
+PASSWORD_HASHERS = [*global_settings.PASSWORD_HASHERS, "handoff.management.demo_passwords.GeneratedPasswordHasher"]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
