@@ -9,6 +9,7 @@ import re
 import signal
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -110,19 +111,23 @@ def _own_prefix() -> str:
     return f"sb-{uuid.uuid4().hex[:8]}:"
 
 
-def test_a_worker_killed_mid_call_ends_the_call_at_its_deadline_with_executor_unavailable(server_env, world, logs):
+def _sleep_signalled(
+    server_env, logs, slug: str, signum: int, *, upstream: dict[str, Any], **web: str
+) -> tuple[CallToolResult, int, int]:
+    """A 2 s call of upstream `slug` (its `upstream` fields) through a gateway and a worker of their own; once the
+    upstream runs it, the worker is sent `signum`. The call's result, the audit mark before it, and the worker's
+    exit status."""
     needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Celery worker")
     env = server_env | {"GATEWAY_REDIS_PREFIX": _own_prefix()}
-    worker = servers.start_worker(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "worker-direct-killed.log")
-    # The deadline the gateway waits for is its own: the worker connects with the default 20 s.
-    web = servers.web_env(env, "celery") | {"GATEWAY_CALL_TRANSPORT": "direct", "GATEWAY_CONNECT_TIMEOUT": "5"}
-    gateway = servers.start_gateway(web, logs / "gateway-direct-killed.log")
-    mark = f"killed-{uuid.uuid4().hex[:12]}"
+    worker = servers.start_worker(env | {"GATEWAY_EXECUTOR": "celery"}, logs / f"worker-direct-{slug}.log")
+    web_env = servers.web_env(env, "celery") | {"GATEWAY_CALL_TRANSPORT": "direct", **web}
+    gateway = servers.start_gateway(web_env, logs / f"gateway-direct-{slug}.log")
+    mark = f"{slug}-{uuid.uuid4().hex[:12]}"
     try:
-        with agent("orphaned-call") as (_, key), demo_upstream("killed", timeout=3.0):
-            eventually(lambda: "killed__sleep" in run(lambda: tool_names(gateway.url, key)), timeout=10)
+        with agent(f"{slug}-caller") as (_, key), demo_upstream(slug, **upstream):
+            eventually(lambda: f"{slug}__sleep" in run(lambda: tool_names(gateway.url, key)), timeout=10)
             # The upstream started first (a sandboxed start on a loaded machine may outlast the connect timeout).
-            eventually(lambda: _answered(run(lambda: call(gateway.url, key, "killed__echo", {"text": "up"}))), 30)
+            eventually(lambda: _answered(run(lambda: call(gateway.url, key, f"{slug}__echo", {"text": "up"}))), 30)
             started = audit_mark()
 
             async def scenario():
@@ -130,13 +135,22 @@ def test_a_worker_killed_mid_call_ends_the_call_at_its_deadline_with_executor_un
                     sdk_client(gateway.url, key, "legacy", timeout=30) as client,
                     anyio.create_task_group() as tg,
                 ):
-                    tg.start_soon(lambda: _kill_once_started(worker, mark))
-                    return await client.call_tool("killed__sleep", {"seconds": 2, "mark": mark})
+                    tg.start_soon(lambda: _signal_once_started(worker, mark, signum))
+                    return await client.call_tool(f"{slug}__sleep", {"seconds": 2, "mark": mark})
 
-            lost = run(scenario)
+            result = run(scenario)
+            exited = worker.process.wait(timeout=30)
     finally:
         gateway.stop()
         worker.stop()
+    return result, started, exited
+
+
+def test_a_worker_killed_mid_call_ends_the_call_at_its_deadline_with_executor_unavailable(server_env, world, logs):
+    # The deadline the gateway waits for is its own: the worker connects with the default 20 s.
+    lost, started, _ = _sleep_signalled(
+        server_env, logs, "killed", signal.SIGKILL, upstream={"timeout": 3.0}, GATEWAY_CONNECT_TIMEOUT="5"
+    )
     assert (lost.is_error, lost.content[0].text) == (True, f"killed__sleep: {LOST}")
     row = next(r for r in audit_since(started) if r.kind == AuditEvent.Kind.COMPLETED)
     # The upstream's 3 s, connecting's 5 s, the executor's 5 s of grace.
@@ -151,9 +165,9 @@ def _answered(result: object) -> bool:
     return isinstance(result, CallToolResult) and not result.is_error
 
 
-async def _kill_once_started(worker: servers.Running, mark: str) -> None:
+async def _signal_once_started(worker: servers.Running, mark: str, signum: int) -> None:
     await until(lambda: demo_started(mark), timeout=10)
-    os.killpg(worker.process.pid, signal.SIGKILL)
+    os.killpg(worker.process.pid, signum)
 
 
 def test_redis_gone_mid_call_ends_it_at_its_deadline_and_the_consumer_takes_calls_once_redis_is_back(
@@ -208,37 +222,8 @@ def test_redis_gone_mid_call_ends_it_at_its_deadline_and_the_consumer_takes_call
 
 
 def test_a_worker_stopped_warmly_mid_call_finishes_the_call_it_took_then_exits(server_env, world, logs):
-    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: no Celery worker")
-    env = server_env | {"GATEWAY_REDIS_PREFIX": _own_prefix()}
-    worker = servers.start_worker(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "worker-direct-stopped.log")
-    web = servers.web_env(env, "celery") | {"GATEWAY_CALL_TRANSPORT": "direct"}
-    gateway = servers.start_gateway(web, logs / "gateway-direct-stopped.log")
-    mark = f"stopped-{uuid.uuid4().hex[:12]}"
-    try:
-        with agent("warm-stop") as (_, key), demo_upstream("stopping"):
-            eventually(lambda: "stopping__sleep" in run(lambda: tool_names(gateway.url, key)), timeout=10)
-            eventually(lambda: _answered(run(lambda: call(gateway.url, key, "stopping__echo", {"text": "up"}))), 30)
-            started = audit_mark()
-
-            async def scenario():
-                async with (
-                    sdk_client(gateway.url, key, "legacy", timeout=30) as client,
-                    anyio.create_task_group() as tg,
-                ):
-                    tg.start_soon(lambda: _stop_once_started(worker, mark))
-                    return await client.call_tool("stopping__sleep", {"seconds": 2, "mark": mark})
-
-            finished = run(scenario)
-            # Celery's warm shutdown waited for the consumer's call, then the worker ended of itself.
-            assert worker.process.wait(timeout=30) == 0
-    finally:
-        gateway.stop()
-        worker.stop()
+    finished, started, exited = _sleep_signalled(server_env, logs, "stopping", signal.SIGTERM, upstream={})
+    assert exited == 0  # Celery's warm shutdown waited for the consumer's call, then the worker ended of itself
     assert (finished.is_error, finished.content[0].text) == (False, "slept")
     rows = [(r.kind, r.outcome) for r in audit_since(started) if r.exposed_name == "stopping__sleep"]
     assert rows == [(AuditEvent.Kind.APPROVED, ""), (AuditEvent.Kind.COMPLETED, "ok")]
-
-
-async def _stop_once_started(worker: servers.Running, mark: str) -> None:
-    await until(lambda: demo_started(mark), timeout=10)
-    os.kill(worker.process.pid, signal.SIGTERM)
