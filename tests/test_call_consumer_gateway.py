@@ -35,42 +35,41 @@ LOST = (
 )
 
 
-@pytest.fixture(scope="module")
-def direct_gateway(traced_env, world, celery_worker, logs) -> Iterator[servers.Running]:
-    env = servers.web_env(traced_env, "celery") | {"GATEWAY_CALL_TRANSPORT": "direct"}
-    running = servers.start_gateway(env, logs / "gateway-direct.log")
+def _gateway_of(transport: str, traced_env: dict[str, str], logs) -> Iterator[servers.Running]:
+    env = servers.web_env(traced_env, "celery") | {"GATEWAY_CALL_TRANSPORT": transport}
+    running = servers.start_gateway(env, logs / f"gateway-{transport}.log")
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="module")
+def direct_gateway(traced_env, world, celery_worker, logs) -> Iterator[servers.Running]:
+    yield from _gateway_of("direct", traced_env, logs)
+
+
+@pytest.fixture(scope="module")
+def task_gateway(traced_env, world, celery_worker, logs) -> Iterator[servers.Running]:
+    yield from _gateway_of("task", traced_env, logs)
 
 
 def _calls_by_task(worker: servers.Running) -> int:
     return len(re.findall(r"Task registry\.request\[\S+\] succeeded", worker.log.read_text()))
 
 
-def test_a_call_is_approved_run_by_the_call_consumer_and_completed(direct_gateway, world, celery_worker):
-    mark, by_task = audit_mark(), _calls_by_task(celery_worker)
-    result = run(lambda: call(direct_gateway.url, world.key, "demo__echo", {"text": "past celery"}))
-    assert isinstance(result, CallToolResult) and (result.is_error, result.content[0].text) == (False, "past celery")
+@pytest.mark.parametrize(("transport", "tasks"), [("direct", 0), ("task", 1)])
+def test_a_call_is_approved_run_and_completed_by_the_call_consumer_or_the_task(
+    request, transport, tasks, world, celery_worker
+):
+    gateway, mark, by_task = (
+        request.getfixturevalue(f"{transport}_gateway"),
+        audit_mark(),
+        _calls_by_task(celery_worker),
+    )
+    result = run(lambda: call(gateway.url, world.key, "demo__echo", {"text": transport}))
+    assert isinstance(result, CallToolResult) and (result.is_error, result.content[0].text) == (False, transport)
     rows = [(r.kind, r.outcome) for r in audit_since(mark) if r.exposed_name == "demo__echo"]
     assert rows == [(AuditEvent.Kind.APPROVED, ""), (AuditEvent.Kind.COMPLETED, "ok")]
-    assert _calls_by_task(celery_worker) == by_task  # no Celery task carried it
-
-
-@pytest.fixture(scope="module")
-def task_gateway(traced_env, world, celery_worker, logs) -> Iterator[servers.Running]:
-    env = servers.web_env(traced_env, "celery") | {"GATEWAY_CALL_TRANSPORT": "task"}
-    running = servers.start_gateway(env, logs / "gateway-task.log")
-    yield running
-    running.stop()
-
-
-def test_with_the_task_transport_a_call_is_carried_by_the_registry_request_task(task_gateway, world, celery_worker):
-    mark, by_task = audit_mark(), _calls_by_task(celery_worker)
-    result = run(lambda: call(task_gateway.url, world.key, "demo__echo", {"text": "as a task"}))
-    assert isinstance(result, CallToolResult) and (result.is_error, result.content[0].text) == (False, "as a task")
-    rows = [(r.kind, r.outcome) for r in audit_since(mark) if r.exposed_name == "demo__echo"]
-    assert rows == [(AuditEvent.Kind.APPROVED, ""), (AuditEvent.Kind.COMPLETED, "ok")]
-    assert eventually(lambda: _calls_by_task(celery_worker) == by_task + 1)
+    assert eventually(lambda: _calls_by_task(celery_worker) == by_task + tasks)  # a task carried it, or none
 
 
 def test_progress_reaches_the_agent_through_the_call_consumer(direct_gateway, world):
