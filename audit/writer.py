@@ -1,6 +1,6 @@
 """Audit rows from async code. On PostgreSQL the row goes straight from the event loop through a few
-long-lived autocommit connections, with group commit (audit/pg_writer.py, imported only there); on SQLite, the
-process's one writer thread does the same (audit/sqlite_writer.py)."""
+long-lived autocommit connections, with group commit (audit/pg_writer.py, imported only where the default
+database is PostgreSQL); on SQLite, the process's one writer thread does the same (audit/sqlite_writer.py)."""
 
 import asyncio
 from functools import cached_property
@@ -16,8 +16,8 @@ from audit.services import audit_fields
 from audit.sqlite_writer import SqliteAuditWriter
 from audit.writer_errors import AuditCommits, AuditSettled, AuditUnavailable
 
-if TYPE_CHECKING:
-    from audit.pg_writer import AuditConnections
+if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" or TYPE_CHECKING:
+    from audit.pg_writer import AuditConnections  # PostgreSQL's alone: psycopg is never loaded on SQLite
 
 __all__ = ["AsyncAuditWriter", "AuditSettled", "AuditUnavailable", "audit_writer"]
 
@@ -75,8 +75,6 @@ class AsyncAuditWriter:
 
     def pool(self) -> "AuditConnections":
         """This event loop's connections."""
-        from audit.pg_writer import AuditConnections  # PostgreSQL's alone: psycopg is never loaded on SQLite
-
         loop = id(asyncio.get_running_loop())
         if loop not in self._connections:
             table, columns, plan = self._plan
