@@ -84,12 +84,19 @@ uid=$4 && shift 4 && exec setpriv --reuid="$uid" --regid="$uid" --clear-groups -
 """
 
 
+def _open(folder: Path) -> bool:
+    """Whether other users may pass through `folder`."""
+    return bool(os.stat(folder).st_mode & 0o001)
+
+
 def as_user(user: str, own: str) -> list[str]:
     """The start of a command line that runs the rest as `user` (root, or not), with `own` its folder."""
     if user == "root":
         return []
+    if closed_checkout := next((p for p in (servers.ROOT, *servers.ROOT.parents) if not _open(p)), None):
+        pytest.skip(f"the checkout lies in {closed_checkout}, closed to other users: another uid cannot run it")
     installation = Path(os.path.realpath(sys.executable)).parent.parent
-    closed = next((p for p in reversed(installation.parents) if not os.stat(p).st_mode & 0o001), "")
+    closed = next((p for p in reversed(installation.parents) if not _open(p)), "")
     uid = str(settings.GATEWAY_STDIO_SANDBOX_UID)
     for folder in (f"{own}/home", f"{own}/var"):
         os.makedirs(folder)
