@@ -52,7 +52,7 @@ if settings.GATEWAY_ANONYMOUS_AGENT:
     )
 start_warnings_log()
 # uvicorn's access lines are INFO records of a logger uvicorn set up before Django's LOGGING: a LOG_LEVEL above INFO
-# drops them too (a line per request costs the process about 2 % of its CPU), never lowers uvicorn's own level.
+# drops them too (a line a request: 2 % of a profile of the process under load), never lowers uvicorn's own level.
 _access = logging.getLogger("uvicorn.access")
 _access.setLevel(max(_access.level, logging.getLevelName(settings.LOG_LEVEL)))
 
