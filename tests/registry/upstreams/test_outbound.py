@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from registry.upstreams.outbound import _said, ids_mapped
+from tests.helpers import until
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("unshare"), reason="writing another namespace's id maps needs root"
@@ -24,7 +25,8 @@ def test_the_setup_waits_until_the_sandboxs_user_namespace_maps_its_ids():
     child = subprocess.Popen(["unshare", "--user", "cat"], stdin=subprocess.PIPE)
     try:
         proc = Path(f"/proc/{child.pid}")
-        anyio.run(_until_unshared, proc)
+        ours = os.readlink("/proc/self/ns/user")
+        anyio.run(until, lambda: os.readlink(proc / "ns/user") != ours)  # unshare has run
         assert (proc / "gid_map").read_text() == ""
 
         async def waits() -> bool:
@@ -46,14 +48,6 @@ def test_the_setup_waits_until_the_sandboxs_user_namespace_maps_its_ids():
     finally:
         child.kill()
         child.wait()
-
-
-async def _until_unshared(proc: Path) -> None:
-    """Until the process has left this process's user namespace (unshare has run)."""
-    ours = os.readlink("/proc/self/ns/user")
-    with anyio.fail_after(5):
-        while os.readlink(proc / "ns/user") == ours:
-            await anyio.sleep(0.001)
 
 
 @pytest.mark.parametrize(
