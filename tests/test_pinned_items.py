@@ -144,7 +144,15 @@ def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_
 ):
     with saying(tmp_path, SAID) as (upstream, path):
         upstream_catalog_sync(upstream=upstream)
-        before = eventually(lambda: (s := seen(inline_gateway, world.key, mode)) and "sayer__greet" in s.prompts and s)
+        # The instructions come from the catalog the gateway caches, which may reach it after the live lists.
+        before = eventually(
+            lambda: (
+                (s := seen(inline_gateway, world.key, mode))
+                and "sayer__greet" in s.prompts
+                and "## sayer" in s.instructions
+                and s
+            )
+        )
         changed = json.loads(path.read_text())
         changed["instructions"] = RUG
         changed["prompts"]["greet"]["text"] = RUG
