@@ -152,6 +152,9 @@ def test_a_web_process_drained_leaves_rotation_while_a_session_carries_on_throug
     compose, url = stack
     eventually(lambda: answer(f"{url}/readyz") == 200, timeout=START_SECONDS)
     key = exec_in(compose, "web-1", "python manage.py create_agent compose-drainer").strip()
+    # It calls as fast as it can until web-1 has stopped (up to half a minute): past the default 600 a minute.
+    unlimited = "a = Agent.objects.get(name='compose-drainer'); a.calls_per_minute = 100_000; a.save()"
+    exec_in(compose, "web-1", f'python manage.py shell -c "from policy.models import Agent; {unlimited}"')
     web = _container(compose, "web-1")
     results = []
 
