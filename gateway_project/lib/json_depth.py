@@ -15,6 +15,8 @@ def nested_deeper_than(raw: bytes | str, limit: int) -> bool:
     """Whether JSON text nests arrays and objects deeper than `limit`: one linear scan of the text, strings
     left out, without parsing it (Python's parser recurses, and fails near 1,000 levels)."""
     text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if text.count(b"[") + text.count(b"{") <= limit:  # no deeper than its brackets, strings' own included
+        return False
     depth = 0
     for bracket in STRING.sub(b"", text).translate(OPENING, NOT_BRACKETS):
         depth += 1 if bracket == OPEN else -1

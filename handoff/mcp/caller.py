@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -142,17 +143,31 @@ class Refused(Exception):
         self.caller = caller  # who was refused, when their credentials were good (a virtual server refused them)
 
 
+# A request's headers by name, kept in its scope: a request reads about ten of them, each a scan of the list.
+_HEADERS = "switchboard.headers"
+
+
 def header(scope: dict, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return None
+    raw = scope.get("headers", [])
+    kept = scope.get(_HEADERS)
+    if kept is None or kept[0] is not raw:  # none yet, or the list was replaced since
+        by_name: dict[bytes, bytes] = {}
+        for key, value in raw:
+            by_name.setdefault(key.lower(), value)  # the first of a repeated header, as before
+        kept = scope[_HEADERS] = (raw, by_name)
+    value = kept[1].get(name)
+    return None if value is None else value.decode("latin-1")
 
 
 def host_allowed(scope: dict) -> bool:
-    host = header(scope, b"host") or ""
+    return _host_allowed(header(scope, b"host") or "", tuple(settings.ALLOWED_HOSTS))
+
+
+@lru_cache(maxsize=64)
+def _host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """Django's check, once per Host value and ALLOWED_HOSTS: a request makes it with the same few values."""
     domain, _port = split_domain_port(host)
-    return bool(domain) and validate_host(domain, settings.ALLOWED_HOSTS)
+    return bool(domain) and validate_host(domain, allowed)
 
 
 def origin_allowed(scope: dict) -> bool:

@@ -4,6 +4,7 @@ finer is the SDK's to check."""
 
 import json
 import logging
+import re
 from typing import Any
 
 from django.conf import settings
@@ -53,6 +54,16 @@ def is_unicode(value: Any) -> bool:
     return True
 
 
+# Where a lone surrogate can come from in a frame's bytes: a \\uD800-\\uDFFF escape, or one encoded as UTF-8
+# (ED A0-BF), which json.loads lets through; a frame with neither holds none, and skips the checks below.
+SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _may_hold_surrogates(raw: bytes | str) -> bool:
+    # A NUL byte: UTF-16 or UTF-32, which json.loads also reads, and whose surrogates the pattern misses.
+    return not isinstance(raw, bytes) or b"\x00" in raw or SURROGATE.search(raw) is not None
+
+
 def parse_frame(raw: bytes | str) -> dict[str, Any]:
     """The frame as a dict, or FrameError with the JSON-RPC code and a message a client can act on."""
     limit = settings.GATEWAY_MAX_JSON_DEPTH
@@ -66,7 +77,8 @@ def parse_frame(raw: bytes | str) -> dict[str, Any]:
         raise FrameError(
             types.INVALID_REQUEST, "Invalid Request: send one JSON-RPC 2.0 object (batches are not part of MCP)"
         )
-    if not is_unicode(payload.get("id")):
+    surrogates = _may_hold_surrogates(raw)
+    if surrogates and not is_unicode(payload.get("id")):
         raise FrameError(types.INVALID_REQUEST, 'Invalid Request: "id" holds a lone UTF-16 surrogate')
     request_id = frame_id(payload)
     is_message = isinstance(payload.get("method"), str) or (
@@ -81,7 +93,8 @@ def parse_frame(raw: bytes | str) -> dict[str, Any]:
             'or response ("jsonrpc": "2.0" and a "method")',
             request_id,
         )
-    _check_text(payload, request_id)
+    if surrogates:
+        _check_text(payload, request_id)
     return payload
 
 

@@ -35,8 +35,11 @@ def priming_frame(event_id: str) -> bytes:
 
 
 async def json_answer(send: Any, status: int, body: str | bytes, headers: Headers = ()) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [JSON, *headers]})
-    await send({"type": "http.response.body", "body": body.encode() if isinstance(body, str) else body})
+    data = body.encode() if isinstance(body, str) else body
+    # Its length said: the server sends the body as it is, not chunked (framing the client has to take apart).
+    length = (b"content-length", str(len(data)).encode())
+    await send({"type": "http.response.start", "status": status, "headers": [JSON, length, *headers]})
+    await send({"type": "http.response.body", "body": data})
 
 
 async def error_answer(
