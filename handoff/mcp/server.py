@@ -118,7 +118,9 @@ def build_server() -> Server:
     with warnings.catch_warnings():  # logging is gone from 2026-07-28, but 2025-11-25 agents still set levels
         warnings.simplefilter("ignore", MCPDeprecationWarning)
         gateway = _gateway_server()
-    gateway.middleware.extend((RememberSessions(), TaskAnswers()))
+    # In place of the SDK's OpenTelemetry middleware: a request's SERVER span is audit/telemetry.py's mcp_span, and
+    # the SDK's, on the global tracer (a no-op unless something installs a provider), would only repeat it.
+    gateway.middleware = [RememberSessions(), TaskAnswers()]
     gateway.add_request_handler("tasks/get", types.GetTaskRequestParams, get_task)
     gateway.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, task_result)
     gateway.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, cancel_task)
