@@ -4,7 +4,7 @@ import json
 import time
 from dataclasses import replace
 
-from handoff.mcp.caller import PERSON_DISABLED, TOKEN_EXPIRED, Caller, signed_out
+from handoff.mcp.caller import PERSON_DISABLED, TOKEN_EXPIRED, Caller, header, signed_out
 from handoff.snapshot import Snapshot
 
 
@@ -30,3 +30,10 @@ def test_a_caller_crosses_to_a_worker_with_its_token_sealed_and_out_of_its_repr(
     assert token not in json.dumps(wire) and wire["token"].startswith("sbx1:")
     assert Caller.from_wire(wire) == caller
     assert Caller.from_wire(json.loads(json.dumps(replace(caller, token="").wire()))).token == ""
+
+
+def test_a_header_is_read_from_the_scope_s_headers_as_they_are_now_the_first_of_a_repeated_one():
+    scope = {"headers": [(b"host", b"a.test"), (b"X-Seen", b"one"), (b"x-seen", b"two")]}
+    assert header(scope, b"x-seen") == "one" and header(scope, b"origin") is None
+    scope["headers"] = [(b"host", b"b.test")]  # a middleware's new list: read afresh
+    assert header(scope, b"host") == "b.test" and header(scope, b"x-seen") is None
