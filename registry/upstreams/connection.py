@@ -15,6 +15,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from registry.rest.document import DocumentRefused
+from registry.upstreams.direct import DirectLine
 from registry.upstreams.egress import ADDRESS_REFUSED, EgressRefused
 from registry.upstreams.health import Witness, connect_cause, found, with_stderr
 from registry.upstreams.outcome import DELEGATION_MISSING, DOCUMENT_REFUSED, Outcome, failure
@@ -84,6 +85,7 @@ class UpstreamConnection:
         self.notice = notice
         self.on_exit = on_exit  # told when its stdio server ends while it serves (the pool restarts it)
         self.client: Any = None
+        self.direct = DirectLine(spec.slug)  # bound by a stdio server's transport: the plain calls' way
         self.alive = False
         self.started_at = self.last_used = anyio.current_time()
         self.in_flight = 0
@@ -117,9 +119,10 @@ class UpstreamConnection:
     async def _attempt(self, mode: str, legacy: bool, **options: Any) -> tuple[Any, AsyncExitStack]:
         """A client connected in `mode`, declaring what a session of that era should, and the stack that holds it."""
         stack = AsyncExitStack()
+        self.direct = DirectLine(self.spec.slug)  # the last attempt's is the one the connection keeps
         try:
             callbacks = self._callbacks(self._declares(legacy))
-            client = await self.spec.connect(stack, self.witness, mode=mode, **options, **callbacks)
+            client = await self.spec.connect(stack, self.witness, self.direct, mode=mode, **options, **callbacks)
         except BaseException:
             await stack.aclose()
             raise

@@ -164,7 +164,7 @@ class UpstreamPool:
     ) -> UpstreamConnection:
         key = (upstream_id, capabilities, person["person"] if person else "")
         if key not in self._locks:
-            self._locks[key] = anyio.Lock()
+            self._locks[key] = anyio.Lock(fast_acquire=True)  # no checkpoint when uncontended: most calls
         async with self._locks[key]:
             current = self._connections.get(key)
             if current and _serves(current, revision, person, catalog):
@@ -398,7 +398,7 @@ class UpstreamPool:
         token = sending.set(sent)
         try:
             with anyio.fail_after(spec.timeout):
-                return {"ok": True, "result": await action(connection.client, relay)}
+                return {"ok": True, "result": await action(connection, relay)}
         except TimeoutError:
             return failure("UPSTREAM_TIMEOUT", f"The service did not answer within {spec.timeout:g} seconds.")
         except MCPError as exc:

@@ -59,50 +59,54 @@ def unparsed_reply_id(raw: str) -> int | str | None:
     return json.loads(found) if found and b"method" not in members else None
 
 
+def _refusal(request_id: int | str, upstream: str) -> SessionMessage:
+    limit = settings.GATEWAY_MAX_JSON_DEPTH
+    message = (
+        f"The upstream {upstream!r} answered with JSON nested deeper than {limit} levels, "
+        "which the gateway does not pass on."
+    )
+    error = types.ErrorData(code=types.INTERNAL_ERROR, message=message, data=TOO_DEEP)
+    return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
+
+
+def checked(item: SessionMessage | Exception, upstream: str) -> SessionMessage | Exception:
+    """What the transport read, with a reply nested too deep replaced by an error for its request."""
+    limit = settings.GATEWAY_MAX_JSON_DEPTH
+    if isinstance(item, SessionMessage):
+        message = item.message
+        if isinstance(message, types.JSONRPCResponse) and nests_deeper_than(message.result, limit - 1):
+            return _refusal(message.id, upstream)
+        # Over HTTP the SDK answers a body or event it could not parse with a parse error for the request.
+        error = message.error if isinstance(message, types.JSONRPCError) else None
+        if error and error.code == types.PARSE_ERROR and PARSER_GAVE_UP in error.message:
+            return _refusal(message.id, upstream)
+    elif isinstance(item, ValidationError) and PARSER_GAVE_UP in str(item):
+        raw = item.errors()[0].get("input")
+        if isinstance(raw, str) and (request_id := unparsed_reply_id(raw)) is not None:
+            return _refusal(request_id, upstream)
+    return item
+
+
 class DepthCheckedStream:
-    """The transport's read stream, with every reply nested too deep replaced by an error for its request."""
+    """The transport's read stream, with every reply nested too deep replaced by an error for its request
+    (`checked`: a stdio transport's direct requests, registry/upstreams/direct.py, have theirs checked there)."""
 
     def __init__(self, inner: Any, upstream: str) -> None:
         self._inner = inner
         self._upstream = upstream
-
-    def _refusal(self, request_id: int | str) -> SessionMessage:
-        limit = settings.GATEWAY_MAX_JSON_DEPTH
-        message = (
-            f"The upstream {self._upstream!r} answered with JSON nested deeper than {limit} levels, "
-            "which the gateway does not pass on."
-        )
-        error = types.ErrorData(code=types.INTERNAL_ERROR, message=message, data=TOO_DEEP)
-        return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
-
-    def _checked(self, item: SessionMessage | Exception) -> SessionMessage | Exception:
-        limit = settings.GATEWAY_MAX_JSON_DEPTH
-        if isinstance(item, SessionMessage):
-            message = item.message
-            if isinstance(message, types.JSONRPCResponse) and nests_deeper_than(message.result, limit - 1):
-                return self._refusal(message.id)
-            # Over HTTP the SDK answers a body or event it could not parse with a parse error for the request.
-            error = message.error if isinstance(message, types.JSONRPCError) else None
-            if error and error.code == types.PARSE_ERROR and PARSER_GAVE_UP in error.message:
-                return self._refusal(message.id)
-        elif isinstance(item, ValidationError) and PARSER_GAVE_UP in str(item):
-            raw = item.errors()[0].get("input")
-            if isinstance(raw, str) and (request_id := unparsed_reply_id(raw)) is not None:
-                return self._refusal(request_id)
-        return item
 
     @property
     def last_context(self) -> Any:  # the SDK's dispatcher looks for it on context-carrying streams
         return getattr(self._inner, "last_context", None)
 
     async def receive(self) -> SessionMessage | Exception:
-        return self._checked(await self._inner.receive())
+        return checked(await self._inner.receive(), self._upstream)
 
     def __aiter__(self) -> "DepthCheckedStream":
         return self
 
     async def __anext__(self) -> SessionMessage | Exception:
-        return self._checked(await self._inner.__anext__())
+        return checked(await self._inner.__anext__(), self._upstream)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp import types
+from mcp_types.methods import validate_server_result
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
@@ -58,9 +59,12 @@ def _passing(rounds: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# What the pool sends on a session: a function of the SDK client and of the call's relay, through which the
-# upstream's progress travels to the agent (the pool's relay, which blanks the upstream's credentials out).
+# What the pool sends on a session: a function of the connection (connection.py: its SDK client, and its direct
+# line to a stdio server) and of the call's relay, through which the upstream's progress travels to the agent
+# (the pool's relay, which blanks the upstream's credentials out).
 Action = Callable[[Any, Relay | None], Awaitable[dict[str, Any]]]
+# What a tools/call may answer: a result, or (2026-07-28) the input it needs first. The SDK session's union.
+CALL_TOOL_RESULT = TypeAdapter(types.CallToolResult | types.InputRequiredResult)
 
 
 def calling(
@@ -71,10 +75,14 @@ def calling(
 ) -> Action:
     """The call. With `rounds` (a 2026-07-28 agent's: {} or the `inputResponses` and upstream `requestState`
     of its retry), a 2026-07-28 upstream's input-required result comes back as it is, for the agent to
-    answer; otherwise the SDK client answers each round through the relay's callbacks."""
+    answer; otherwise the SDK client answers each round through the relay's callbacks. A call that relays
+    nothing to a stdio server goes by its direct line (`_direct`)."""
     sent_meta = {"traceparent": traceparent} if traceparent else None  # the gateway's span, the upstream's parent
 
-    async def call(client: Any, relay: Relay | None) -> dict[str, Any]:
+    async def call(connection: Any, relay: Relay | None) -> dict[str, Any]:
+        client = connection.client
+        if relay is None and rounds is None and connection.direct.open:
+            return _wire(await _direct(connection, tool, arguments, sent_meta))
         on_progress = relay.progress if relay else None
         if rounds is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
             passing = _passing(rounds)
@@ -86,6 +94,28 @@ def calling(
         return _wire(await client.call_tool(tool, arguments, meta=sent_meta, progress_callback=on_progress))
 
     return call
+
+
+async def _direct(connection: Any, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None) -> Any:
+    """The call by the connection's direct line, its answer checked as the SDK client checks its own: the
+    era's result schema, the result's type, the tool's output schema; an input-required answer's rounds
+    are answered by the SDK client's own driver, its retries sent through the session."""
+    client = connection.client
+    params = {"name": tool, "arguments": arguments} | ({"_meta": dict(meta)} if meta else {})
+    raw = await connection.direct.request(client.session, CALL_TOOL, params)
+    validate_server_result(CALL_TOOL, client.protocol_version, raw)
+    result = CALL_TOOL_RESULT.validate_python(raw, by_name=False)
+    if isinstance(result, types.InputRequiredResult):
+
+        async def retry(responses: Any, state: str | None) -> Any:
+            return await client.session.call_tool(
+                tool, arguments, meta=meta, input_responses=responses, request_state=state, allow_input_required=True
+            )
+
+        result = await client._drive_input_required(result, retry)
+    if not result.is_error:
+        await client.session.validate_tool_result(tool, result)
+    return result
 
 
 def _complete(client: Any, params: types.CompleteRequestParams) -> Awaitable[Any]:
@@ -134,7 +164,8 @@ IN_ROUNDS: dict[str, Callable[..., Awaitable[Any]]] = {
 def forwarding(method: str, params: dict[str, Any], rounds: dict[str, Any] | None = None) -> Action:
     capability, params_type, send = FORWARDED[method]
 
-    async def forward(client: Any, relay: Relay | None) -> dict[str, Any]:
+    async def forward(connection: Any, relay: Relay | None) -> dict[str, Any]:
+        client = connection.client
         if getattr(client.server_capabilities, capability, None) is None:
             raise Unsupported(method)
         typed = params_type.model_validate(params)
@@ -149,17 +180,18 @@ class Unsupported(Exception):
     """The upstream did not declare the capability a forwarded request needs."""
 
 
-async def catalog(client: Any, relay: Relay | None) -> dict[str, Any]:
+async def catalog(connection: Any, relay: Relay | None) -> dict[str, Any]:
     """What catalog sync keeps: every tool, what the upstream says of itself (era, instructions), and its
     resources, resource templates and prompts (offers.py)."""
+    client = connection.client
     tools = await list_every_page(client)
     said = {"protocolVersion": client.protocol_version, "instructions": client.instructions or ""}
     return {"tools": tools} | said | await offers(client)
 
 
-async def tools_listed(client: Any, relay: Relay | None) -> dict[str, Any]:
+async def tools_listed(connection: Any, relay: Relay | None) -> dict[str, Any]:
     """A health probe's question: the tools alone, the cheapest answer that shows the upstream serves."""
-    return {"tools": await list_every_page(client)}
+    return {"tools": await list_every_page(connection.client)}
 
 
 async def list_every_page(client: Any) -> list[dict[str, Any]]:

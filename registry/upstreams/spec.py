@@ -15,6 +15,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from registry.credentials import credentials_open
 from registry.upstreams.delegation import DelegationAuth
+from registry.upstreams.direct import DirectLine
 from registry.upstreams.egress import guarded_client
 from registry.upstreams.health import Witness
 from registry.upstreams.launch import server_start
@@ -118,11 +119,13 @@ class UpstreamSpec:
             kwargs["auth"] = DelegationAuth(self.grant)
         return guarded_client(internal=self.internal, params=self.query, **kwargs)
 
-    async def connect(self, stack: AsyncExitStack, witness: Witness, **options: Any) -> Client | RestClient:
+    async def connect(
+        self, stack: AsyncExitStack, witness: Witness, direct: DirectLine | None = None, **options: Any
+    ) -> Client | RestClient:
         """An open `mcp.Client` (or, for a REST service, a `RestClient`) whose resources `stack` owns; the
         caller's task must exit the stack. `witness` keeps what the exceptions will not say (stderr, HTTP
-        statuses). The options are the client's: its mode, and callbacks (elicitation, sampling, roots: what
-        it declares it can answer)."""
+        statuses); a stdio server's transport binds `direct` (registry/upstreams/direct.py). The options are
+        the client's: its mode, and callbacks (elicitation, sampling, roots: what it declares it can answer)."""
         if self.transport == "rest":
             # Redirects are followed by the client itself, which keeps credentials to the service's own origins.
             http = await stack.enter_async_context(
@@ -139,7 +142,7 @@ class UpstreamSpec:
                 logger.warning("upstream %s: its stdio server shares the host's network, unconfined", self.slug)
             prestarted = prestarted_take(start)  # the server serve_demo's launcher started for this, if any
             errlog = witness.errlog(prestarted.errlog if prestarted else None)
-            target: Any = stdio_transport(start, errlog, witness.ended, prestarted)
+            target: Any = stdio_transport(start, errlog, witness.ended, prestarted, direct)
         elif self.transport == "sse":
             factory = partial(self._http_client, event_hooks={"response": [witness.heard]})
             target = sse_client(self.url, headers=self.headers, timeout=self.timeout, httpx_client_factory=factory)

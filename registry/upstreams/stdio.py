@@ -22,8 +22,10 @@ from anyio.streams.memory import MemoryObjectSendStream
 from anyio.streams.text import TextReceiveStream
 from mcp import types
 from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
+from registry.upstreams.direct import DirectLine
 from registry.upstreams.launch import Launch, ServerStart, ending, launch
 from registry.upstreams.prestart import Prestarted
 
@@ -228,10 +230,15 @@ async def _ended(launched: Launch) -> None:
 
 @asynccontextmanager
 async def stdio_transport(
-    start: ServerStart, errlog: IO[bytes], ended: Callable[[str], None], prestarted: Prestarted | None = None
+    start: ServerStart,
+    errlog: IO[bytes],
+    ended: Callable[[str], None],
+    prestarted: Prestarted | None = None,
+    direct: DirectLine | None = None,
 ) -> AsyncIterator[tuple]:
     """The server's streams: the server `prestarted` (started as `start` says, its stderr in `errlog`), else one
-    started now as `start` says; `ended` hears how its process ended when its output ends first."""
+    started now as `start` says; `ended` hears how its process ended when its output ends first. `direct`, if
+    given, writes its requests on the same pipes and gets their answers before the session sees them."""
     if prestarted is not None:
         launched, process = prestarted.launched, _Adopted(prestarted.process)
     else:
@@ -244,6 +251,7 @@ async def stdio_transport(
     tagged, outgoing = anyio.create_memory_object_stream[tuple[Delivery | None, SessionMessage]](0)
     write_stream = _Tagged(tagged)
     stopping = False
+    writing = anyio.Lock(fast_acquire=True)  # lines written whole: the writer and the direct requests take turns
 
     async def read() -> None:
         async with incoming:
@@ -252,26 +260,48 @@ async def stdio_transport(
                 async for chunk in TextReceiveStream(process.stdout):  # type: ignore[arg-type]
                     *lines, buffer = (buffer + chunk).split("\n")
                     for line in lines:
-                        await incoming.send(_parse(line))
+                        item = _parse(line)
+                        if direct is None or (item := direct.take(item)) is not None:
+                            await incoming.send(item)
             if not stopping:
                 await _exited(process, STATUS_WAIT)
                 ended(await anyio.to_thread.run_sync(ending, process.returncode, sandbox is not None, cgroup))
+            if direct is not None:
+                direct.close()
+
+    async def broken() -> None:
+        """The server's input broke: it is going. Say how before the session sees the connection end (its cause
+        reads that), which otherwise races the reader's own report."""
+        if not stopping and await _exited(process, STATUS_WAIT):
+            ended(await anyio.to_thread.run_sync(ending, process.returncode, sandbox is not None, cgroup))
+        if direct is not None:
+            direct.close()
+        await incoming.aclose()  # the session sees the connection end rather than wait for an answer
 
     async def write() -> None:
         try:
             async with outgoing:
                 async for delivery, message in outgoing:
                     data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                    await process.stdin.send(data.encode())  # type: ignore[union-attr]
+                    async with writing:
+                        await process.stdin.send(data.encode())  # type: ignore[union-attr]
                     if delivery is not None:
                         delivery.written = True
         except PIPE_ERRORS:
-            # The server is going: say how before the session sees the connection end (its cause reads that),
-            # which otherwise races the reader's own report.
-            if not stopping and await _exited(process, STATUS_WAIT):
-                ended(await anyio.to_thread.run_sync(ending, process.returncode, sandbox is not None, cgroup))
-            await incoming.aclose()  # the session sees the connection end rather than wait for an answer
+            await broken()
 
+    async def send_direct(data: bytes) -> None:
+        try:
+            async with writing:
+                await process.stdin.send(data)  # type: ignore[union-attr]
+        except PIPE_ERRORS:
+            await broken()
+            raise MCPError(code=types.CONNECTION_CLOSED, message="Connection closed") from None
+        if (delivery := sending.get()) is not None:
+            delivery.written = True
+
+    if direct is not None:
+        direct.bind(send_direct)
     async with anyio.create_task_group() as tg:
         tg.start_soon(read)
         tg.start_soon(write)
@@ -282,6 +312,8 @@ async def stdio_transport(
             with anyio.CancelScope(shield=True):
                 read_stream.close()
                 write_stream.close()
+                if direct is not None:
+                    direct.close()
                 await _stop(process)
                 await _ended(launched)
             tg.cancel_scope.cancel()
