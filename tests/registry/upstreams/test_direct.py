@@ -1,0 +1,153 @@
+"""A plain tools/call to a stdio server by the connection's direct line (registry/upstreams/direct.py), in this
+process: what it sends, and every way its answer can go wrong, each as the SDK session's way says it."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from registry.upstreams.pool import UpstreamPool
+from registry.upstreams.requests import UpstreamRequest
+from registry.upstreams.spec import UpstreamSpec
+from tests.factories import DEMO_SPEC
+from tests.helpers import until, with_pool
+
+SCRIPTED = str(Path(__file__).parents[2] / "support/scripted_upstream.py")
+
+
+@pytest.fixture
+def scripted(settings, tmp_path) -> tuple[UpstreamSpec, Path]:
+    """The scripted server (unconfined: it writes what it reads to a file of the test's) and that file."""
+    settings.GATEWAY_STDIO_SANDBOX = "off"
+    seen = tmp_path / "seen.jsonl"
+    spec = UpstreamSpec(
+        id=3,
+        revision=1,
+        slug="scripted",
+        transport="stdio",
+        timeout=1,
+        command=sys.executable,
+        args=[SCRIPTED, str(seen)],
+    )
+    return spec, seen
+
+
+def _call(tool: str, arguments: dict[str, Any] | None = None, **rest: Any) -> UpstreamRequest:
+    return UpstreamRequest.tool_call(3, 1, tool, arguments or {}, **rest)
+
+
+def _received(seen: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in seen.read_text().splitlines()]
+
+
+def test_a_plain_call_is_written_by_the_direct_line_with_the_gateways_traceparent(scripted):
+    spec, seen = scripted
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    outcome = with_pool(spec, lambda pool: pool.request(_call("id", {"n": 1}, traceparent=traceparent)))
+    text = {"type": "text", "text": '"switchboard-1"'}
+    assert outcome == {"ok": True, "result": {"content": [text], "isError": False, "resultType": "complete"}}
+    [sent] = [m for m in _received(seen) if m.get("method") == "tools/call"]
+    assert sent == {
+        "jsonrpc": "2.0",
+        "id": "switchboard-1",
+        "method": "tools/call",
+        "params": {"name": "id", "arguments": {"n": 1}, "_meta": {"traceparent": traceparent}},
+    }
+
+
+def test_an_error_answer_is_the_upstreams_refusal_with_its_code(scripted):
+    outcome = with_pool(scripted[0], lambda pool: pool.request(_call("error")))
+    assert outcome == {
+        "ok": False,
+        "code": "UPSTREAM_ERROR",
+        "message": "The service refused the request: no such record",
+        "detail": "MCPError(-32010, 'no such record', {'record': 7})",
+        "rpc_code": -32010,
+    }
+
+
+def test_a_result_of_the_wrong_shape_is_a_malformed_response(scripted):
+    outcome = with_pool(scripted[0], lambda pool: pool.request(_call("bad_result")))
+    assert (outcome["ok"], outcome["code"], outcome["message"]) == (
+        False,
+        "UPSTREAM_INVALID_RESPONSE",
+        "The service sent a malformed response.",
+    )
+    assert "content" in outcome["detail"] and "list" in outcome["detail"]
+
+
+def test_a_line_that_is_no_json_leaves_the_call_to_its_timeout_and_the_connection_serves_on(scripted):
+    async def body(pool: UpstreamPool) -> tuple[dict, dict]:
+        return await pool.request(_call("malformed")), await pool.request(_call("id"))
+
+    timed_out, served = with_pool(scripted[0], body)
+    waited = "The service did not answer within 1 seconds."
+    assert timed_out == {"ok": False, "code": "UPSTREAM_TIMEOUT", "message": waited, "detail": waited}
+    assert served["result"]["content"][0]["text"] == '"switchboard-2"'
+
+
+def _cancels(seen: Path) -> list[dict[str, Any]]:
+    return [m["params"] for m in _received(seen) if m.get("method") == "notifications/cancelled"]
+
+
+def test_a_call_past_its_timeout_is_cancelled_at_the_upstream_by_its_id(scripted):
+    spec, seen = scripted
+
+    async def body(pool: UpstreamPool) -> dict:
+        outcome = await pool.request(_call("hang"))
+        await until(lambda: _cancels(seen))  # written on the call's way out: the server reads it a moment later
+        return outcome
+
+    assert with_pool(spec, body)["code"] == "UPSTREAM_TIMEOUT"
+    assert _cancels(seen) == [{"requestId": "switchboard-1", "reason": "caller cancelled"}]
+
+
+def test_a_server_that_dies_before_answering_is_named_and_the_call_may_have_run(scripted):
+    outcome = with_pool(scripted[0], lambda pool: pool.request(_call("die")))
+    assert (outcome["code"], outcome["message"]) == (
+        "UPSTREAM_UNAVAILABLE",
+        "The service's process exited with status 7 during the call; it is being restarted. "
+        "The call may or may not have run: retry only if it is safe to repeat.",
+    )
+    assert outcome["detail"] == "MCPError(-32000, 'Connection closed', None): the server exited with status 7"
+
+
+def test_a_call_cancelled_by_its_caller_is_cancelled_at_the_upstream(scripted):
+    spec, seen = scripted
+
+    async def body(pool: UpstreamPool) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pool.request, _call("hang"))
+            await until(lambda: any(c.in_flight for c in pool._connections.values()))
+            tg.cancel_scope.cancel()
+        await until(lambda: _cancels(seen))
+
+    with_pool(spec, body)
+    assert _cancels(seen) == [{"requestId": "switchboard-1", "reason": "caller cancelled"}]
+
+
+def test_a_2026_upstreams_direct_answer_is_checked_against_the_tools_output_schema():
+    outcome = with_pool(DEMO_SPEC, lambda pool: pool.request(UpstreamRequest.tool_call(1, 1, "bad_output", {})))
+    assert (outcome["code"], outcome["message"]) == (
+        "UPSTREAM_INVALID_RESPONSE",
+        "The service sent a malformed response.",
+    )
+    assert outcome["detail"].startswith(
+        "Invalid structured content returned by tool bad_output: 'not a number' is not of type 'integer'"
+    )
+
+
+def test_a_2026_upstreams_input_required_answer_is_driven_as_the_sdk_client_drives_its_own():
+    """No agent to ask (a plain call carries no relay): the session's own callbacks refuse, as for an SDK call."""
+    ask = UpstreamRequest.tool_call(1, 1, "ask", {"of": "elicitation", "question": "sure?"})
+    outcome = with_pool(DEMO_SPEC, lambda pool: pool.request(ask))
+    assert outcome == {
+        "ok": False,
+        "code": "UPSTREAM_ERROR",
+        "message": "The service refused the request: Elicitation not supported",
+        "detail": "MCPError(-32600, 'Elicitation not supported', None)",
+        "rpc_code": -32600,
+    }

@@ -1,0 +1,61 @@
+"""A 2025-11-25 stdio server whose tools answer as a test needs, bytes for bytes (examples/demo_upstream.py, on
+the SDK, can only answer well). Every line it reads is appended to the file named by its argument, for the test
+to see what reached it.
+
+Tools: `id` answers with the request's id as its text; `malformed` with a line that is no JSON; `bad_result` with
+content that is no list; `error` with a JSON-RPC error; `hang` never answers; `die` exits with status 7 unanswered.
+"""
+
+import json
+import os
+import sys
+
+HELLO = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
+TOOLS = [
+    {"name": name, "inputSchema": {"type": "object"}}
+    for name in ("id", "malformed", "bad_result", "error", "hang", "die")
+]
+
+
+def answer(request_id: object, result: dict) -> None:
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}) + "\n")
+
+
+def called(request_id: object, tool: str) -> None:
+    match tool:
+        case "id":
+            answer(request_id, {"content": [{"type": "text", "text": json.dumps(request_id)}]})
+        case "malformed":
+            sys.stdout.write('{"jsonrpc": "2.0", "id": ' + json.dumps(request_id) + ', "result": \n')
+        case "bad_result":
+            answer(request_id, {"content": "not a list"})
+        case "error":
+            error = {"code": -32010, "message": "no such record", "data": {"record": 7}}
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
+        case "die":
+            os._exit(7)
+
+
+def main() -> None:
+    with open(sys.argv[1], "a") as seen:
+        for line in sys.stdin:
+            seen.write(line)
+            seen.flush()
+            message = json.loads(line)
+            method, request_id = message.get("method"), message.get("id")
+            if request_id is None:
+                continue  # a notification
+            if method == "initialize":
+                answer(request_id, HELLO)
+            elif method == "tools/list":
+                answer(request_id, {"tools": TOOLS})
+            elif method == "tools/call":
+                called(request_id, message["params"]["name"])
+            else:
+                error = {"code": -32601, "message": "Method not found"}
+                sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
