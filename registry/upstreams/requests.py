@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp import types
+from mcp.client.session import _later_revision_fields
 from mcp_types.methods import validate_server_result
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
@@ -104,6 +105,9 @@ async def _direct(connection: Any, tool: str, arguments: dict[str, Any], meta: d
     params = {"name": tool, "arguments": arguments} | ({"_meta": dict(meta)} if meta else {})
     raw = await connection.direct.request(client.session, CALL_TOOL, params)
     validate_server_result(CALL_TOOL, client.protocol_version, raw)
+    # A later era's fields are outside the session's (a 2025-11-25 upstream's resultType is no input round).
+    if not (later := _later_revision_fields(CALL_TOOL, client.protocol_version)).isdisjoint(raw):
+        raw = {key: value for key, value in raw.items() if key not in later}
     result = CALL_TOOL_RESULT.validate_python(raw, by_name=False)
     if isinstance(result, types.InputRequiredResult):
 

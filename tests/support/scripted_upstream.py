@@ -3,7 +3,8 @@ the SDK, can only answer well). Every line it reads is appended to the file name
 to see what reached it.
 
 Tools: `id` answers with the request's id as its text; `malformed` with a line that is no JSON; `bad_result` with
-content that is no list; `error` with a JSON-RPC error; `hang` never answers; `die` exits with status 7 unanswered.
+content that is no list; `error` with a JSON-RPC error; `hang` never answers; `die` exits with status 7 unanswered;
+`later` with a result carrying a 2026-07-28 input round's fields.
 """
 
 import json
@@ -13,7 +14,7 @@ import sys
 HELLO = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 TOOLS = [
     {"name": name, "inputSchema": {"type": "object"}}
-    for name in ("id", "malformed", "bad_result", "error", "hang", "die")
+    for name in ("id", "malformed", "bad_result", "error", "hang", "die", "later")
 ]
 
 
@@ -34,6 +35,10 @@ def called(request_id: object, tool: str) -> None:
             sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
         case "die":
             os._exit(7)
+        case "later":  # a 2026-07-28 input round's fields, which a 2025-11-25 session does not know
+            asked = {"answer": {"method": "roots/list"}}
+            done = [{"type": "text", "text": "done"}]
+            answer(request_id, {"content": done, "resultType": "input_required", "inputRequests": asked})
 
 
 def main() -> None:

@@ -79,6 +79,12 @@ def test_a_result_of_the_wrong_shape_is_a_malformed_response(scripted):
     assert "content" in outcome["detail"] and "list" in outcome["detail"]
 
 
+def test_a_later_eras_fields_in_a_2025_11_25_answer_are_dropped_as_the_sdk_session_drops_them(scripted):
+    outcome = with_pool(scripted[0], lambda pool: pool.request(_call("later")))
+    text = {"type": "text", "text": "done"}
+    assert outcome == {"ok": True, "result": {"content": [text], "isError": False, "resultType": "complete"}}
+
+
 def test_a_line_that_is_no_json_leaves_the_call_to_its_timeout_and_the_connection_serves_on(scripted):
     async def body(pool: UpstreamPool) -> tuple[dict, dict]:
         return await pool.request(_call("malformed")), await pool.request(_call("id"))
