@@ -1,5 +1,6 @@
-"""What the pool sends an upstream on a session, each as a function of the SDK client: tool calls, forwarded
-requests, the catalog's listing. Every result leaves as plain JSON, without the upstream's serverInfo."""
+"""What the pool sends an upstream on a session, each as a function of the connection (its SDK client, and a stdio
+server's direct line): tool calls, forwarded requests, the catalog's listing. Every result leaves as plain JSON,
+without the upstream's serverInfo."""
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
