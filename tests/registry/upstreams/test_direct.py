@@ -157,3 +157,22 @@ def test_a_2026_upstreams_input_required_answer_is_driven_as_the_sdk_client_driv
         "detail": "MCPError(-32600, 'Elicitation not supported', None)",
         "rpc_code": -32600,
     }
+
+
+def test_calls_in_flight_together_on_one_connection_each_get_their_own_answer():
+    texts = [f"call {n}" for n in range(20)]
+
+    async def body(pool: UpstreamPool) -> list[str]:
+        answers: dict[str, str] = {}
+
+        async def echo(text: str) -> None:
+            outcome = await pool.request(UpstreamRequest.tool_call(1, 1, "echo", {"text": text}))
+            answers[text] = outcome["result"]["content"][0]["text"]
+
+        async with anyio.create_task_group() as tg:
+            for text in texts:
+                tg.start_soon(echo, text)
+        assert len(pool._connections) == 1
+        return [answers[text] for text in texts]
+
+    assert with_pool(DEMO_SPEC, body) == texts
