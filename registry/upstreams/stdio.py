@@ -294,6 +294,11 @@ async def stdio_transport(
         try:
             async with writing:
                 await process.stdin.send(data)  # type: ignore[union-attr]
+                # asyncio's pipe transport drops a write to a server gone and says so only a loop turn or two
+                # later (its drain saw nothing yet): an empty write waits for that, and then raises, so a request
+                # that never reached the server is never marked written. The session's writer got those turns
+                # from its stream's hand-off.
+                await process.stdin.send(b"")  # type: ignore[union-attr]
         except PIPE_ERRORS:
             await broken()
             raise MCPError(code=types.CONNECTION_CLOSED, message="Connection closed") from None
