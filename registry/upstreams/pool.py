@@ -82,6 +82,12 @@ def _serves(connection: UpstreamConnection, revision: int, person: dict | None, 
     return current == wanted or (current.isdigit() and wanted.isdigit() and int(current) > int(wanted))
 
 
+def _closed(exc: MCPError) -> bool:
+    """The SDK's word that the connection ended. Its code is also JSON-RPC's first server-error code, which
+    upstreams answer their own failures with: the SDK's message, without data, tells the two apart."""
+    return exc.code == types.CONNECTION_CLOSED and exc.error.message == "Connection closed" and exc.error.data is None
+
+
 def _lost(connection: UpstreamConnection, sent: Delivery, what: str, detail: str) -> Outcome:
     """A request whose connection ended under it (`what` happened), which is stopped: the next request gets a
     new one. A request a stdio server's transport never wrote never reached it (`unsent`). The audit's detail
@@ -404,7 +410,7 @@ class UpstreamPool:
         except MCPError as exc:
             if reply_too_deep(exc):  # registry/upstreams/reply_depth.py stood in for the reply
                 return failure("UPSTREAM_INVALID_RESPONSE", exc.message)
-            if exc.code == types.CONNECTION_CLOSED:
+            if _closed(exc):
                 return _lost(connection, sent, "the connection closed", repr(exc))
             refused = failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
             refused["rpc_code"] = exc.code  # passed-through requests answer with the upstream's own code

@@ -3,8 +3,9 @@ the SDK, can only answer well). Every line it reads is appended to the file name
 to see what reached it.
 
 Tools: `id` answers with the request's id as its text; `malformed` with a line that is no JSON; `bad_result` with
-content that is no list; `error` with a JSON-RPC error; `hang` never answers; `die` exits with status 7 unanswered;
-`later` with a result carrying a 2026-07-28 input round's fields.
+content that is no list; `error` with a JSON-RPC error; `server_error` with one in -32000, the code the SDK also
+gives a closed connection; `hang` never answers; `die` exits with status 7 unanswered; `later` with a result
+carrying a 2026-07-28 input round's fields.
 """
 
 import json
@@ -14,7 +15,7 @@ import sys
 HELLO = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 TOOLS = [
     {"name": name, "inputSchema": {"type": "object"}}
-    for name in ("id", "malformed", "bad_result", "error", "hang", "die", "later")
+    for name in ("id", "malformed", "bad_result", "error", "server_error", "hang", "die", "later")
 ]
 
 
@@ -32,6 +33,9 @@ def called(request_id: object, tool: str) -> None:
             answer(request_id, {"content": "not a list"})
         case "error":
             error = {"code": -32010, "message": "no such record", "data": {"record": 7}}
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
+        case "server_error":
+            error = {"code": -32000, "message": "the database is down"}
             sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
         case "die":
             os._exit(7)

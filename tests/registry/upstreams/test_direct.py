@@ -69,6 +69,21 @@ def test_an_error_answer_is_the_upstreams_refusal_with_its_code(scripted):
     }
 
 
+def test_an_upstreams_own_error_in_the_sdks_closed_code_is_its_refusal_and_the_connection_serves_on(scripted):
+    async def twice(pool):
+        return await pool.request(_call("server_error")), await pool.request(_call("id"))
+
+    refused, answered = with_pool(scripted[0], twice)
+    assert refused == {
+        "ok": False,
+        "code": "UPSTREAM_ERROR",
+        "message": "The service refused the request: the database is down",
+        "detail": "MCPError(-32000, 'the database is down', None)",
+        "rpc_code": -32000,
+    }
+    assert answered["result"]["content"] == [{"type": "text", "text": '"switchboard-2"'}]
+
+
 def test_a_result_of_the_wrong_shape_is_a_malformed_response(scripted):
     outcome = with_pool(scripted[0], lambda pool: pool.request(_call("bad_result")))
     assert (outcome["ok"], outcome["code"], outcome["message"]) == (
