@@ -253,45 +253,54 @@ async def _modern(exchange: Exchange, method: str, params: Mapping[str, Any] | N
         await aclose_shielded(connection)
 
 
-async def _answer(exchange: Exchange, request: types.JSONRPCRequest, out: MemoryObjectSendStream) -> None:
+async def _answer(exchange: Exchange, request: types.JSONRPCRequest, out: Push) -> None:
     """Run one request and put its reply last on `out`; a request the agent cancelled gets none."""
     answering.set(exchange.message_metadata.request_context)  # this task's own context: gone with it
     serve = _modern if exchange.session.era == MODERN else _legacy
-    async with out:
-        reply: types.JSONRPCMessage | None = None
-        try:
-            with exchange.scope:
-                try:
-                    result = await serve(exchange, request.method, request.params)
-                finally:
-                    exchange.closed = True
-                    key = coerce_request_id(request.id)
-                    if exchange.session.running.get(key) is exchange:
-                        del exchange.session.running[key]
-                reply = types.JSONRPCResponse(jsonrpc="2.0", id=request.id, result=result)
-        except Exception as exc:
-            error = modern_error_data(exc)  # MCPError as it is, bad params as -32602, anything else logged
-            reply = types.JSONRPCError(jsonrpc="2.0", id=request.id, error=error)
-        if reply is not None and not exchange.cancel_requested.is_set():
+    reply: types.JSONRPCMessage | None = None
+    try:
+        with exchange.scope:
             try:
-                await out.send(reply)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                logger.debug("dropped the reply to %r: its transport stopped listening", request.id)
+                result = await serve(exchange, request.method, request.params)
+            finally:
+                exchange.closed = True
+                key = coerce_request_id(request.id)
+                if exchange.session.running.get(key) is exchange:
+                    del exchange.session.running[key]
+            reply = types.JSONRPCResponse(jsonrpc="2.0", id=request.id, result=result)
+    except Exception as exc:
+        error = modern_error_data(exc)  # MCPError as it is, bad params as -32602, anything else logged
+        reply = types.JSONRPCError(jsonrpc="2.0", id=request.id, error=error)
+    if reply is not None and not exchange.cancel_requested.is_set():
+        try:
+            await out(reply)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            logger.debug("dropped the reply to %r: its transport stopped listening", request.id)
 
 
 _log_failure = failure_logger(logger, "MCP request task")
 
 
-async def _request(
-    request: types.JSONRPCRequest, session: McpSession, caller: Caller
-) -> AsyncIterator[types.JSONRPCMessage]:
+def start(
+    request: types.JSONRPCRequest, session: McpSession, caller: Caller, out: Push
+) -> tuple[Exchange, asyncio.Task]:
+    """Start a request in a task of its own: what its handler sends, and then its reply, go to `out` (which
+    must not wait for a reader: a transport's stream, or `handle`'s backlog). Its exchange's scope stops it."""
     if not session.era:
         session.era = MODERN if request.method != "initialize" and _enveloped(request.params) else LEGACY
-    out, replies = anyio.create_memory_object_stream[types.JSONRPCMessage](BACKLOG)
-    exchange = _exchange(session, caller, out.send, request.id, request.params)
+    exchange = _exchange(session, caller, out, request.id, request.params)
     session.running[coerce_request_id(request.id)] = exchange
     task = asyncio.create_task(_answer(exchange, request, out))
     task.add_done_callback(_log_failure)
+    return exchange, task
+
+
+async def _request(
+    request: types.JSONRPCRequest, session: McpSession, caller: Caller
+) -> AsyncIterator[types.JSONRPCMessage]:
+    out, replies = anyio.create_memory_object_stream[types.JSONRPCMessage](BACKLOG)
+    exchange, task = start(request, session, caller, out.send)
+    task.add_done_callback(lambda _: out.close())
     try:
         async with replies:
             async for message in replies:

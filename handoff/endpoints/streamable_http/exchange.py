@@ -7,34 +7,37 @@ long one)."""
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from mcp import types
 from mcp.server.streamable_http import REQUEST_CANCELLED
 
-from gateway_project.lib.task_failures import failure_logger
 from handoff.endpoints.streamable_http.streams import EventStream
 from handoff.endpoints.streamable_http.wire import SSE, Headers, json_answer, ping_seconds, priming_frame
+from handoff.mcp.caller import Caller
 from handoff.mcp.frames import encode_message
+from handoff.mcp.handle import Exchange, McpSession, start
 
 logger = logging.getLogger(__name__)
 JSON_WAIT_SECONDS = 1.0
-running: set[asyncio.Task] = set()  # the event loop keeps only weak references to tasks
+running: set[asyncio.Task] = set()
 
 
-_log_failure = failure_logger(logger, "MCP request task")
-
-
-async def _drain(
-    request: types.JSONRPCRequest, replies: AsyncIterator[types.JSONRPCMessage], stream: EventStream, reply_always: bool
-) -> None:
+def run(
+    request: types.JSONRPCRequest, session: McpSession, caller: Caller, stream: EventStream, reply_always: bool = False
+) -> Exchange:
+    """Start the request: its messages go into `stream` whether or not anyone reads them (straight from its
+    handler's task: no queue and no task between them). Its exchange's scope stops it."""
     answered = False
-    try:
-        async for message in replies:
-            if (data := encode_message(message)) is not None:
-                answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
-                stream.put(data, answered, message.error.code if isinstance(message, types.JSONRPCError) else None)
-    finally:
+
+    async def put(message: types.JSONRPCMessage) -> None:
+        nonlocal answered
+        if (data := encode_message(message)) is not None:
+            answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
+            stream.put(data, answered, message.error.code if isinstance(message, types.JSONRPCError) else None)
+
+    def ended(task: asyncio.Task) -> None:
+        running.discard(task)
         # The 2025-11-25 wire ends a request's stream only with a reply for its id, as the SDK's transport does.
         if reply_always and not answered:
             error = types.ErrorData(code=REQUEST_CANCELLED, message="Request cancelled")
@@ -42,19 +45,10 @@ async def _drain(
             stream.put(encode_message(cancelled) or "", True, REQUEST_CANCELLED)
         stream.close()
 
-
-def run(
-    request: types.JSONRPCRequest,
-    replies: AsyncIterator[types.JSONRPCMessage],
-    stream: EventStream,
-    reply_always: bool = False,
-) -> asyncio.Task:
-    """Start the request: its messages go into `stream` whether or not anyone reads them."""
-    task = asyncio.create_task(_drain(request, replies, stream, reply_always))
-    running.add(task)
-    task.add_done_callback(running.discard)
-    task.add_done_callback(_log_failure)
-    return task
+    exchange, task = start(request, session, caller, put)
+    running.add(task)  # the event loop keeps only weak references to tasks
+    task.add_done_callback(ended)
+    return exchange
 
 
 async def answer(

@@ -172,7 +172,7 @@ async def _post(
                 pass
         return await empty_answer(send, 202, headers)
     stream = session.streams.stream()
-    exchange.run(message, handle(message, session.mcp, caller), stream, reply_always=True)
+    exchange.run(message, session.mcp, caller, stream, reply_always=True)
     if await exchange.answer(send, stream, headers, _always_ok, ready, session.streams.resumable):
         return await _saved_after(session, message)
     prime = is_version_at_least(session.version or message_version(message), RESUMABLE)

@@ -22,7 +22,7 @@ from handoff.endpoints.streamable_http import exchange
 from handoff.endpoints.streamable_http.streams import EventStream
 from handoff.endpoints.streamable_http.wire import empty_answer, error_answer, json_answer, until_gone
 from handoff.mcp.caller import Caller, header
-from handoff.mcp.handle import MODERN, McpSession, handle
+from handoff.mcp.handle import MODERN, McpSession
 from handoff.mcp.server import server
 
 NO_HANDSHAKE = "Method not found: 2026-07-28 has no initialize; each request carries its version and capabilities"
@@ -72,11 +72,11 @@ async def serve(scope: dict, receive: Any, send: Any, caller: Caller, payload: d
         return await _reject(send, rejection, request.id)
     session = McpSession(_no_push, era=MODERN)
     stream = EventStream("")
-    task = exchange.run(request, handle(request, session, caller), stream)
+    running = exchange.run(request, session, caller, stream)
     try:
         await until_gone(receive, _answer(send, stream))
     finally:
-        task.cancel()  # the client went, or the answer is out and the task is done already
+        running.scope.cancel()  # the client went, or the answer is out and the request is done already
 
 
 async def _answer(send: Any, stream: EventStream) -> None:

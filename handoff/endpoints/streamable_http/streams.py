@@ -70,7 +70,8 @@ class EventStream:
         """The first event, once it is there (None if none came within `wait` seconds, or the stream ended)."""
         if not self._events and not self.done:
             try:
-                await asyncio.wait_for(self._changed.wait(), wait)
+                async with asyncio.timeout(wait):  # no task of its own, as wait_for would make
+                    await self._changed.wait()
             except TimeoutError:
                 return None
         return self._events[0] if self._events and self._events[0].number == 1 else None
