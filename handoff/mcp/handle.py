@@ -4,7 +4,8 @@ session's era, runs the method through the SDK's handler kernel (`ServerRunner`:
 gate, result shaping) over the gateway's handler table (server.py), and answers. No SDK session loop and no
 streams underneath: what a handler sends while it runs (progress, logs, an upstream's question for the agent)
 comes out of the same iterator ahead of the reply, and the agent's answer to a question comes back in through
-`handle` like any other message."""
+`handle` like any other message. `start` runs a request the same way for a transport with a queue of its own
+(/mcp's event streams): its messages go straight there, without `handle`'s iterator."""
 
 import asyncio
 import itertools

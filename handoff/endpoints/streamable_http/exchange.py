@@ -1,9 +1,9 @@
-"""One request's answer, the same in both eras: its messages (what the MCP layer's `handle` yields) run into
-an event stream in a task of their own; the answer is JSON when the first of them is the reply, and SSE when
-something comes first (progress, a log line, a question for the agent) or nothing has come within
-JSON_WAIT_SECONDS: a slow call's answer starts at once as a stream, so that no client or proxy waiting for its
-first byte gives up on it (the SDK's client reads a JSON answer with its short timeout, a stream with its
-long one)."""
+"""One request's answer, the same in both eras: its messages (what its handler sends, then its reply) go into
+an event stream straight from its own task (the MCP layer's `start`); the answer is JSON when the first of them
+is the reply, and SSE when something comes first (progress, a log line, a question for the agent) or nothing
+has come within JSON_WAIT_SECONDS: a slow call's answer starts at once as a stream, so that no client or proxy
+waiting for its first byte gives up on it (the SDK's client reads a JSON answer with its short timeout, a stream
+with its long one)."""
 
 import asyncio
 import logging
