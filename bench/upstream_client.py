@@ -71,11 +71,8 @@ async def sdk(calls: int) -> tuple[float, float]:
         return await timed(call, calls)
 
 
-async def main(args: argparse.Namespace) -> None:
-    found: dict[str, list[tuple[float, float]]] = {"SDK client": [], "bare JSON lines": []}
-    for _ in range(args.rounds):
-        found["SDK client"].append(await sdk(args.calls))
-        found["bare JSON lines"].append(await bare(args.calls))
+def table(found: dict[str, list[tuple[float, float]]]) -> None:
+    """Each client's p50 and CPU a call: medians of the rounds [min–max], as a Markdown table."""
     print("| client | p50 ms | client CPU ms/call |\n|---|---:|---:|")
     for name, runs in found.items():
         p50s, cpus = [r[0] for r in runs], [r[1] for r in runs]
@@ -83,6 +80,14 @@ async def main(args: argparse.Namespace) -> None:
             f"| {name} | {statistics.median(p50s):.3f} [{min(p50s):.3f}–{max(p50s):.3f}] "
             f"| {statistics.median(cpus):.3f} [{min(cpus):.3f}–{max(cpus):.3f}] |"
         )
+
+
+async def main(args: argparse.Namespace) -> None:
+    found: dict[str, list[tuple[float, float]]] = {"SDK client": [], "bare JSON lines": []}
+    for _ in range(args.rounds):
+        found["SDK client"].append(await sdk(args.calls))
+        found["bare JSON lines"].append(await bare(args.calls))
+    table(found)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ process's alone: the client side.
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ django.setup()
 import anyio  # noqa: E402
 import uvloop  # noqa: E402
 
-from bench.upstream_client import DEMO, ECHO, bare, sdk, timed  # noqa: E402
+from bench.upstream_client import DEMO, ECHO, bare, sdk, table, timed  # noqa: E402
 from registry.upstreams.launch import launch, server_start  # noqa: E402
 from registry.upstreams.pool import UpstreamPool  # noqa: E402
 from registry.upstreams.requests import UpstreamRequest  # noqa: E402
@@ -67,13 +66,7 @@ async def main(args: argparse.Namespace) -> None:
                 found[name].append(await run(args.calls))
     finally:
         launched.release()
-    print("| client | p50 ms | client CPU ms/call |\n|---|---:|---:|")
-    for name, results in found.items():
-        p50s, cpus = [r[0] for r in results], [r[1] for r in results]
-        print(
-            f"| {name} | {statistics.median(p50s):.3f} [{min(p50s):.3f}–{max(p50s):.3f}] "
-            f"| {statistics.median(cpus):.3f} [{min(cpus):.3f}–{max(cpus):.3f}] |"
-        )
+    table(found)
 
 
 if __name__ == "__main__":
