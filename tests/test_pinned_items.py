@@ -144,12 +144,12 @@ def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_
 ):
     with saying(tmp_path, SAID) as (upstream, path):
         upstream_catalog_sync(upstream=upstream)
-        # The instructions come from the catalog the gateway caches, which may reach it after the live lists.
+        # The instructions come from the snapshot, which may still hold an earlier case's upstream of this name.
         before = eventually(
             lambda: (
                 (s := seen(inline_gateway, world.key, mode))
                 and "sayer__greet" in s.prompts
-                and "## sayer" in s.instructions
+                and "## sayer\nEcho things back." in s.instructions
                 and s
             )
         )
@@ -177,7 +177,6 @@ def test_what_changed_is_held_the_approved_is_served_and_approval_in_console_or_
         listed = api(inline_gateway, "GET", "pinned-items?pending=true&upstream=sayer", admin_token).json()
         after = eventually(lambda: (s := seen(inline_gateway, world.key, mode)) and RUG in s.instructions and s)
         rows = [r for r in audit_since(mark) if r.kind == "admin_change"]
-    assert "## sayer\nEcho things back." in before.instructions
     assert before.resources == {"sayer+demo://notes": "Team notes."}
     assert before.greeting == "Say hello politely."
     # Held: every changed text is served as approved; what was never approved is not offered at all.
