@@ -33,6 +33,8 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, S
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import Counter, Gauge, Histogram
 
+from audit.stage_histogram import StageHistogram
+
 CALLS = Counter("switchboard_tool_calls", "Tool calls completed, by upstream and outcome", ["upstream", "outcome"])
 DENIALS = Counter("switchboard_tool_denials", "Tool calls denied, by error code", ["code"])
 LATENCY = Histogram(
@@ -41,10 +43,9 @@ LATENCY = Histogram(
     ["upstream"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf")),
 )
-STAGE_LATENCY = Histogram(
+STAGE_LATENCY = StageHistogram(
     "switchboard_call_stage_seconds",
     "Time each stage of a tools/call took (handoff/mcp/pipeline/), by stage",
-    ["stage"],
     buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5, 10, 60, float("inf")),
 )
 AUDIT_FAILURES = Counter(
@@ -252,16 +253,8 @@ def stage_span_ended(name: str, seconds: float) -> None:
     _tracer.start_span(f"stage {name}", start_time=time.time_ns() - int(seconds * 1e9)).end()
 
 
-# Each stage's histogram, looked up once: `labels()` takes a lock and makes a tuple, a dozen times a call. The
-# stages are the pipeline's own few names.
-_stage_histograms: dict[str, Any] = {}
-
-
 def stages_observe(timers: dict[str, float]) -> None:
-    for stage, seconds in timers.items():
-        if (histogram := _stage_histograms.get(stage)) is None:
-            histogram = _stage_histograms[stage] = STAGE_LATENCY.labels(stage)
-        histogram.observe(seconds)
+    STAGE_LATENCY.observe(timers)
 
 
 def call_observe(*, upstream: str, outcome: str, duration_ms: float) -> None:
