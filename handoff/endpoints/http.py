@@ -2,6 +2,7 @@
 transport (handoff/endpoints/streamable_http/), which the `MCP-Protocol-Version` header routes to its era."""
 
 import asyncio
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
@@ -84,7 +85,7 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
         return await error_answer(send, 405, types.INVALID_REQUEST, "Method Not Allowed", [METHODS])
     if method != "POST":
         return await _served(scope, receive, send, caller, {})
-    if not all(check_accept_headers(Request(scope))):
+    if not _accepts_both(header(scope, b"accept") or ""):
         return await error_answer(send, 406, types.INVALID_REQUEST, NOT_ACCEPTABLE)
     if not (header(scope, b"content-type") or "").lower().startswith("application/json"):
         return await error_answer(send, 415, types.INVALID_REQUEST, NOT_JSON)
@@ -112,6 +113,12 @@ async def mcp_http_app(scope: dict, receive: Any, send: Any) -> None:
         await _served(scope, receive, send, caller, payload)
     finally:
         InFlight.count -= 1
+
+
+@lru_cache(maxsize=64)
+def _accepts_both(accept: str) -> bool:
+    """The SDK's check of a POST's Accept, once per value: clients send the same one or two."""
+    return all(check_accept_headers(Request({"type": "http", "headers": [(b"accept", accept.encode("latin-1"))]})))
 
 
 async def _served(scope: dict, receive: Any, send: Any, caller: Caller, payload: dict) -> None:

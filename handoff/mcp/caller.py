@@ -246,7 +246,8 @@ async def caller_from_scope(scope: dict, transport: str) -> Caller:
 
 
 async def _credited(scope: dict, transport: str, snap: Snapshot) -> Caller:
-    if "access_token" in parse_qs(scope.get("query_string", b"").decode("latin-1")):
+    query = scope.get("query_string", b"")
+    if query and "access_token" in parse_qs(query.decode("latin-1")):
         message = "Send the token in the Authorization header: a token in the URL is refused (it ends up in logs)"
         raise Refused(400, message, challenge(scope, snap, "invalid_request", message), "TOKEN_IN_URL")
     credentials = header(scope, b"authorization")
