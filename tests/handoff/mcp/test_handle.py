@@ -242,3 +242,27 @@ def test_an_unexpected_failure_is_an_internal_error_that_names_nothing_inside(ca
 
     [failed] = _run(scenario)
     assert failed["error"] == {"code": types.INTERNAL_ERROR, "message": "Internal server error"}
+
+
+def test_what_a_handler_registers_on_its_2026_requests_connection_is_unwound_before_the_reply(caller, monkeypatch):
+    unwound: list[str] = []
+    entry = server.get_request_handler("tools/list")
+
+    async def registering(ctx, params):
+        # The SDK's per-connection cleanup hook; no handler of the gateway's uses it, so one is patched in.
+        ctx.session._connection.exit_stack.callback(unwound.append, "unwound")
+        return await entry.handler(ctx, params)
+
+    monkeypatch.setitem(server._request_handlers, "tools/list", replace(entry, handler=registering))
+
+    async def scenario() -> tuple[dict, list[str]]:
+        agent = Agent(caller)
+        stream = agent.stream({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": ENVELOPE}})
+        listed = _dumped(await anext(stream))
+        seen = list(unwound)  # as the reply came out
+        assert [message async for message in stream] == []
+        return listed, seen
+
+    listed, seen = _run(scenario)
+    assert listed["result"]["resultType"] == "complete"
+    assert seen == ["unwound"]
