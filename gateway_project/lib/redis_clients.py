@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from gateway_project.lib import redis_line
+
 if TYPE_CHECKING:
     import redis
     import redis.asyncio
@@ -71,11 +73,13 @@ def _sha1(script: str) -> str:
 async def script_run(script: str, keys: list[str], args: list[Any]) -> Any:
     """A Lua script by its digest (EVALSHA): a call's scripts run on every call, and EVAL would send their
     text and have Redis hash it each time. A Redis that does not hold it (restarted, its scripts flushed) is
-    sent the text once, which it then keeps."""
+    sent the text once, which it then keeps. They go over this loop's line (redis_line.py) unless REDIS_URL
+    asks for what only redis-py's client does (TLS, socket options)."""
     import redis
 
-    client = async_redis()
+    client = redis_line.line_for(settings.REDIS_URL) or async_redis()
+    command = client.command if isinstance(client, redis_line.Line) else client.execute_command
     try:
-        return await client.evalsha(_sha1(script), len(keys), *keys, *args)
+        return await command("EVALSHA", _sha1(script), len(keys), *keys, *args)
     except redis.exceptions.NoScriptError:
-        return await client.eval(script, len(keys), *keys, *args)
+        return await command("EVAL", script, len(keys), *keys, *args)
