@@ -58,34 +58,37 @@ async def clients() -> dict[str, Callable[[], Awaitable]]:
     }
 
 
-async def cpu_per_op(op: Callable[[], Awaitable], ops: int, tasks: int) -> float:
+async def per_op(op: Callable[[], Awaitable], ops: int, tasks: int) -> tuple[float, float]:
+    """CPU and wall time per op, in microseconds."""
+
     async def worker(n: int) -> None:
         for _ in range(n):
             await op()
 
-    start = time.process_time()
+    cpu, wall = time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker(ops // tasks) for _ in range(tasks)))
-    return (time.process_time() - start) / (ops // tasks * tasks) * 1e6
+    done = ops // tasks * tasks
+    return (time.process_time() - cpu) / done * 1e6, (time.perf_counter() - wall) / done * 1e6
 
 
 async def main(args: argparse.Namespace) -> None:
     ops = await clients()
     for op in ops.values():  # warm: connections open, code paths taken
-        await cpu_per_op(op, 300, 1)
-    seen: dict[tuple[str, int], list[float]] = {}
+        await per_op(op, 300, 1)
+    seen: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
         for tasks in args.tasks:
             for name, op in ops.items():
-                seen.setdefault((name, tasks), []).append(await cpu_per_op(op, args.ops, tasks))
-    print(f"CPU us/op, median of {args.rounds} interleaved rounds of {args.ops} ops (min-max)")
+                seen.setdefault((name, tasks), []).append(await per_op(op, args.ops, tasks))
+    print(f"us/op, median of {args.rounds} interleaved rounds of {args.ops} ops (CPU min-max; wall)")
     for tasks in args.tasks:
-        client = statistics.median(seen[("client", tasks)])
+        client = statistics.median(cpu for cpu, _ in seen[("client", tasks)])
         for name in ops:
-            runs = seen[(name, tasks)]
-            median = statistics.median(runs)
+            cpus = [cpu for cpu, _ in seen[(name, tasks)]]
+            median, wall = statistics.median(cpus), statistics.median(w for _, w in seen[(name, tasks)])
             print(
-                f"  {tasks:>2} tasks {name:6} {median:6.1f} ({min(runs):.1f}-{max(runs):.1f})"
-                f"  {median / client:.2f}x client"
+                f"  {tasks:>2} tasks {name:6} CPU {median:6.1f} ({min(cpus):.1f}-{max(cpus):.1f})"
+                f" {median / client:.2f}x client; wall {wall:6.1f}"
             )
 
 
