@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 import redis
 import redis.exceptions
@@ -44,18 +45,23 @@ def own_redis(log: Path, *options: str, port: int = 0) -> Iterator[servers.Runni
         running.stop()
 
 
-def the_line() -> redis_line._Protocol:
+def connection() -> redis_line._Protocol:
+    """The loop's line's present connection."""
     return redis_line.line_for(settings.REDIS_URL)._protocol
 
 
 def test_replies_come_back_as_redis_py_gives_them(shared):
     key = f"{settings.GATEWAY_REDIS_PREFIX}test-line:{uuid.uuid4().hex}"
-    script = "redis.call('SET', KEYS[1], ARGV[1], 'EX', 60) return {7, redis.call('GET', KEYS[1]), {false, 'x'}}"
-
-    assert run(lambda: script_run(script, [key], ["é"])) == [7, "é".encode(), [None, b"x"]]
-    assert run(lambda: script_run("return ARGV[1] + 1", [], [41])) == 42
-    assert run(lambda: script_run("return redis.call('GET', KEYS[1])", [f"{key}:none"], [])) is None
-    assert run(lambda: script_run("return {ok = 'fine'}", [], [])) == b"fine"
+    sync_redis().set(key, "é", ex=60)
+    scripts = {
+        "return {7, redis.call('GET', KEYS[1]), {false, 'x', {ARGV[1]}}}": [7, "é".encode(), [None, b"x", [b"1.5"]]],
+        "return ARGV[1] + 1": 2,  # Lua numbers come back as integers, truncated
+        "return redis.call('GET', KEYS[1] .. ':none')": None,
+        "return {ok = 'fine'}": b"fine",
+        "return true": 1,
+    }
+    for script, expected in scripts.items():
+        assert anyio.run(script_run, script, [key], [1.5]) == expected == sync_redis().eval(script, 1, key, 1.5)
 
 
 def test_a_script_s_error_is_redis_py_s_exception_with_redis_s_message(shared):
@@ -88,10 +94,10 @@ def test_a_caller_cancelled_mid_command_leaves_the_line_in_step(shared):
         await script_run("return 0", [], [])  # the line is open: the next script is written at once
         cancelled = asyncio.create_task(script_run("return ARGV[1]", [], ["cancelled"]))
         await asyncio.sleep(0)  # it is written and waits for its reply, which this loop has not read yet
-        assert len(the_line().waiters) == 1
+        assert len(connection().waiters) == 1
         cancelled.cancel()
         assert await script_run("return ARGV[1]", [], ["next"]) == b"next"
-        assert cancelled.cancelled() and not the_line().waiters
+        assert cancelled.cancelled() and not connection().waiters
         assert asyncio.all_tasks() == {asyncio.current_task()}  # the line runs no task of its own
 
     run(scenario)
@@ -156,7 +162,7 @@ def test_garbage_from_redis_fails_the_command_and_drops_the_line(settings):
         async with not_redis(settings, b"?garbage\r\n"):
             with pytest.raises(redis.exceptions.ConnectionError, match=f"^{re.escape(error)}$"):
                 await script_run("return 1", [], [])
-            assert str(the_line().failure) == error
+            assert str(connection().failure) == error
 
     run(scenario)
 
@@ -165,7 +171,7 @@ def test_a_reply_nobody_asked_for_drops_the_line(settings):
     async def scenario() -> None:
         async with not_redis(settings, b":1\r\n:2\r\n"):
             assert await script_run("return 1", [], []) == 1
-            line = the_line()
+            line = connection()
             await until(lambda: line.failure is not None)
             assert str(line.failure) == "Protocol error from Redis: a reply nobody asked for"
 
@@ -209,7 +215,7 @@ def test_redis_restarted_fails_a_call_at_once_and_the_next_after_it_is_back_succ
         async def scenario() -> None:
             assert await script_run("return 1", [], []) == 1
             server.stop()
-            await until(lambda: the_line().failure is not None)  # the socket's close is seen, not left for a call
+            await until(lambda: connection().failure is not None)  # the socket's close is seen, not left for a call
             with pytest.raises(redis.exceptions.ConnectionError) as raised:
                 await script_run("return 1", [], [])
             assert str(raised.value) == f"Error 111 connecting to 127.0.0.1:{port}. Connection refused."
@@ -229,7 +235,7 @@ def test_commands_waiting_when_redis_dies_fail_with_a_connection_error(settings,
             await script_run("return 1", [], [])
             await redis_line.line_for(settings.REDIS_URL).command("SCRIPT", "LOAD", busy)  # no NOSCRIPT answer first
             waiting = [asyncio.create_task(script_run(busy if i == 0 else "return 1", [], [])) for i in range(3)]
-            await until(lambda: len(the_line().waiters) == 3)
+            await until(lambda: len(connection().waiters) == 3)
             server.process.send_signal(signal.SIGKILL)
             for task in waiting:
                 with pytest.raises(redis.exceptions.ConnectionError, match=r"^Connection closed by server\.$"):
