@@ -6,33 +6,43 @@ Only what needs nothing of the session goes this way (requests.py `calling`: a t
 everything else the server sends meanwhile (its requests, notifications) still reaches the SDK session on the
 same pipes. What a request says is the session's own: its era's `_meta` stamp, the same parse and depth check
 of the answer (reply_depth.py), the same errors (MCPError, CONNECTION_CLOSED once the server's output ended),
-and a `notifications/cancelled` through the session when a written request is abandoned."""
+and a `notifications/cancelled` through the session when a written request is abandoned.
+
+An answer of the plain shape is read by `json.loads` alone (`answered`), before the SDK's pydantic parse, which
+cost the reader twice as much; any other line (an odd shape, a reply too deep) still goes the SDK's way, so
+it is read, checked and refused exactly as before."""
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable
 from itertools import count
 from typing import Any
 
 import anyio
+from django.conf import settings
 from mcp import types
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
-from registry.upstreams.reply_depth import checked
+from registry.upstreams.reply_depth import checked, nests_deeper_than
 
 PREFIX = "switchboard-"  # the ids of requests written here: the SDK session's own are integers
 CANCEL_WRITE = 5.0  # bound on the shielded write of a cancellation, as the SDK's (a wedged pipe must not hang it)
+# json.loads takes a lone UTF-16 surrogate the SDK's parser refuses: a line with any escaped surrogate goes its way.
+ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+Answer = dict[str, Any] | types.ErrorData  # what a direct request got: its result, or the error that answered it
 
 
 class DirectLine:
     """One stdio transport's direct requests. The transport binds its writer (`bind`), offers the reader's every
-    parsed line (`take`) and closes it once the server's output ends or the transport stops (`close`)."""
+    line (`answered`), then every one it did not answer once parsed (`take`), and closes it once the server's
+    output ends or the transport stops (`close`)."""
 
     def __init__(self, upstream: str) -> None:
         self._upstream = upstream
         self._send: Callable[[bytes], Awaitable[None]] | None = None
-        self._pending: dict[str, asyncio.Future[types.JSONRPCResponse | types.JSONRPCError]] = {}
+        self._pending: dict[str, asyncio.Future[Answer]] = {}
         self._ids = count(1)
         self._closed = False
 
@@ -43,6 +53,20 @@ class DirectLine:
     def open(self) -> bool:
         return self._send is not None and not self._closed
 
+    def answered(self, line: str) -> bool:
+        """Whether `line`, unparsed, answered a direct request (which now has it): False leaves it to `take`."""
+        if not self._pending or PREFIX not in line or ESCAPED_SURROGATE.search(line):
+            return False
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            return False
+        request_id = message.get("id") if type(message) is dict else None
+        if type(request_id) is not str or request_id not in self._pending or (answer := _plain(message)) is None:
+            return False
+        self._answer(request_id, answer)
+        return True
+
     def take(self, item: SessionMessage | Exception) -> SessionMessage | Exception | None:
         """None when `item` answered a direct request (which now has it); else the item, for the session."""
         if not self._pending:
@@ -51,19 +75,20 @@ class DirectLine:
         message = item.message if isinstance(item, SessionMessage) else None
         if not isinstance(message, types.JSONRPCResponse | types.JSONRPCError) or not isinstance(message.id, str):
             return item
-        waiting = self._pending.pop(message.id, None)
-        if waiting is None:
+        if message.id not in self._pending:
             return item
-        if not waiting.done():  # else its caller was cancelled meanwhile
-            waiting.set_result(message)
+        self._answer(message.id, message.result if isinstance(message, types.JSONRPCResponse) else message.error)
         return None
+
+    def _answer(self, request_id: str, answer: Answer) -> None:
+        waiting = self._pending.pop(request_id)
+        if not waiting.done():  # else its caller was cancelled meanwhile
+            waiting.set_result(answer)
 
     def close(self) -> None:
         """The server's output ended: no answer will come to what waits, nor any later request."""
         self._closed = True
-        closed = types.JSONRPCError(
-            jsonrpc="2.0", id="", error=types.ErrorData(code=types.CONNECTION_CLOSED, message="Connection closed")
-        )
+        closed = types.ErrorData(code=types.CONNECTION_CLOSED, message="Connection closed")
         for waiting in self._pending.values():
             if not waiting.done():
                 waiting.set_result(closed)
@@ -80,16 +105,32 @@ class DirectLine:
         self._pending[request_id] = waiting = asyncio.get_running_loop().create_future()
         try:
             await self._send(line.encode())
-            message = await waiting
+            answer = await waiting
         except anyio.get_cancelled_exc_class():
             # Cancelled in the write or after: a write interrupted may still have reached the server.
             await _cancel(session, request_id)
             raise
         finally:
             self._pending.pop(request_id, None)
-        if isinstance(message, types.JSONRPCError):
-            raise MCPError.from_error_data(message.error)
-        return message.result
+        if isinstance(answer, types.ErrorData):
+            raise MCPError.from_error_data(answer)
+        return answer
+
+
+def _plain(message: dict[str, Any]) -> Answer | None:
+    """The result or error of an answer the SDK's parse reads as it is; None for any other (a request's members,
+    both result and error, a member it would coerce or refuse, nesting for reply_depth.py's `checked` to judge)."""
+    if message.get("jsonrpc") != "2.0" or "method" in message:
+        return None
+    if nests_deeper_than(message, settings.GATEWAY_MAX_JSON_DEPTH):
+        return None
+    result, error = message.get("result"), message.get("error")
+    if type(result) is dict and "error" not in message:
+        return result
+    if type(error) is dict and "result" not in message:
+        if type(error.get("code")) is int and type(error.get("message")) is str:
+            return types.ErrorData.model_validate(error)
+    return None
 
 
 async def _cancel(session: Any, request_id: str) -> None:

@@ -260,6 +260,8 @@ async def stdio_transport(
                 async for chunk in TextReceiveStream(process.stdout):  # type: ignore[arg-type]
                     *lines, buffer = (buffer + chunk).split("\n")
                     for line in lines:
+                        if direct is not None and direct.answered(line):
+                            continue
                         item = _parse(line)
                         if direct is None or (item := direct.take(item)) is not None:
                             await incoming.send(item)
