@@ -4,6 +4,7 @@ Runs on the executor's event loop (registry/upstreams/loop.py). Every result lea
 so the inline and the Celery executor hand the dispatcher exactly the same thing.
 """
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -403,7 +404,8 @@ class UpstreamPool:
         connection.in_flight += 1
         token = sending.set(sent)
         try:
-            with anyio.fail_after(spec.timeout):
+            # The pool runs on asyncio alone (loop.py): its own deadline costs half of anyio's scope a call.
+            async with asyncio.timeout(spec.timeout):
                 return {"ok": True, "result": await action(connection, relay)}
         except TimeoutError:
             return failure("UPSTREAM_TIMEOUT", f"The service did not answer within {spec.timeout:g} seconds.")
