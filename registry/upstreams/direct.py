@@ -119,7 +119,8 @@ class DirectLine:
 
 def _plain(message: dict[str, Any]) -> Answer | None:
     """The result or error of an answer the SDK's parse reads as it is; None for any other (a request's members,
-    both result and error, a member it would coerce or refuse, nesting for reply_depth.py's `checked` to judge)."""
+    both result and error, a member it would coerce or refuse) and for what reply_depth.py's `checked` judges
+    (nesting, a parse error, which it may read as a reply too deep)."""
     if message.get("jsonrpc") != "2.0" or "method" in message:
         return None
     if nests_deeper_than(message, settings.GATEWAY_MAX_JSON_DEPTH):
@@ -127,8 +128,8 @@ def _plain(message: dict[str, Any]) -> Answer | None:
     result, error = message.get("result"), message.get("error")
     if type(result) is dict and "error" not in message:
         return result
-    if type(error) is dict and "result" not in message:
-        if type(error.get("code")) is int and type(error.get("message")) is str:
+    if type(error) is dict and "result" not in message and type(code := error.get("code")) is int:
+        if code != types.PARSE_ERROR and type(error.get("message")) is str:
             return types.ErrorData.model_validate(error)
     return None
 
