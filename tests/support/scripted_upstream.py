@@ -5,7 +5,8 @@ to see what reached it.
 Tools: `id` answers with the request's id as its text; `malformed` with a line that is no JSON; `bad_result` with
 content that is no list; `error` with a JSON-RPC error; `server_error` with one in -32000, the code the SDK also
 gives a closed connection; `hang` never answers; `die` exits with status 7 unanswered; `later` with a result
-carrying a 2026-07-28 input round's fields.
+carrying a 2026-07-28 input round's fields; `raw` writes its argument's `lines` as they are, each `@ID` in them
+the request's id.
 """
 
 import json
@@ -15,7 +16,7 @@ import sys
 HELLO = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 TOOLS = [
     {"name": name, "inputSchema": {"type": "object"}}
-    for name in ("id", "malformed", "bad_result", "error", "server_error", "hang", "die", "later")
+    for name in ("id", "malformed", "bad_result", "error", "server_error", "hang", "die", "later", "raw")
 ]
 
 
@@ -23,7 +24,7 @@ def answer(request_id: object, result: dict) -> None:
     sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}) + "\n")
 
 
-def called(request_id: object, tool: str) -> None:
+def called(request_id: object, tool: str, arguments: dict) -> None:
     match tool:
         case "id":
             answer(request_id, {"content": [{"type": "text", "text": json.dumps(request_id)}]})
@@ -43,6 +44,9 @@ def called(request_id: object, tool: str) -> None:
             asked = {"answer": {"method": "roots/list"}}
             done = [{"type": "text", "text": "done"}]
             answer(request_id, {"content": done, "resultType": "input_required", "inputRequests": asked})
+        case "raw":
+            for line in arguments["lines"]:
+                sys.stdout.write(line.replace("@ID", json.dumps(request_id)) + "\n")
 
 
 def main() -> None:
@@ -52,14 +56,14 @@ def main() -> None:
             seen.flush()
             message = json.loads(line)
             method, request_id = message.get("method"), message.get("id")
-            if request_id is None:
-                continue  # a notification
+            if request_id is None or method is None:
+                continue  # a notification, or the answer to a request of `raw`'s
             if method == "initialize":
                 answer(request_id, HELLO)
             elif method == "tools/list":
                 answer(request_id, {"tools": TOOLS})
             elif method == "tools/call":
-                called(request_id, message["params"]["name"])
+                called(request_id, message["params"]["name"], message["params"].get("arguments") or {})
             else:
                 error = {"code": -32601, "message": "Method not found"}
                 sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")

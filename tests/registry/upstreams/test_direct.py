@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.requests import UpstreamRequest
@@ -15,6 +16,7 @@ from registry.upstreams.spec import UpstreamSpec
 from tests.factories import DEMO_SPEC
 from tests.helpers import until, with_pool
 
+DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH's default
 SCRIPTED = str(Path(__file__).parents[2] / "support/scripted_upstream.py")
 
 
@@ -191,3 +193,102 @@ def test_calls_in_flight_together_on_one_connection_each_get_their_own_answer():
         return [answers[text] for text in texts]
 
     assert with_pool(DEMO_SPEC, body) == texts
+
+
+WAITED = "The service did not answer within 1 seconds."
+TIMED_OUT = {"ok": False, "code": "UPSTREAM_TIMEOUT", "message": WAITED, "detail": WAITED}
+
+
+def _refused(code: int, message: str, data: Any = None) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "code": "UPSTREAM_ERROR",
+        "message": f"The service refused the request: {message}",
+        "detail": repr(MCPError(code, message, data)),
+        "rpc_code": code,
+    }
+
+
+DEEP = (
+    f"The upstream 'scripted' answered with JSON nested deeper than {DEPTH} levels, which the gateway does not pass on."
+)
+TOO_DEEP = {"ok": False, "code": "UPSTREAM_INVALID_RESPONSE", "message": DEEP, "detail": DEEP}
+
+
+# Answers the direct line's own read leaves to the SDK's parse, each with what that parse made of it: the line it
+# refuses goes to the session, and the call waits for its timeout; a member it coerces is read as it reads it.
+@pytest.mark.parametrize(
+    "line, outcome",
+    [
+        ('{"jsonrpc": "2.0", "id": @ID, "result": ["not an object"]}', TIMED_OUT),
+        ('{"jsonrpc": "1.0", "id": @ID, "result": {"content": []}}', TIMED_OUT),
+        ('{"jsonrpc": "2.0", "id": @ID, "result": {"content": [{"type": "text", "text": "\\ud800"}]}}', TIMED_OUT),
+        ('{"jsonrpc": "2.0", "id": @ID, "error": {"code": -32010}}', TIMED_OUT),
+        ('{"jsonrpc": "2.0", "id": @ID, "error": {"code": -32010, "message": 7}}', TIMED_OUT),
+        ('{"jsonrpc": "2.0", "id": @ID, "error": {"code": "-32010", "message": "no"}}', _refused(-32010, "no")),
+        ('{"jsonrpc": "2.0", "id": @ID, "error": {"code": -32010.0, "message": "no"}}', _refused(-32010, "no")),
+        ('{"jsonrpc": "2.0", "id": @ID, "result": {}, "error": {"code": 5, "message": "both"}}', _refused(5, "both")),
+        ('{"jsonrpc": "2.0", "id": @ID, "error": {"code": -32700, "message": "recursion limit exceeded"}}', TOO_DEEP),
+    ],
+    ids=[
+        "a result that is no object",
+        "another jsonrpc version",
+        "a lone surrogate",
+        "an error without a message",
+        "an error message that is no string",
+        "an error code in a string",
+        "an error code that is a float",
+        "both a result and an error",
+        "the parse error of a reply too deep",
+    ],
+)
+def test_an_answer_of_an_odd_shape_gets_what_the_sdks_parse_made_of_it(scripted, line, outcome):
+    assert with_pool(scripted[0], lambda pool: pool.request(_call("raw", {"lines": [line]}))) == outcome
+
+
+def test_an_answer_with_members_no_one_asked_for_is_read_without_them(scripted):
+    content = '[{"type": "text", "text": "done", "extra": 1}]'
+    answered = f'{{"jsonrpc": "2.0", "id": @ID, "result": {{"content": {content}, "extra": 2}}, "extra": 3}}'
+    refused = '{"jsonrpc": "2.0", "id": @ID, "error": {"code": -32010, "message": "no", "data": [1], "extra": 1}}'
+
+    async def both(pool: UpstreamPool) -> tuple[dict, dict]:
+        return await pool.request(_call("raw", {"lines": [answered]})), await pool.request(
+            _call("raw", {"lines": [refused]})
+        )
+
+    result, error = with_pool(scripted[0], both)
+    assert result == {
+        "ok": True,
+        "result": {"content": [{"type": "text", "text": "done"}], "isError": False, "resultType": "complete"},
+    }
+    assert error == _refused(-32010, "no", [1])
+
+
+def test_a_request_of_the_server_with_a_string_id_like_the_direct_lines_still_reaches_the_session(scripted):
+    spec, seen = scripted
+    ping = '{"jsonrpc": "2.0", "id": "switchboard-77", "method": "ping"}'
+    answer = '{"jsonrpc": "2.0", "id": @ID, "result": {"content": []}}'
+
+    async def body(pool: UpstreamPool) -> dict:
+        outcome = await pool.request(_call("raw", {"lines": [ping, answer]}))
+        await until(lambda: any(m.get("id") == "switchboard-77" for m in _received(seen)))
+        return outcome
+
+    assert with_pool(spec, body) == {"ok": True, "result": {"content": [], "isError": False, "resultType": "complete"}}
+    assert [m for m in _received(seen) if m.get("id") == "switchboard-77"] == [
+        {"jsonrpc": "2.0", "id": "switchboard-77", "result": {}}
+    ]
+
+
+@pytest.mark.parametrize("levels", [DEPTH - 2, 230], ids=["one level over", "beyond what the SDK parses"])
+def test_a_direct_answer_nested_too_deep_is_refused_naming_the_upstream_and_the_next_call_is_served(levels):
+    async def twice(pool: UpstreamPool) -> tuple[dict, dict]:
+        deep = await pool.request(UpstreamRequest.tool_call(1, 1, "nested", {"levels": levels}))
+        return deep, await pool.request(UpstreamRequest.tool_call(1, 1, "nested", {"levels": DEPTH - 3}))
+
+    refused, served = with_pool(DEMO_SPEC, twice)
+    message = (
+        f"The upstream 'demo' answered with JSON nested deeper than {DEPTH} levels, which the gateway does not pass on."
+    )
+    assert refused == {"ok": False, "code": "UPSTREAM_INVALID_RESPONSE", "message": message, "detail": message}
+    assert served["ok"] and json.dumps(served["result"]["structuredContent"]).count("[") == DEPTH - 3
