@@ -8,8 +8,10 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp import types
 from mcp.shared.exceptions import MCPError
 
+from registry.upstreams.direct import _plain
 from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.requests import UpstreamRequest
 from registry.upstreams.spec import UpstreamSpec
@@ -292,3 +294,36 @@ def test_a_direct_answer_nested_too_deep_is_refused_naming_the_upstream_and_the_
     )
     assert refused == {"ok": False, "code": "UPSTREAM_INVALID_RESPONSE", "message": message, "detail": message}
     assert served["ok"] and json.dumps(served["result"]["structuredContent"]).count("[") == DEPTH - 3
+
+
+AT_LIMIT = json.loads("[" * (DEPTH - 2) + "]" * (DEPTH - 2))  # under the message and its result: DEPTH levels
+
+
+@pytest.mark.parametrize(
+    "message, answer",
+    [
+        ({"jsonrpc": "2.0", "id": "switchboard-1", "result": {"content": []}, "extra": 1}, {"content": []}),
+        (
+            {"jsonrpc": "2.0", "id": "switchboard-1", "error": {"code": -32010, "message": "no", "data": [1], "x": 2}},
+            types.ErrorData(code=-32010, message="no", data=[1]),
+        ),
+        ({"jsonrpc": "2.0", "id": "switchboard-1", "result": {"content": []}, "method": "ping"}, None),
+        ({"jsonrpc": "2.0", "id": "switchboard-1", "result": {}, "error": {"code": 1, "message": "both"}}, None),
+        ({"jsonrpc": "2.0", "id": "switchboard-1", "error": {"code": True, "message": "a bool"}}, None),
+        ({"jsonrpc": "2.0", "id": "switchboard-1", "error": {"code": -32700, "message": "a parse error"}}, None),
+        ({"jsonrpc": "2.0", "id": "switchboard-1", "result": {"value": AT_LIMIT}}, {"value": AT_LIMIT}),
+        ({"jsonrpc": "2.0", "id": "switchboard-1", "result": {"value": [AT_LIMIT]}}, None),
+    ],
+    ids=[
+        "a result",
+        "an error",
+        "a request's member",
+        "both",
+        "a code to coerce",
+        "a parse error",
+        "at the depth limit",
+        "one level over",
+    ],
+)
+def test_the_direct_line_reads_by_itself_only_an_answer_the_sdks_parse_reads_as_it_is(message, answer):
+    assert _plain(message) == answer
