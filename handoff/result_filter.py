@@ -9,7 +9,7 @@ from typing import Any
 
 from django.conf import settings
 
-from handoff.stages import StageCall, after_execute
+from handoff.stages import StageCall, own_after_execute
 
 BLANK = "[redacted]"
 BUILT_IN = {
@@ -24,6 +24,17 @@ def patterns() -> tuple[tuple[str, re.Pattern[str]], ...]:
     """The built-in patterns, then the operator's (validated when the settings load)."""
     extra = {f"pattern_{number}": pattern for number, pattern in enumerate(settings.GATEWAY_RESULT_FILTER_PATTERNS, 1)}
     return tuple((name, re.compile(pattern)) for name, pattern in (BUILT_IN | extra).items())
+
+
+def _found(value: Any) -> bool:
+    """Whether any pattern matches any string in `value`: most results hold none, and are given back as they are."""
+    if isinstance(value, str):
+        return any(pattern.search(value) for _, pattern in patterns())
+    if isinstance(value, dict):
+        return any(_found(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_found(item) for item in value)
+    return False
 
 
 def blanked(value: Any, found: Counter[str]) -> Any:
@@ -41,9 +52,9 @@ def blanked(value: Any, found: Counter[str]) -> Any:
     return value
 
 
-@after_execute(name="result_filter")
+@own_after_execute(name="result_filter")
 def result_filter(call: StageCall, result: dict[str, Any]) -> dict[str, Any]:
-    if not settings.GATEWAY_RESULT_FILTER:
+    if not settings.GATEWAY_RESULT_FILTER or not _found(result):
         return result
     found: Counter[str] = Counter()
     filtered = blanked(result, found)

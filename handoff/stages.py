@@ -56,6 +56,9 @@ class Stage:
     name: str
     point: str  # BEFORE or AFTER
     run: Callable[..., Any]
+    # The gateway's own stage gives back the very result it was given when it changes nothing: that needs no new
+    # check, while an operator's stage may have changed it in place.
+    own: bool = False
 
     async def __call__(self, *args: Any) -> Any:
         value = self.run(*args)
@@ -65,11 +68,11 @@ class Stage:
 _registered: list[Stage] = []
 
 
-def _register(point: str, name: str) -> Callable:
+def _register(point: str, name: str, own: bool = False) -> Callable:
     def register(run: Callable) -> Callable:
         if any(stage.name == name for stage in _registered):
             raise ValueError(f"a stage named {name!r} is registered already")
-        _registered.append(Stage(name, point, run))
+        _registered.append(Stage(name, point, run, own))
         return run
 
     return register
@@ -83,6 +86,11 @@ def before_execute(*, name: str) -> Callable[[Callable[[StageCall], None | Await
 def after_execute(*, name: str) -> Callable[[Callable[[StageCall, dict], Any]], Callable]:
     """Register the decorated function to run after execute; it returns the result the model will read."""
     return _register(AFTER, name)
+
+
+def own_after_execute(*, name: str) -> Callable[[Callable[[StageCall, dict], Any]], Callable]:
+    """The gateway's own after-execute stage (the result filter); see Stage.own."""
+    return _register(AFTER, name, own=True)
 
 
 def stages(point: str) -> tuple[Stage, ...]:

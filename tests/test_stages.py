@@ -67,6 +67,14 @@ def test_a_stage_that_returns_a_malformed_result_has_it_withheld_and_the_call_co
     assert "stage 'test_shouter' returned no tool result" in completed.error_detail
 
 
+def test_a_stage_that_makes_the_result_it_was_given_malformed_in_place_has_it_withheld_too(staged, world):
+    [completed] = [
+        row for row in _gateway_error(staged, world.key, "malformed in place: now") if row.kind == "completed"
+    ]
+    assert (completed.outcome, completed.error_code) == ("error", "GATEWAY_ERROR")
+    assert "stage 'test_shouter' returned no tool result" in completed.error_detail
+
+
 def _checked(server_env: dict[str, str], **env: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "manage.py", "check"]
     return subprocess.run(command, env=server_env | env, capture_output=True, text=True, timeout=120)

@@ -22,4 +22,6 @@ def shouter(call: StageCall, result: dict[str, Any]) -> Any:
         return result | {"content": [{"type": "text", "text": item["text"].upper()} for item in result["content"]]}
     if text.startswith("malformed:"):
         return {"content": "not a list"}
+    if text.startswith("malformed in place:"):  # the very result it was given, changed: checked all the same
+        result["content"] = "not a list"
     return result

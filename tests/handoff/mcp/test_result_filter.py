@@ -4,6 +4,7 @@ reads them, and the completion row counts what was blanked, never what it was.""
 import pytest
 
 from handoff import result_filter
+from handoff.stages import StageCall
 from tests.handoff.mcp.test_tools import _called
 from tests.helpers import audit_mark, audit_since
 
@@ -43,3 +44,16 @@ def test_patterns_of_the_setting_are_blanked_too(caller, settings):
     finally:
         result_filter.patterns.cache_clear()
     assert result["content"][0]["text"] == "pay with [redacted]"
+
+
+def test_a_result_without_secrets_is_given_back_itself_and_one_with_them_as_a_new_result():
+    view = StageCall("id", "layer__echo", "layer", "echo", {}, "agent", "")
+    clean = {"content": [{"type": "text", "text": "nothing to hide"}], "isError": False}
+    assert result_filter.result_filter(view, clean) is clean  # so the stages' loop checks it no further
+    secret = {"content": [{"type": "text", "text": "key AKIAIOSFODNN7EXAMPLE"}], "isError": False}
+    assert result_filter.result_filter(view, secret) == {
+        "content": [{"type": "text", "text": "key [redacted]"}],
+        "isError": False,
+    }
+    assert secret["content"][0]["text"] == "key AKIAIOSFODNN7EXAMPLE"
+    assert view.audit == {"redacted": {"aws_access_key": 1}}
