@@ -73,6 +73,7 @@ class Call:
     admission: Admission | None = None  # held while the call runs; given back with the completion row
     probing: bool = False  # this call is the half-open circuit's one probe
     approved: bool = False
+    arguments_sha256: str = ""  # their digest, made once for both rows of an approved call
     # execute, and after
     outcome: Outcome | None = None
     result: dict[str, Any] | None = None

@@ -42,6 +42,7 @@ def request_audit(
     upstream: str,
     tool: str,
     trace_id: str,
+    arguments_sha256: str = "",
 ) -> dict[str, Any]:
     return {
         "request_id": request_id,
@@ -50,7 +51,7 @@ def request_audit(
         "session_id": caller.session_id,
         "transport": caller.transport,
         "exposed_name": name,
-        "arguments_sha256": canonical_sha256(arguments),
+        "arguments_sha256": arguments_sha256 or canonical_sha256(arguments),
         "upstream": upstream,
         "tool": tool,
     }
@@ -60,7 +61,14 @@ def call_audit(call: Call) -> dict[str, Any]:
     """The fields every row of this call holds, as the stages so far found them."""
     assert call.caller is not None
     audit = request_audit(
-        call.caller, call.name, call.request_id, call.arguments, call.upstream, call.tool, call.trace_id
+        call.caller,
+        call.name,
+        call.request_id,
+        call.arguments,
+        call.upstream,
+        call.tool,
+        call.trace_id,
+        call.arguments_sha256,
     )
     if call.actor:
         audit["actor"] = call.actor
@@ -135,6 +143,8 @@ async def denial_row(call: Call) -> None:
 async def approval_row(call: Call) -> None:
     """Written before the upstream is touched; if it cannot be, the admission goes back."""
     call.approved = True
+    # Final from here on (an override mapped them in decide): the completion row holds the same digest.
+    call.arguments_sha256 = canonical_sha256(call.arguments)
     timeout = GATEWAY_TOOL_TIMEOUT if call.own or call.route is None else call.route.timeout
     try:
         await record(kind="approved", **approval(call_audit(call), call.arguments, timeout))
