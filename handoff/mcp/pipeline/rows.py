@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 import anyio
@@ -202,11 +203,25 @@ async def completion_row(call: Call) -> None:
         error_detail=detail,
         **call_audit(call),
     )
-    health = "none" if call.own else health_of(outcome.get("code"))
+    beside = [_touch(call.tunnel.tunnel_id)] if call.tunnel is not None and not call.own else []
+    if call.admission is not None:
+        admission, call.admission = call.admission, None
+        health = "none" if call.own else health_of(outcome.get("code"))
+        beside.append(limit_store().release(admission, health, call.probing))
     with anyio.CancelScope(shield=True):
-        touched = [_touch(call.tunnel.tunnel_id)] if call.tunnel is not None and not call.own else []
-        await asyncio.gather(completion, admission_release(call, health), *touched)
+        await _meanwhile(completion, beside)
     call_logged(call, status, code)
+
+
+async def _meanwhile(first: Awaitable[None], others: list[Coroutine[Any, Any, None]]) -> None:
+    """`first` in this task and the others meanwhile, a task each, every one awaited: gather's work with a task
+    fewer (each costs about 7 µs of CPU, and every admitted call has one other)."""
+    tasks = [asyncio.ensure_future(other) for other in others]
+    try:
+        await first
+    finally:
+        for task in tasks:
+            await task
 
 
 async def admission_release(call: Call, health: str) -> None:
