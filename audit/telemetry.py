@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
+from functools import cache, lru_cache
 from typing import Any
 
 from mcp.shared.exceptions import MCPError
@@ -257,9 +258,22 @@ def stages_observe(timers: dict[str, float]) -> None:
     STAGE_LATENCY.observe(timers)
 
 
+# A metric's labelled child, looked up once: `labels()` takes a lock and checks its arguments every time (about
+# 1.5 µs, twice a call and twice an HTTP request). No child of these is ever removed.
+@cache
+def _call_metrics(upstream: str, outcome: str) -> tuple[Any, Any]:
+    return CALLS.labels(upstream, outcome), LATENCY.labels(upstream)
+
+
+@lru_cache(maxsize=1024)  # bounded: a client names the method
+def _http_metrics(route: str, method: str, status: str) -> tuple[Any, Any]:
+    return HTTP_REQUESTS.labels(route, method, status), HTTP_LATENCY.labels(route)
+
+
 def call_observe(*, upstream: str, outcome: str, duration_ms: float) -> None:
-    CALLS.labels(upstream, outcome).inc()
-    LATENCY.labels(upstream).observe(duration_ms / 1000)
+    calls, latency = _call_metrics(upstream, outcome)
+    calls.inc()
+    latency.observe(duration_ms / 1000)
 
 
 def http_route(path: str) -> str:
@@ -287,8 +301,8 @@ def http_metered(app: AsgiApp) -> AsgiApp:
         try:
             await app(scope, receive, watched)
         finally:
-            route = http_route(scope["path"])
-            HTTP_REQUESTS.labels(route, scope["method"], status).inc()
-            HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)
+            requests, latency = _http_metrics(http_route(scope["path"]), scope["method"], status)
+            requests.inc()
+            latency.observe(time.perf_counter() - started)
 
     return metered
