@@ -65,14 +65,15 @@ class Stage:
         return await value if inspect.isawaitable(value) else value
 
 
-_registered: list[Stage] = []
+# Each point's chain, in order of registration: made as stages register (at start-up), read by every call.
+_chains: dict[str, tuple[Stage, ...]] = {BEFORE: (), AFTER: ()}
 
 
 def _register(point: str, name: str, own: bool = False) -> Callable:
     def register(run: Callable) -> Callable:
-        if any(stage.name == name for stage in _registered):
+        if any(stage.name == name for chain in _chains.values() for stage in chain):
             raise ValueError(f"a stage named {name!r} is registered already")
-        _registered.append(Stage(name, point, run, own))
+        _chains[point] += (Stage(name, point, run, own),)
         return run
 
     return register
@@ -94,4 +95,4 @@ def own_after_execute(*, name: str) -> Callable[[Callable[[StageCall, dict], Any
 
 
 def stages(point: str) -> tuple[Stage, ...]:
-    return tuple(stage for stage in _registered if stage.point == point)
+    return _chains[point]
