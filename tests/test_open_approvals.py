@@ -14,12 +14,14 @@ import anyio
 import httpx2
 import redis
 import websockets
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
 from audit.outcomes import outcomes_settle
+from gateway_project.lib.redis_clients import sync_redis
 from tests.clients import call, sdk_client, tool_names
 from tests.conftest import needs
 from tests.factories import agent, demo_upstream
@@ -164,6 +166,9 @@ def test_a_completion_after_the_sweep_is_withheld_and_the_agent_is_told(gateway,
     # One outcome only: the sweep's; the late completion was refused by the database.
     [_, settled] = _rows(approval.request_id)
     assert (settled.outcome, settled.error_code) == ("unknown", "OUTCOME_UNKNOWN")
+    # Its admission went back all the same, before the agent was told (the release runs beside the row's write).
+    busy = sync_redis().get(f"{settings.GATEWAY_REDIS_PREFIX}busy:{world.upstreams['demo']}")
+    assert int(busy or 0) == 0
 
 
 async def _attempt(url: str, key: str, mode: str) -> str:
