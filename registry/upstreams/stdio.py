@@ -7,6 +7,7 @@ follows the same shutdown (MCP lifecycle: close stdin, wait, then end the proces
 and shielded, so a cancelled caller neither leaks a live server nor hangs on one. A server started before the
 gateway's imports (prestart.py) is adopted: its pipes are read and written as the ones of a server started here."""
 
+import asyncio
 import logging
 import os
 import subprocess
@@ -145,6 +146,29 @@ class _PipeWriter(ByteSendStream):
         if not self._pipe.closed:
             anyio.notify_closing(self._pipe.fileno())
             self._pipe.close()
+
+
+async def _write(stdin: ByteSendStream, line: bytes) -> None:
+    """A direct request's line into the server's input; PIPE_ERRORS once the server is known gone, so a request
+    that never reached it is never marked written.
+
+    An asyncio pipe transport (stdlib's or uvloop's) with nothing queued writes at once, and on a server gone
+    closes at once: the line is known written, or not, with no loop turn (anyio's send would take one, its drain
+    another). With bytes queued (a server slow to read), it drops a write to a server gone and says so only a
+    loop turn or two later: an empty write waits for that. The session's writer gets those turns from its
+    stream's hand-off; our own pipes (_PipeWriter) write at once, and their empty write costs nothing."""
+    stream = getattr(stdin, "_stream", None)  # anyio's wrapper of asyncio's StreamWriter: its transport
+    transport = stream.transport if isinstance(stream, asyncio.StreamWriter) else None
+    if transport is not None and not transport.get_write_buffer_size():
+        if not transport.is_closing():
+            transport.write(line)
+        if transport.is_closing():
+            raise anyio.BrokenResourceError
+        if not transport.get_write_buffer_size():
+            return
+        line = b""  # its rest is queued: wait as below
+    await stdin.send(line)
+    await stdin.send(b"")
 
 
 class _Adopted(Process):
@@ -295,12 +319,7 @@ async def stdio_transport(
     async def send_direct(data: bytes) -> None:
         try:
             async with writing:
-                await process.stdin.send(data)  # type: ignore[union-attr]
-                # asyncio's pipe transport drops a write to a server gone and says so only a loop turn or two
-                # later (its drain saw nothing yet): an empty write waits for that, and then raises, so a request
-                # that never reached the server is never marked written. The session's writer got those turns
-                # from its stream's hand-off.
-                await process.stdin.send(b"")  # type: ignore[union-attr]
+                await _write(process.stdin, data)  # type: ignore[arg-type]
         except PIPE_ERRORS:
             await broken()
             raise MCPError(code=types.CONNECTION_CLOSED, message="Connection closed") from None
