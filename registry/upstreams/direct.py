@@ -62,7 +62,7 @@ class DirectLine:
         except (ValueError, RecursionError):
             return False
         request_id = message.get("id") if type(message) is dict else None
-        if type(request_id) is not str or request_id not in self._pending or (answer := _plain(message)) is None:
+        if type(request_id) is not str or request_id not in self._pending or (answer := _plain(message, line)) is None:
             return False
         self._answer(request_id, answer)
         return True
@@ -117,13 +117,16 @@ class DirectLine:
         return answer
 
 
-def _plain(message: dict[str, Any]) -> Answer | None:
-    """The result or error of an answer the SDK's parse reads as it is; None for any other (a request's members,
-    both result and error, a member it would coerce or refuse) and for what reply_depth.py's `checked` judges
-    (nesting, a parse error, which it may read as a reply too deep)."""
+def _plain(message: dict[str, Any], line: str) -> Answer | None:
+    """The result or error of an answer (`line`, parsed) the SDK's parse reads as it is; None for any other (a
+    request's members, both result and error, a member it would coerce or refuse) and for what reply_depth.py's
+    `checked` judges (nesting, a parse error, which it may read as a reply too deep)."""
     if message.get("jsonrpc") != "2.0" or "method" in message:
         return None
-    if nests_deeper_than(message, settings.GATEWAY_MAX_JSON_DEPTH):
+    limit = settings.GATEWAY_MAX_JSON_DEPTH
+    # A line with no more brackets than the limit cannot nest deeper (those in strings only count more): the
+    # walk, which cost the reader as much as the parse, is for the rest.
+    if line.count("{") + line.count("[") > limit and nests_deeper_than(message, limit):
         return None
     result, error = message.get("result"), message.get("error")
     if type(result) is dict and "error" not in message:

@@ -313,6 +313,8 @@ AT_LIMIT = json.loads("[" * (DEPTH - 2) + "]" * (DEPTH - 2))  # under the messag
         ({"jsonrpc": "2.0", "id": "switchboard-1", "error": {"code": -32700, "message": "a parse error"}}, None),
         ({"jsonrpc": "2.0", "id": "switchboard-1", "result": {"value": AT_LIMIT}}, {"value": AT_LIMIT}),
         ({"jsonrpc": "2.0", "id": "switchboard-1", "result": {"value": [AT_LIMIT]}}, None),
+        ({"jsonrpc": "2.0", "id": "switchboard-1", "result": {"value": [[]] * DEPTH}}, {"value": [[]] * DEPTH}),
+        ({"jsonrpc": "2.0", "id": "switchboard-1", "result": {"text": "{[" * DEPTH}}, {"text": "{[" * DEPTH}),
     ],
     ids=[
         "a result",
@@ -323,7 +325,9 @@ AT_LIMIT = json.loads("[" * (DEPTH - 2) + "]" * (DEPTH - 2))  # under the messag
         "a parse error",
         "at the depth limit",
         "one level over",
+        "more brackets than the limit side by side",
+        "brackets in a string",
     ],
 )
 def test_the_direct_line_reads_by_itself_only_an_answer_the_sdks_parse_reads_as_it_is(message, answer):
-    assert _plain(message) == answer
+    assert _plain(message, json.dumps(message)) == answer
