@@ -170,13 +170,15 @@ class UpstreamPool:
         catalog: bool = False,
     ) -> UpstreamConnection:
         key = (upstream_id, capabilities, person["person"] if person else "")
+        # Most calls find their connection serving: no lock to take (one opening a new one deletes the old first).
+        if served := self._serving(key, revision, person, catalog):
+            return served
         if key not in self._locks:
-            self._locks[key] = anyio.Lock(fast_acquire=True)  # no checkpoint when uncontended: most calls
+            self._locks[key] = anyio.Lock(fast_acquire=True)  # no checkpoint when uncontended
         async with self._locks[key]:
+            if served := self._serving(key, revision, person, catalog):
+                return served
             current = self._connections.get(key)
-            if current and _serves(current, revision, person, catalog):
-                current.last_used = anyio.current_time()
-                return current
             if current and current.alive and current.spec.per_person and person is None and not catalog:
                 raise CredentialUnusable(PERSON_REQUIRED, PERSON_REQUIRED_MESSAGE)
             if current:
@@ -194,6 +196,16 @@ class UpstreamPool:
                 await self._task_group.start(connection.run)
             self._connections[key] = connection
             return connection
+
+    def _serving(
+        self, key: ConnectionKey, revision: int, person: dict | None, catalog: bool
+    ) -> UpstreamConnection | None:
+        """The open connection under `key`, if it may carry this request as it is."""
+        current = self._connections.get(key)
+        if current and _serves(current, revision, person, catalog):
+            current.last_used = anyio.current_time()
+            return current
+        return None
 
     def _make_room(self, upstream_id: int) -> None:
         """Keep a per-person stdio upstream's processes under GATEWAY_PERSON_PROCESSES: the least recently used
