@@ -92,10 +92,11 @@ def test_concurrent_scripts_on_one_line_each_get_their_own_answer(shared):
 def test_a_caller_cancelled_mid_command_leaves_the_line_in_step(shared):
     async def scenario() -> None:
         await script_run("return 0", [], [])  # the line is open: the next script is written at once
+        connection().transport.pause_reading()  # its reply stays unread until the caller is cancelled
         cancelled = asyncio.create_task(script_run("return ARGV[1]", [], ["cancelled"]))
-        await asyncio.sleep(0)  # it is written and waits for its reply, which this loop has not read yet
-        assert len(connection().waiters) == 1
+        await until(lambda: len(connection().waiters) == 1)  # written, waiting for its reply
         cancelled.cancel()
+        connection().transport.resume_reading()
         assert await script_run("return ARGV[1]", [], ["next"]) == b"next"
         assert cancelled.cancelled() and not connection().waiters
         assert asyncio.all_tasks() == {asyncio.current_task()}  # the line runs no task of its own
