@@ -30,6 +30,7 @@ from mcp.server.subscriptions import (
 )
 from mcp.types import SubscriptionsListenRequestParams, SubscriptionsListenResult
 
+from gateway_project.lib.channel_groups import membership_kept
 from gateway_project.lib.process_task import ProcessTask
 from handoff.mcp.caller import Caller, caller_of
 from handoff.mcp.pipeline.task_state import tasks_forget
@@ -265,7 +266,7 @@ async def _relay(ready: asyncio.Future) -> None:
     channel = await layer.new_channel()
     await layer.group_add(GROUP, channel)
     ready.set_result(None)
-    refreshing = asyncio.create_task(_stay_in_group(layer, channel))
+    refreshing = asyncio.create_task(membership_kept(layer, GROUP, channel))
     try:
         while True:
             message = await layer.receive(channel)
@@ -286,13 +287,6 @@ async def _relay(ready: asyncio.Future) -> None:
                     logger.exception("the relay's %s handler failed", message.get("type"))
     finally:
         refreshing.cancel()
-
-
-async def _stay_in_group(layer: Any, channel: str) -> None:
-    """Group memberships expire (channels_redis: after a day); renewed well before."""
-    while True:
-        await asyncio.sleep(3600)
-        await layer.group_add(GROUP, channel)
 
 
 change_relay = ProcessTask(_relay)

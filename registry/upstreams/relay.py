@@ -22,6 +22,8 @@ from channels.layers import get_channel_layer
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
+from gateway_project.lib.channel_groups import membership_kept
+
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
@@ -187,17 +189,17 @@ async def cancel_listener() -> None:
     """Worker side, on the pool's loop for the life of the process: one ear for every call's cancellation."""
     layer = get_channel_layer()
     channel = await layer.new_channel()
-    while True:
-        try:
-            await layer.group_add(CANCELS, channel)  # memberships expire (channels_redis: after a day): renewed
-            with anyio.move_on_after(3600):
-                while True:
-                    message = await layer.receive(channel)
-                    if scope := _running.get(message.get("call", "")):
-                        scope.cancel()
-        except Exception:  # Redis went away for a while: calls run to their end until it is back
-            logger.warning("cancellation listener: channel layer unavailable", exc_info=True)
-            await anyio.sleep(1)
+    async with anyio.create_task_group() as kept:
+        kept.start_soon(membership_kept, layer, CANCELS, channel)
+        while True:
+            try:
+                message = await layer.receive(channel)
+            except Exception:  # Redis went away for a while: calls run to their end until it is back
+                logger.warning("cancellation listener: channel layer unavailable", exc_info=True)
+                await anyio.sleep(1)
+                continue
+            if scope := _running.get(message.get("call", "")):
+                scope.cancel()
 
 
 def may_ask(method: Any, capabilities: frozenset[str]) -> bool:
