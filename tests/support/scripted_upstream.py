@@ -2,11 +2,11 @@
 the SDK, can only answer well). Every line it reads is appended to the file named by its argument, for the test
 to see what reached it.
 
-Tools: `id` answers with the request's id as its text; `malformed` with a line that is no JSON; `bad_result` with
-content that is no list; `error` with a JSON-RPC error; `server_error` with one in -32000, the code the SDK also
-gives a closed connection; `hang` never answers; `die` exits with status 7 unanswered; `later` with a result
-carrying a 2026-07-28 input round's fields; `raw` writes its argument's `lines` as they are, each `@ID` in them
-the request's id.
+Tools: `id` answers with the request's id as its text; `malformed` with a line that is no JSON; `error` with a
+JSON-RPC error; `server_error` with one in -32000, the code the SDK also gives a closed connection; `hang` never
+answers; `die` exits with status 7 unanswered; `later` with a result carrying a 2026-07-28 input round's fields;
+`raw` writes its argument's `lines` as they are, each `@ID` in them the request's id. With a second argument,
+2026-07-28, it speaks that era instead (its lists carry that era's members; its tools still answer as above).
 """
 
 import json
@@ -16,8 +16,11 @@ import sys
 HELLO = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 TOOLS = [
     {"name": name, "inputSchema": {"type": "object"}}
-    for name in ("id", "malformed", "bad_result", "error", "server_error", "hang", "die", "later", "raw")
+    for name in ("id", "malformed", "error", "server_error", "hang", "die", "later", "raw")
 ]
+MODERN = "2026-07-28"
+FRESH = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"}  # what a 2026-07-28 list result must carry
+DISCOVERED = {"supportedVersions": [MODERN], "capabilities": {"tools": {}}, "serverInfo": HELLO["serverInfo"]} | FRESH
 
 
 def answer(request_id: object, result: dict) -> None:
@@ -30,8 +33,6 @@ def called(request_id: object, tool: str, arguments: dict) -> None:
             answer(request_id, {"content": [{"type": "text", "text": json.dumps(request_id)}]})
         case "malformed":
             sys.stdout.write('{"jsonrpc": "2.0", "id": ' + json.dumps(request_id) + ', "result": \n')
-        case "bad_result":
-            answer(request_id, {"content": "not a list"})
         case "error":
             error = {"code": -32010, "message": "no such record", "data": {"record": 7}}
             sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
@@ -50,6 +51,7 @@ def called(request_id: object, tool: str, arguments: dict) -> None:
 
 
 def main() -> None:
+    modern = sys.argv[2:] == [MODERN]
     with open(sys.argv[1], "a") as seen:
         for line in sys.stdin:
             seen.write(line)
@@ -58,10 +60,12 @@ def main() -> None:
             method, request_id = message.get("method"), message.get("id")
             if request_id is None or method is None:
                 continue  # a notification, or the answer to a request of `raw`'s
-            if method == "initialize":
+            if method == "initialize" and not modern:
                 answer(request_id, HELLO)
+            elif method == "server/discover" and modern:
+                answer(request_id, DISCOVERED)
             elif method == "tools/list":
-                answer(request_id, {"tools": TOOLS})
+                answer(request_id, {"tools": TOOLS} | (FRESH if modern else {}))
             elif method == "tools/call":
                 called(request_id, message["params"]["name"], message["params"].get("arguments") or {})
             else:

@@ -3,6 +3,7 @@ process: what it sends, and every way its answer can go wrong, each as the SDK s
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +89,76 @@ def test_an_upstreams_own_error_in_the_sdks_closed_code_is_its_refusal_and_the_c
     assert answered["result"]["content"] == [{"type": "text", "text": '"switchboard-2"'}]
 
 
-def test_a_result_of_the_wrong_shape_is_a_malformed_response(scripted):
-    outcome = with_pool(scripted[0], lambda pool: pool.request(_call("bad_result")))
+def _without_links(detail: str) -> str:
+    """A pydantic error as it reads, without the links to its docs (they name pydantic's version)."""
+    return "\n".join(line for line in detail.splitlines() if "errors.pydantic.dev" not in line)
+
+
+BOTH_ARMS = "union[CallToolResult,function-after[_require_one_field(), InputRequiredResult]]"
+
+
+# Results of the wrong shape, each refused by the check that knows it: the era's own schema (a list where an object
+# goes, a 2026-07-28 result without its resultType) or the version-free result type the SDK session parses into
+# (a null isError, a 2026-07-28 result with no content, which its era's schema reads as an input round).
+@pytest.mark.parametrize(
+    "era, result, detail",
+    [
+        (
+            "2025-11-25",
+            '{"content": "not a list"}',
+            "1 validation error for CallToolResult\ncontent\n  Input should be a valid list "
+            "[type=list_type, input_value='not a list', input_type=str]",
+        ),
+        (
+            "2025-11-25",
+            '{"content": [], "structuredContent": []}',
+            "1 validation error for CallToolResult\nstructuredContent\n  Input should be a valid dictionary "
+            "[type=dict_type, input_value=[], input_type=list]",
+        ),
+        (
+            "2025-11-25",
+            '{"content": [], "isError": null}',
+            f"2 validation errors for {BOTH_ARMS}\nCallToolResult.isError\n  Input should be a valid boolean "
+            "[type=bool_type, input_value=None, input_type=NoneType]\n"
+            "function-after[_require_one_field(), InputRequiredResult]\n  Value error, InputRequiredResult requires "
+            "at least one of input_requests or request_state [type=value_error, input_value={'content': [], "
+            "'isError': None}, input_type=dict]",
+        ),
+        (
+            "2026-07-28",
+            '{"content": []}',
+            "2 validation errors for union[CallToolResult,InputRequiredResult]\nCallToolResult.resultType\n"
+            "  Field required [type=missing, input_value={'content': []}, input_type=dict]\n"
+            "InputRequiredResult.resultType\n  Field required [type=missing, input_value={'content': []}, "
+            "input_type=dict]",
+        ),
+        (
+            "2026-07-28",
+            '{"resultType": "complete"}',
+            f"2 validation errors for {BOTH_ARMS}\nCallToolResult.content\n  Field required "
+            "[type=missing, input_value={'resultType': 'complete'}, input_type=dict]\n"
+            "function-after[_require_one_field(), InputRequiredResult].resultType\n  Input should be "
+            "'input_required' [type=literal_error, input_value='complete', input_type=str]",
+        ),
+    ],
+    ids=[
+        "content that is no list",
+        "structured content that is no object",
+        "a null isError",
+        "a 2026-07-28 result without its resultType",
+        "a 2026-07-28 result without content",
+    ],
+)
+def test_a_result_of_the_wrong_shape_is_a_malformed_response_saying_what_is_wrong(scripted, era, result, detail):
+    spec = replace(scripted[0], args=[*scripted[0].args, era])
+    line = f'{{"jsonrpc": "2.0", "id": @ID, "result": {result}}}'
+    outcome = with_pool(spec, lambda pool: pool.request(_call("raw", {"lines": [line]})))
     assert (outcome["ok"], outcome["code"], outcome["message"]) == (
         False,
         "UPSTREAM_INVALID_RESPONSE",
         "The service sent a malformed response.",
     )
-    assert "content" in outcome["detail"] and "list" in outcome["detail"]
+    assert _without_links(outcome["detail"]) == detail
 
 
 def test_a_later_eras_fields_in_a_2025_11_25_answer_are_dropped_as_the_sdk_session_drops_them(scripted):
