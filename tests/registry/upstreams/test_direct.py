@@ -161,6 +161,38 @@ def test_a_result_of_the_wrong_shape_is_a_malformed_response_saying_what_is_wron
     assert _without_links(outcome["detail"]) == detail
 
 
+SERVER_INFO = '"io.modelcontextprotocol/serverInfo": {"name": "s", "version": "1"}'
+
+
+# A result leaves as the SDK's result type writes it, key for key in its order, without the upstream's serverInfo
+# (its _meta last, and gone once nothing else is in it).
+@pytest.mark.parametrize(
+    "result, sent",
+    [
+        (
+            f'{{"_meta": {{{SERVER_INFO}, "trace": "t"}}, "structuredContent": {{"n": 1}}, "resultType": "complete", '
+            '"content": [{"text": "done", "type": "text", "annotations": {"priority": 0.5}}]}',
+            '{"content": [{"type": "text", "text": "done", "annotations": {"priority": 0.5}}], '
+            '"structuredContent": {"n": 1}, "isError": false, "resultType": "complete", "_meta": {"trace": "t"}}',
+        ),
+        (
+            f'{{"content": [], "resultType": "complete", "_meta": {{{SERVER_INFO}}}}}',
+            '{"content": [], "isError": false, "resultType": "complete"}',
+        ),
+        (
+            '{"content": [], "resultType": "complete", "_meta": {}}',
+            '{"content": [], "isError": false, "resultType": "complete"}',
+        ),
+    ],
+    ids=["with structured content and a _meta of its own", "with serverInfo alone", "with an empty _meta"],
+)
+def test_a_2026_results_json_is_the_sdk_types_own_without_the_upstreams_server_info(scripted, result, sent):
+    spec = replace(scripted[0], args=[*scripted[0].args, "2026-07-28"])
+    line = f'{{"jsonrpc": "2.0", "id": @ID, "result": {result}}}'
+    outcome = with_pool(spec, lambda pool: pool.request(_call("raw", {"lines": [line]})))
+    assert json.dumps(outcome["result"]) == sent
+
+
 def test_a_later_eras_fields_in_a_2025_11_25_answer_are_dropped_as_the_sdk_session_drops_them(scripted):
     outcome = with_pool(scripted[0], lambda pool: pool.request(_call("later")))
     text = {"type": "text", "text": "done"}
