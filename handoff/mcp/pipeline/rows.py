@@ -204,10 +204,8 @@ async def completion_row(call: Call) -> None:
         **call_audit(call),
     )
     beside = [_touch(call.tunnel.tunnel_id)] if call.tunnel is not None and not call.own else []
-    if call.admission is not None:
-        admission, call.admission = call.admission, None
-        health = "none" if call.own else health_of(outcome.get("code"))
-        beside.append(limit_store().release(admission, health, call.probing))
+    if (release := _release(call, "none" if call.own else health_of(outcome.get("code")))) is not None:
+        beside.append(release)
     with anyio.CancelScope(shield=True):
         await _meanwhile(completion, beside)
     call_logged(call, status, code)
@@ -225,10 +223,17 @@ async def _meanwhile(first: Awaitable[None], others: list[Coroutine[Any, Any, No
 
 
 async def admission_release(call: Call, health: str) -> None:
-    if call.admission is not None:
-        admission, call.admission = call.admission, None
+    if (release := _release(call, health)) is not None:
         with anyio.CancelScope(shield=True):
-            await limit_store().release(admission, health, call.probing)
+            await release
+
+
+def _release(call: Call, health: str) -> Coroutine[Any, Any, None] | None:
+    """The release of the call's admission, taken from the call so that it goes back once, or None if it has."""
+    if call.admission is None:
+        return None
+    admission, call.admission = call.admission, None
+    return limit_store().release(admission, health, call.probing)
 
 
 async def _touch(tunnel_id: str) -> None:
