@@ -21,6 +21,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from audit.services import canonical_sha256
 from audit.telemetry import current_trace_id
 from handoff.mcp.agent_relay import AgentRelay
 from handoff.mcp.audit_rows import record
@@ -192,7 +193,7 @@ async def _forward(
         caller,
         exposed[:AUDIT_TEXT],
         request_id,
-        params,
+        canonical_sha256(params),
         target.slug if target else "",
         own[:AUDIT_TEXT],
         current_trace_id(),

@@ -39,11 +39,10 @@ def request_audit(
     caller: Caller,
     name: str,
     request_id: uuid.UUID,
-    arguments: dict[str, Any],
+    arguments_sha256: str,
     upstream: str,
     tool: str,
     trace_id: str,
-    arguments_sha256: str = "",
 ) -> dict[str, Any]:
     return {
         "request_id": request_id,
@@ -52,7 +51,7 @@ def request_audit(
         "session_id": caller.session_id,
         "transport": caller.transport,
         "exposed_name": name,
-        "arguments_sha256": arguments_sha256 or canonical_sha256(arguments),
+        "arguments_sha256": arguments_sha256,
         "upstream": upstream,
         "tool": tool,
     }
@@ -65,11 +64,11 @@ def call_audit(call: Call) -> dict[str, Any]:
         call.caller,
         call.name,
         call.request_id,
-        call.arguments,
+        # Made once at approval; a denial's row, before it, hashes the arguments as they stand.
+        call.arguments_sha256 or canonical_sha256(call.arguments),
         call.upstream,
         call.tool,
         call.trace_id,
-        call.arguments_sha256,
     )
     if call.actor:
         audit["actor"] = call.actor
