@@ -7,6 +7,7 @@ process 0.15-0.2 s to start, and the embedded default never uses it. Catch its e
 import asyncio
 import hashlib
 import threading
+from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -70,16 +71,26 @@ def _sha1(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()
 
 
+def _sender() -> Callable[..., Awaitable[Any]]:
+    """How this loop sends a command: over its line (redis_line.py), which costs a fraction of redis-py's CPU,
+    unless REDIS_URL asks for what only redis-py's client does (TLS, socket options)."""
+    client = redis_line.line_for(settings.REDIS_URL) or async_redis()
+    return client.command if isinstance(client, redis_line.Line) else client.execute_command
+
+
+async def command(*args: Any) -> Any:
+    """One plain command (`command("GET", key)`), answered and failing as redis-py's execute_command does."""
+    return await _sender()(*args)
+
+
 async def script_run(script: str, keys: list[str], args: list[Any]) -> Any:
     """A Lua script by its digest (EVALSHA): a call's scripts run on every call, and EVAL would send their
     text and have Redis hash it each time. A Redis that does not hold it (restarted, its scripts flushed) is
-    sent the text once, which it then keeps. They go over this loop's line (redis_line.py) unless REDIS_URL
-    asks for what only redis-py's client does (TLS, socket options)."""
+    sent the text once, which it then keeps."""
     import redis
 
-    client = redis_line.line_for(settings.REDIS_URL) or async_redis()
-    command = client.command if isinstance(client, redis_line.Line) else client.execute_command
+    send = _sender()
     try:
-        return await command("EVALSHA", _sha1(script), len(keys), *keys, *args)
+        return await send("EVALSHA", _sha1(script), len(keys), *keys, *args)
     except redis.exceptions.NoScriptError:
-        return await command("EVAL", script, len(keys), *keys, *args)
+        return await send("EVAL", script, len(keys), *keys, *args)

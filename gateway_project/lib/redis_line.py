@@ -1,7 +1,8 @@
-"""One connection to Redis per event loop for a call's Lua scripts (`redis_clients.script_run`), shared by every
-task of the loop: commands are written as they come, replies are matched to their callers in order and parsed
-by hiredis. A call runs three scripts; redis-py's asyncio client spends 50-80 us of this process's CPU on each,
-this line 10-15 us, and concurrent calls share its socket's reads and writes (bench/redis_line.py).
+"""One connection to Redis per event loop for a call's Lua scripts and commands (`redis_clients.script_run`,
+`redis_clients.command`), shared by every task of the loop: commands are written as they come, replies are matched
+to their callers in order and parsed by hiredis. A call runs three scripts; redis-py's asyncio client spends 50-80 us
+of this process's CPU on each, this line 10-15 us, and concurrent calls share its socket's reads and writes
+(bench/redis_line.py).
 
 Its contract is redis-py's: the same replies (integers, bytes, nested lists, None) and the same exceptions
 (a Redis error as its `redis.exceptions` class; ConnectionError when Redis is away or the socket drops,

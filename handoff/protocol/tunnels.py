@@ -84,9 +84,6 @@ def index_read_ahead(session: str, raw: bytes | None) -> None:
 class RedisSessionIndex:
     # Deletes only if the entry still names this tunnel: a newer handoff of the session stays.
     DROP = "local v = redis.call('GET', KEYS[1]) if v and cjson.decode(v).tunnel_id == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"  # noqa: E501
-    # A script for a GET, for script_run's line: redis-py's client costs several times its CPU, and every call the
-    # door did not read ahead for (a stateless request's, a WebSocket's) asks.
-    GET = "return redis.call('GET', KEYS[1])"
 
     @staticmethod
     def key(session: str) -> str:
@@ -99,7 +96,9 @@ class RedisSessionIndex:
             raw = ahead[1]
         else:
             try:
-                raw = await redis_clients.script_run(self.GET, [self.key(session)], [])
+                # Not redis-py's client where the line serves (several times its CPU): every call the door did
+                # not read ahead for (a stateless request's, a WebSocket's) asks.
+                raw = await redis_clients.command("GET", self.key(session))
             except redis_clients.RedisError as exc:
                 raise SessionStateUnavailable(str(exc)) from exc
         return None if raw is None else SessionTunnel(**json.loads(raw))
