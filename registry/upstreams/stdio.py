@@ -166,8 +166,9 @@ async def _write(stdin: ByteSendStream, line: bytes) -> None:
             raise anyio.BrokenResourceError
         if not transport.get_write_buffer_size():
             return
-        line = b""  # its rest is queued: wait as below
-    await stdin.send(line)
+        # Its rest is queued: only the empty write's wait is left.
+    else:
+        await stdin.send(line)
     await stdin.send(b"")
 
 
