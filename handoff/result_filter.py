@@ -26,35 +26,30 @@ def patterns() -> tuple[tuple[str, re.Pattern[str]], ...]:
     return tuple((name, re.compile(pattern)) for name, pattern in (BUILT_IN | extra).items())
 
 
-def _found(value: Any) -> bool:
-    """Whether any pattern matches any string in `value`: most results hold none, and are given back as they are."""
-    if isinstance(value, str):
-        return any(pattern.search(value) for _, pattern in patterns())
-    if isinstance(value, dict):
-        return any(_found(item) for item in value.values())
-    if isinstance(value, list):
-        return any(_found(item) for item in value)
-    return False
-
-
 def blanked(value: Any, found: Counter[str]) -> Any:
-    """`value` with every match of every pattern in its strings blanked, counted in `found` by pattern."""
+    """`value` with every match of every pattern in its strings blanked, counted in `found` by pattern. Only the
+    lists and dicts that hold a match are copied: a result that holds none (most do not) is `value` itself, which
+    the stages' loop checks no further."""
     if isinstance(value, str):
         for name, pattern in patterns():
-            value, count = pattern.subn(BLANK, value)
-            if count:
+            if pattern.search(value):  # cheaper than a subn that finds nothing
+                value, count = pattern.subn(BLANK, value)
                 found[name] += count
         return value
-    if isinstance(value, dict):
-        return {key: blanked(item, found) for key, item in value.items()}
-    if isinstance(value, list):
-        return [blanked(item, found) for item in value]
+    if isinstance(value, (dict, list)):
+        copy: Any = None
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            if (new := blanked(item, found)) is not item:
+                if copy is None:
+                    copy = value.copy()
+                copy[key] = new
+        return value if copy is None else copy
     return value
 
 
 @own_after_execute(name="result_filter")
 def result_filter(call: StageCall, result: dict[str, Any]) -> dict[str, Any]:
-    if not settings.GATEWAY_RESULT_FILTER or not _found(result):
+    if not settings.GATEWAY_RESULT_FILTER:
         return result
     found: Counter[str] = Counter()
     filtered = blanked(result, found)

@@ -57,3 +57,20 @@ def test_a_result_without_secrets_is_given_back_itself_and_one_with_them_as_a_ne
     }
     assert secret["content"][0]["text"] == "key AKIAIOSFODNN7EXAMPLE"
     assert view.audit == {"redacted": {"aws_access_key": 1}}
+
+
+def test_only_the_parts_of_a_result_that_hold_a_secret_are_copied_the_rest_are_shared_and_nothing_is_changed():
+    view = StageCall("id", "layer__echo", "layer", "echo", {}, "agent", "")
+    clean = {"type": "text", "text": "nothing to hide"}
+    data = {"rows": [["plain", 1], ["Bearer abcdefgh12345678", None]], "note": ["plain"]}
+    result = {"content": [clean, {"type": "text", "text": PRIVATE_KEY}], "structuredContent": data, "isError": False}
+    filtered = result_filter.result_filter(view, result)
+    assert filtered == {
+        "content": [clean, {"type": "text", "text": "[redacted]"}],
+        "structuredContent": {"rows": [["plain", 1], ["[redacted]", None]], "note": ["plain"]},
+        "isError": False,
+    }
+    assert filtered["content"][0] is clean and filtered["structuredContent"]["note"] is data["note"]
+    assert filtered["structuredContent"]["rows"][0] is data["rows"][0]
+    assert result["content"][1]["text"] == PRIVATE_KEY and data["rows"][1][0] == "Bearer abcdefgh12345678"
+    assert view.audit == {"redacted": {"bearer_token": 1, "private_key": 1}}
