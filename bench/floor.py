@@ -185,10 +185,13 @@ def table(rounds: list[dict], sessions: list[int]) -> str:
     return "\n".join(lines)
 
 
-async def one_round(parts, targets: dict, sessions: list[int], args: argparse.Namespace, turn: int) -> dict:
+async def one_round(
+    parts, targets: dict, sessions: list[int], args: argparse.Namespace, turn: int, label: str = ""
+) -> dict:
     found: dict = {}
     names = ["proxy", "promises-strict", "promises-local", *(n for n in GATEWAYS if n in targets)]
     names = names[turn % len(names) :] + names[: turn % len(names)]  # the order turns each round
+    label = label or f"round {turn + 1}"
     for s in sessions:
         measured = {}
         for name in names:
@@ -198,7 +201,7 @@ async def one_round(parts, targets: dict, sessions: list[int], args: argparse.Na
                 open_session, tool, pid = targets[name]
                 server_cpu = partial(process_cpu_seconds, pid)
                 measured[name] = await measure(open_session, tool, s, args.calls, args.warmup, server_cpu)
-            print(f"round {turn + 1} {s:3} sessions {name:22} {json.dumps(measured[name])}", file=sys.stderr)
+            print(f"{label} {s:3} sessions {name:22} {json.dumps(measured[name])}", file=sys.stderr)
         found[str(s)] = {"measured": measured, "ratios": floors(measured)}
     return found
 
@@ -206,6 +209,9 @@ async def one_round(parts, targets: dict, sessions: list[int], args: argparse.Na
 async def run_rounds(targets: dict, args: argparse.Namespace) -> list[dict]:
     parts = promise_parts()
     sessions = [int(s) for s in args.sessions.split(",")]
+    # One unmeasured round at the first concurrency: a target's first calls (its first connections, prepared
+    # statements, lazy imports) would otherwise fall in the first round's figure of whichever target comes first.
+    await one_round(parts, targets, sessions[:1], args, 0, label="warm-up")
     rounds = [await one_round(parts, targets, sessions, args, turn) for turn in range(args.rounds)]
     for writer in parts[0].values():
         await writer.close()
