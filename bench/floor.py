@@ -19,7 +19,10 @@ process alone, every thread: mcp-proxy's or the gateway's, not the stdio upstrea
 in this process (the admission script's and the two rows' client side); the gateway's own CPU a call is its
 process's less the promises', set against mcp-proxy's whole process's CPU a call.
 
-    bench/run floor [--rounds 3] [--calls 1000] [--sessions 1,8,32]
+Within a round, each concurrency's calls are made in blocks, the targets' order turning from block to block, every
+target's sessions open throughout; a target's blocks are pooled (its latencies, wall time and CPU).
+
+    bench/run floor [--rounds 3] [--calls 1000] [--sessions 1,8,32] [--blocks 4]
 """
 
 import argparse
@@ -30,6 +33,7 @@ import statistics
 import sys
 import time
 import uuid
+from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
 
@@ -42,9 +46,10 @@ from run import (  # noqa: E402
     PROXY,
     http_session,
     machine_cpu_seconds,
-    measure,
+    opened,
     process_cpu_seconds,
     setup_database,
+    summary,
 )
 
 from tests import servers  # noqa: E402  (the process helpers the tests use)
@@ -91,12 +96,13 @@ def promise_parts():
 
 
 async def promises(parts, mode: str, sessions: int, calls: int, warmup: int) -> dict:
-    """`calls` calls' promises from `sessions` concurrent tasks: admit, approved row, completed row with release."""
+    """`calls` calls' promises from `sessions` concurrent tasks (admit, approved row, completed row with release),
+    after `warmup` each, as `opened`'s block answers them (this process's CPU as the server's: the promises'
+    client side, every thread)."""
     writers, store, call = parts
     writer = writers[mode]
-    latencies: list[float] = []
 
-    async def one(session: int, record: bool) -> None:
+    async def one(session: int, latencies: list[float] | None) -> None:
         admission, fields = call(session)
         started = time.perf_counter()
         verdict = await store.admit(admission)
@@ -104,25 +110,19 @@ async def promises(parts, mode: str, sessions: int, calls: int, warmup: int) -> 
         await writer.record(kind="approved", detail={"deadline": time.time() + 60}, **fields)
         completed = writer.record(kind="completed", duration_ms=0.5, response_bytes=64, outcome="ok", **fields)
         await asyncio.gather(completed, store.release(admission, "ok", verdict.probing))
-        if record:
+        if latencies is not None:
             latencies.append(time.perf_counter() - started)
 
-    async def drive(session: int, count: int, record: bool) -> None:
+    async def drive(session: int, count: int, latencies: list[float] | None) -> None:
         for _ in range(count):
-            await one(session, record)
+            await one(session, latencies)
 
-    await asyncio.gather(*(drive(s, warmup, False) for s in range(sessions)))
+    await asyncio.gather(*(drive(s, warmup, None) for s in range(sessions)))
+    latencies: list[float] = []
     machine, own, started = machine_cpu_seconds(), time.process_time(), time.perf_counter()
-    await asyncio.gather(*(drive(s, calls // sessions, True) for s in range(sessions)))
+    await asyncio.gather(*(drive(s, calls // sessions, latencies) for s in range(sessions)))
     wall, machine = time.perf_counter() - started, machine_cpu_seconds() - machine
-    own = time.process_time() - own  # every thread of this process: the promises' client side
-    return {
-        "sessions": sessions,
-        "p50_ms": statistics.median(latencies) * 1000,
-        "calls_per_s": len(latencies) / wall,
-        "server_cpu_ms": own * 1000 / len(latencies),
-        "machine_cpu_ms": machine * 1000 / len(latencies),
-    }
+    return {"latencies": latencies, "wall": wall, "server": time.process_time() - own, "machine": machine}
 
 
 def floors(found: dict) -> dict:
@@ -188,19 +188,32 @@ def table(rounds: list[dict], sessions: list[int]) -> str:
 async def one_round(
     parts, targets: dict, sessions: list[int], args: argparse.Namespace, turn: int, label: str = ""
 ) -> dict:
+    """Each target's calls at each concurrency in `args.blocks` blocks, the targets' order turning from block to
+    block (and from round to round), their sessions open throughout: a load that drifts meanwhile weighs on every
+    target alike. A target's blocks are pooled into its figures."""
     found: dict = {}
     names = ["proxy", "promises-strict", "promises-local", *(n for n in GATEWAYS if n in targets)]
-    names = names[turn % len(names) :] + names[: turn % len(names)]  # the order turns each round
+    names = names[turn % len(names) :] + names[: turn % len(names)]
     label = label or f"round {turn + 1}"
     for s in sessions:
-        measured = {}
+        async with AsyncExitStack() as stack:
+            blocks: dict = {}
+            for name in names:
+                if name.startswith("promises-"):
+                    blocks[name] = partial(promises, parts, name.removeprefix("promises-"), s, warmup=0)
+                    await blocks[name](args.warmup * s)  # its warm-up: one block unmeasured
+                else:
+                    open_session, tool, pid = targets[name]
+                    server_cpu = partial(process_cpu_seconds, pid)
+                    blocks[name] = await stack.enter_async_context(
+                        opened(open_session, tool, s, args.warmup, server_cpu)
+                    )
+            measured: dict = {name: [] for name in names}
+            for b in range(args.blocks):
+                for name in names[b % len(names) :] + names[: b % len(names)]:
+                    measured[name].append(await blocks[name](max(s, args.calls // args.blocks)))
+        measured = {name: summary(s, measured[name]) for name in names}
         for name in names:
-            if name.startswith("promises-"):
-                measured[name] = await promises(parts, name.removeprefix("promises-"), s, args.calls, args.warmup)
-            else:
-                open_session, tool, pid = targets[name]
-                server_cpu = partial(process_cpu_seconds, pid)
-                measured[name] = await measure(open_session, tool, s, args.calls, args.warmup, server_cpu)
             print(f"{label} {s:3} sessions {name:22} {json.dumps(measured[name])}", file=sys.stderr)
         found[str(s)] = {"measured": measured, "ratios": floors(measured)}
     return found
@@ -223,6 +236,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=1000, help="measured calls per target and concurrency")
     parser.add_argument("--warmup", type=int, default=10, help="unmeasured calls per session first")
+    parser.add_argument("--blocks", type=int, default=4, help="blocks a target's calls are measured in, interleaved")
     parser.add_argument("--sessions", default="1,8,32")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/floor.json")
     parser.add_argument("--no-gateway", action="store_true", help="the floor and mcp-proxy alone")

@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -132,29 +132,43 @@ def sessions_cpu_seconds(session_ids: Collection[int]) -> float:
     return total / CLOCK_TICKS
 
 
-async def measure(
-    open_session: Callable, tool: str, sessions: int, calls: int, warmup: int, server_cpu: Callable[[], float] | None
-) -> dict:
-    """`calls` calls spread over `sessions` concurrent sessions, after `warmup` calls on each; `server_cpu` reads the
-    server's CPU seconds so far (sessions_cpu_seconds, process_cpu_seconds), None for no server."""
-    latencies: list[float] = []
+@asynccontextmanager
+async def opened(
+    open_session: Callable, tool: str, sessions: int, warmup: int, server_cpu: Callable[[], float] | None
+) -> AsyncIterator[Callable[[int], Awaitable[dict]]]:
+    """`sessions` concurrent sessions, open and warmed by `warmup` calls on each, for as long as the block runs:
+    yields `block(calls)`, which spreads `calls` calls over them and answers what it measured (its latencies, wall
+    time, the server's CPU seconds by `server_cpu` (sessions_cpu_seconds, process_cpu_seconds; None for no
+    server) and the machine's)."""
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(open_session()) for _ in range(sessions)]
 
-        async def drive(client: Client, count: int, record: bool) -> None:
+        async def drive(client: Client, count: int, latencies: list[float] | None) -> None:
             for _ in range(count):
                 started = time.perf_counter()
                 result = await client.call_tool(tool, ARGUMENTS)
-                if record:
+                if latencies is not None:
                     latencies.append(time.perf_counter() - started)
                 assert not result.is_error, result
 
-        await asyncio.gather(*(drive(client, warmup, False) for client in clients))
-        machine, server = machine_cpu_seconds(), server_cpu() if server_cpu else 0.0
-        started = time.perf_counter()
-        await asyncio.gather(*(drive(client, calls // sessions, True) for client in clients))
-        wall = time.perf_counter() - started
-        machine, server = machine_cpu_seconds() - machine, (server_cpu() if server_cpu else 0.0) - server
+        async def block(calls: int) -> dict:
+            latencies: list[float] = []
+            machine, server = machine_cpu_seconds(), server_cpu() if server_cpu else 0.0
+            started = time.perf_counter()
+            await asyncio.gather(*(drive(client, calls // sessions, latencies) for client in clients))
+            wall = time.perf_counter() - started
+            machine, server = machine_cpu_seconds() - machine, (server_cpu() if server_cpu else 0.0) - server
+            return {"latencies": latencies, "wall": wall, "server": server if server_cpu else None, "machine": machine}
+
+        await asyncio.gather(*(drive(client, warmup, None) for client in clients))
+        yield block
+
+
+def summary(sessions: int, blocks: list[dict]) -> dict:
+    """What `opened`'s blocks measured, pooled: percentiles of every latency, calls/s over their wall time."""
+    latencies = [latency for block in blocks for latency in block["latencies"]]
+    wall, machine = sum(block["wall"] for block in blocks), sum(block["machine"] for block in blocks)
+    server = None if blocks[0]["server"] is None else sum(block["server"] for block in blocks)
     cut = statistics.quantiles(latencies, n=100)
     return {
         "sessions": sessions,
@@ -163,9 +177,17 @@ async def measure(
         "p90_ms": cut[89] * 1000,
         "p99_ms": cut[98] * 1000,
         "calls_per_s": len(latencies) / wall,
-        "server_cpu_ms": server * 1000 / len(latencies) if server_cpu else None,
+        "server_cpu_ms": server * 1000 / len(latencies) if server is not None else None,
         "machine_cpu_ms": machine * 1000 / len(latencies),
     }
+
+
+async def measure(
+    open_session: Callable, tool: str, sessions: int, calls: int, warmup: int, server_cpu: Callable[[], float] | None
+) -> dict:
+    """`calls` calls spread over `sessions` concurrent sessions, after `warmup` calls on each."""
+    async with opened(open_session, tool, sessions, warmup, server_cpu) as block:
+        return summary(sessions, [await block(calls)])
 
 
 def start_targets(key: str, logs: Path, names: Collection[str]) -> tuple[dict, list]:
