@@ -95,14 +95,14 @@ def promise_parts():
     return writers, RedisLimitStore(), call
 
 
-async def promises(parts, mode: str, sessions: int, calls: int, warmup: int) -> dict:
+async def promises(parts, mode: str, sessions: int, calls: int) -> dict:
     """`calls` calls' promises from `sessions` concurrent tasks (admit, approved row, completed row with release),
-    after `warmup` each, as `opened`'s block answers them (this process's CPU as the server's: the promises'
-    client side, every thread)."""
+    as `opened`'s block answers them (this process's CPU as the server's: the promises' client side, every
+    thread)."""
     writers, store, call = parts
     writer = writers[mode]
 
-    async def one(session: int, latencies: list[float] | None) -> None:
+    async def one(session: int, latencies: list[float]) -> None:
         admission, fields = call(session)
         started = time.perf_counter()
         verdict = await store.admit(admission)
@@ -110,14 +110,12 @@ async def promises(parts, mode: str, sessions: int, calls: int, warmup: int) -> 
         await writer.record(kind="approved", detail={"deadline": time.time() + 60}, **fields)
         completed = writer.record(kind="completed", duration_ms=0.5, response_bytes=64, outcome="ok", **fields)
         await asyncio.gather(completed, store.release(admission, "ok", verdict.probing))
-        if latencies is not None:
-            latencies.append(time.perf_counter() - started)
+        latencies.append(time.perf_counter() - started)
 
-    async def drive(session: int, count: int, latencies: list[float] | None) -> None:
+    async def drive(session: int, count: int, latencies: list[float]) -> None:
         for _ in range(count):
             await one(session, latencies)
 
-    await asyncio.gather(*(drive(s, warmup, None) for s in range(sessions)))
     latencies: list[float] = []
     machine, own, started = machine_cpu_seconds(), time.process_time(), time.perf_counter()
     await asyncio.gather(*(drive(s, calls // sessions, latencies) for s in range(sessions)))
@@ -200,7 +198,7 @@ async def one_round(
             blocks: dict = {}
             for name in names:
                 if name.startswith("promises-"):
-                    blocks[name] = partial(promises, parts, name.removeprefix("promises-"), s, warmup=0)
+                    blocks[name] = partial(promises, parts, name.removeprefix("promises-"), s)
                     await blocks[name](args.warmup * s)  # its warm-up: one block unmeasured
                 else:
                     open_session, tool, pid = targets[name]
