@@ -1,6 +1,7 @@
 import gc
 import inspect
 import os
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from handoff.snapshot import snapshot
 from policy.config_version import config_version
 from registry.upstreams.pool import UpstreamPool
 from registry.upstreams.spec import UpstreamSpec
+from tests import servers
 
 T = TypeVar("T")
 
@@ -186,3 +188,19 @@ def new_database(server_env: dict[str, str], suffix: str, sqlite_dir: Path) -> I
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def own_redis(log: Path, *options: str, port: int = 0) -> Iterator[servers.Running]:
+    """A redis-server of the test's own on a free port (or `port`, to start one again where it was)."""
+    from tests.conftest import needs  # conftest imports this module
+
+    needs(shutil.which("redis-server") is not None, "redis-server is not installed")
+    port = port or servers.free_port()
+    command = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", *options]
+    running = servers.Running(servers.start(command, dict(os.environ), log), log, f"redis://127.0.0.1:{port}")
+    try:
+        servers.wait_for_port(port, running.process, log)
+        yield running
+    finally:
+        running.stop()

@@ -154,9 +154,11 @@ async def _write(stdin: ByteSendStream, line: bytes) -> None:
 
     An asyncio pipe transport (stdlib's or uvloop's) with nothing queued writes at once, and on a server gone
     closes at once: the line is known written, or not, with no loop turn (anyio's send would take one, its drain
-    another). With bytes queued (a server slow to read), it drops a write to a server gone and says so only a
-    loop turn or two later: an empty write waits for that. The session's writer gets those turns from its
-    stream's hand-off; our own pipes (_PipeWriter) write at once, and their empty write costs nothing."""
+    another). With bytes queued (a server slow to read), it drops a write to a server gone and says so only some
+    writes later (measured: asyncio's 4th empty write, uvloop's 3rd, or the first past its high-water mark): the
+    one empty write here lets the loop turn once, and a line queued to a server that died meanwhile may be taken
+    as written (the call is then not marked safe to retry). Our own pipes (_PipeWriter) write at once, and their
+    empty write costs nothing."""
     stream = getattr(stdin, "_stream", None)  # anyio's wrapper of asyncio's StreamWriter: its transport
     transport = stream.transport if isinstance(stream, asyncio.StreamWriter) else None
     if transport is not None and not transport.get_write_buffer_size():

@@ -9,8 +9,7 @@ import redis
 from channels_redis.core import RedisChannelLayer
 
 from gateway_project.lib.channel_groups import membership_kept
-from tests.gateway_project.lib.test_redis_line import own_redis
-from tests.helpers import run, until
+from tests.helpers import own_redis, run, until
 
 GROUP = "switchboard.test-group"
 

@@ -3,15 +3,12 @@ the shared one for what it answers, one of each test's own for what happens when
 
 import asyncio
 import hashlib
-import os
 import re
-import shutil
 import signal
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import ExitStack, asynccontextmanager, contextmanager
-from pathlib import Path
+from collections.abc import AsyncIterator
+from contextlib import ExitStack, asynccontextmanager
 
 import anyio
 import pytest
@@ -21,28 +18,13 @@ from django.conf import settings
 
 from gateway_project.lib import redis_line
 from gateway_project.lib.redis_clients import script_run, sync_redis
-from tests import servers
 from tests.conftest import needs
-from tests.helpers import run, until
+from tests.helpers import own_redis, run, until
 
 
 @pytest.fixture
 def shared() -> None:
     needs(bool(settings.REDIS_URL), "REDIS_URL is not set")
-
-
-@contextmanager
-def own_redis(log: Path, *options: str, port: int = 0) -> Iterator[servers.Running]:
-    """A redis-server of the test's own on a free port (or `port`, to start one again where it was)."""
-    needs(shutil.which("redis-server") is not None, "redis-server is not installed")
-    port = port or servers.free_port()
-    command = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", *options]
-    running = servers.Running(servers.start(command, dict(os.environ), log), log, f"redis://127.0.0.1:{port}")
-    try:
-        servers.wait_for_port(port, running.process, log)
-        yield running
-    finally:
-        running.stop()
 
 
 def connection() -> redis_line._Protocol:
