@@ -274,15 +274,17 @@ def test_an_agent_past_its_sessions_is_refused_429_and_others_and_its_open_ones_
             headers = {"authorization": f"Bearer {key}", "accept": ACCEPT}
             return await http.post(f"{gateway}/mcp", json=INITIALIZE, headers=headers)
 
-    with agent("two-sessions") as (capped, key):
+    # The other agent is one of the test's own: the world's agent may hold sessions of earlier tests in Redis.
+    with agent("two-sessions") as (capped, key), agent("two-sessions-other") as (_, other_key):
         mark = audit_mark()
-        eventually(lambda: run(lambda: tool_names(gateway, key)))  # the gateway knows the new key
+        eventually(lambda: run(lambda: tool_names(gateway, key)))  # the gateway knows the new keys
+        eventually(lambda: run(lambda: tool_names(gateway, other_key)))
 
         async def scenario():
             async with sdk_client(gateway, key, "legacy") as first:
                 async with sdk_client(gateway, key, "legacy") as second:
                     refused = await initialize(key)
-                    other = await call(gateway, world.key, "demo__echo", {"text": "another agent"})
+                    other = await call(gateway, other_key, "demo__echo", {"text": "another agent"})
                     still = [len((await each.list_tools()).tools) for each in (first, second)]
                 # `second` ended with DELETE: its place is free again
                 again = await initialize(key)
@@ -315,9 +317,11 @@ def test_an_agent_past_its_sessions_is_refused_429_and_others_and_its_open_ones_
 def test_websocket_sessions_count_against_the_same_bound_and_one_past_it_is_told_why(two_per_agent_gateway, world):
     gateway = two_per_agent_gateway.url
 
-    with agent("two-sockets") as (capped, key):
+    # The other agent is one of the test's own: the world's agent may hold sessions of earlier tests in Redis.
+    with agent("two-sockets") as (capped, key), agent("two-sockets-other") as (_, other_key):
         mark = audit_mark()
-        eventually(lambda: run(lambda: tool_names(gateway, key)))  # the gateway knows the new key
+        eventually(lambda: run(lambda: tool_names(gateway, key)))  # the gateway knows the new keys
+        eventually(lambda: run(lambda: tool_names(gateway, other_key)))
 
         def closed_sockets() -> list[AuditEvent]:
             rows = audit_since(mark, sessions=True)
@@ -332,7 +336,7 @@ def test_websocket_sessions_count_against_the_same_bound_and_one_past_it_is_told
                 async with ws_session(gateway, key) as first:
                     refused = await refused_socket(gateway, key)
                     listed = await first.request("tools/list")
-                    other = await call(gateway, world.key, "demo__echo", {"text": "another agent"})
+                    other = await call(gateway, other_key, "demo__echo", {"text": "another agent"})
                 await until(lambda: orm(closed_sockets))  # the socket's end is recorded once its place is free
                 async with ws_session(gateway, key) as again:
                     relisted = await again.request("tools/list")
