@@ -84,12 +84,13 @@ def allow_processes(allowed: bool) -> None:
     _processes_allowed = allowed
 
 
-def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+def start(command: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> subprocess.Popen:
+    """`command` run in `cwd` (another checkout's code, for bench/ab.py), its output in `log`."""
     if not _processes_allowed:
         raise RuntimeError(f"a test not marked e2e starts {command[:3]}: mark it (tests/conftest.py says how)")
     # A process group of its own, so that stopping it also stops the upstreams it spawned.
     return subprocess.Popen(
-        command, env=env, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+        command, env=env, cwd=cwd, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
     )
 
 
