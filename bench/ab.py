@@ -25,14 +25,6 @@ from tests import servers  # noqa: E402  (the process helpers the tests use)
 BUILDS = ("base", "new")
 
 
-def gateway(tree: Path, env: dict[str, str], log: Path) -> servers.Running:
-    port = servers.free_port()
-    command = [*servers.UVICORN, "--host", "127.0.0.1", "--port", str(port), "gateway_project.asgi:application"]
-    running = servers.Running(servers.start(command, env, log, cwd=tree), log, f"http://127.0.0.1:{port}")
-    servers.wait_for_port(port, running.process, log)
-    return running
-
-
 async def measure(gateways: dict[str, servers.Running], key: str, args: argparse.Namespace) -> dict[str, dict]:
     auth = {"Authorization": f"Bearer {key}"}
     async with AsyncExitStack() as stack:
@@ -71,7 +63,8 @@ def main() -> None:
     gateways: dict[str, servers.Running] = {}
     try:
         for name, tree in zip(BUILDS, (args.base, args.new), strict=True):
-            gateways[name] = gateway(tree.resolve(), env, logs / f"ab-{name}.log")
+            log = logs / f"ab-{name}.log"
+            gateways[name] = servers.start_gateway_under(servers.UVICORN, env, log, cwd=tree.resolve())
         results = asyncio.run(measure(gateways, key, args))
     finally:
         for running in gateways.values():

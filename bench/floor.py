@@ -19,6 +19,10 @@ process alone, every thread: mcp-proxy's or the gateway's, not the stdio upstrea
 in this process (the admission script's and the two rows' client side); the gateway's own CPU a call is its
 process's less the promises', set against mcp-proxy's whole process's CPU a call.
 
+Beside it, where each target's machine CPU a call went, by process (`parts_table`): the client, the server's
+process, what it spawned (its stdio upstream), PostgreSQL, Redis and the rest, read from /proc around every block
+(in clock ticks, so a figure is only as fine as a tick over a target's calls).
+
 Within a round, each concurrency's calls are made in blocks, the targets' order turning from block to block, every
 target's sessions open throughout; a target's blocks are pooled (its latencies, wall time and CPU).
 
@@ -44,10 +48,12 @@ from run import (  # noqa: E402
     DEMO,
     OTHER_SERVERS,
     PROXY,
+    cpu_by_part,
     http_session,
     machine_cpu_seconds,
     opened,
     process_cpu_seconds,
+    processes_cpu,
     setup_database,
     summary,
 )
@@ -149,10 +155,23 @@ def floors(found: dict) -> dict:
     return out
 
 
-def table(rounds: list[dict], sessions: list[int]) -> str:
-    def cell(values: list[float], digits: int = 2) -> str:
-        return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}–{max(values):.{digits}f}]"
+def cell(values: list[float], digits: int = 2) -> str:
+    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}–{max(values):.{digits}f}]"
 
+
+def parts_table(rounds: list[dict], sessions: list[int]) -> str:
+    """Where each target's machine CPU a call went, by process: the client (for the promises, their client side),
+    the server's process, its upstream, PostgreSQL, Redis, and the rest of the machine."""
+    parts = ("client", "server", "upstream", "postgres", "redis", "rest")
+    lines = ["| sessions | what (CPU ms a call) | " + " | ".join(parts) + " |", "|---:|---|" + "---:|" * len(parts)]
+    for s in sessions:
+        for name in rounds[0][str(s)]["measured"]:
+            taken = [r[str(s)]["measured"][name]["parts_ms"] for r in rounds]
+            lines.append(f"| {s} | {name} | " + " | ".join(cell([t[p] for t in taken]) for p in parts) + " |")
+    return "\n".join(lines)
+
+
+def table(rounds: list[dict], sessions: list[int]) -> str:
     lines = [
         "| sessions | what | p50 ms | calls/s | machine CPU ms/call | server CPU ms/call (promises: this process's) "
         "| p50 / proxy (gateway: / its floor) | calls/s / proxy (gateway: / its floor) "
@@ -206,11 +225,19 @@ async def one_round(
                     blocks[name] = await stack.enter_async_context(
                         opened(open_session, tool, s, args.warmup, server_cpu)
                     )
-            measured: dict = {name: [] for name in names}
+            taken: dict = {name: [] for name in names}
+            spent: dict = {name: {} for name in names}  # each target's CPU seconds by part (`cpu_by_part`)
             for b in range(args.blocks):
                 for name in names[b % len(names) :] + names[: b % len(names)]:
-                    measured[name].append(await blocks[name](max(s, args.calls // args.blocks)))
-        measured = {name: summary(s, measured[name]) for name in names}
+                    before = processes_cpu()
+                    taken[name].append(await blocks[name](max(s, args.calls // args.blocks)))
+                    pid = targets[name][2] if name in targets else None
+                    for part, seconds in cpu_by_part(before, processes_cpu(), pid).items():
+                        spent[name][part] = spent[name].get(part, 0.0) + seconds
+        measured = {name: summary(s, taken[name]) for name in names}
+        for name in names:
+            calls = measured[name]["calls"]
+            measured[name]["parts_ms"] = {part: 1000 * t / calls for part, t in spent[name].items()}
         for name in names:
             print(f"{label} {s:3} sessions {name:22} {json.dumps(measured[name])}", file=sys.stderr)
         found[str(s)] = {"measured": measured, "ratios": floors(measured)}
@@ -264,7 +291,8 @@ def main() -> None:
         for running in started:
             running.stop()
     args.out.write_text(json.dumps(rounds, indent=2))
-    print(table(rounds, [int(s) for s in args.sessions.split(",")]))
+    sessions = [int(s) for s in args.sessions.split(",")]
+    print(table(rounds, sessions), parts_table(rounds, sessions), sep="\n\n")
 
 
 if __name__ == "__main__":

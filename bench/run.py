@@ -119,6 +119,40 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def processes_cpu() -> dict[int, tuple[str, int, float]]:
+    """Every live process's name, parent and CPU seconds so far (its threads', not its children's)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            head, tail = stat.read_text().rsplit(")", 1)
+        except OSError:  # gone meanwhile
+            continue
+        fields = tail.split()
+        found[int(stat.parent.name)] = (head.split("(", 1)[1], int(fields[1]), (int(fields[11]) + int(fields[12])))
+    return {pid: (name, parent, ticks / CLOCK_TICKS) for pid, (name, parent, ticks) in found.items()}
+
+
+def cpu_by_part(before: dict, after: dict, server_pid: int | None) -> dict[str, float]:
+    """The CPU seconds spent between two `processes_cpu` readings, by part: this process (the client), the server's
+    process, what it spawned (its upstream, with any sandbox around it), PostgreSQL, Redis, and the rest."""
+    children: dict[int, list[int]] = {}
+    for pid, (_, parent, _) in after.items():
+        children.setdefault(parent, []).append(pid)
+    part = {os.getpid(): "client"}
+    if server_pid is not None:
+        part[server_pid] = "server"
+        spawned = list(children.get(server_pid, []))
+        while spawned:
+            pid = spawned.pop()
+            part[pid] = "upstream"
+            spawned += children.get(pid, [])
+    spent: dict[str, float] = dict.fromkeys(("client", "server", "upstream", "postgres", "redis", "rest"), 0.0)
+    for pid, (name, _, seconds) in after.items():
+        name_part = "postgres" if name.startswith("postgres") else "redis" if name.startswith("redis") else "rest"
+        spent[part.get(pid, name_part)] += seconds - before.get(pid, (name, 0, 0.0))[2]
+    return spent
+
+
 def sessions_cpu_seconds(session_ids: Collection[int]) -> float:
     """CPU time of the live processes in these process sessions (a server with its upstreams)."""
     total = 0

@@ -121,11 +121,14 @@ UVICORN += ["--ws-max-size", "1048576", "--timeout-graceful-shutdown", "5"]
 GRANIAN = [sys.executable, "-m", "granian", "--interface", "asginl"]
 
 
-def start_gateway_under(server: list[str], env: dict[str, str], log: Path, port: int | None = None) -> Running:
-    """start_gateway under another ASGI server: `server` is its command (UVICORN, GRANIAN) without host, port or app."""
+def start_gateway_under(
+    server: list[str], env: dict[str, str], log: Path, port: int | None = None, cwd: Path = ROOT
+) -> Running:
+    """start_gateway under another ASGI server: `server` is its command (UVICORN, GRANIAN) without host, port or app;
+    `cwd` the checkout whose code it runs."""
     port = port or free_port()
     command = [*server, "--host", "127.0.0.1", "--port", str(port), "gateway_project.asgi:application"]
-    process = start(command, env, log)
+    process = start(command, env, log, cwd)
     wait_for_port(port, process, log)
     return Running(process, log, f"http://127.0.0.1:{port}")
 
