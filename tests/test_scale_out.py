@@ -19,11 +19,14 @@ from mcp import types
 from tests import servers
 from tests.clients import reply_of, sdk_client, sse_events, tool_names, watched_client
 from tests.conftest import needs
-from tests.factories import demo_upstream
-from tests.helpers import eventually, run
+from tests.factories import agent, demo_upstream
+from tests.helpers import audit_mark, audit_since, eventually, run
 
 POST = re.compile(r'"POST /mcp"')
 LEGACY = "2025-11-25"
+TRIAGE = "switchboard__handoff_to_finance"
+RETURN = "switchboard__return_to_triage"
+NOT_FOUND = "Session not found: it ended, expired or never existed; send initialize to open a new one"
 ECHO = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "demo__echo", "arguments": {"text": "x"}}}
 
 
@@ -113,6 +116,55 @@ def test_a_session_deleted_through_one_process_is_gone_in_the_other(balanced, wo
     assert httpx2.delete(f"{gateways[1].url}/mcp", headers=session).status_code == 200
     gone = httpx2.post(f"{gateways[0].url}/mcp", json=ping, headers=session)
     assert gone.status_code == 404 and gone.json()["error"]["message"].startswith("Session not found:")
+
+
+def test_a_tools_call_after_the_session_was_deleted_through_the_other_process_finds_it_gone(balanced, world):
+    """Both processes served the session before it ended in one of them: the other answers its next call 404,
+    and the call never reaches the upstream (no approval row)."""
+    _, (a, b) = balanced
+    session = opened(a.url, world.key)
+    for gateway in (a, b):
+        served = httpx2.post(f"{gateway.url}/mcp", json=ECHO, headers=session, timeout=30)
+        assert reply_of(served)["result"]["content"][0]["text"] == "x"
+    assert httpx2.delete(f"{b.url}/mcp", headers=session).status_code == 200
+    mark = audit_mark()
+    gone = httpx2.post(f"{a.url}/mcp", json=ECHO, headers=session, timeout=30)
+    assert gone.status_code == 404 and gone.json()["error"] == {"code": -32600, "message": NOT_FOUND}
+    assert [r.kind for r in audit_since(mark) if r.session_id == session["mcp-session-id"]] == []
+
+
+def test_a_handoff_made_through_one_web_process_routes_the_sessions_calls_through_another(
+    celery_gateway, specialists, traced_env, logs
+):
+    """With the Celery executor (the default with Redis) a tunnel lives in a worker, so any web process serves a
+    handed-off session: both served it before, and each call reads the session's handoff entry as it stands, the
+    specialist's tools through the other process once handed off, the triage's again once returned."""
+    a, b = celery_gateway, servers.start_gateway(servers.web_env(traced_env, "celery"), logs / "gateway-celery-b.log")
+    try:
+        with agent("scale-out-handoff") as (_, key):
+            eventually(lambda: TRIAGE in run(lambda: tool_names(a.url, key)), timeout=10)
+            session = opened(a.url, key)
+
+            def called(gateway: servers.Running, name: str, arguments: dict) -> dict:
+                params = {"name": name, "arguments": arguments}
+                body = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": params}
+                return reply_of(httpx2.post(f"{gateway.url}/mcp", json=body, headers=session, timeout=30))
+
+            before = called(b, "demo__echo", {"text": "before"})
+            handed = called(a, TRIAGE, {"reason": "a budget question", "context": {"account": "A-1"}})
+            context = called(b, "finance__handoff_context", {})
+            refused = called(b, "demo__echo", {"text": "during"})
+            back = called(a, RETURN, {"note": "done"})
+            after = called(b, "demo__echo", {"text": "after"})
+    finally:
+        b.stop()
+    assert before["result"]["content"][0]["text"] == "before"
+    assert handed["result"]["content"][0]["text"].startswith("Handed off to the finance specialist.")
+    assert json.loads(context["result"]["content"][0]["text"])["state"] == {"account": "A-1"}
+    assert (refused["error"]["code"], refused["error"]["data"]["code"]) == (-32602, "HANDOFF_NAMESPACE_MISMATCH")
+    report = '<upstream_report source="finance" trusted="false">\nfinance specialist summary: done\n'
+    assert report in back["result"]["content"][0]["text"]
+    assert after["result"]["content"][0]["text"] == "after"
 
 
 def test_an_answer_that_reaches_the_other_process_gets_to_the_question(balanced, world):
