@@ -132,20 +132,25 @@ def processes_cpu() -> dict[int, tuple[str, int, float]]:
     return {pid: (name, parent, ticks / CLOCK_TICKS) for pid, (name, parent, ticks) in found.items()}
 
 
+def spawned_by(found: dict[int, tuple[str, int, float]], root: int) -> set[int]:
+    """The processes `root` spawned, and theirs, in a `processes_cpu` reading."""
+    children: dict[int, list[int]] = {}
+    for pid, (_, parent, _) in found.items():
+        children.setdefault(parent, []).append(pid)
+    spawned, waiting = set(), list(children.get(root, []))
+    while waiting:
+        pid = waiting.pop()
+        spawned.add(pid)
+        waiting += children.get(pid, [])
+    return spawned
+
+
 def cpu_by_part(before: dict, after: dict, server_pid: int | None) -> dict[str, float]:
     """The CPU seconds spent between two `processes_cpu` readings, by part: this process (the client), the server's
     process, what it spawned (its upstream, with any sandbox around it), PostgreSQL, Redis, and the rest."""
-    children: dict[int, list[int]] = {}
-    for pid, (_, parent, _) in after.items():
-        children.setdefault(parent, []).append(pid)
     part = {os.getpid(): "client"}
     if server_pid is not None:
-        part[server_pid] = "server"
-        spawned = list(children.get(server_pid, []))
-        while spawned:
-            pid = spawned.pop()
-            part[pid] = "upstream"
-            spawned += children.get(pid, [])
+        part |= dict.fromkeys(spawned_by(after, server_pid), "upstream") | {server_pid: "server"}
     spent: dict[str, float] = dict.fromkeys(("client", "server", "upstream", "postgres", "redis", "rest"), 0.0)
     for pid, (name, _, seconds) in after.items():
         name_part = "postgres" if name.startswith("postgres") else "redis" if name.startswith("redis") else "rest"

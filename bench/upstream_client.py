@@ -22,7 +22,7 @@ import uvloop
 from mcp import Client, StdioServerParameters
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import processes_cpu  # noqa: E402
+from run import processes_cpu, spawned_by  # noqa: E402
 
 DEMO = [sys.executable, str(Path(__file__).parents[1] / "examples/demo_upstream.py")]
 ECHO = {"name": "echo", "arguments": {"text": "benchmark"}}
@@ -39,12 +39,8 @@ Measured = tuple[float, float, float]  # p50 ms, client CPU ms a call, upstream 
 
 def upstream_cpu() -> float:
     """CPU seconds of what this process spawned (the upstream, and any sandbox around it)."""
-    found, ours, total = processes_cpu(), {os.getpid()}, 0.0
-    for pid in sorted(found):  # a child's pid is above its parent's (pids wrap only after millions)
-        if found[pid][1] in ours:
-            ours.add(pid)
-            total += found[pid][2]
-    return total
+    found = processes_cpu()
+    return sum(found[pid][2] for pid in spawned_by(found, os.getpid()))
 
 
 async def timed(call: Callable[[], Awaitable[object]], calls: int) -> Measured:
