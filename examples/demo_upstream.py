@@ -6,7 +6,8 @@ DEMO_MANIFEST names a JSON file read on every request, to play a server whose to
 server also offers what the file lists under "resources" and "resourceTemplates" (list entries; a resource
 reads as "content of <uri>"), "prompts" ({name: {"description", "text", "arguments"}}: prompts/get answers
 with the text, then each argument given) and "instructions" (told to each new connection).
-DEMO_LEGACY_ONLY=1 plays a server that speaks only 2025-11-25 (no server/discover).
+DEMO_LEGACY_ONLY=1 plays a server that speaks only 2025-11-25 (no server/discover); DEMO_MODERN_ONLY=1 one that
+speaks only 2026-07-28 (no initialize).
 DEMO_PUSH=1 plays one whose `ask` asks on the call's stream in either era, as SDK servers that call
 `ctx.session.create_message` or `ctx.elicit` do: a 2026-07-28 client gives it no channel for that.
 """
@@ -398,6 +399,17 @@ server = DemoServer(
     on_get_prompt=get_prompt if offering else None,
     on_subscriptions_listen=ListenHandler(changes),
 )
+
+
+async def modern_only(ctx, call_next):
+    """DEMO_MODERN_ONLY's handshake: none, as a server of 2026-07-28 alone."""
+    if ctx.method == "initialize":
+        raise MCPError(types.METHOD_NOT_FOUND, "Method not found", "initialize")
+    return await call_next(ctx)
+
+
+if os.environ.get("DEMO_MODERN_ONLY"):
+    server.middleware.append(modern_only)
 
 
 def main() -> None:

@@ -223,8 +223,9 @@ async def _forward(
     started, outcome = time.perf_counter(), None
     try:
         wire = person.wire() if isinstance(person, CredentialRef) else None
+        legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         request = UpstreamRequest(
-            target.id, target.revision, method, params, timeout=target.timeout, rounds=rounds, person=wire
+            target.id, target.revision, method, params, target.timeout, rounds=rounds, person=wire, legacy=legacy
         )
         outcome = await get_executor().request(request, relay)
     finally:

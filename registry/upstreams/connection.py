@@ -19,7 +19,7 @@ from registry.upstreams.direct import DirectLine
 from registry.upstreams.egress import ADDRESS_REFUSED, EgressRefused
 from registry.upstreams.health import Witness, connect_cause, found, with_stderr
 from registry.upstreams.outcome import DELEGATION_MISSING, DOCUMENT_REFUSED, Outcome, failure
-from registry.upstreams.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, Relay, unsupported
+from registry.upstreams.relay import ASKS, LEGACY, LOGGING, PLAIN_LEGACY, RELAYED_CAPABILITIES, Relay, unsupported
 from registry.upstreams.spec import UpstreamSpec
 
 logger = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ def _relaying(connection: UpstreamConnection, method: str) -> Callable[..., Awai
 
     async def callback(context: Any, params: Any = None) -> Any:
         relay = connection.relay
-        if relay is None and not connection.capabilities:  # the shared connection's agents declared nothing
+        if relay is None and connection.capabilities <= PLAIN_LEGACY:  # a plain connection's agents declared nothing
             return unsupported(method).error
         if relay is None:
             return types.ErrorData(code=types.INVALID_REQUEST, message=f"No call in flight to relay {method} to.")

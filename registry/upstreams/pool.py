@@ -33,7 +33,7 @@ from registry.upstreams.outcome import (
     failure,
 )
 from registry.upstreams.person import PERSON_REQUIRED_MESSAGE, REFRESH_MARGIN_SECONDS, CredentialUnusable
-from registry.upstreams.relay import Relay
+from registry.upstreams.relay import PLAIN_LEGACY, Relay
 from registry.upstreams.reply_depth import reply_too_deep
 from registry.upstreams.requests import (
     CALL_TOOL,
@@ -128,6 +128,8 @@ class UpstreamPool:
         self._restart_waits: dict[ConnectionKey, float] = {}  # how long the last restart of each waited
         self._tunnels: dict[str, UpstreamConnection] = {}
         self._locks: dict[ConnectionKey, anyio.Lock] = {}
+        # upstream -> the revision at which it was found to speak one era: its agents' plain calls share a connection
+        self._one_era: dict[int, int] = {}
         self._task_group: TaskGroup | None = None
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -185,17 +187,32 @@ class UpstreamPool:
                 current.stop()
                 del self._connections[key]
             spec = await self._load_spec(upstream_id, person, catalog)
+            if capabilities == PLAIN_LEGACY and (spec.legacy or spec.transport == "rest"):
+                return await self._one_era_found(spec, revision, person, catalog)
             if spec.per_person and spec.transport == "stdio" and person is not None:
                 self._make_room(upstream_id)
-            # The shared connection hears the upstream's changes for all (the others would repeat them).
-            notice = partial(self._changed, upstream_id) if self._on_change and not capabilities else None
+            # The plain connections hear the upstream's changes for all (the others would repeat them); one change
+            # both hear at once is handled once (_changed).
+            plain = self._on_change and capabilities <= PLAIN_LEGACY
+            notice = partial(self._changed, upstream_id) if plain else None
             reopen = partial(self._open, upstream_id, revision, capabilities, person, catalog)
             connection = UpstreamConnection(spec, capabilities, notice, partial(self._exited, key, reopen))
             assert self._task_group is not None, "the pool is not serving"
             with anyio.fail_after(settings.GATEWAY_CONNECT_TIMEOUT):
                 await self._task_group.start(connection.run)
+            if capabilities == PLAIN_LEGACY and connection.client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                connection.stop()  # the upstream has no 2025-11-25: the shared connection is as good
+                return await self._one_era_found(spec, revision, person, catalog)
             self._connections[key] = connection
             return connection
+
+    async def _one_era_found(
+        self, spec: UpstreamSpec, revision: int, person: dict | None, catalog: bool
+    ) -> UpstreamConnection:
+        """The shared connection, for an upstream that speaks one era (or none: REST): a 2025-11-25 agent's plain
+        calls go there too from now on, until the upstream's revision changes."""
+        self._one_era[spec.id] = spec.revision
+        return await self._connection(spec.id, revision, frozenset(), person, catalog)
 
     def _serving(
         self, key: ConnectionKey, revision: int, person: dict | None, catalog: bool
@@ -343,11 +360,12 @@ class UpstreamPool:
         relay: Relay | None = None,
         person: dict | None = None,
         catalog: bool = False,
+        legacy: bool = False,
     ) -> Outcome:
         """Run one request on the upstream's session for the relay's capabilities (and the person's, on a
-        per-person upstream), turn every failure into a specific Outcome, and note what it shows of the
-        upstream's health."""
-        outcome = await self._attempt_request(upstream_id, revision, action, relay, person, catalog)
+        per-person upstream; and the agent's era, `legacy`), turn every failure into a specific Outcome, and
+        note what it shows of the upstream's health."""
+        outcome = await self._attempt_request(upstream_id, revision, action, relay, person, catalog, legacy)
         await self._observed(upstream_id, outcome)
         return outcome
 
@@ -377,8 +395,13 @@ class UpstreamPool:
         relay: Relay | None,
         person: dict | None,
         catalog: bool,
+        legacy: bool = False,
     ) -> Outcome:
         capabilities = relay.capabilities if relay else frozenset()
+        if legacy and not capabilities and self._one_era.get(upstream_id, -1) < revision:
+            # A 2025-11-25 agent's plain call goes in its era where the upstream speaks both: an SDK server spends
+            # less on it than on a 2026-07-28 request (docs/benchmarks.md). A connection of its own, unserialised.
+            capabilities = PLAIN_LEGACY
         opening = partial(self._open, upstream_id, revision, capabilities, person, catalog)
         outcome = await self._on(await opening(), action, relay)
         if not outcome.get("unsent"):
@@ -458,7 +481,7 @@ class UpstreamPool:
             return await self._watch(upstream_id, revision, method, str(params.get("uri", "")))
         else:
             action = forwarding(method, params, request.rounds)
-        return await self._run(upstream_id, revision, action, relay, request.person)
+        return await self._run(upstream_id, revision, action, relay, request.person, legacy=request.legacy)
 
     async def list_tools(self, upstream_id: int, revision: int) -> Outcome:
         return await self._run(upstream_id, revision, catalog, catalog=True)

@@ -54,6 +54,8 @@ LOGGING = "logging"
 # Nor is this: the agent speaks 2025-11-25 and declared something an upstream may ask, so its connection speaks
 # that era too wherever the upstream does, and an upstream may ask on the call's stream (registry/upstreams/pool.py).
 LEGACY = "legacy"
+# The connection of a 2025-11-25 agent's calls that carry nothing back (pool.py): that era, unserialised.
+PLAIN_LEGACY = frozenset({LEGACY})
 
 
 class Relay(Protocol):

@@ -34,6 +34,7 @@ class UpstreamRequest:
     traceparent: str = ""  # the gateway's span, the upstream's parent
     rounds: dict[str, Any] | None = None  # a 2026-07-28 agent's input rounds (see `calling`)
     person: dict[str, Any] | None = None  # whose credential, on a per-person upstream (registry/personal.py)
+    legacy: bool = False  # the agent speaks 2025-11-25: so does its plain call, where the upstream can (pool.py)
 
     @classmethod
     def tool_call(

@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 from django.db import Error as DatabaseError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.telemetry import current_traceparent
 from handoff.mcp.input_required import UndeclaredAsk, passed_through
@@ -57,7 +58,8 @@ def _run(call: Call) -> Awaitable[Outcome]:
     if call.own:
         return call.own_tools[call.own](call)
     assert call.route is not None
-    return route_execute(call.route, call.arguments, call.tunnel, call.relay, call.rounds, call.credential)
+    legacy = call.ctx is not None and call.ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+    return route_execute(call.route, call.arguments, call.tunnel, call.relay, call.rounds, call.credential, legacy)
 
 
 async def completed(move: Awaitable[dict[str, Any]]) -> Outcome:
@@ -78,6 +80,7 @@ async def route_execute(
     relay: Relay | None = None,
     rounds: dict[str, Any] | None = None,
     credential: CredentialRef | None = None,
+    legacy: bool = False,
 ) -> Outcome:
     """The executor's outcome; if it fails in a way it did not foresee, an outcome all the same, so that
     every approved call gets its completion row."""
@@ -100,6 +103,7 @@ async def route_execute(
             traceparent=current_traceparent(),
             rounds=rounds,
             person=credential.wire() if credential else None,
+            legacy=legacy,
         )
         return await executor.request(request, relay)
     except Exception as exc:
