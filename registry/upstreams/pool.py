@@ -191,8 +191,8 @@ class UpstreamPool:
                 return await self._one_era_found(spec, revision, person, catalog)
             if spec.per_person and spec.transport == "stdio" and person is not None:
                 self._make_room(upstream_id)
-            # The plain connections hear the upstream's changes for all (the others would repeat them); one change
-            # both hear at once is handled once (_changed).
+            # The plain connections hear the upstream's changes for all (the others would repeat them); a change
+            # both hear is handled once, or twice if the second comes after the handling began (_changed).
             plain = self._on_change and capabilities <= PLAIN_LEGACY
             notice = partial(self._changed, upstream_id) if plain else None
             reopen = partial(self._open, upstream_id, revision, capabilities, person, catalog)

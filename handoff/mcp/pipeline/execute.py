@@ -58,7 +58,7 @@ def _run(call: Call) -> Awaitable[Outcome]:
     if call.own:
         return call.own_tools[call.own](call)
     assert call.route is not None
-    legacy = call.ctx is not None and call.ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+    legacy = call.origin == AGENT and call.ctx is not None and call.ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
     return route_execute(call.route, call.arguments, call.tunnel, call.relay, call.rounds, call.credential, legacy)
 
 
