@@ -64,6 +64,12 @@ def _connect_failure(exc: BaseException) -> Outcome:
     return failure("UPSTREAM_UNAVAILABLE", "The service could not be reached. Try later.", repr(exc))
 
 
+def closed(exc: MCPError) -> bool:
+    """The SDK's word that the connection ended. Its code is also JSON-RPC's first server-error code, which
+    upstreams answer their own failures with: the SDK's message, without data, tells the two apart."""
+    return exc.code == types.CONNECTION_CLOSED and exc.error.message == "Connection closed" and exc.error.data is None
+
+
 class UpstreamConnection:
     """One upstream session. `run` is its owner task: it enters and exits the client.
 
@@ -139,7 +145,8 @@ class UpstreamConnection:
             try:
                 return await self._attempt("legacy", legacy=True)
             except Exception as exc:
-                if not found(exc, lambda e: isinstance(e, MCPError)):
+                # An upstream that answered it has no 2025-11-25; one that ended (or closed) is failing either way.
+                if not found(exc, lambda e: isinstance(e, MCPError) and not closed(e)):
                     raise
                 logger.info("upstream %s: no 2025-11-25 session, so 2026-07-28 (%r)", self.spec.slug, exc)
         guess = self.spec.legacy

@@ -22,7 +22,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from registry.personal import PERSON_REQUIRED
-from registry.upstreams.connection import CONNECTION_ERRORS, UPDATED, UpstreamConnection, connect_failure
+from registry.upstreams.connection import CONNECTION_ERRORS, UPDATED, UpstreamConnection, closed, connect_failure
 from registry.upstreams.health import outcome_health
 from registry.upstreams.outcome import (
     CONNECT_TIMEOUT,
@@ -81,12 +81,6 @@ def _serves(connection: UpstreamConnection, revision: int, person: dict | None, 
     # The same credential: this version, or a newer one (the executor refreshed it after the call's was read).
     current, wanted = spec.person_version, str(person["version"])
     return current == wanted or (current.isdigit() and wanted.isdigit() and int(current) > int(wanted))
-
-
-def _closed(exc: MCPError) -> bool:
-    """The SDK's word that the connection ended. Its code is also JSON-RPC's first server-error code, which
-    upstreams answer their own failures with: the SDK's message, without data, tells the two apart."""
-    return exc.code == types.CONNECTION_CLOSED and exc.error.message == "Connection closed" and exc.error.data is None
 
 
 def _lost(connection: UpstreamConnection, sent: Delivery, what: str, detail: str) -> Outcome:
@@ -447,7 +441,7 @@ class UpstreamPool:
         except MCPError as exc:
             if reply_too_deep(exc):  # registry/upstreams/reply_depth.py stood in for the reply
                 return failure("UPSTREAM_INVALID_RESPONSE", exc.message)
-            if _closed(exc):
+            if closed(exc):
                 return _lost(connection, sent, "the connection closed", repr(exc))
             refused = failure("UPSTREAM_ERROR", f"The service refused the request: {exc.message}", repr(exc))
             refused["rpc_code"] = exc.code  # passed-through requests answer with the upstream's own code
