@@ -152,7 +152,13 @@ def test_with_no_worker_the_agent_gets_a_specific_error_not_a_hang(workerless_ga
 @pytest.mark.parametrize(
     ("tool", "code", "message"),
     [
-        ("demo__raise", "UPSTREAM_ERROR", "demo__raise: The service refused the request: Internal server error"),
+        # The agent speaks 2025-11-25, so its call does too: the SDK's server tells its exception's words in that era
+        # ("Internal server error" in 2026-07-28), the gateway's redaction applied.
+        (
+            "demo__raise",
+            "UPSTREAM_ERROR",
+            "demo__raise: The service refused the request: the demo server failed on purpose",
+        ),
         ("demo__bad_output", "UPSTREAM_INVALID_RESPONSE", "demo__bad_output: The service sent a malformed response."),
     ],
 )

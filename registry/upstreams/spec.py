@@ -154,7 +154,9 @@ class UpstreamSpec:
                     event_hooks={"response": [witness.heard]},
                 )
             )
-            target = streamable_http_client(self.url, http_client=http)
+            # A person's session is left to idle out upstream: ending it would send their credential once more,
+            # after it was replaced or deleted (the reason such a connection is stopped).
+            target = streamable_http_client(self.url, http_client=http, terminate_on_close=not self.per_person)
         # No response cache: the catalog must see what the upstream says now.
         checked = DepthCheckedTransport(target, self.slug)
         return await stack.enter_async_context(Client(checked, cache=None, **options))
