@@ -19,11 +19,10 @@ import anyio
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.services import canonical_sha256
 from audit.telemetry import current_trace_id
-from handoff.mcp.agent_relay import AgentRelay
+from handoff.mcp.agent_relay import AgentRelay, legacy
 from handoff.mcp.audit_rows import record
 from handoff.mcp.caller import Caller, caller_of, request_span
 from handoff.mcp.input_required import passed_through, responses_of
@@ -167,7 +166,7 @@ async def _rounds(
 ) -> dict[str, Any] | None:
     """For a 2026-07-28 agent's prompts/get or resources/read: what passes an upstream's input-required
     rounds through (input_required.py); None for a 2025-11-25 agent, whose upstream asks on the request's stream."""
-    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+    if legacy(ctx):
         return None
     if params.request_state is None:
         return {"inputResponses": responses_of(params)} if params.input_responses else {}
@@ -223,9 +222,8 @@ async def _forward(
     started, outcome = time.perf_counter(), None
     try:
         wire = person.wire() if isinstance(person, CredentialRef) else None
-        legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         request = UpstreamRequest(
-            target.id, target.revision, method, params, target.timeout, rounds=rounds, person=wire, legacy=legacy
+            target.id, target.revision, method, params, target.timeout, rounds=rounds, person=wire, legacy=legacy(ctx)
         )
         outcome = await get_executor().request(request, relay)
     finally:

@@ -187,7 +187,7 @@ class UpstreamPool:
                 self._make_room(upstream_id)
             # The plain connections hear the upstream's changes for all (the others would repeat them); a change
             # both hear is handled once, or twice if the second comes after the handling began (_changed).
-            plain = self._on_change and capabilities <= PLAIN_LEGACY
+            plain = self._on_change is not None and capabilities <= PLAIN_LEGACY
             notice = partial(self._changed, upstream_id) if plain else None
             reopen = partial(self._open, upstream_id, revision, capabilities, person, catalog)
             connection = UpstreamConnection(spec, capabilities, notice, partial(self._exited, key, reopen))
