@@ -14,6 +14,12 @@ GATEWAY_AUDIT_COMMIT=local) is measured in the same rounds, and set against the 
 the floor's (mcp-proxy's p50 plus the promises'), its calls/s over the floor's (mcp-proxy's times the floor's
 ratio). Its audit upkeep may checkpoint the rows written here: they are sealed as its own are.
 
+The composed floor, in the same rounds (`composed-strict`, `composed-local`): mcp-proxy's calls with each mode's
+promises made around every call by this process, in a call's order (admit, approved row, the call, completed row
+with the release): measured whole, so it holds what the promises and the call cost each other on this machine,
+which the summed floor leaves out. It is no lower bound (the promises are made a hop from mcp-proxy, by one more
+process than a gateway has), so the bars stay against the summed floor, with the composed one beside it.
+
 Issue 39's CPU bar, in the same rounds: each server's CPU a call read from /proc over the measured calls (its
 process alone, every thread: mcp-proxy's or the gateway's, not the stdio upstream's), and the promises' CPU a call
 in this process (the admission script's and the two rows' client side); the gateway's own CPU a call is its
@@ -62,6 +68,9 @@ from tests import servers  # noqa: E402  (the process helpers the tests use)
 
 # The gateway in each mode: the inline gateway under uvicorn, with the settings bench/run.py starts it with.
 GATEWAYS = {"gateway-strict": "inline-uvicorn", "gateway-local": "inline-uvicorn-local"}
+# The floor composed: mcp-proxy's calls with each mode's promises made around every call, in its sequence, by the
+# client (`promised`), so measured with whatever each costs the other on this machine (the summed floor misses it).
+COMPOSED = {"composed-strict": "strict", "composed-local": "local"}
 
 
 def promise_parts():
@@ -101,26 +110,39 @@ def promise_parts():
     return writers, RedisLimitStore(), call
 
 
-async def promises(parts, mode: str, sessions: int, calls: int) -> dict:
-    """`calls` calls' promises from `sessions` concurrent tasks (admit, approved row, completed row with release),
-    as `opened`'s block answers them (this process's CPU as the server's: the promises' client side, every
-    thread)."""
+def promised(parts, mode: str):
+    """`around` (bench/run.py `opened`) that makes one call's promises in its sequence: admit, the approved row
+    committed, the call, then the completed row committed with the admission's release."""
     writers, store, call = parts
     writer = writers[mode]
 
-    async def one(session: int, latencies: list[float]) -> None:
+    async def around(session: int, upstream_call):
         admission, fields = call(session)
-        started = time.perf_counter()
         verdict = await store.admit(admission)
         assert not verdict.code, verdict
         await writer.record(kind="approved", detail={"deadline": time.time() + 60}, **fields)
+        result = await upstream_call()
         completed = writer.record(kind="completed", duration_ms=0.5, response_bytes=64, outcome="ok", **fields)
         await asyncio.gather(completed, store.release(admission, "ok", verdict.probing))
-        latencies.append(time.perf_counter() - started)
+        return result
+
+    return around
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def promises(parts, mode: str, sessions: int, calls: int) -> dict:
+    """`calls` calls' promises from `sessions` concurrent tasks, with no call between them, as `opened`'s block
+    answers them (this process's CPU as the server's: the promises' client side, every thread)."""
+    around = promised(parts, mode)
 
     async def drive(session: int, count: int, latencies: list[float]) -> None:
         for _ in range(count):
-            await one(session, latencies)
+            started = time.perf_counter()
+            await around(session, _nothing)
+            latencies.append(time.perf_counter() - started)
 
     latencies: list[float] = []
     machine, own, started = machine_cpu_seconds(), time.process_time(), time.perf_counter()
@@ -130,7 +152,8 @@ async def promises(parts, mode: str, sessions: int, calls: int) -> dict:
 
 
 def floors(found: dict) -> dict:
-    """Within one round at one concurrency: the floor's ratios to mcp-proxy, and the gateway's."""
+    """Within one round at one concurrency: the floor's ratios to mcp-proxy, and the gateway's, against each floor
+    of its mode: the summed one (mcp-proxy's and the promises' measured apart) and the composed one."""
     proxy = found["proxy"]
     out = {}
     for mode in ("strict", "local"):
@@ -143,14 +166,21 @@ def floors(found: dict) -> dict:
             else proxy["machine_cpu_ms"] / (proxy["machine_cpu_ms"] + own["machine_cpu_ms"])
         )
         out[f"floor-{mode}"] = {"p50_ratio": p50, "calls_ratio": rate}
+        composed = found[f"composed-{mode}"]
+        out[f"composed-{mode}"] = {
+            "p50_ratio": composed["p50_ms"] / proxy["p50_ms"],
+            "calls_ratio": composed["calls_per_s"] / proxy["calls_per_s"],
+        }
         gateway = found.get(f"gateway-{mode}")
-        if gateway:  # against the floor of its own mode
+        if gateway:  # against the floors of its own mode
             own_cpu = gateway["server_cpu_ms"] - found[f"promises-{mode}"]["server_cpu_ms"]
             out[f"gateway-{mode}"] = {
                 "p50_ratio": gateway["p50_ms"] / (proxy["p50_ms"] * p50),
                 "calls_ratio": gateway["calls_per_s"] / (proxy["calls_per_s"] * rate),
                 "own_cpu_ms": own_cpu,  # issue 39: at most mcp-proxy's server CPU a call
                 "own_cpu_ratio": own_cpu / proxy["server_cpu_ms"],
+                "p50_composed": gateway["p50_ms"] / composed["p50_ms"],
+                "calls_composed": gateway["calls_per_s"] / composed["calls_per_s"],
             }
     return out
 
@@ -171,16 +201,20 @@ def parts_table(rounds: list[dict], sessions: list[int]) -> str:
     return "\n".join(lines)
 
 
+RATIOS = ("p50_ratio", "calls_ratio", "own_cpu_ms", "own_cpu_ratio", "p50_composed", "calls_composed")
+
+
 def table(rounds: list[dict], sessions: list[int]) -> str:
     lines = [
         "| sessions | what | p50 ms | calls/s | machine CPU ms/call | server CPU ms/call (promises: this process's) "
         "| p50 / proxy (gateway: / its floor) | calls/s / proxy (gateway: / its floor) "
-        "| gateway's own CPU ms/call (less the promises') | own CPU / proxy's server CPU |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| gateway's own CPU ms/call (less the promises') | own CPU / proxy's server CPU "
+        "| gateway: p50 / composed floor | gateway: calls/s / composed floor |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in sessions:
         at = [r[str(s)] for r in rounds]
-        for name in ("proxy", "promises-strict", "promises-local", *GATEWAYS):
+        for name in ("proxy", "promises-strict", "promises-local", *COMPOSED, *GATEWAYS):
             if name not in at[0]["measured"]:
                 continue
             measured = [a["measured"][name] for a in at]
@@ -189,16 +223,12 @@ def table(rounds: list[dict], sessions: list[int]) -> str:
             rate = cell([m["calls_per_s"] for m in measured], 0)
             cpu = cell([m["machine_cpu_ms"] for m in measured])
             server = cell([m["server_cpu_ms"] for m in measured])
-            p50_ratio, calls_ratio, own, own_ratio = (
-                cell([r[k] for r in ratios]) if ratios[0] else ""
-                for k in ("p50_ratio", "calls_ratio", "own_cpu_ms", "own_cpu_ratio")
-            )
-            row = (s, name, p50, rate, cpu, server, p50_ratio, calls_ratio, own, own_ratio)
-            lines.append("| " + " | ".join(map(str, row)) + " |")
+            shown = (cell([r[k] for r in ratios]) if ratios[0] and k in ratios[0] else "" for k in RATIOS)
+            lines.append("| " + " | ".join(map(str, (s, name, p50, rate, cpu, server, *shown))) + " |")
         for mode in ("strict", "local"):
             ratios = [a["ratios"][f"floor-{mode}"] for a in at]
             p50_ratio, calls_ratio = (cell([r[k] for r in ratios]) for k in ("p50_ratio", "calls_ratio"))
-            lines.append(f"| {s} | **floor, {mode} audit** | | | | | {p50_ratio} | {calls_ratio} | | |")
+            lines.append(f"| {s} | **floor, {mode} audit** | | | | | {p50_ratio} | {calls_ratio} | | | | |")
     return "\n".join(lines)
 
 
@@ -209,7 +239,7 @@ async def one_round(
     block (and from round to round), their sessions open throughout: a load that drifts meanwhile weighs on every
     target alike. A target's blocks are pooled into its figures."""
     found: dict = {}
-    names = ["proxy", "promises-strict", "promises-local", *(n for n in GATEWAYS if n in targets)]
+    names = ["proxy", "promises-strict", "promises-local", *COMPOSED, *(n for n in GATEWAYS if n in targets)]
     names = names[turn % len(names) :] + names[: turn % len(names)]
     label = label or f"round {turn + 1}"
     for s in sessions:
@@ -222,8 +252,9 @@ async def one_round(
                 else:
                     open_session, tool, pid = targets[name]
                     server_cpu = partial(process_cpu_seconds, pid)
+                    promising = {"around": promised(parts, COMPOSED[name])} if name in COMPOSED else {}
                     blocks[name] = await stack.enter_async_context(
-                        opened(open_session, tool, s, args.warmup, server_cpu)
+                        opened(open_session, tool, s, args.warmup, server_cpu, **promising)
                     )
             taken: dict = {name: [] for name in names}
             spent: dict = {name: {} for name in names}  # each target's CPU seconds by part (`cpu_by_part`)
@@ -277,6 +308,7 @@ def main() -> None:
         servers.wait_for_port(port, proxy.process, proxy.log)
         # With the pid of each server's process, whose CPU alone (not its upstream's) is the server's.
         targets = {"proxy": (lambda: http_session(f"http://127.0.0.1:{port}/mcp", {}), "echo", proxy.process.pid)}
+        targets |= dict.fromkeys(COMPOSED, targets["proxy"])  # mcp-proxy's, with the promises around each call
         auth = {"Authorization": f"Bearer {key}"}
         for name, target in ({} if args.no_gateway else GATEWAYS).items():
             server, extra = OTHER_SERVERS[target]

@@ -35,7 +35,9 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
@@ -171,9 +173,23 @@ def sessions_cpu_seconds(session_ids: Collection[int]) -> float:
     return total / CLOCK_TICKS
 
 
+# What a block does around each call, by the session's index: `around(session, call)` awaits `call()` and answers
+# its result (bench/floor.py's promises, made in the call's sequence).
+Around = Callable[[int, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
+async def _plain(session: int, call: Callable[[], Awaitable[Any]]) -> Any:
+    return await call()
+
+
 @asynccontextmanager
 async def opened(
-    open_session: Callable, tool: str, sessions: int, warmup: int, server_cpu: Callable[[], float] | None
+    open_session: Callable,
+    tool: str,
+    sessions: int,
+    warmup: int,
+    server_cpu: Callable[[], float] | None,
+    around: Around = _plain,
 ) -> AsyncIterator[Callable[[int], Awaitable[dict]]]:
     """`sessions` concurrent sessions, open and warmed by `warmup` calls on each, for as long as the block runs:
     yields `block(calls)`, which spreads `calls` calls over them and answers what it measured (its latencies, wall
@@ -182,10 +198,11 @@ async def opened(
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(open_session()) for _ in range(sessions)]
 
-        async def drive(client: Client, count: int, latencies: list[float] | None) -> None:
+        async def drive(session: int, count: int, latencies: list[float] | None) -> None:
+            client = clients[session]
             for _ in range(count):
                 started = time.perf_counter()
-                result = await client.call_tool(tool, ARGUMENTS)
+                result = await around(session, partial(client.call_tool, tool, ARGUMENTS))
                 if latencies is not None:
                     latencies.append(time.perf_counter() - started)
                 assert not result.is_error, result
@@ -194,12 +211,12 @@ async def opened(
             latencies: list[float] = []
             machine, server = machine_cpu_seconds(), server_cpu() if server_cpu else 0.0
             started = time.perf_counter()
-            await asyncio.gather(*(drive(client, calls // sessions, latencies) for client in clients))
+            await asyncio.gather(*(drive(session, calls // sessions, latencies) for session in range(sessions)))
             wall = time.perf_counter() - started
             machine, server = machine_cpu_seconds() - machine, (server_cpu() if server_cpu else 0.0) - server
             return {"latencies": latencies, "wall": wall, "server": server if server_cpu else None, "machine": machine}
 
-        await asyncio.gather(*(drive(client, warmup, None) for client in clients))
+        await asyncio.gather(*(drive(session, warmup, None) for session in range(sessions)))
         yield block
 
 
