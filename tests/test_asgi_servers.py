@@ -73,12 +73,15 @@ def test_a_session_posts_holds_a_get_stream_and_ends_with_delete(served, world):
         session = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
         initialized = http.post("/mcp", headers=session, json=RPC | {"method": "notifications/initialized"})
         assert initialized.status_code == 202
+        # An empty answer says its length: no chunked framing around nothing.
+        assert (initialized.headers["content-length"], initialized.headers.get("transfer-encoding")) == ("0", None)
         params = {"name": "demo__echo", "arguments": {"text": "raw"}}
         echoed = http.post("/mcp", headers=session, json=RPC | {"id": 1, "method": "tools/call", "params": params})
         assert answer(echoed)["result"]["content"] == [{"type": "text", "text": "raw"}]
         with http.stream("GET", "/mcp", headers=session | {"Accept": "text/event-stream"}) as stream:
             assert (stream.status_code, stream.headers["content-type"][:17]) == (200, "text/event-stream")
-        assert http.delete("/mcp", headers=session).status_code == 200
+        deleted = http.delete("/mcp", headers=session)
+        assert (deleted.status_code, deleted.headers["content-length"], deleted.content) == (200, "0", b"")
         gone = http.post("/mcp", headers=session, json=RPC | {"id": 2, "method": "ping"})
     assert (gone.status_code, gone.headers["content-type"]) == (404, "application/json")
     assert gone.json()["error"]["message"].startswith("Session not found:")

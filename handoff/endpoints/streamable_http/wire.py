@@ -49,7 +49,8 @@ async def error_answer(
 
 
 async def empty_answer(send: Any, status: int, headers: Headers = ()) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": list(headers)})
+    # Its length said (none), as a JSON answer's: else the server frames nothing as a chunked body.
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0"), *headers]})
     await send({"type": "http.response.body", "body": b""})
 
 
