@@ -67,3 +67,23 @@ def test_the_first_look_at_the_index_after_a_session_is_read_takes_the_entry_rea
     first, later = asyncio.run(scenario())
     assert first is not None and first.domain == "billing"
     assert later is None
+
+
+def test_the_entry_read_with_a_session_is_taken_once_even_by_a_task_the_request_started():
+    needs(bool(settings.REDIS_URL), "REDIS_URL is not set: the sessions are in the process")
+
+    async def scenario() -> tuple[SessionTunnel | None, SessionTunnel | None]:
+        store = RedisSessions(10, RedisSessionLimit(10, IDLE), 60, 10)
+        session = await store.open(Caller(agent_id=43, agent_name="soak", transport="http", key_prefix="sb_43"))
+        await store.save(session)
+        index = index_session(43, session.id)
+        entry = SessionTunnel(tunnel_id=str(uuid.uuid4()), domain="billing", upstream_slug="billing")
+        await session_index().put(index, entry)
+        assert await store.get(session.id, session.owner) is session  # reads the entry too
+        started = await asyncio.create_task(session_index().get(index))  # a copy of this context takes it
+        await session_index().forget(index, entry.tunnel_id)  # gone from Redis since
+        return started, await session_index().get(index)
+
+    started, later = asyncio.run(scenario())
+    assert started is not None and started.domain == "billing"
+    assert later is None, "the request's own look took an entry a task it started had taken already"
