@@ -50,18 +50,26 @@ def test_an_ended_sessions_mark_in_redis_lasts_its_idle_time_and_a_sweep_not_an_
     assert 0 < ended_mark_ttl(how) <= IDLE + SWEPT_WITHIN
 
 
+async def _read_with_its_entry(agent_id: int) -> str:
+    """A session whose handoff entry its read brought along (as a request's front door reads both), the entry gone
+    from Redis since: returns the session's index key. A look that asks Redis finds nothing."""
+    store = RedisSessions(10, RedisSessionLimit(10, IDLE), 60, 10)
+    caller = Caller(agent_id=agent_id, agent_name="soak", transport="http", key_prefix=f"sb_{agent_id}")
+    session = await store.open(caller)
+    await store.save(session)
+    index = index_session(agent_id, session.id)
+    entry = SessionTunnel(tunnel_id=str(uuid.uuid4()), domain="billing", upstream_slug="billing")
+    await session_index().put(index, entry)
+    assert await store.get(session.id, session.owner) is session  # reads the entry too
+    await session_index().forget(index, entry.tunnel_id)
+    return index
+
+
 def test_the_first_look_at_the_index_after_a_session_is_read_takes_the_entry_read_with_it_and_later_ones_ask_redis():
     needs(bool(settings.REDIS_URL), "REDIS_URL is not set: the sessions are in the process")
 
     async def scenario() -> tuple[SessionTunnel | None, SessionTunnel | None]:
-        store = RedisSessions(10, RedisSessionLimit(10, IDLE), 60, 10)
-        session = await store.open(Caller(agent_id=42, agent_name="soak", transport="http", key_prefix="sb_42"))
-        await store.save(session)
-        index = index_session(42, session.id)
-        entry = SessionTunnel(tunnel_id=str(uuid.uuid4()), domain="billing", upstream_slug="billing")
-        await session_index().put(index, entry)
-        assert await store.get(session.id, session.owner) is session  # reads the entry too
-        await session_index().forget(index, entry.tunnel_id)  # gone from Redis since
+        index = await _read_with_its_entry(42)
         return await session_index().get(index), await session_index().get(index)
 
     first, later = asyncio.run(scenario())
@@ -73,15 +81,8 @@ def test_the_entry_read_with_a_session_is_taken_once_even_by_a_task_the_request_
     needs(bool(settings.REDIS_URL), "REDIS_URL is not set: the sessions are in the process")
 
     async def scenario() -> tuple[SessionTunnel | None, SessionTunnel | None]:
-        store = RedisSessions(10, RedisSessionLimit(10, IDLE), 60, 10)
-        session = await store.open(Caller(agent_id=43, agent_name="soak", transport="http", key_prefix="sb_43"))
-        await store.save(session)
-        index = index_session(43, session.id)
-        entry = SessionTunnel(tunnel_id=str(uuid.uuid4()), domain="billing", upstream_slug="billing")
-        await session_index().put(index, entry)
-        assert await store.get(session.id, session.owner) is session  # reads the entry too
+        index = await _read_with_its_entry(43)
         started = await asyncio.create_task(session_index().get(index))  # a copy of this context takes it
-        await session_index().forget(index, entry.tunnel_id)  # gone from Redis since
         return started, await session_index().get(index)
 
     started, later = asyncio.run(scenario())
