@@ -37,6 +37,11 @@ class ConnectFailed(Exception):
         self.cause = cause
 
 
+class NoLegacy(Exception):
+    """A 2025-11-25 agents' plain connection to an upstream that answered it has no 2025-11-25: the pool gives
+    their calls its shared connection instead (no second start to learn the era that one speaks)."""
+
+
 def _delegation_refusal(exc: BaseException) -> str | None:
     """The code a guarded specialist refused the delegation token with (handoff/clearance.py), if it did:
     the SDK client raises the JSON-RPC error of its 401 answer."""
@@ -148,6 +153,8 @@ class UpstreamConnection:
                 # An upstream that answered it has no 2025-11-25; one that ended (or closed) is failing either way.
                 if not found(exc, lambda e: isinstance(e, MCPError) and not closed(e)):
                     raise
+                if self.capabilities == PLAIN_LEGACY:
+                    raise NoLegacy(self.spec.slug) from exc
                 logger.info("upstream %s: no 2025-11-25 session, so 2026-07-28 (%r)", self.spec.slug, exc)
         guess = self.spec.legacy
         client, stack = await self._attempt("auto", guess)
@@ -203,6 +210,8 @@ class UpstreamConnection:
                     task_status.started()
                     await self._stop.wait()
                     tg.cancel_scope.cancel()
+        except NoLegacy:
+            raise
         except Exception as exc:
             if not started:
                 raise ConnectFailed(connect_cause(exc, self.spec, self.witness)) from exc

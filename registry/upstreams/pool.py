@@ -22,7 +22,14 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from registry.personal import PERSON_REQUIRED
-from registry.upstreams.connection import CONNECTION_ERRORS, UPDATED, UpstreamConnection, closed, connect_failure
+from registry.upstreams.connection import (
+    CONNECTION_ERRORS,
+    UPDATED,
+    NoLegacy,
+    UpstreamConnection,
+    closed,
+    connect_failure,
+)
 from registry.upstreams.health import outcome_health
 from registry.upstreams.outcome import (
     CONNECT_TIMEOUT,
@@ -192,10 +199,10 @@ class UpstreamPool:
             reopen = partial(self._open, upstream_id, revision, capabilities, person, catalog)
             connection = UpstreamConnection(spec, capabilities, notice, partial(self._exited, key, reopen))
             assert self._task_group is not None, "the pool is not serving"
-            with anyio.fail_after(settings.GATEWAY_CONNECT_TIMEOUT):
-                await self._task_group.start(connection.run)
-            if capabilities == PLAIN_LEGACY and connection.client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                connection.stop()  # the upstream has no 2025-11-25: the shared connection is as good
+            try:
+                with anyio.fail_after(settings.GATEWAY_CONNECT_TIMEOUT):
+                    await self._task_group.start(connection.run)
+            except NoLegacy:  # the upstream has no 2025-11-25: the shared connection is as good
                 return await self._one_era_found(spec, revision, person, catalog)
             self._connections[key] = connection
             return connection

@@ -262,12 +262,19 @@ def test_an_upstream_that_speaks_only_2025_11_25_serves_both_eras_plain_calls_on
     assert (legacy, eras, one_era) == (modern, {(): LEGACY}, {1: 1})
 
 
-def test_an_upstream_that_speaks_only_2026_07_28_serves_a_legacy_agents_plain_calls_on_the_shared_connection():
-    spec = replace(DEMO_SPEC, env={"DEMO_MODERN_ONLY": "1"})  # a sync cannot tell it from one that speaks both
+def test_an_upstream_that_speaks_only_2026_07_28_serves_a_legacy_agents_plain_calls_on_the_shared_connection(
+    settings, tmp_path
+):
+    settings.GATEWAY_STDIO_SANDBOX = "off"  # the shell that runs the server counts its starts in tmp_path
+    starts = tmp_path / "starts"
+    command = f"echo $$ >> {starts}; exec {sys.executable} {DEMO[0]}"
+    # A sync cannot tell it from one that speaks both.
+    spec = replace(DEMO_SPEC, command="/bin/sh", args=["-c", command], env={"DEMO_MODERN_ONLY": "1"})
 
     async def body(pool: UpstreamPool):
-        first = await _pid(pool, legacy=True)  # its own connection turned out 2026-07-28: stopped for the shared one
+        first = await _pid(pool, legacy=True)  # it refused 2025-11-25: the shared connection serves the call
         return first, await _pid(pool, legacy=False), await _pid(pool, legacy=True), _eras(pool), dict(pool._one_era)
 
     first, modern, again, eras, one_era = with_pool(spec, body)
     assert (first, again, eras, one_era) == (modern, modern, {(): MODERN}, {1: 1})
+    assert len(starts.read_text().split()) == 2, "started once to be refused 2025-11-25, once for the shared connection"
