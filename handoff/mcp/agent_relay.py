@@ -9,9 +9,8 @@ from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import ServerMessageMetadata
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from handoff.mcp.caller import Caller, caller_of
+from handoff.mcp.caller import Caller, caller_of, legacy_agent
 from handoff.mcp.list_changed import per_session, per_session_table
 from handoff.protocol.tunnels import index_session
 from registry.upstreams.relay import ASKS, LEGACY, LOGGING, RELAYED_CAPABILITIES, may_ask, unsupported
@@ -43,14 +42,9 @@ def session_level_restore(caller: Caller, level: str | None) -> None:
         per_session(_session_levels, index_session(caller.agent_id, caller.session_key), level)
 
 
-def legacy(ctx: ServerRequestContext) -> bool:
-    """Whether the request comes from a 2025-11-25 agent (its upstream calls go in that era where they can)."""
-    return ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
-
-
 def log_level(ctx: ServerRequestContext) -> str | None:
     """The lowest level of log message the agent asked for on this request, if it asked."""
-    if not legacy(ctx):
+    if not legacy_agent(ctx):
         level = (ctx.meta or {}).get(LOG_LEVEL_KEY)
         return level if level in LEVELS else None
     return _session_levels.get(_session(ctx))
@@ -60,7 +54,7 @@ def declared(ctx: ServerRequestContext) -> frozenset[str]:
     """What the relay of this request's calls carries: the agent's client capabilities, logging, and LEGACY."""
     capabilities = ctx.session.client_capabilities
     names = {name for name in RELAYED_CAPABILITIES if capabilities and getattr(capabilities, name, None)}
-    if names and legacy(ctx):
+    if names and legacy_agent(ctx):
         names.add(LEGACY)  # it can be asked on the call's stream, so upstreams may ask the push way
     return frozenset(names | ({LOGGING} if log_level(ctx) else set()))
 

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from mcp.server.context import ServerRequestContext
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry.trace import Span
 
 from audit.telemetry import mcp_span
@@ -404,6 +405,11 @@ def caller_of(ctx: ServerRequestContext) -> Caller:
     request's scope."""
     request = ctx.request
     return request if isinstance(request, Caller) else request.scope["switchboard.caller"]
+
+
+def legacy_agent(ctx: ServerRequestContext) -> bool:
+    """Whether the request comes from a 2025-11-25 agent (else 2026-07-28)."""
+    return ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
 
 
 def request_span(ctx: ServerRequestContext, method: str, **names: str) -> AbstractContextManager[Span]:

@@ -22,9 +22,9 @@ from mcp.shared.exceptions import MCPError
 
 from audit.services import canonical_sha256
 from audit.telemetry import current_trace_id
-from handoff.mcp.agent_relay import AgentRelay, legacy
+from handoff.mcp.agent_relay import AgentRelay
 from handoff.mcp.audit_rows import record
-from handoff.mcp.caller import Caller, caller_of, request_span
+from handoff.mcp.caller import Caller, caller_of, legacy_agent, request_span
 from handoff.mcp.input_required import passed_through, responses_of
 from handoff.mcp.list_changed import resource_subscription
 from handoff.mcp.list_changed import subscriptions_listen as listen
@@ -166,7 +166,7 @@ async def _rounds(
 ) -> dict[str, Any] | None:
     """For a 2026-07-28 agent's prompts/get or resources/read: what passes an upstream's input-required
     rounds through (input_required.py); None for a 2025-11-25 agent, whose upstream asks on the request's stream."""
-    if legacy(ctx):
+    if legacy_agent(ctx):
         return None
     if params.request_state is None:
         return {"inputResponses": responses_of(params)} if params.input_responses else {}
@@ -222,8 +222,9 @@ async def _forward(
     started, outcome = time.perf_counter(), None
     try:
         wire = person.wire() if isinstance(person, CredentialRef) else None
+        legacy = legacy_agent(ctx)
         request = UpstreamRequest(
-            target.id, target.revision, method, params, target.timeout, rounds=rounds, person=wire, legacy=legacy(ctx)
+            target.id, target.revision, method, params, target.timeout, rounds=rounds, person=wire, legacy=legacy
         )
         outcome = await get_executor().request(request, relay)
     finally:

@@ -5,9 +5,8 @@ from channels.db import database_sync_to_async
 from mcp import UrlElicitationRequiredError, types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from handoff.mcp.caller import Caller
+from handoff.mcp.caller import Caller, legacy_agent
 from handoff.mcp.input_required import state_sign
 from handoff.snapshot_tools import Route
 from policy.decisions import Denial
@@ -86,7 +85,7 @@ def connect_ask(
     input-required result whose retry runs the call afresh); any other gets the refusal, link in its message."""
     if not _url_mode(ctx):
         return MCPError(denial.jsonrpc_code, denial.message, denial.data() | {"requestId": request_id})
-    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+    if legacy_agent(ctx):
         ask = types.ElicitRequestURLParams(message=denial.message, url=denial.connect_url, elicitation_id=request_id)
         return UrlElicitationRequiredError([ask], denial.message)
     params = {"mode": "url", "message": denial.message, "url": denial.connect_url}

@@ -11,11 +11,10 @@ from typing import Any
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway_project.lib.database import database_async
-from handoff.mcp.caller import caller_of, request_span
+from handoff.mcp.caller import caller_of, legacy_agent, request_span
 from handoff.mcp.list_changed import relay_everywhere, relay_handlers
 from handoff.mcp.pipeline.as_task import tasks_declared
 from handoff.mcp.pipeline.task_state import CANCELLED, RELATED_TASK, CallTask, TaskCreated, task_find, task_held
@@ -39,7 +38,7 @@ class TaskAnswers:
     not exist in the other, before its params are read (as the SDK says of any unserved one)."""
 
     async def __call__(self, ctx: ServerRequestContext, call_next: Callable[[ServerRequestContext], Any]) -> Any:
-        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        modern = not legacy_agent(ctx)
         if ctx.method in (LEGACY_ONLY if modern else MODERN_ONLY):
             raise MCPError(types.METHOD_NOT_FOUND, "Method not found", ctx.method)
         try:
@@ -73,7 +72,7 @@ def _marked(tool: dict[str, Any], task: bool) -> dict[str, Any]:
 
 async def get_task(ctx: ServerRequestContext, params: types.GetTaskRequestParams) -> dict[str, Any]:
     with request_span(ctx, "tasks/get"):
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if not legacy_agent(ctx):
             return await task_get(ctx, params.task_id)
         return (await _task(ctx, params.task_id)).wire()
 
@@ -112,7 +111,7 @@ async def cancel_task(ctx: ServerRequestContext, params: types.CancelTaskRequest
     """Ends the task. A call still waiting for its sign-off stops (the request stays pending until it expires); one
     already signed off runs to its end, its outcome in the audit trail, its result dropped."""
     with request_span(ctx, "tasks/cancel"):
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if not legacy_agent(ctx):
             return await task_cancel(ctx, params.task_id)
         task = await _task(ctx, params.task_id)
         if task.ended:

@@ -16,12 +16,11 @@ from urllib.parse import urlsplit
 
 import anyio
 from django.conf import settings
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway_project.lib.database import database_async
 from gateway_project.lib.signing import canonical_json
 from handoff.mcp.audit_rows import record
-from handoff.mcp.caller import Caller
+from handoff.mcp.caller import Caller, legacy_agent
 from handoff.mcp.list_changed import change_relay, session_remember, tools_changed_everywhere
 from handoff.protocol.claim_checks import claim_store
 from handoff.protocol.summary import summary_envelope
@@ -281,7 +280,7 @@ async def _open(ctx: Any, caller: Caller, snap: Snapshot, plan: Plan, session: S
     await session_index().put(key, session)
     elapsed = {"connect_ms": round((time.perf_counter() - started) * 1000, 1)}
     await record(**_handoff_row(caller, session, "activated", detail=token | elapsed | {"reason": plan.reason}))
-    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+    if legacy_agent(ctx):
         session_remember(key, ctx.session)
     await tools_changed_everywhere([key])
     sep = settings.GATEWAY_TOOL_SEPARATOR

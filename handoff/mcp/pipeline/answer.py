@@ -7,8 +7,8 @@ from typing import Any
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from handoff.mcp.caller import legacy_agent
 from handoff.mcp.personal_access import CONNECT_AGAIN, CONNECTED, connect_ask, connect_refusal
 from handoff.mcp.pipeline.call import Call
 from handoff.mcp.pipeline.execute import AFTER_EXECUTE_FAILED
@@ -22,7 +22,7 @@ from registry.upstreams.outcome import MISSING_CLIENT_CAPABILITY, TUNNEL_GONE
 
 def finish(ctx: ServerRequestContext, result: dict[str, Any]) -> dict[str, Any]:
     """The SDK fills cache hints and validates, but a plain-dict result must carry its own 2026 `resultType`."""
-    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+    if not legacy_agent(ctx):
         return {"resultType": "complete"} | result  # an input-required result keeps its own
     return result
 

@@ -12,10 +12,10 @@ from typing import Any
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway_project.lib.database import database_async
 from gateway_project.lib.task_failures import failure_logger
+from handoff.mcp.caller import legacy_agent
 from handoff.mcp.pipeline.answer import agent_answer
 from handoff.mcp.pipeline.call import Call
 from handoff.mcp.pipeline.run import call_serve
@@ -28,7 +28,7 @@ _log_failure = failure_logger(logger, "tools/call task")
 
 def tasks_declared(ctx: ServerRequestContext) -> bool:
     """Whether the request comes from a 2025-11-25 client that declared the `tasks` capability."""
-    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+    if not legacy_agent(ctx):
         return False
     capabilities = ctx.session.client_capabilities
     return capabilities is not None and capabilities.tasks is not None

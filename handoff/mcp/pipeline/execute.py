@@ -11,7 +11,7 @@ import anyio
 from django.db import Error as DatabaseError
 
 from audit.telemetry import current_traceparent
-from handoff.mcp.agent_relay import legacy
+from handoff.mcp.caller import legacy_agent
 from handoff.mcp.input_required import UndeclaredAsk, passed_through
 from handoff.mcp.pipeline.call import ACTIVATE, AGENT, RETURN, Call
 from handoff.mcp.pipeline.extra import after_execute_stages
@@ -58,8 +58,8 @@ def _run(call: Call) -> Awaitable[Outcome]:
     if call.own:
         return call.own_tools[call.own](call)
     assert call.route is not None
-    era = call.origin == AGENT and call.ctx is not None and legacy(call.ctx)
-    return route_execute(call.route, call.arguments, call.tunnel, call.relay, call.rounds, call.credential, era)
+    legacy = call.origin == AGENT and call.ctx is not None and legacy_agent(call.ctx)
+    return route_execute(call.route, call.arguments, call.tunnel, call.relay, call.rounds, call.credential, legacy)
 
 
 async def completed(move: Awaitable[dict[str, Any]]) -> Outcome:

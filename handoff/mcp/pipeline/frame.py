@@ -12,12 +12,11 @@ from typing import Any
 
 from mcp import types
 from mcp.server.context import ServerRequestContext
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from audit.telemetry import DENIALS, log_fields_add
 from handoff.mcp.agent_relay import AgentRelay
 from handoff.mcp.audit_rows import record
-from handoff.mcp.caller import Caller, caller_of
+from handoff.mcp.caller import Caller, caller_of, legacy_agent
 from handoff.mcp.input_required import (
     InvalidRequestState,
     ParkedCall,
@@ -44,7 +43,7 @@ async def agent_call(
     caller, relay = caller_of(ctx), AgentRelay(ctx)
     call = Call(params.name, params.arguments or {}, trace_id, caller=caller, ctx=ctx, relay=relay, own_tools=own_tools)
     log_fields_add(trace_id=trace_id, agent=caller.agent_name, tool=params.name)
-    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+    if legacy_agent(ctx):
         if params.task is not None and tasks_declared(ctx):
             return await call_as_task(call, params.task.ttl)
         return await call_serve(call, agent_answer)

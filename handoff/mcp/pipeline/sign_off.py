@@ -17,10 +17,9 @@ from django.conf import settings
 from django.utils import timezone
 from mcp import types
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway_project.lib.database import database_async
-from handoff.mcp.caller import Caller
+from handoff.mcp.caller import Caller, legacy_agent
 from handoff.mcp.input_required import state_sign
 from handoff.mcp.list_changed import change_relay, relay_everywhere, relay_handlers
 from handoff.mcp.pipeline.call import AGENT, CODE, Call
@@ -154,7 +153,7 @@ def form_round(call: Call, denial: Denial) -> types.InputRequiredResult | None:
     ctx, caller, terms = call.ctx, call.caller, call.sign_off
     if ctx is None or caller is None or terms is None or not terms.by_form or denial.code != PENDING:
         return None
-    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or call.origin != AGENT or not _asks_forms(call):
+    if legacy_agent(ctx) or call.origin != AGENT or not _asks_forms(call):
         return None
     params = {"mode": "form", "message": _question(call), "requestedSchema": FORM}
     request = types.ElicitRequest.model_validate({"method": "elicitation/create", "params": params})
@@ -179,12 +178,7 @@ async def form_answered(state: dict[str, Any], responses: dict[str, Any]) -> Non
 def _holds(call: Call) -> bool:
     """Whether the call may wait for the decision: an agent's, in a 2025-11-25 session."""
     ctx = call.ctx
-    return (
-        call.origin == AGENT
-        and ctx is not None
-        and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
-        and settings.GATEWAY_SIGN_OFF_HOLD_SECONDS > 0
-    )
+    return call.origin == AGENT and ctx is not None and legacy_agent(ctx) and settings.GATEWAY_SIGN_OFF_HOLD_SECONDS > 0
 
 
 async def _wait(call: Call, asking: Asking, ident: str, hold: float) -> Settled:

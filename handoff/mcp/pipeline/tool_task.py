@@ -15,11 +15,10 @@ from django.utils import timezone
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway_project.lib.database import database_async
 from handoff.mcp.agent_relay import AgentRelay
-from handoff.mcp.caller import Caller, caller_of
+from handoff.mcp.caller import Caller, caller_of, legacy_agent
 from handoff.mcp.pipeline.answer import agent_answer
 from handoff.mcp.pipeline.call import Call
 from handoff.mcp.pipeline.run import call_serve
@@ -36,7 +35,7 @@ UNKNOWN_OUTCOME = -32603  # JSON-RPC internal error: the call's outcome is not k
 
 def extension_declared(ctx: ServerRequestContext) -> bool:
     """Whether a 2026-07-28 request declares the Tasks extension in its own capabilities."""
-    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+    if legacy_agent(ctx):
         return False
     capabilities = ctx.session.client_capabilities
     return capabilities is not None and EXTENSION in (capabilities.extensions or {})
