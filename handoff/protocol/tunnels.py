@@ -72,14 +72,14 @@ class SessionStateUnavailable(Exception):
 
 # A session's entry as its request's front door read it, in one round trip with the session's record
 # (handoff/endpoints/streamable_http/redis_sessions.py): the request's first look at the index takes it instead
-# of asking Redis again; any later look asks. A list, [session, raw], emptied when taken: the tasks the request
-# starts hold the same one in their copies of the context, so it is taken once in all of them.
-_read_ahead: ContextVar[list | None] = ContextVar("session_index_read_ahead", default=None)
+# of asking Redis again; any later look asks. A list of one (session, raw), emptied when taken: the tasks the
+# request starts hold the same list in their copies of the context, so it is taken once in all of them.
+_read_ahead: ContextVar[list[tuple[str, bytes | None]] | None] = ContextVar("session_index_read_ahead", default=None)
 
 
 def index_read_ahead(session: str, raw: bytes | None) -> None:
     """What the index holds for `session` (`index_session`) now, read by this request's front door."""
-    _read_ahead.set([session, raw])
+    _read_ahead.set([(session, raw)])
 
 
 class RedisSessionIndex:
@@ -92,9 +92,8 @@ class RedisSessionIndex:
 
     async def get(self, session: str) -> SessionTunnel | None:
         ahead = _read_ahead.get()
-        if ahead and ahead[0] == session:
-            raw = ahead[1]
-            ahead.clear()
+        if ahead and ahead[0][0] == session:
+            raw = ahead.pop()[1]
         else:
             try:
                 # Not redis-py's client where the line serves (several times its CPU): every call the door did
