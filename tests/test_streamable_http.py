@@ -183,7 +183,13 @@ def test_a_stateless_initialize_or_get_is_refused_as_the_era_says(inline_gateway
     initialize = client.post(INIT, **MODERN)
     assert initialize.status_code == 404 and initialize.json()["error"]["code"] == -32601
     listen = httpx2.get(client.url, headers=client.headers(**MODERN), timeout=TIMEOUT)
-    assert listen.status_code == 405 and listen.headers["allow"] == "POST"
+    assert (listen.status_code, listen.headers["allow"], listen.headers["content-length"]) == (405, "POST", "0")
+
+
+def test_a_stateless_notification_is_taken_with_an_empty_answer_of_length_0(inline_gateway, world):
+    taken = Client(inline_gateway, world.key).post(INITIALIZED, **MODERN)
+    assert (taken.status_code, taken.headers["content-length"], taken.content) == (202, "0", b"")
+    assert "transfer-encoding" not in taken.headers
 
 
 def _session_key(client: Client) -> str:
