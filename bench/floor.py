@@ -15,10 +15,10 @@ the floor's (mcp-proxy's p50 plus the promises'), its calls/s over the floor's (
 ratio). Its audit upkeep may checkpoint the rows written here: they are sealed as its own are.
 
 The composed floor, in the same rounds (`composed-strict`, `composed-local`): mcp-proxy's calls with each mode's
-promises made around every call by this process, in a call's order (admit, approved row, the call, completed row
-with the release): measured whole, so it holds what the promises and the call cost each other on this machine,
-which the summed floor leaves out. It is no lower bound (the promises are made a hop from mcp-proxy, by one more
-process than a gateway has), so the bars stay against the summed floor, with the composed one beside it.
+promises made around every call by this process, in a call's order (`composed`): measured whole, so it holds what
+the promises and the call cost each other on this machine, which the summed floor leaves out. It is no lower bound
+(the promises are made a hop from mcp-proxy, by one more process than a gateway has), so the bars stay against the
+summed floor, with the composed one beside it.
 
 Issue 39's CPU bar, in the same rounds: each server's CPU a call read from /proc over the measured calls (its
 process alone, every thread: mcp-proxy's or the gateway's, not the stdio upstream's), and the promises' CPU a call
@@ -69,7 +69,7 @@ from tests import servers  # noqa: E402  (the process helpers the tests use)
 # The gateway in each mode: the inline gateway under uvicorn, with the settings bench/run.py starts it with.
 GATEWAYS = {"gateway-strict": "inline-uvicorn", "gateway-local": "inline-uvicorn-local"}
 # The floor composed: mcp-proxy's calls with each mode's promises made around every call, in its sequence, by the
-# client (`promised`), so measured with whatever each costs the other on this machine (the summed floor misses it).
+# client (`composed`), so measured with whatever each costs the other on this machine (the summed floor misses it).
 COMPOSED = {"composed-strict": "strict", "composed-local": "local"}
 
 
@@ -111,13 +111,12 @@ def promise_parts():
 
 
 def promised(parts, mode: str):
-    """`around` (bench/run.py `opened`) that makes one call's promises in its sequence: admit, the approved row
+    """One call's promises in its order, `promise(admission, fields, upstream_call)`: admit, the approved row
     committed, the call, then the completed row committed with the admission's release."""
-    writers, store, call = parts
+    writers, store, _ = parts
     writer = writers[mode]
 
-    async def around(session: int, upstream_call):
-        admission, fields = call(session)
+    async def promise(admission, fields: dict, upstream_call):
         verdict = await store.admit(admission)
         assert not verdict.code, verdict
         await writer.record(kind="approved", detail={"deadline": time.time() + 60}, **fields)
@@ -125,6 +124,16 @@ def promised(parts, mode: str):
         completed = writer.record(kind="completed", duration_ms=0.5, response_bytes=64, outcome="ok", **fields)
         await asyncio.gather(completed, store.release(admission, "ok", verdict.probing))
         return result
+
+    return promise
+
+
+def composed(parts, mode: str):
+    """`around` (bench/run.py `opened`) that makes a call's promises around it, its ids made as part of the call."""
+    promise, call = promised(parts, mode), parts[2]
+
+    async def around(session: int, upstream_call):
+        return await promise(*call(session), upstream_call)
 
     return around
 
@@ -135,13 +144,15 @@ async def _nothing() -> None:
 
 async def promises(parts, mode: str, sessions: int, calls: int) -> dict:
     """`calls` calls' promises from `sessions` concurrent tasks, with no call between them, as `opened`'s block
-    answers them (this process's CPU as the server's: the promises' client side, every thread)."""
-    around = promised(parts, mode)
+    answers them (this process's CPU as the server's: the promises' client side, every thread); each timed from
+    its admission on, its ids made first, as at `db08961`."""
+    promise, call = promised(parts, mode), parts[2]
 
     async def drive(session: int, count: int, latencies: list[float]) -> None:
         for _ in range(count):
+            admission, fields = call(session)
             started = time.perf_counter()
-            await around(session, _nothing)
+            await promise(admission, fields, _nothing)
             latencies.append(time.perf_counter() - started)
 
     latencies: list[float] = []
@@ -252,7 +263,7 @@ async def one_round(
                 else:
                     open_session, tool, pid = targets[name]
                     server_cpu = partial(process_cpu_seconds, pid)
-                    promising = {"around": promised(parts, COMPOSED[name])} if name in COMPOSED else {}
+                    promising = {"around": composed(parts, COMPOSED[name])} if name in COMPOSED else {}
                     blocks[name] = await stack.enter_async_context(
                         opened(open_session, tool, s, args.warmup, server_cpu, **promising)
                     )
