@@ -203,6 +203,7 @@ class UpstreamPool:
                 with anyio.fail_after(settings.GATEWAY_CONNECT_TIMEOUT):
                     await self._task_group.start(connection.run)
             except NoLegacy:  # the upstream has no 2025-11-25: the shared connection is as good
+                logger.info("upstream %s: no 2025-11-25, so its 2025-11-25 agents share one connection", spec.slug)
                 return await self._one_era_found(spec, revision, person, catalog)
             self._connections[key] = connection
             return connection
