@@ -8,12 +8,14 @@ import shutil
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
 import httpx2
 import pytest
+import redis
+from django.conf import settings
 from mcp import types
 
 from tests import servers
@@ -123,6 +125,65 @@ def test_a_session_deleted_through_one_process_is_gone_in_the_other(balanced, wo
         gone = httpx2.post(f"{a.url}/mcp", json=request, headers=session, timeout=30)
         assert gone.status_code == 404 and gone.json()["error"] == {"code": -32600, "message": NOT_FOUND}
     assert [r.kind for r in audit_since(mark) if r.session_id == session["mcp-session-id"]] == []
+
+
+def test_an_unknown_tools_call_in_a_session_ended_in_the_other_process_is_answered_404_not_refused(balanced, world):
+    """A call that is refused before admission (here: a tool that does not exist) in a session this process held
+    but which ended elsewhere: the session's state is read before anything is refused or written."""
+    _, (a, b) = balanced
+    session = opened(a.url, world.key)
+    assert reply_of(httpx2.post(f"{a.url}/mcp", json=ECHO, headers=session, timeout=30))["result"]
+    assert httpx2.delete(f"{b.url}/mcp", headers=session).status_code == 200
+    mark = audit_mark()
+    unknown = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "demo__nothing", "arguments": {}}}
+    gone = httpx2.post(f"{a.url}/mcp", json=unknown, headers=session, timeout=30)
+    assert gone.status_code == 404 and gone.json()["error"] == {"code": -32600, "message": NOT_FOUND}
+    assert [r.kind for r in audit_since(mark) if r.session_id == session["mcp-session-id"]] == []
+
+
+def _commands_with(key: str, during: Callable[[], object]) -> list[list[str]]:
+    """The commands that clients (not scripts) sent to Redis naming `key` while `during` ran."""
+    seen: list[list[str]] = []
+    marker = f"monitor-done-{uuid.uuid4().hex}"
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    with client.monitor() as monitor:
+        watched = threading.Event()
+
+        def watch() -> None:
+            for command in monitor.listen():
+                watched.set()
+                if marker in command["command"]:
+                    return
+                if command["client_type"] != "lua" and key in command["command"]:
+                    seen.append(command["command"].split())
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        client.ping()  # the monitor's first line: it is listening from here on
+        eventually(watched.is_set)
+        during()
+        client.echo(marker)
+        watcher.join(timeout=10)
+    assert not watcher.is_alive()
+    return seen
+
+
+def test_a_call_in_a_session_its_process_holds_reads_the_session_only_in_its_admission(balanced, world):
+    """The front door takes a session it holds as last read for a tools/call: the session's record and handoff
+    entry are checked (and the record renewed) by the call's admission script, in its one round trip; another
+    request (ping) still reads them at the door."""
+    _, (a, _) = balanced
+    session = opened(a.url, world.key)
+    record = f"{settings.GATEWAY_REDIS_PREFIX}mcp-session:{session['mcp-session-id']}"
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    client.expire(record, 5)  # renewed to the idle time by whatever reads it
+    called = _commands_with(record, lambda: httpx2.post(f"{a.url}/mcp", json=ECHO, headers=session, timeout=30))
+    assert client.ttl(record) > 5
+    pinged = _commands_with(
+        record, lambda: httpx2.post(f"{a.url}/mcp", json={"jsonrpc": "2.0", "id": 9, "method": "ping"}, headers=session)
+    )
+    assert len(called) == 1 and f"{settings.GATEWAY_REDIS_PREFIX}calls:" in " ".join(called[0])  # the admission's
+    assert len(pinged) == 1 and f"{settings.GATEWAY_REDIS_PREFIX}calls:" not in " ".join(pinged[0])  # the door's
 
 
 def test_a_handoff_made_through_one_web_process_routes_the_sessions_calls_through_another(

@@ -24,6 +24,9 @@ NEUTRAL_CODES = frozenset(
     {"EXECUTOR_UNAVAILABLE", "GATEWAY_ERROR", "CANCELLED", "UPSTREAM_INVALID_RESPONSE", "HANDOFF_UPSTREAM_UNAVAILABLE"}
 )
 WINDOW_SECONDS = 60.0
+# Not a refusal: a key the call's admission was to find unchanged had changed (`Admission.expected`), so nothing
+# was taken; the caller reads the state again and decides anew.
+STATE_CHANGED = "STATE_CHANGED"
 
 
 def health_of(code: str | None) -> Health:
@@ -85,6 +88,10 @@ class Admission:
     # from the key's first call (GATEWAY_STATELESS_WINDOW_SECONDS) that busy use does not extend.
     stateless: bool = False
     person: str = ""  # who a token named (a digest of issuer and subject): each person has the agent's rate
+    # Keys that must still hold these values (None: absent) for the call to be admitted, each renewed for its
+    # seconds (0: not), checked in the admission's own round trip (Redis only): the session's state as the
+    # caller last read it, which it did not read again for this call.
+    expected: tuple[tuple[str, bytes | None, int], ...] = ()
 
     @property
     def rate_key(self) -> str:

@@ -29,8 +29,15 @@ DAY_SECONDS = 86_400  # a team's daily budget runs from 00:00 to 24:00 UTC
 #       team day, share busy (the borrowing team's calls at once on this upstream).
 # ARGV: strict group ('' if none), session ttl, session max, agent rate, upstream rate, max concurrent,
 #       request id, busy ttl, probe seconds, window seconds, stateless ('1': the ttl is a fixed window),
-#       team ('1' if the agent has one), team rate, team max concurrent, team daily calls, share (0: not borrowed).
+#       team ('1' if the agent has one), team rate, team max concurrent, team daily calls, share (0: not borrowed),
+#       then the expected keys' count and, for each (KEYS 11 on), its value ('' for absent) and seconds to renew it.
 ADMIT = """
+for i = 1, tonumber(ARGV[17]) do
+  local key, seconds = KEYS[10 + i], tonumber(ARGV[17 + 2 * i])
+  local value
+  if seconds > 0 then value = redis.call('GETEX', key, 'EX', seconds) else value = redis.call('GET', key) end
+  if (value or '') ~= ARGV[16 + 2 * i] then return {'STATE_CHANGED', '0', '0'} end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local group, ttl, window, fixed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[10]), ARGV[11] == '1'
@@ -162,6 +169,7 @@ class RedisLimitStore:
             f"{p}busy:{a.upstream.id}",
             self._breaker_key(a.upstream.id),
             *self._team_keys(a),
+            *(key for key, _, _ in a.expected),
         ]
         team = a.agent.team
         args = [
@@ -181,7 +189,10 @@ class RedisLimitStore:
             team.max_concurrent if team else 0,
             team.daily_calls if team else 0,
             a.upstream.share if a.borrowed else 0,
+            len(a.expected),
         ]
+        for _, value, seconds in a.expected:
+            args += (value or b"", seconds)
         try:
             code, retry_after, probing = await redis_clients.script_run(ADMIT, keys, args)
         except redis_clients.RedisError:

@@ -22,7 +22,7 @@ from gateway_project.lib.process_task import ProcessTask
 from handoff.endpoints.probes import drain
 from handoff.endpoints.streamable_http import exchange
 from handoff.endpoints.streamable_http.redis_sessions import RedisSessions
-from handoff.endpoints.streamable_http.sessions import HttpSession, LocalSessions
+from handoff.endpoints.streamable_http.sessions import NOT_FOUND, HttpSession, LocalSessions
 from handoff.endpoints.streamable_http.wire import SSE, empty_answer, error_answer, json_answer, sse_frame, until_gone
 from handoff.mcp.audit_rows import session_record, unserved_record
 from handoff.mcp.caller import Caller, header
@@ -45,8 +45,6 @@ SESSIONS.labels("http").set_function(lambda: len(sessions))
 # How often idle sessions are looked for: a fraction of the idle time, at most a minute.
 REAP_SECONDS = min(60.0, max(0.5, settings.GATEWAY_SESSION_IDLE_SECONDS / 4))
 RESUMABLE = "2025-11-25"  # older clients cannot read a priming event (an id with no data)
-# The same answer for an id that never existed, one that ended, and another principal's: nothing tells whose.
-NOT_FOUND = "Session not found: it ended, expired or never existed; send initialize to open a new one"
 # Requests after which the session's record is written again: they change what it holds (the handshake's
 # record is written as `initialize` is answered).
 CHANGING = frozenset({"logging/setLevel"})
@@ -70,8 +68,12 @@ async def _end(session: HttpSession, reason: str) -> None:
     await session_record(session.owner, "closed", reason=reason)
 
 
-def _always_ok(code: int | None) -> int:
-    return 200  # the era answers a JSON-RPC error with 200, as any reply
+def _admitted(message: types.JSONRPCMessage | None) -> bool:
+    """Whether the request's admission checks its session's state (handoff/mcp/unverified.py): a tools/call
+    answered within the request (one made as a task may run on after it)."""
+    if not isinstance(message, types.JSONRPCRequest) or message.method != "tools/call":
+        return False
+    return isinstance(message.params, dict) and "task" not in message.params
 
 
 async def serve(scope: dict, receive: Any, send: Any, caller: Caller, message: types.JSONRPCMessage | None) -> None:
@@ -109,7 +111,7 @@ async def _serve(scope: dict, receive: Any, send: Any, caller: Caller, message: 
         if isinstance(message, types.JSONRPCRequest) and message.method == "initialize":
             return await _open(receive, send, caller, message)
         return await error_answer(send, 400, types.INVALID_REQUEST, "Bad Request: Missing session ID")
-    session = await sessions.get(session_id, caller)
+    session = await sessions.get(session_id, caller, unread=_admitted(message))
     if session is None:
         return await error_answer(send, 404, types.INVALID_REQUEST, NOT_FOUND)
     version = header(scope, b"mcp-protocol-version")
@@ -173,7 +175,13 @@ async def _post(
         return await empty_answer(send, 202, headers)
     stream = session.streams.stream()
     exchange.run(message, session.mcp, caller, stream, reply_always=True)
-    if await exchange.answer(send, stream, headers, _always_ok, ready, session.streams.resumable):
+
+    def status(_code: int | None) -> int:
+        # The era answers a JSON-RPC error with 200, as any reply; a session found ended (by a call's admission,
+        # handoff/mcp/unverified.py) as the door does.
+        return 404 if session.ended else 200
+
+    if await exchange.answer(send, stream, headers, status, ready, session.streams.resumable):
         return await _saved_after(session, message)
     prime = is_version_at_least(session.version or message_version(message), RESUMABLE)
     await until_gone(receive, exchange.stream_out(send, stream, prime=prime))

@@ -4,7 +4,8 @@ round-robin load balancer needs no affinity (docs/internals.md).
 A session's record (who opened it, what its handshake settled, its log level) is one key, signed so that a
 writer to Redis can neither make one nor change whose it is, and renewed on every request (a GETEX, which
 also tells a process that the session ended elsewhere, in one script with the read of the session's handoff
-entry, which the request's caller stage takes). Each process keeps the sessions it served lately as
+entry, which the request's caller stage takes; a tools/call on a session held here skips it, its admission
+checking the two instead: handoff/mcp/unverified.py). Each process keeps the sessions it served lately as
 objects and takes up one it never saw from its record. What a session is sent outside any request goes into
 a Redis stream, which the GET holding it reads wherever each side runs; a request's stream answered as SSE is
 copied there too, for a client that resumes it on another process. A client's answer to a question, or its
@@ -19,19 +20,24 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.core import signing
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_REQUEST
 
+from gateway_project.lib import redis_clients
 from gateway_project.lib.redis_clients import async_redis, script_run
-from handoff.endpoints.streamable_http.sessions import HttpSession, Readable
+from handoff.endpoints.streamable_http.sessions import NOT_FOUND, HttpSession, Readable
 from handoff.endpoints.streamable_http.streams import EventStream
 from handoff.endpoints.streamable_http.wire import PING, sse_frame
 from handoff.mcp.agent_relay import session_level, session_level_restore
 from handoff.mcp.caller import Caller
 from handoff.mcp.list_changed import session_forget
-from handoff.protocol.tunnels import RedisSessionIndex, index_read_ahead, index_session
+from handoff.mcp.unverified import Unverified, unverified_hold
+from handoff.protocol.tunnels import RedisSessionIndex, SessionStateUnavailable, index_read_ahead, index_session
 from handoff.session_limit import RedisSessionLimit
 
 logger = logging.getLogger(__name__)
@@ -151,7 +157,8 @@ class RedisStreams:
 
 class RedisSessions:
     def __init__(self, capacity: int, limit: RedisSessionLimit, idle_seconds: float, replay_events: int) -> None:
-        self._cache: OrderedDict[str, tuple[HttpSession, bytes]] = OrderedDict()  # the session, its record as read
+        # The session, its record and its handoff entry as last read.
+        self._cache: OrderedDict[str, tuple[HttpSession, bytes, bytes | None]] = OrderedDict()
         self._capacity, self._limit = capacity, limit
         self._ttl = max(1, math.ceil(idle_seconds))
         self._ended = self._ttl + SWEPT_WITHIN
@@ -164,11 +171,11 @@ class RedisSessions:
     def _new(self, owner: Caller) -> HttpSession:
         return HttpSession(owner, RedisStreams(owner.session_id, self._ttl, self._bound))
 
-    def _keep(self, session: HttpSession, record: bytes) -> None:
-        self._cache[session.id] = (session, record)
+    def _keep(self, session: HttpSession, record: bytes, entry: bytes | None = None) -> None:
+        self._cache[session.id] = (session, record, entry)
         self._cache.move_to_end(session.id)
         while len(self._cache) > self._capacity:
-            _, (evicted, _) = self._cache.popitem(last=False)  # its record stays: taken up if it comes back here
+            _, (evicted, _, _) = self._cache.popitem(last=False)  # its record stays: taken up if it comes back here
             session_forget(evicted.owner)
 
     async def open(self, caller: Caller) -> HttpSession:
@@ -188,24 +195,53 @@ class RedisSessions:
         }
         record = signing.dumps(fields, salt=SALT, compress=True).encode()
         await async_redis().set(_key("mcp-session", session.id), record, ex=self._ttl)
-        self._keep(session, record)
+        held = self._cache.get(session.id)
+        self._keep(session, record, held[2] if held else None)
 
-    async def get(self, session_id: str, caller: Caller) -> HttpSession | None:
+    async def get(self, session_id: str, caller: Caller, unread: bool = False) -> HttpSession | None:
+        """The session, its record renewed, or None (ended, unknown, another principal's). `unread`: for a
+        tools/call, whose admission checks the session's state (handoff/mcp/unverified.py), a session held
+        here is taken as last read, without a round trip."""
         if len(session_id) != 32 or any(c not in "0123456789abcdef" for c in session_id):
             return None
         index = index_session(caller.agent_id, session_id)  # the caller stage's look at the session's handoff
         keys = [_key("mcp-session", session_id), RedisSessionIndex.key(index)]
+        held = self._cache.get(session_id)
+        if unread and held is not None and held[1] and held[0].owner.principal == caller.principal:
+            session, record, entry = held
+            index_read_ahead(index, entry)
+            reread = partial(self._reread, session, index, keys, (record, entry))
+            unverified_hold(Unverified(keys[0], record, keys[1], entry, self._ttl, reread))
+            self._cache.move_to_end(session_id)
+            return session
         record, entry = await script_run(READ, keys, [self._ttl])
         index_read_ahead(index, entry)
-        cached = self._cache.get(session_id)
+        session = self._taken(session_id, record, entry)
+        return session if session is not None and session.owner.principal == caller.principal else None
+
+    def _taken(self, session_id: str, record: bytes | None, entry: bytes | None) -> HttpSession | None:
+        """The session of the record as read, kept with it (None: the record is gone or does not verify)."""
         if record is None:
             return None
+        cached = self._cache.get(session_id)
         if cached is not None and cached[1] == record:
             session = cached[0]
         elif (session := self._take_up(session_id, record, cached[0] if cached else None)) is None:
             return None
-        self._keep(session, record)
-        return session if session.owner.principal == caller.principal else None
+        self._keep(session, record, entry)
+        return session
+
+    async def _reread(self, session: HttpSession, index: str, keys: list[str], seen: tuple) -> bool:
+        """For a call that ran on the session's state (`seen`) unread: Unverified.reread."""
+        try:
+            record, entry = await script_run(READ, keys, [self._ttl])
+        except redis_clients.RedisError as exc:
+            raise SessionStateUnavailable(str(exc)) from exc
+        index_read_ahead(index, entry)
+        if self._taken(session.id, record, entry) is None:
+            session.ended = True
+            raise MCPError(INVALID_REQUEST, NOT_FOUND)
+        return (record, entry) != seen
 
     def _take_up(self, session_id: str, record: bytes, known: HttpSession | None) -> HttpSession | None:
         """The session of a record this process has not seen in this form: another process opened it, or
@@ -241,7 +277,7 @@ class RedisSessions:
         forgotten here, and one still in use here keeps its record alive."""
         now = time.monotonic()
         redis = async_redis()
-        for session_id, (session, _) in list(self._cache.items()):
+        for session_id, (session, _, _) in list(self._cache.items()):
             if session.busy:
                 await redis.expire(_key("mcp-session", session_id), self._ttl)
             elif session.seen + self._idle < now:

@@ -21,6 +21,8 @@ from handoff.mcp.handle import McpSession
 from handoff.mcp.list_changed import session_forget
 from handoff.session_limit import LocalSessionLimit, SessionsFull
 
+# The same answer for an id that never existed, one that ended, and another principal's: nothing tells whose.
+NOT_FOUND = "Session not found: it ended, expired or never existed; send initialize to open a new one"
 PROCESS_FULL = (
     "Server busy: this gateway process holds as many sessions as it may (GATEWAY_MAX_LEGACY_SESSIONS). Retry in 5 s."
 )
@@ -49,6 +51,7 @@ class HttpSession:
     version: str = ""  # the protocol version the handshake settled on
     listening: bool = False  # a GET reads the session's own stream here
     busy: int = 0  # requests running, and open streams
+    ended: bool = False  # found ended elsewhere by a call that ran on its state unread (redis_sessions.py)
     seen: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
@@ -132,9 +135,9 @@ class LocalSessions:
     async def save(self, session: HttpSession) -> None:
         """Nothing to do: the session is the object itself."""
 
-    async def get(self, session_id: str, caller: Caller) -> HttpSession | None:
+    async def get(self, session_id: str, caller: Caller, unread: bool = False) -> HttpSession | None:
         """The session, if it exists and `caller` is who opened it: another principal gets the same None as
-        for an id that does not exist, so nothing tells it whose the session is."""
+        for an id that does not exist, so nothing tells it whose the session is. (`unread`: it is never read.)"""
         session = self._sessions.get(session_id)
         return session if session is not None and session.owner.principal == caller.principal else None
 

@@ -11,6 +11,7 @@ from opentelemetry.trace import Span
 
 from audit.telemetry import current_span, stage_spans_wanted
 from handoff.mcp.caller import Caller
+from handoff.mcp.unverified import Unverified
 from handoff.protocol.tunnels import SessionTunnel
 from handoff.snapshot import Snapshot, TriageEntry
 from handoff.snapshot_tools import Route
@@ -53,6 +54,7 @@ class Call:
     own_tools: Mapping[str, OwnRun] = field(default_factory=dict)  # code mode's tools, where the frame offers them
     task: "CallTask | None" = None  # the task a 2025-11-25 client asked the call be made as (task_state.py)
     # caller
+    unverified: Unverified | None = None  # the session's state as this process last read it, not yet checked
     snap: Snapshot | None = None
     tunnel: SessionTunnel | None = None  # the handoff the session is in
     # route

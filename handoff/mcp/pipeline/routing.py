@@ -17,7 +17,7 @@ from handoff.snapshot import Snapshot, snapshot
 from handoff.snapshot_tools import Route
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial
 from policy.identity import person_digest
-from policy.limits.admission import Admission, limits_denial
+from policy.limits.admission import STATE_CHANGED, Admission, limits_denial
 from policy.limits.stores import limit_store
 from registry.overrides import ArgumentsRefused, Override
 
@@ -150,29 +150,43 @@ def overridden(call: Call, override: Override, exposed_schema: dict[str, Any]) -
         call.denial = Denial("INVALID_ARGUMENTS", message, INVALID_PARAMS)
 
 
+class StateChanged(Exception):
+    """The session's state changed since this process last read it: the call's stages run again."""
+
+
 async def admit_stage(call: Call) -> None:
     """Admission against shared state (isolation, breaker, limits), which takes the call's share of every limit
-    when it admits it. Handoff moves take none."""
+    when it admits it, and checks the session's state where the call ran on it unread. Handoff moves take none."""
     if call.route is None or call.own in (ACTIVATE, RETURN):
         return
     assert call.snap is not None and call.caller is not None
+    expected = call.unverified.expected if call.unverified else ()
     admission, call.probing, call.denial = await admission_take(
-        call.snap, call.caller, call.name, call.route, str(call.request_id)
+        call.snap, call.caller, call.name, call.route, str(call.request_id), expected
     )
     call.admission = admission if call.denial is None else None
+    if call.admission is not None:
+        call.unverified = None  # the admission found the session's state as the stages saw it
 
 
 async def admission_take(
-    snap: Snapshot, caller: Caller, name: str, route: Route, request_id: str
+    snap: Snapshot,
+    caller: Caller,
+    name: str,
+    route: Route,
+    request_id: str,
+    expected: tuple[tuple[str, bytes | None, int], ...] = (),
 ) -> tuple[Admission, bool, Denial | None]:
-    """The call's admission, whether it is the half-open circuit's probe, and the refusal if it is not admitted."""
+    """The call's admission, whether it is the half-open circuit's probe, and the refusal if it is not admitted;
+    StateChanged, taking nothing, if a key of `expected` changed."""
     session = index_session(caller.agent_id, caller.session_key)
     agent = snap.agents[caller.agent_id]
     person = person_digest(caller.person_issuer, caller.person_subject) if caller.person_subject else ""
-    admission = Admission(
-        request_id, session, caller.agent_id, agent, route.limits, stateless=not caller.session_id, person=person
-    )
+    stateless = not caller.session_id
+    admission = Admission(request_id, session, caller.agent_id, agent, route.limits, stateless, person, expected)
     verdict = await limit_store().admit(admission)
+    if verdict.code == STATE_CHANGED:
+        raise StateChanged
     if verdict.code:
         return admission, False, limits_denial(admission, verdict, name)
     return admission, verdict.probing, None

@@ -1,19 +1,32 @@
-"""The runner: a call through its stages in order, each once. A stage that refuses ends the call with its denied
+"""The runner: a call through its stages in order, each once (those before the upstream's twice where the
+session's state changed under a call that ran on it unread). A stage that refuses ends the call with its denied
 row; once approved, the call gets exactly one completion row, whatever happens after."""
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
+from operator import attrgetter
 from typing import TypeVar
 
 from audit.telemetry import log_fields_add, stage_span, stage_span_ended, stages_observe
 from handoff.mcp.pipeline.call import AGENT, Call
 from handoff.mcp.pipeline.execute import execute_stage, result_stage
 from handoff.mcp.pipeline.extra import before_execute_stage
-from handoff.mcp.pipeline.routing import admit_stage, caller_stage, decide_stage, route_stage
+from handoff.mcp.pipeline.routing import (
+    StateChanged,
+    admit_stage,
+    caller_stage,
+    decide_stage,
+    route_stage,
+    state_unavailable,
+)
 from handoff.mcp.pipeline.rows import admission_release, approval_row, completion_row, denial_row, refused_row
 from handoff.mcp.pipeline.sign_off import sign_off_stage
+from handoff.mcp.unverified import unverified_take
+from handoff.protocol.tunnels import SessionStateUnavailable
 from policy.decisions import ToolRefused
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Stage = Callable[[Call], Awaitable[None]]
 BEFORE: tuple[tuple[str, Stage], ...] = (
@@ -24,6 +37,7 @@ BEFORE: tuple[tuple[str, Stage], ...] = (
     ("admit", admit_stage),
     ("before_execute", before_execute_stage),
 )
+_fields = attrgetter(*Call.__slots__)
 
 
 async def stage_run(call: Call, name: str, stage: Stage) -> None:
@@ -55,10 +69,7 @@ async def call_serve(call: Call, answer: Callable[[Call], Awaitable[T]]) -> T:
 
 async def call_run(call: Call) -> None:
     """Leaves the call refused (`call.denial`) or completed (`call.outcome`, `call.result`) for its answer."""
-    for name, stage in BEFORE:
-        await stage_run(call, name, stage)
-        if call.denial:
-            break
+    await _before(call)
     if call.origin == AGENT:
         log_fields_add(request_id=str(call.request_id), upstream=call.upstream)
     if call.denial:
@@ -78,3 +89,42 @@ async def call_run(call: Call) -> None:
         raise
     await stage_run(call, "result", result_stage)
     await stage_run(call, "completion_row", completion_row)
+
+
+async def _before(call: Call) -> None:
+    """The stages up to the upstream's. On session state this process did not read for the call, they run as
+    if it had, unless it changed meanwhile: then again, on the state as it is now (handoff/mcp/unverified.py)."""
+    call.unverified = unverified_take() if call.origin == AGENT else None
+    if call.unverified is None:
+        return await _stages(call)
+    first = _fields(call)
+    try:
+        try:
+            await _stages(call)
+            changed = False
+        except StateChanged:
+            changed = True
+        if call.unverified is not None:  # not admitted (refused, or a handoff move): nothing checked it yet
+            changed = await call.unverified.reread() or changed
+    except SessionStateUnavailable:
+        logger.exception("session state unavailable")
+        call.denial = state_unavailable(call.name)
+        return
+    finally:
+        call.unverified = None
+    if changed:
+        for name, value in zip(Call.__slots__, first, strict=True):  # the call as its frame made it
+            if name not in ("timers", "unverified"):
+                setattr(call, name, value)
+        await _stages(call)
+
+
+async def _stages(call: Call) -> None:
+    for name, stage in BEFORE:
+        if name == "sign_off" and call.sign_off and (unverified := call.unverified) is not None:
+            call.unverified = None  # a person is not asked about a call on a session that ended or changed
+            if await unverified.reread():
+                raise StateChanged
+        await stage_run(call, name, stage)
+        if call.denial:
+            break
