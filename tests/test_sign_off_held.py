@@ -6,10 +6,13 @@ sign-off is told -32003 SIGNOFF_BUSY with `retryAfter` through the gateway; a he
 another web process, and a restart loses no request nor task (scope 6). And in each era on each executor, a
 request expires and a call changed after its sign-off is asked again."""
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
+from django.conf import settings
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
@@ -19,9 +22,11 @@ from tests import servers
 from tests.clients import api, call, sse_events
 from tests.factories import agent
 from tests.helpers import eventually, run
+from tests.test_scale_out import NOT_FOUND
 from tests.test_sign_off import (  # noqa: F401 (fixtures)
     ann_token,
     approver,
+    arguments_digest,
     asked_for,
     pending_call,
     sign_off_rule,
@@ -93,6 +98,26 @@ def test_a_restart_loses_no_pending_request_nor_task(server_env, logs, inline_ga
     result = run(lambda: call(inline_gateway.url, key, "demo__add", {"a": 2, "b": 2}, mode="2026-07-28"))
     assert not isinstance(result, MCPError) and result.content[0].text == "4"
     assert polled(inline_gateway, key, task["taskId"])["result"]["content"] == [{"type": "text", "text": "6"}]
+
+
+def test_a_call_needing_sign_off_in_a_session_ended_elsewhere_is_404_and_nobody_is_asked(inline_gateway, sign_off_rule):
+    """The process holds the session (it opened it) but the session ended in another one (its record is gone): a call
+    that a sign-off rule would hold reads the session before anyone is asked (handoff/mcp/unverified.py)."""
+    carol, key, made = sign_off_rule
+    pending_call(inline_gateway, key, {"a": 0, "b": 0})  # the gateway has seen the rule
+    arguments = {"a": 5, "b": 6}
+    with session(inline_gateway, key, tasks=False) as mcp:
+        record = f"{settings.GATEWAY_REDIS_PREFIX}mcp-session:{mcp.http.headers['mcp-session-id']}"
+        assert redis.Redis.from_url(os.environ["REDIS_URL"]).delete(record) == 1  # as a DELETE through another does
+        body = {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {"name": "demo__add", "arguments": arguments},
+        }
+        gone = mcp.http.post(mcp.url, json=body)
+    assert (gone.status_code, gone.json()["error"]["message"]) == (404, NOT_FOUND)
+    assert not SignOff.objects.filter(agent=carol, arguments_sha256=arguments_digest(arguments)).exists()
 
 
 @pytest.mark.parametrize("era", ["legacy", "2026-07-28"])
