@@ -176,10 +176,10 @@ async def _post(
     stream = session.streams.stream()
     exchange.run(message, session.mcp, caller, stream, reply_always=True)
 
-    def status(_code: int | None) -> int:
-        # The era answers a JSON-RPC error with 200, as any reply; a session found ended (by a call's admission,
-        # handoff/mcp/unverified.py) as the door does.
-        return 404 if session.ended else 200
+    def status(code: int | None) -> int:
+        # The era answers a JSON-RPC error with 200, as any reply; a session its call found ended (its state was
+        # checked by the call, handoff/mcp/unverified.py) as the door does.
+        return 404 if code == types.INVALID_REQUEST and session.ended else 200
 
     if await exchange.answer(send, stream, headers, status, ready, session.streams.resumable):
         return await _saved_after(session, message)

@@ -207,7 +207,7 @@ class RedisSessions:
         index = index_session(caller.agent_id, session_id)  # the caller stage's look at the session's handoff
         keys = [_key("mcp-session", session_id), RedisSessionIndex.key(index)]
         held = self._cache.get(session_id)
-        if unread and held is not None and held[1] and held[0].owner.principal == caller.principal:
+        if unread and held and held[1] and not held[0].ended and held[0].owner.principal == caller.principal:
             session, record, entry = held
             index_read_ahead(index, entry)
             reread = partial(self._reread, session, index, keys, (record, entry))

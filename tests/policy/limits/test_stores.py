@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import anyio
 import pytest
+import redis
 
 from policy.limits.admission import Admission, TeamLimits, Verdict, limits_denial
 from policy.limits.stores import LocalLimitStore, RedisLimitStore
@@ -315,3 +316,22 @@ def test_each_team_refusal_names_the_team_and_its_limit_and_says_when_to_retry(c
         {"code": code, "retryAfter": retry_after},
         message,
     )
+
+
+def test_an_admission_expecting_keys_admits_while_they_hold_renewing_them_and_takes_nothing_once_one_changed(settings):
+    """`Admission.expected` (Redis only): the session's state a call ran on unread (handoff/mcp/unverified.py)."""
+    needs(bool(settings.REDIS_URL), "REDIS_URL is not set")
+    store, client = RedisLimitStore(), redis.Redis.from_url(settings.REDIS_URL)
+    record, entry = f"{settings.GATEWAY_REDIS_PREFIX}test-record", f"{settings.GATEWAY_REDIS_PREFIX}test-entry"
+    client.set(record, b"as read", ex=5)
+    client.delete(entry)
+    a = admission(agent={"calls_per_minute": 10})
+    holding = replace(a, expected=((record, b"as read", 600), (entry, None, 0)))
+    changed = replace(holding, request_id=f"{a.request_id}-2", expected=((record, b"as read", 600), (entry, b"x", 0)))
+    gone = replace(holding, request_id=f"{a.request_id}-3", expected=((record, b"as read earlier", 600),))
+    assert admit_all(store, [holding]) == [""]
+    assert client.ttl(record) > 5  # renewed
+    assert admit_all(store, [changed, gone]) == ["STATE_CHANGED", "STATE_CHANGED"]
+    busy = f"{settings.GATEWAY_REDIS_PREFIX}busy:{a.upstream.id}"
+    calls = f"{settings.GATEWAY_REDIS_PREFIX}calls:{a.session}"
+    assert (int(client.get(busy)), int(client.get(calls))) == (1, 1)  # the first call's share only
