@@ -6,15 +6,17 @@ import os
 import time
 from urllib.parse import urlsplit
 
+import httpx2
 import pytest
 import redis
 
 from registry.worker import HEARTBEAT_SECONDS, workers_key
-from tests.clients import call, tool_names
+from tests.clients import call, reply_of, tool_names
 from tests.conftest import needs
 from tests.factories import agent, demo_upstream
-from tests.helpers import eventually, run
+from tests.helpers import audit_mark, audit_since, eventually, run
 from tests.servers import TcpProxy, start_gateway, start_worker
+from tests.test_scale_out import opened
 
 pytestmark = pytest.mark.e2e
 
@@ -65,3 +67,44 @@ def test_the_first_call_after_redis_dropped_every_connection_is_served_and_the_w
         worker.stop()
         proxy.close()
         beats.flushdb()
+
+
+def test_a_call_in_a_session_its_process_holds_is_refused_retry_later_and_recorded_while_redis_is_unreachable(
+    server_env, world, logs
+):
+    """Such a call's session is read by its admission (handoff/mcp/unverified.py): with Redis unreachable neither can
+    be made, so it is refused -32003 with a retry hint and a denied row, and the next call after Redis is back runs."""
+    needs(bool(os.environ.get("REDIS_URL")), "REDIS_URL is not set: sessions live in one process without it")
+    shared = urlsplit(os.environ["REDIS_URL"])
+    proxy = TcpProxy((shared.hostname or "127.0.0.1", shared.port or 6379))
+    env = server_env | {"GATEWAY_EXECUTOR": "inline", "REDIS_URL": f"redis://127.0.0.1:{proxy.port}/9"}
+    echo = {"name": "unreached__echo", "arguments": {"text": "x"}}
+    body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": echo}
+    try:
+        with agent("unreached") as (_, key), demo_upstream("unreached"):
+            gateway = start_gateway(env, logs / "gateway-redis-unreachable.log")
+            try:
+                eventually(lambda: "unreached__echo" in run(lambda: tool_names(gateway.url, key)))
+                session = opened(gateway.url, key)
+                assert reply_of(httpx2.post(f"{gateway.url}/mcp", json=body, headers=session, timeout=30))["result"]
+                mark = audit_mark()
+                proxy.cut()
+                refused = httpx2.post(f"{gateway.url}/mcp", json=body, headers=session, timeout=30)
+                proxy.restore()
+                again = reply_of(httpx2.post(f"{gateway.url}/mcp", json=body, headers=session, timeout=30))
+            finally:
+                gateway.stop()
+    finally:
+        proxy.close()
+        redis.Redis.from_url(shared._replace(path="/9").geturl()).flushdb()
+    assert refused.status_code == 200
+    error = reply_of(refused)["error"]
+    data = error["data"]
+    assert (error["code"], data["code"], data["retryAfter"]) == (-32003, "SESSION_STATE_UNAVAILABLE", 1)
+    assert error["message"] == (
+        "The gateway cannot read this session's state right now, so 'unreached__echo' was not run. "
+        "Retry after 1 second."
+    )
+    assert again["result"]["content"][0]["text"] == "x"
+    rows = [(r.kind, r.error_code) for r in audit_since(mark) if r.session_id == session["mcp-session-id"]]
+    assert rows == [("denied", "SESSION_STATE_UNAVAILABLE"), ("approved", ""), ("completed", "")]

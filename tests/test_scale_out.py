@@ -18,6 +18,7 @@ import redis
 from django.conf import settings
 from mcp import types
 
+from handoff.endpoints.streamable_http.sessions import NOT_FOUND
 from tests import servers
 from tests.clients import reply_of, sdk_client, sse_events, tool_names, watched_client
 from tests.conftest import needs
@@ -28,7 +29,6 @@ POST = re.compile(r'"POST /mcp"')
 LEGACY = "2025-11-25"
 TRIAGE = "switchboard__handoff_to_finance"
 RETURN = "switchboard__return_to_triage"
-NOT_FOUND = "Session not found: it ended, expired or never existed; send initialize to open a new one"
 ECHO = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "demo__echo", "arguments": {"text": "x"}}}
 
 
@@ -184,6 +184,27 @@ def test_a_call_in_a_session_its_process_holds_reads_the_session_only_in_its_adm
     )
     assert len(called) == 1 and f"{settings.GATEWAY_REDIS_PREFIX}calls:" in " ".join(called[0])  # the admission's
     assert len(pinged) == 1 and f"{settings.GATEWAY_REDIS_PREFIX}calls:" not in " ".join(pinged[0])  # the door's
+
+
+def test_a_call_in_a_session_changed_in_the_other_process_runs_its_stages_again_on_the_change_and_once(balanced, world):
+    """The process holding the session took it as last read; the other changed it (its log level): the call's
+    admission finds the record changed and takes nothing, the session is read again, and the call goes through,
+    admitted and recorded once."""
+    _, (a, b) = balanced
+    session = opened(a.url, world.key)
+    record = f"{settings.GATEWAY_REDIS_PREFIX}mcp-session:{session['mcp-session-id']}"
+    level = {"jsonrpc": "2.0", "id": 4, "method": "logging/setLevel", "params": {"level": "error"}}
+    assert "result" in reply_of(httpx2.post(f"{b.url}/mcp", json=level, headers=session, timeout=30))
+    mark = audit_mark()
+    answers: list[dict] = []
+    called = _commands_with(
+        record,
+        lambda: answers.append(reply_of(httpx2.post(f"{a.url}/mcp", json=ECHO, headers=session, timeout=30))),
+    )
+    assert answers[0]["result"]["content"][0]["text"] == "x"
+    assert [command[2] for command in called] == ["12", "2"]  # the admission (changed), then the session's read
+    rows = [r.kind for r in audit_since(mark) if r.session_id == session["mcp-session-id"]]
+    assert rows == ["approved", "completed"]
 
 
 def test_a_handoff_made_through_one_web_process_routes_the_sessions_calls_through_another(

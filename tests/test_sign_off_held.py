@@ -16,13 +16,14 @@ from django.conf import settings
 from mcp.shared.exceptions import MCPError
 
 from audit.models import AuditEvent
+from handoff.endpoints.streamable_http.sessions import NOT_FOUND
 from policy.models import Rule, SignOff
 from registry.models import Upstream
 from tests import servers
 from tests.clients import api, call, sse_events
+from tests.conftest import needs
 from tests.factories import agent
 from tests.helpers import eventually, run
-from tests.test_scale_out import NOT_FOUND
 from tests.test_sign_off import (  # noqa: F401 (fixtures)
     ann_token,
     approver,
@@ -103,6 +104,7 @@ def test_a_restart_loses_no_pending_request_nor_task(server_env, logs, inline_ga
 def test_a_call_needing_sign_off_in_a_session_ended_elsewhere_is_404_and_nobody_is_asked(inline_gateway, sign_off_rule):
     """The process holds the session (it opened it) but the session ended in another one (its record is gone): a call
     that a sign-off rule would hold reads the session before anyone is asked (handoff/mcp/unverified.py)."""
+    needs(bool(settings.REDIS_URL), "REDIS_URL is not set: sessions live in one process without it")
     carol, key, made = sign_off_rule
     pending_call(inline_gateway, key, {"a": 0, "b": 0})  # the gateway has seen the rule
     arguments = {"a": 5, "b": 6}

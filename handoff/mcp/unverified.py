@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from policy.limits.admission import Expected
+
 
 @dataclass(frozen=True, slots=True)
 class Unverified:
@@ -24,7 +26,7 @@ class Unverified:
     reread: Callable[[], Awaitable[bool]]
 
     @property
-    def expected(self) -> tuple[tuple[str, bytes | None, int], ...]:
+    def expected(self) -> Expected:
         """What the call's admission must find (policy/limits/admission.py `Admission.expected`)."""
         return ((self.record_key, self.record, self.ttl), (self.entry_key, self.entry, 0))
 

@@ -27,6 +27,9 @@ WINDOW_SECONDS = 60.0
 # Not a refusal: a key the call's admission was to find unchanged had changed (`Admission.expected`), so nothing
 # was taken; the caller reads the state again and decides anew.
 STATE_CHANGED = "STATE_CHANGED"
+LIMITS_UNAVAILABLE = "LIMITS_UNAVAILABLE"  # the store could not be asked: nothing was checked
+# Keys that must still hold these values (None: absent), each renewed for its seconds (0: not).
+Expected = tuple[tuple[str, bytes | None, int], ...]
 
 
 def health_of(code: str | None) -> Health:
@@ -88,10 +91,9 @@ class Admission:
     # from the key's first call (GATEWAY_STATELESS_WINDOW_SECONDS) that busy use does not extend.
     stateless: bool = False
     person: str = ""  # who a token named (a digest of issuer and subject): each person has the agent's rate
-    # Keys that must still hold these values (None: absent) for the call to be admitted, each renewed for its
-    # seconds (0: not), checked in the admission's own round trip (Redis only): the session's state as the
-    # caller last read it, which it did not read again for this call.
-    expected: tuple[tuple[str, bytes | None, int], ...] = ()
+    # Checked first, in the admission's own round trip (Redis only): the session's state as the caller last read
+    # it, which it did not read again for this call.
+    expected: Expected = ()
 
     @property
     def rate_key(self) -> str:

@@ -12,6 +12,7 @@ from django.conf import settings
 
 from gateway_project.lib import redis_clients
 from policy.limits.admission import (
+    LIMITS_UNAVAILABLE,
     WINDOW_SECONDS,
     Admission,
     BreakerStatus,
@@ -197,7 +198,7 @@ class RedisLimitStore:
             code, retry_after, probing = await redis_clients.script_run(ADMIT, keys, args)
         except redis_clients.RedisError:
             logger.exception("admission state unavailable")
-            return Verdict("LIMITS_UNAVAILABLE", 1.0)
+            return Verdict(LIMITS_UNAVAILABLE, 1.0)
         return Verdict(code.decode(), float(retry_after), probing == b"1")
 
     def _team_keys(self, a: Admission) -> list[str]:

@@ -68,7 +68,7 @@ async def _end(session: HttpSession, reason: str) -> None:
     await session_record(session.owner, "closed", reason=reason)
 
 
-def _admitted(message: types.JSONRPCMessage | None) -> bool:
+def _checked_at_admission(message: types.JSONRPCMessage | None) -> bool:
     """Whether the request's admission checks its session's state (handoff/mcp/unverified.py): a tools/call
     answered within the request (one made as a task may run on after it)."""
     if not isinstance(message, types.JSONRPCRequest) or message.method != "tools/call":
@@ -111,7 +111,7 @@ async def _serve(scope: dict, receive: Any, send: Any, caller: Caller, message: 
         if isinstance(message, types.JSONRPCRequest) and message.method == "initialize":
             return await _open(receive, send, caller, message)
         return await error_answer(send, 400, types.INVALID_REQUEST, "Bad Request: Missing session ID")
-    session = await sessions.get(session_id, caller, unread=_admitted(message))
+    session = await sessions.get(session_id, caller, unread=_checked_at_admission(message))
     if session is None:
         return await error_answer(send, 404, types.INVALID_REQUEST, NOT_FOUND)
     version = header(scope, b"mcp-protocol-version")

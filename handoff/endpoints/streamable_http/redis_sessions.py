@@ -206,7 +206,7 @@ class RedisSessions:
             return None
         index = index_session(caller.agent_id, session_id)  # the caller stage's look at the session's handoff
         keys = [_key("mcp-session", session_id), RedisSessionIndex.key(index)]
-        held = self._cache.get(session_id)
+        held = self._cache.get(session_id)  # its record is b"" until the handshake settles: not taken unread
         if unread and held and held[1] and not held[0].ended and held[0].owner.principal == caller.principal:
             session, record, entry = held
             index_read_ahead(index, entry)
@@ -231,8 +231,10 @@ class RedisSessions:
         self._keep(session, record, entry)
         return session
 
-    async def _reread(self, session: HttpSession, index: str, keys: list[str], seen: tuple) -> bool:
-        """For a call that ran on the session's state (`seen`) unread: Unverified.reread."""
+    async def _reread(
+        self, session: HttpSession, index: str, keys: list[str], last: tuple[bytes, bytes | None]
+    ) -> bool:
+        """For a call that ran on the session's state as last read (`last`): Unverified.reread."""
         try:
             record, entry = await script_run(READ, keys, [self._ttl])
         except redis_clients.RedisError as exc:
@@ -241,7 +243,7 @@ class RedisSessions:
         if self._taken(session.id, record, entry) is None:
             session.ended = True
             raise MCPError(INVALID_REQUEST, NOT_FOUND)
-        return (record, entry) != seen
+        return (record, entry) != last
 
     def _take_up(self, session_id: str, record: bytes, known: HttpSession | None) -> HttpSession | None:
         """The session of a record this process has not seen in this form: another process opened it, or

@@ -17,7 +17,7 @@ from handoff.snapshot import Snapshot, snapshot
 from handoff.snapshot_tools import Route
 from policy.decisions import INVALID_PARAMS, RETRY_LATER, Denial
 from policy.identity import person_digest
-from policy.limits.admission import STATE_CHANGED, Admission, limits_denial
+from policy.limits.admission import LIMITS_UNAVAILABLE, STATE_CHANGED, Admission, Expected, limits_denial
 from policy.limits.stores import limit_store
 from registry.overrides import ArgumentsRefused, Override
 
@@ -160,13 +160,13 @@ async def admit_stage(call: Call) -> None:
     if call.route is None or call.own in (ACTIVATE, RETURN):
         return
     assert call.snap is not None and call.caller is not None
-    expected = call.unverified.expected if call.unverified else ()
+    expected = call.unverified.expected if call.unverified is not None else ()
     admission, call.probing, call.denial = await admission_take(
         call.snap, call.caller, call.name, call.route, str(call.request_id), expected
     )
     call.admission = admission if call.denial is None else None
-    if call.admission is not None:
-        call.unverified = None  # the admission found the session's state as the stages saw it
+    if call.denial is None or call.denial.code != LIMITS_UNAVAILABLE:
+        call.unverified = None  # its script found the session's state as the stages saw it (it checks that first)
 
 
 async def admission_take(
@@ -175,7 +175,7 @@ async def admission_take(
     name: str,
     route: Route,
     request_id: str,
-    expected: tuple[tuple[str, bytes | None, int], ...] = (),
+    expected: Expected = (),
 ) -> tuple[Admission, bool, Denial | None]:
     """The call's admission, whether it is the half-open circuit's probe, and the refusal if it is not admitted;
     StateChanged, taking nothing, if a key of `expected` changed."""

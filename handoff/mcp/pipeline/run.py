@@ -37,7 +37,10 @@ BEFORE: tuple[tuple[str, Stage], ...] = (
     ("admit", admit_stage),
     ("before_execute", before_execute_stage),
 )
+# A call's fields, to be set back as its frame made them when its stages run again; but for what the first run's
+# stages leave that the second must keep: their timers, and the unverified state, which is read by then.
 _fields = attrgetter(*Call.__slots__)
+_KEPT = frozenset({"timers", "unverified"})
 
 
 async def stage_run(call: Call, name: str, stage: Stage) -> None:
@@ -106,15 +109,15 @@ async def _before(call: Call) -> None:
             changed = True
         if call.unverified is not None:  # not admitted (refused, or a handoff move): nothing checked it yet
             changed = await call.unverified.reread() or changed
-    except SessionStateUnavailable:
-        logger.exception("session state unavailable")
+    except SessionStateUnavailable as unavailable:
+        logger.error("session state unavailable: %s", unavailable)
         call.denial = state_unavailable(call.name)
         return
     finally:
         call.unverified = None
     if changed:
-        for name, value in zip(Call.__slots__, first, strict=True):  # the call as its frame made it
-            if name not in ("timers", "unverified"):
+        for name, value in zip(Call.__slots__, first, strict=True):
+            if name not in _KEPT:
                 setattr(call, name, value)
         await _stages(call)
 

@@ -318,7 +318,9 @@ def test_each_team_refusal_names_the_team_and_its_limit_and_says_when_to_retry(c
     )
 
 
-def test_an_admission_expecting_keys_admits_while_they_hold_renewing_them_and_takes_nothing_once_one_changed(settings):
+def test_an_admission_expecting_keys_admits_while_they_hold_renewing_them_and_takes_nothing_once_one_changed(
+    settings, shared_state
+):
     """`Admission.expected` (Redis only): the session's state a call ran on unread (handoff/mcp/unverified.py)."""
     needs(bool(settings.REDIS_URL), "REDIS_URL is not set")
     store, client = RedisLimitStore(), redis.Redis.from_url(settings.REDIS_URL)
@@ -328,10 +330,11 @@ def test_an_admission_expecting_keys_admits_while_they_hold_renewing_them_and_ta
     a = admission(agent={"calls_per_minute": 10})
     holding = replace(a, expected=((record, b"as read", 600), (entry, None, 0)))
     changed = replace(holding, request_id=f"{a.request_id}-2", expected=((record, b"as read", 600), (entry, b"x", 0)))
-    gone = replace(holding, request_id=f"{a.request_id}-3", expected=((record, b"as read earlier", 600),))
+    other = replace(holding, request_id=f"{a.request_id}-3", expected=((record, b"as read earlier", 600),))
+    ended = replace(holding, request_id=f"{a.request_id}-4", expected=((f"{record}-gone", b"as read", 600),))
     assert admit_all(store, [holding]) == [""]
     assert client.ttl(record) > 5  # renewed
-    assert admit_all(store, [changed, gone]) == ["STATE_CHANGED", "STATE_CHANGED"]
+    assert admit_all(store, [changed, other, ended]) == ["STATE_CHANGED"] * 3
     busy = f"{settings.GATEWAY_REDIS_PREFIX}busy:{a.upstream.id}"
     calls = f"{settings.GATEWAY_REDIS_PREFIX}calls:{a.session}"
     assert (int(client.get(busy)), int(client.get(calls))) == (1, 1)  # the first call's share only
