@@ -20,10 +20,13 @@ class Unverified:
     entry_key: str  # the session's handoff entry (handoff/protocol/tunnels.py)
     entry: bytes | None
     ttl: int  # the record's, renewed by whichever reads it
-    # Reads both again and takes up what changed (the entry as the next look at the index finds it): whether
-    # anything did. Raises the door's "session not found" when the session ended, SessionStateUnavailable
-    # when Redis cannot say.
-    reread: Callable[[], Awaitable[bool]]
+    read: Callable[["Unverified"], Awaitable[bool]]  # the store's: `reread`
+
+    async def reread(self) -> bool:
+        """Reads both again and takes up what changed (the entry as the next look at the index finds it): whether
+        anything did. Raises the door's "session not found" when the session ended, SessionStateUnavailable when
+        Redis cannot say."""
+        return await self.read(self)
 
     @property
     def expected(self) -> Expected:

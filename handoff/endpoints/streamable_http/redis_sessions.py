@@ -210,14 +210,21 @@ class RedisSessions:
         if unread and held and held[1] and not held[0].ended and held[0].owner.principal == caller.principal:
             session, record, entry = held
             index_read_ahead(index, entry)
-            reread = partial(self._reread, session, index, keys, (record, entry))
+            reread = partial(self._reread, session, index)
             unverified_hold(Unverified(keys[0], record, keys[1], entry, self._ttl, reread))
             self._cache.move_to_end(session_id)
             return session
+        session, _, _ = await self._read(session_id, index, keys)
+        return session if session is not None and session.owner.principal == caller.principal else None
+
+    async def _read(
+        self, session_id: str, index: str, keys: list[str]
+    ) -> tuple[HttpSession | None, bytes | None, bytes | None]:
+        """The session's record, renewed, and its handoff entry (left for the caller stage), as one script; the
+        session they make, kept with them (None: the record is gone or does not verify)."""
         record, entry = await script_run(READ, keys, [self._ttl])
         index_read_ahead(index, entry)
-        session = self._taken(session_id, record, entry)
-        return session if session is not None and session.owner.principal == caller.principal else None
+        return self._taken(session_id, record, entry), record, entry
 
     def _taken(self, session_id: str, record: bytes | None, entry: bytes | None) -> HttpSession | None:
         """The session of the record as read, kept with it (None: the record is gone or does not verify)."""
@@ -231,19 +238,16 @@ class RedisSessions:
         self._keep(session, record, entry)
         return session
 
-    async def _reread(
-        self, session: HttpSession, index: str, keys: list[str], last: tuple[bytes, bytes | None]
-    ) -> bool:
-        """For a call that ran on the session's state as last read (`last`): Unverified.reread."""
+    async def _reread(self, session: HttpSession, index: str, last: Unverified) -> bool:
+        """For a call that ran on the session's state as `last` read: Unverified.reread."""
         try:
-            record, entry = await script_run(READ, keys, [self._ttl])
+            taken, record, entry = await self._read(session.id, index, [last.record_key, last.entry_key])
         except redis_clients.RedisError as exc:
             raise SessionStateUnavailable(str(exc)) from exc
-        index_read_ahead(index, entry)
-        if self._taken(session.id, record, entry) is None:
+        if taken is None:
             session.ended = True
             raise MCPError(INVALID_REQUEST, NOT_FOUND)
-        return (record, entry) != last
+        return (record, entry) != (last.record, last.entry)
 
     def _take_up(self, session_id: str, record: bytes, known: HttpSession | None) -> HttpSession | None:
         """The session of a record this process has not seen in this form: another process opened it, or
