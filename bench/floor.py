@@ -25,6 +25,10 @@ process alone, every thread: mcp-proxy's or the gateway's, not the stdio upstrea
 in this process (the admission script's and the two rows' client side); the gateway's own CPU a call is its
 process's less the promises', set against mcp-proxy's whole process's CPU a call.
 
+The other modes, same rounds (`--modes`, all by default): the Celery executor under uvicorn, its worker taking calls
+directly (`gateway-celery`), and the embedded default as scripts/demo serves it (`embedded`: Daphne, SQLite, inline),
+each against mcp-proxy and against the strict gateway's p50 (issue 39's Celery and embedded bars).
+
 Beside it, where each target's machine CPU a call went, by process (`parts_table`): the client, the server's
 process, what it spawned (its stdio upstream), PostgreSQL, Redis and the rest, read from /proc around every block
 (in clock ticks, so a figure is only as fine as a tick over a target's calls).
@@ -32,7 +36,7 @@ process, what it spawned (its stdio upstream), PostgreSQL, Redis and the rest, r
 Within a round, each concurrency's calls are made in blocks, the targets' order turning from block to block, every
 target's sessions open throughout; a target's blocks are pooled (its latencies, wall time and CPU).
 
-    bench/run floor [--rounds 3] [--calls 1000] [--sessions 1,8,32] [--blocks 4]
+    bench/run floor [--rounds 3] [--calls 1000] [--sessions 1,8,32] [--blocks 4] [--modes strict,local,celery,embedded]
 """
 
 import argparse
@@ -61,6 +65,7 @@ from run import (  # noqa: E402
     process_cpu_seconds,
     processes_cpu,
     setup_database,
+    start_embedded,
     summary,
 )
 
@@ -68,6 +73,10 @@ from tests import servers  # noqa: E402  (the process helpers the tests use)
 
 # The gateway in each mode: the inline gateway under uvicorn, with the settings bench/run.py starts it with.
 GATEWAYS = {"gateway-strict": "inline-uvicorn", "gateway-local": "inline-uvicorn-local"}
+# The other modes, each against the strict gateway's p50 in the same rounds (issue 39's bars): the Celery executor
+# (its worker taking calls directly, the default with a Redis broker) within 2 ms, the embedded default (Daphne,
+# SQLite, as scripts/demo serves it) at most 1.3 times.
+MODES = {"gateway-celery": "celery-direct-uvicorn", "embedded": "embedded"}
 # The composed floor's targets and their modes (the module's docstring).
 COMPOSED = {"composed-strict": "strict", "composed-local": "local"}
 
@@ -192,6 +201,18 @@ def floors(found: dict) -> dict:
                 "p50_composed": gateway["p50_ms"] / whole["p50_ms"],
                 "calls_composed": gateway["calls_per_s"] / whole["calls_per_s"],
             }
+    strict = found.get("gateway-strict")
+    for name in (n for n in MODES if n in found):
+        mode = found[name]
+        out[name] = {
+            "p50_ratio": mode["p50_ms"] / proxy["p50_ms"],
+            "calls_ratio": mode["calls_per_s"] / proxy["calls_per_s"],
+        }
+        if strict:
+            out[name] |= {
+                "p50_less_strict_ms": mode["p50_ms"] - strict["p50_ms"],
+                "p50_over_strict": mode["p50_ms"] / strict["p50_ms"],
+            }
     return out
 
 
@@ -224,7 +245,7 @@ def table(rounds: list[dict], sessions: list[int]) -> str:
     ]
     for s in sessions:
         at = [r[str(s)] for r in rounds]
-        for name in ("proxy", "promises-strict", "promises-local", *COMPOSED, *GATEWAYS):
+        for name in ("proxy", "promises-strict", "promises-local", *COMPOSED, *GATEWAYS, *MODES):
             if name not in at[0]["measured"]:
                 continue
             measured = [a["measured"][name] for a in at]
@@ -242,6 +263,23 @@ def table(rounds: list[dict], sessions: list[int]) -> str:
     return "\n".join(lines)
 
 
+def modes_table(rounds: list[dict], sessions: list[int]) -> str:
+    """The other modes against the strict gateway's p50, same rounds: issue 39's Celery and embedded bars."""
+    lines = [
+        "| sessions | Celery (direct) p50 less strict's, ms (bar ≤ 2 at 1 session) "
+        "| embedded p50 / strict's (bar ≤ 1.3 at 1 session) |",
+        "|---:|---:|---:|",
+    ]
+    for s in sessions:
+        ratios = [r[str(s)]["ratios"] for r in rounds]
+        shown = (
+            cell([r[name][k] for r in ratios]) if k in ratios[0].get(name, {}) else ""
+            for name, k in (("gateway-celery", "p50_less_strict_ms"), ("embedded", "p50_over_strict"))
+        )
+        lines.append(f"| {s} | " + " | ".join(shown) + " |")
+    return "\n".join(lines)
+
+
 async def one_round(
     parts, targets: dict, sessions: list[int], args: argparse.Namespace, turn: int, label: str = ""
 ) -> dict:
@@ -249,7 +287,7 @@ async def one_round(
     block (and from round to round), their sessions open throughout: a load that drifts meanwhile weighs on every
     target alike. A target's blocks are pooled into its figures."""
     found: dict = {}
-    names = ["proxy", "promises-strict", "promises-local", *COMPOSED, *(n for n in GATEWAYS if n in targets)]
+    names = ["proxy", "promises-strict", "promises-local", *COMPOSED, *(n for n in (*GATEWAYS, *MODES) if n in targets)]
     names = names[turn % len(names) :] + names[: turn % len(names)]
     label = label or f"round {turn + 1}"
     for s in sessions:
@@ -305,7 +343,9 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4, help="blocks a target's calls are measured in, interleaved")
     parser.add_argument("--sessions", default="1,8,32")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/floor.json")
-    parser.add_argument("--no-gateway", action="store_true", help="the floor and mcp-proxy alone")
+    parser.add_argument(
+        "--modes", default="strict,local,celery,embedded", help="the gateway's modes measured beside the floor, or none"
+    )
     args = parser.parse_args()
     key = setup_database()  # the audit table, the agent and upstream the gateway's benches use
     env, logs = dict(os.environ), args.out.parent
@@ -319,22 +359,35 @@ def main() -> None:
         # With the pid of each server's process, whose CPU alone (not its upstream's) is the server's.
         targets = {"proxy": (lambda: http_session(f"http://127.0.0.1:{port}/mcp", {}), "echo", proxy.process.pid)}
         targets |= dict.fromkeys(COMPOSED, targets["proxy"])  # mcp-proxy's, with the promises around each call
-        auth = {"Authorization": f"Bearer {key}"}
-        for name, target in ({} if args.no_gateway else GATEWAYS).items():
-            server, extra = OTHER_SERVERS[target]
-            gateway = servers.start_gateway_under(
-                server, env | {"GATEWAY_EXECUTOR": "inline"} | extra, logs / f"floor-{name}.log"
-            )
+        modes = {f"gateway-{m}" if m != "embedded" else m for m in args.modes.split(",") if m}
+        if "gateway-celery" in modes:  # its worker, which the gateway's process CPU leaves out
+            started.append(servers.start_worker(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "floor-worker.log"))
+        for name, target in {**GATEWAYS, **MODES}.items():
+            if name not in modes:
+                continue
+            if name == "embedded":  # SQLite of its own, with an agent of its own
+                gateway, its_key = start_embedded(logs)
+            else:
+                server, extra = OTHER_SERVERS[target]
+                log = logs / f"floor-{name}.log"
+                gateway, its_key = (
+                    servers.start_gateway_under(server, env | {"GATEWAY_EXECUTOR": "inline"} | extra, log),
+                    key,
+                )
             started.append(gateway)
-            pid = gateway.process.pid
-            targets[name] = (lambda url=gateway.url: http_session(f"{url}/mcp", auth), "demo__echo", pid)
+            auth = {"Authorization": f"Bearer {its_key}"}
+            targets[name] = (
+                lambda u=gateway.url, a=auth: http_session(f"{u}/mcp", a),
+                "demo__echo",
+                gateway.process.pid,
+            )
         rounds = asyncio.run(run_rounds(targets, args))
     finally:
         for running in started:
             running.stop()
     args.out.write_text(json.dumps(rounds, indent=2))
     sessions = [int(s) for s in args.sessions.split(",")]
-    print(table(rounds, sessions), parts_table(rounds, sessions), sep="\n\n")
+    print(table(rounds, sessions), modes_table(rounds, sessions), parts_table(rounds, sessions), sep="\n\n")
 
 
 if __name__ == "__main__":
