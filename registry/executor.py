@@ -24,7 +24,7 @@ from django.conf import settings
 
 from audit.outcomes import EXECUTOR_GRACE_SECONDS, call_deadline
 from gateway_project.lib import task_mac
-from gateway_project.lib.redis_clients import async_redis, sync_redis
+from gateway_project.lib.redis_clients import async_redis, script_run, sync_redis
 from registry.publish import CALL_TASK, call_push, task_headers, task_publish
 from registry.upstreams.loop import held_tunnel_close, pool_thread
 from registry.upstreams.outcome import TUNNEL_GONE, Outcome, failure
@@ -298,12 +298,13 @@ async def reply_after(key: str, work: Awaitable[Outcome]) -> None:
     await reply_send(key, await work)
 
 
+# A reply and its expiry in one round trip, over the loop's line (redis_clients.script_run).
+REPLY_SCRIPT = "redis.call('RPUSH', KEYS[1], ARGV[1]) return redis.call('EXPIRE', KEYS[1], ARGV[2])"
+
+
 async def reply_send(key: str, outcome: Outcome) -> None:
     """Worker side, on the pool's loop: hand `outcome` to whoever waits on `key` (it expires if nobody does)."""
-    async with async_redis().pipeline(transaction=False) as pipe:
-        pipe.rpush(key, task_mac.reply_seal(key, outcome))
-        pipe.expire(key, REPLY_TTL_SECONDS)
-        await pipe.execute()
+    await script_run(REPLY_SCRIPT, [key], [task_mac.reply_seal(key, outcome), REPLY_TTL_SECONDS])
 
 
 def reply_now(key: str, outcome: Outcome) -> None:

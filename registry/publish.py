@@ -27,7 +27,7 @@ from celery.utils.nodenames import anon_nodename
 from django.conf import settings
 from kombu.serialization import dumps
 
-from gateway_project.lib import task_mac
+from gateway_project.lib import redis_clients, task_mac
 from gateway_project.lib.redis_clients import async_redis
 
 
@@ -106,4 +106,6 @@ def call_envelope(kwargs: dict[str, Any], *, expires: float) -> str:
 async def call_push(kwargs: dict[str, Any], *, expires: float) -> None:
     """Hand an agent's call (`registry.request`'s keyword arguments) to the first free call consumer; one that
     no worker takes before its seal's expiry is dropped, not run late."""
-    await async_redis(settings.CELERY_BROKER_URL).lpush(calls_key(), call_envelope(kwargs, expires=expires))
+    await redis_clients.command(
+        "LPUSH", calls_key(), call_envelope(kwargs, expires=expires), url=settings.CELERY_BROKER_URL
+    )

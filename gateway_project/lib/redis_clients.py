@@ -71,16 +71,17 @@ def _sha1(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()
 
 
-def _sender() -> Callable[..., Awaitable[Any]]:
-    """How this loop sends a command: over its line (redis_line.py), which costs a fraction of redis-py's CPU,
-    unless REDIS_URL asks for what only redis-py's client does (TLS, socket options)."""
-    client = redis_line.line_for(settings.REDIS_URL) or async_redis()
+def _sender(url: str = "") -> Callable[..., Awaitable[Any]]:
+    """How this loop sends a command to REDIS_URL (or `url`): over its line (redis_line.py), which costs a fraction
+    of redis-py's CPU, unless the URL asks for what only redis-py's client does (TLS, socket options)."""
+    client = redis_line.line_for(url or settings.REDIS_URL) or async_redis(url)
     return client.command if isinstance(client, redis_line.Line) else client.execute_command
 
 
-async def command(*args: Any) -> Any:
-    """One plain command (`command("GET", key)`), answered and failing as redis-py's execute_command does."""
-    return await _sender()(*args)
+async def command(*args: Any, url: str = "") -> Any:
+    """One plain command (`command("GET", key)`) to REDIS_URL (or `url`: the Celery broker may live elsewhere),
+    answered and failing as redis-py's execute_command does."""
+    return await _sender(url)(*args)
 
 
 async def script_run(script: str, keys: list[str], args: list[Any]) -> Any:

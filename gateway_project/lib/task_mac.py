@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.utils.crypto import constant_time_compare, salted_hmac
 
-from gateway_project.lib.redis_clients import async_redis, sync_redis
+from gateway_project.lib.redis_clients import command, sync_redis
 from gateway_project.lib.signing import canonical_json
 
 HEADER = "switchboard_mac"  # the task message header that carries the seal
@@ -96,7 +96,7 @@ def task_check(name: str, kwargs: dict[str, Any], seal: Any, *, now: float | Non
 async def task_check_async(name: str, kwargs: dict[str, Any], seal: Any) -> None:
     """task_check from an event loop (the worker's call consumer, registry/call_consumer.py)."""
     key, remember = _verified(name, kwargs, seal, None)
-    if not await async_redis().set(key, 1, nx=True, ex=remember):
+    if not await command("SET", key, 1, "NX", "EX", remember):
         raise Refused(REPLAYED)
 
 
