@@ -77,6 +77,7 @@ GATEWAYS = {"gateway-strict": "inline-uvicorn", "gateway-local": "inline-uvicorn
 # (its worker taking calls directly, the default with a Redis broker) within 2 ms, the embedded default (Daphne,
 # SQLite, as scripts/demo serves it) at most 1.3 times.
 MODES = {"gateway-celery": "celery-direct-uvicorn", "embedded": "embedded"}
+CHOSEN = {"strict": "gateway-strict", "local": "gateway-local", "celery": "gateway-celery", "embedded": "embedded"}
 # The composed floor's targets and their modes (the module's docstring).
 COMPOSED = {"composed-strict": "strict", "composed-local": "local"}
 
@@ -347,6 +348,9 @@ def main() -> None:
         "--modes", default="strict,local,celery,embedded", help="the gateway's modes measured beside the floor, or none"
     )
     args = parser.parse_args()
+    chosen = [m for m in args.modes.split(",") if m]
+    if unknown := sorted(set(chosen) - CHOSEN.keys()):
+        parser.error(f"--modes: no mode {', '.join(unknown)}; the modes are {', '.join(CHOSEN)}")
     key = setup_database()  # the audit table, the agent and upstream the gateway's benches use
     env, logs = dict(os.environ), args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
@@ -359,7 +363,7 @@ def main() -> None:
         # With the pid of each server's process, whose CPU alone (not its upstream's) is the server's.
         targets = {"proxy": (lambda: http_session(f"http://127.0.0.1:{port}/mcp", {}), "echo", proxy.process.pid)}
         targets |= dict.fromkeys(COMPOSED, targets["proxy"])  # mcp-proxy's, with the promises around each call
-        modes = {f"gateway-{m}" if m != "embedded" else m for m in args.modes.split(",") if m}
+        modes = {CHOSEN[m] for m in chosen}
         if "gateway-celery" in modes:  # its worker, which the gateway's process CPU leaves out
             started.append(servers.start_worker(env | {"GATEWAY_EXECUTOR": "celery"}, logs / "floor-worker.log"))
         for name, target in {**GATEWAYS, **MODES}.items():

@@ -27,8 +27,8 @@ from celery.utils.nodenames import anon_nodename
 from django.conf import settings
 from kombu.serialization import dumps
 
-from gateway_project.lib import redis_clients, task_mac
-from gateway_project.lib.redis_clients import async_redis
+from gateway_project.lib import task_mac
+from gateway_project.lib.redis_clients import async_redis, command
 
 
 def task_headers(name: str, kwargs: dict[str, Any], expires: float) -> dict[str, Any]:
@@ -106,6 +106,4 @@ def call_envelope(kwargs: dict[str, Any], *, expires: float) -> str:
 async def call_push(kwargs: dict[str, Any], *, expires: float) -> None:
     """Hand an agent's call (`registry.request`'s keyword arguments) to the first free call consumer; one that
     no worker takes before its seal's expiry is dropped, not run late."""
-    await redis_clients.command(
-        "LPUSH", calls_key(), call_envelope(kwargs, expires=expires), url=settings.CELERY_BROKER_URL
-    )
+    await command("LPUSH", calls_key(), call_envelope(kwargs, expires=expires), url=settings.CELERY_BROKER_URL)
