@@ -309,10 +309,7 @@ async def reply_send(key: str, outcome: Outcome) -> None:
 
 def reply_now(key: str, outcome: Outcome) -> None:
     """Worker side, from the task's thread: hand `outcome` to whoever waits on `key` (a refusal, say)."""
-    with sync_redis().pipeline(transaction=False) as pipe:
-        pipe.rpush(key, task_mac.reply_seal(key, outcome))
-        pipe.expire(key, REPLY_TTL_SECONDS)
-        pipe.execute()
+    sync_redis().eval(REPLY_SCRIPT, 1, key, task_mac.reply_seal(key, outcome), REPLY_TTL_SECONDS)
 
 
 @cache

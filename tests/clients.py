@@ -267,6 +267,15 @@ async def stateless_call(base_url: str, key: str, name: str, arguments: dict) ->
         return reply_of(await http.post(f"{base_url}/mcp", content=body, headers=headers))
 
 
+def raw_session(url: str, key: str, capabilities: dict | None = None) -> dict[str, str]:
+    """A 2025-11-25 session opened with raw HTTP on `url`: the headers each of its requests carries."""
+    headers = {"accept": ACCEPT, "authorization": f"Bearer {key}"}
+    body = INITIALIZE | {"params": INITIALIZE["params"] | {"capabilities": capabilities or {}}}
+    answer = httpx2.post(f"{url}/mcp", json=body, headers=headers, timeout=30)
+    version = INITIALIZE["params"]["protocolVersion"]
+    return headers | {"mcp-session-id": answer.headers["mcp-session-id"], "mcp-protocol-version": version}
+
+
 def reply_of(response: httpx2.Response) -> dict:
     """A POST's JSON-RPC answer, sent as JSON or as a stream (whose last event carries it)."""
     if response.headers["content-type"].startswith("text/event-stream"):

@@ -11,12 +11,11 @@ import pytest
 import redis
 
 from registry.worker import HEARTBEAT_SECONDS, workers_key
-from tests.clients import call, reply_of, tool_names
+from tests.clients import call, raw_session, reply_of, tool_names
 from tests.conftest import needs
 from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 from tests.servers import TcpProxy, start_gateway, start_worker
-from tests.test_scale_out import opened
 
 pytestmark = pytest.mark.e2e
 
@@ -85,7 +84,7 @@ def test_a_call_in_a_session_its_process_holds_is_refused_retry_later_and_record
             gateway = start_gateway(env, logs / "gateway-redis-unreachable.log")
             try:
                 eventually(lambda: "unreached__echo" in run(lambda: tool_names(gateway.url, key)))
-                session = opened(gateway.url, key)
+                session = raw_session(gateway.url, key)
                 assert reply_of(httpx2.post(f"{gateway.url}/mcp", json=body, headers=session, timeout=30))["result"]
                 mark = audit_mark()
                 proxy.cut()

@@ -20,26 +20,15 @@ from mcp import types
 
 from handoff.endpoints.streamable_http.sessions import NOT_FOUND
 from tests import servers
-from tests.clients import reply_of, sdk_client, sse_events, tool_names, watched_client
+from tests.clients import raw_session, reply_of, sdk_client, sse_events, tool_names, watched_client
 from tests.conftest import needs
 from tests.factories import agent, demo_upstream
 from tests.helpers import audit_mark, audit_since, eventually, run
 
 POST = re.compile(r'"POST /mcp"')
-LEGACY = "2025-11-25"
 TRIAGE = "switchboard__handoff_to_finance"
 RETURN = "switchboard__return_to_triage"
 ECHO = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "demo__echo", "arguments": {"text": "x"}}}
-
-
-def opened(url: str, key: str, capabilities: dict | None = None) -> dict[str, str]:
-    """A 2025-11-25 session opened with raw HTTP on `url`: the headers each of its requests carries."""
-    headers = {"accept": "application/json, text/event-stream", "authorization": f"Bearer {key}"}
-    client = {"name": "t", "version": "1"}
-    params = {"protocolVersion": LEGACY, "capabilities": capabilities or {}, "clientInfo": client}
-    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}
-    answer = httpx2.post(f"{url}/mcp", json=body, headers=headers, timeout=30)
-    return headers | {"mcp-session-id": answer.headers["mcp-session-id"], "mcp-protocol-version": LEGACY}
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +103,7 @@ def test_a_session_deleted_through_one_process_is_gone_in_the_other(balanced, wo
     """Both processes served the session before it ended in one of them: the other answers its next requests 404,
     and a call never reaches the upstream (no row)."""
     _, (a, b) = balanced
-    session = opened(a.url, world.key)
+    session = raw_session(a.url, world.key)
     for gateway in (a, b):
         served = httpx2.post(f"{gateway.url}/mcp", json=ECHO, headers=session, timeout=30)
         assert reply_of(served)["result"]["content"][0]["text"] == "x"
@@ -131,7 +120,7 @@ def test_an_unknown_tools_call_in_a_session_ended_in_the_other_process_is_answer
     """A call that is refused before admission (here: a tool that does not exist) in a session this process held
     but which ended elsewhere: the session's state is read before anything is refused or written."""
     _, (a, b) = balanced
-    session = opened(a.url, world.key)
+    session = raw_session(a.url, world.key)
     assert reply_of(httpx2.post(f"{a.url}/mcp", json=ECHO, headers=session, timeout=30))["result"]
     assert httpx2.delete(f"{b.url}/mcp", headers=session).status_code == 200
     mark = audit_mark()
@@ -173,7 +162,7 @@ def test_a_call_in_a_session_its_process_holds_reads_the_session_only_in_its_adm
     entry are checked (and the record renewed) by the call's admission script, in its one round trip; another
     request (ping) still reads them at the door."""
     _, (a, _) = balanced
-    session = opened(a.url, world.key)
+    session = raw_session(a.url, world.key)
     record = f"{settings.GATEWAY_REDIS_PREFIX}mcp-session:{session['mcp-session-id']}"
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.expire(record, 5)  # renewed to the idle time by whatever reads it
@@ -191,7 +180,7 @@ def test_a_call_in_a_session_changed_in_the_other_process_runs_its_stages_again_
     admission finds the record changed and takes nothing, the session is read again, and the call goes through,
     admitted and recorded once."""
     _, (a, b) = balanced
-    session = opened(a.url, world.key)
+    session = raw_session(a.url, world.key)
     record = f"{settings.GATEWAY_REDIS_PREFIX}mcp-session:{session['mcp-session-id']}"
     level = {"jsonrpc": "2.0", "id": 4, "method": "logging/setLevel", "params": {"level": "error"}}
     assert "result" in reply_of(httpx2.post(f"{b.url}/mcp", json=level, headers=session, timeout=30))
@@ -217,7 +206,7 @@ def test_a_handoff_made_through_one_web_process_routes_the_sessions_calls_throug
     try:
         with agent("scale-out-handoff") as (_, key):
             eventually(lambda: TRIAGE in run(lambda: tool_names(a.url, key)), timeout=10)
-            session = opened(a.url, key)
+            session = raw_session(a.url, key)
 
             def called(gateway: servers.Running, name: str, arguments: dict) -> dict:
                 params = {"name": name, "arguments": arguments}
@@ -244,7 +233,7 @@ def test_a_handoff_made_through_one_web_process_routes_the_sessions_calls_throug
 def test_an_answer_that_reaches_the_other_process_gets_to_the_question(balanced, world):
     """The question goes out on one process's stream; the client's answer is posted to the other one."""
     _, (a, b) = balanced
-    session = opened(a.url, world.key, {"elicitation": {}})
+    session = raw_session(a.url, world.key, {"elicitation": {}})
     httpx2.post(f"{b.url}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "demo__ask", "arguments": {}}}
     with httpx2.stream("POST", f"{a.url}/mcp", json=call, headers=session, timeout=30) as stream:
@@ -263,7 +252,7 @@ def test_a_session_carries_on_through_another_process_when_its_own_stops(server_
     first = servers.start_gateway(env, logs / "gateway-stopping.log")
     second = servers.start_gateway(env, logs / "gateway-staying.log")
     try:
-        session = opened(first.url, world.key)
+        session = raw_session(first.url, world.key)
         assert httpx2.post(f"{first.url}/mcp", json=ECHO, headers=session, timeout=30).status_code == 200
         first.stop()
         assert first.process.returncode is not None
@@ -287,7 +276,7 @@ def test_a_draining_process_ends_its_get_streams_and_the_client_resumes_elsewher
     call_done = threading.Event()
     caller = threading.Thread(target=lambda: None)
     try:
-        session = opened(first.url, world.key)
+        session = raw_session(first.url, world.key)
         listen = session | {"accept": "text/event-stream"}
 
         def slow_call() -> None:
@@ -321,7 +310,7 @@ def test_a_draining_process_serves_on_through_its_notice_while_its_readiness_say
     env = server_env | {"GATEWAY_EXECUTOR": "inline", "GATEWAY_DRAIN_NOTICE_SECONDS": "5"}
     gateway = servers.start_gateway(env, logs / "gateway-notice.log")
     try:
-        session = opened(gateway.url, world.key)  # a request: from now on the drain handles SIGTERM
+        session = raw_session(gateway.url, world.key)  # a request: from now on the drain handles SIGTERM
         os.killpg(gateway.process.pid, signal.SIGTERM)
         eventually(lambda: httpx2.get(f"{gateway.url}/readyz", timeout=5).status_code == 503)
         during = httpx2.post(f"{gateway.url}/mcp", json=ECHO, headers=session, timeout=30)
